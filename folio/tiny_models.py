@@ -1,0 +1,99 @@
+"""Small checkpoints and tokenizers made locally, for tests, benchmarks and the default model.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on the documentation that
+ships inside CPython (`pydoc_data`), and checkpoints are saved with transformers'
+`save_pretrained` in safetensors, exactly as a real Hugging Face checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+# ChatML, the format Qwen and many small chat models use.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def python_docs_text() -> str:
+    """About 450 kB of English prose and code that every CPython install carries."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
+                    text: str | None = None) -> None:
+    """Train a byte-level BPE tokenizer and save it as a Hugging Face fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    text = python_docs_text() if text is None else text
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    lines = text.splitlines(keepends=True)
+    tokenizer.train_from_iterator(lines, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+
+
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+def make_random_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size: int = 1024,
+                           hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                           num_kv_heads: int = 2, intermediate_size: int = 128,
+                           max_position_embeddings: int = 1024, tie_word_embeddings: bool = False,
+                           initializer_range: float = 0.1, seed: int = 0,
+                           dtype: str = "float32", **extra: Any) -> None:
+    """Save a randomly initialised Llama / Mistral / Qwen2 checkpoint (safetensors)."""
+    import torch
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM)
+
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM),
+               "mistral": (MistralConfig, MistralForCausalLM),
+               "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if arch not in classes:
+        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
+    config_cls, model_cls = classes[arch]
+    eos = 0  # "<|endoftext|>" is the first special token of train_tokenizer
+    config = config_cls(vocab_size=vocab_size, hidden_size=hidden_size,
+                        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                        num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size,
+                        max_position_embeddings=max_position_embeddings,
+                        tie_word_embeddings=tie_word_embeddings,
+                        initializer_range=initializer_range, bos_token_id=None,
+                        eos_token_id=eos, pad_token_id=eos, **extra)
+    torch.manual_seed(seed)
+    model = model_cls(config).to(getattr(torch, dtype))
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+
+
+def make_tiny_model_dir(out_dir: str | Path, arch: str = "llama", vocab_size: int = 1024,
+                        **checkpoint: Any) -> Path:
+    """Tokenizer plus random checkpoint in one directory, ready for `folio.LLM(model=...)`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(out, vocab_size=vocab_size)
+    make_random_checkpoint(out, arch=arch, vocab_size=vocab_size, **checkpoint)
+    return out
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)

@@ -1,0 +1,130 @@
+"""Plain-torch references that define what each kernel means.
+
+They are also the CPU path of the executor, so they are vectorized: no Python loop over
+tokens. Decodes (one query per sequence) go through one batched attention call; prompt
+chunks go through one call per sequence, since padding them together would waste memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def reshape_and_cache_ref(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                          value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write key/value [T, Hkv, D] into caches [N, B, Hkv, D] at flat slots; skip slots < 0."""
+    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, key, value = slots[keep], key[keep], value[keep]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key.to(key_cache.dtype))
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value.to(value_cache.dtype))
+
+
+def paged_attention_ref(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                        query_start_loc: torch.Tensor, scale: float,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its whole paged context.
+
+    query [T, H, D]; caches [N, B, Hkv, D]; block_tables [S, M]; seq_lens [S] (context
+    including the new tokens); query_start_loc [S + 1]. Returns [T, H, D] in query's dtype.
+    """
+    if out is None:
+        out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    q_lens = [b - a for a, b in zip(starts, starts[1:])]
+    decode = [i for i, n in enumerate(q_lens) if n == 1]
+    if decode:
+        _decode_attention(query, key_cache, value_cache, block_tables, starts, lens, decode,
+                          scale, out)
+    for i, n in enumerate(q_lens):
+        if n > 1:
+            _chunk_attention(query, key_cache, value_cache, block_tables[i], starts[i], n,
+                             lens[i], scale, out)
+    return out
+
+
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """[..., M] block ids -> [..., length, Hkv, D] contiguous context."""
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    blocks = cache[block_table[..., :num_blocks].long()]          # [..., nb, B, Hkv, D]
+    shape = (*blocks.shape[:-4], num_blocks * block_size, *blocks.shape[-2:])
+    return blocks.reshape(shape)[..., :length, :, :]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """q [S, H, Q, D], k/v [S, Hkv, L, D] -> [S, H, Q, D], computed in float32."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                          is_causal=causal, scale=scale)
+
+
+def _decode_attention(query, key_cache, value_cache, block_tables, starts, lens, rows, scale,
+                      out) -> None:
+    index = torch.tensor(rows, device=query.device)
+    token_index = torch.tensor([starts[i] for i in rows], device=query.device)
+    seq_lens = torch.tensor([lens[i] for i in rows], device=query.device)
+    max_len = int(seq_lens.max())
+    tables = block_tables[index]
+    k = _gather_context(key_cache, tables, max_len).transpose(1, 2)     # [S, Hkv, L, D]
+    v = _gather_context(value_cache, tables, max_len).transpose(1, 2)
+    q = query[token_index].unsqueeze(2)                                 # [S, H, 1, D]
+    mask = torch.arange(max_len, device=query.device)[None, :] < seq_lens[:, None]
+    result = _attend(q, k, v, scale, mask[:, None, None, :], causal=False)
+    out[token_index] = result.squeeze(2).to(out.dtype)
+
+
+def _chunk_attention(query, key_cache, value_cache, block_table, start, q_len, seq_len, scale,
+                     out) -> None:
+    k = _gather_context(key_cache, block_table, seq_len).transpose(0, 1)[None]   # [1,Hkv,L,D]
+    v = _gather_context(value_cache, block_table, seq_len).transpose(0, 1)[None]
+    q = query[start:start + q_len].transpose(0, 1)[None]                          # [1,H,Q,D]
+    if q_len == seq_len:
+        result = _attend(q, k, v, scale, None, causal=True)
+    else:
+        # New tokens sit at the end of the context: token j sees positions <= offset + j.
+        offset = seq_len - q_len
+        key_pos = torch.arange(seq_len, device=query.device)
+        query_pos = torch.arange(offset, seq_len, device=query.device)
+        mask = key_pos[None, :] <= query_pos[:, None]
+        result = _attend(q, k, v, scale, mask, causal=False)
+    out[start:start + q_len] = result[0].transpose(0, 1).to(out.dtype)
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None
+                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm as Llama computes it; with `residual`, first x += residual and return both."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    dtype = x.dtype
+    hidden = x.float()
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    normed = weight * (hidden * torch.rsqrt(variance + eps)).to(dtype)
+    return normed if residual is None else (normed, residual)
+
+
+def rotary_ref(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+               cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style rotary embedding. query [T, H, D], key [T, Hkv, D];
+    cos_sin_cache [max_pos, D] holds cos in the first D/2 columns and sin in the rest."""
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)        # [T, D/2] each
+    cos = torch.cat((cos, cos), dim=-1)[:, None, :]
+    sin = torch.cat((sin, sin), dim=-1)[:, None, :]
+    return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)

@@ -1,0 +1,5 @@
+"""CPU-only scheduling and KV-block bookkeeping. Never imports torch."""
+
+from scheduler.scheduler import Scheduler
+
+__all__ = ["Scheduler"]

@@ -1,0 +1,50 @@
+"""A request as the scheduler sees it: token ids, progress, blocks and state."""
+
+from __future__ import annotations
+
+import enum
+
+from shared.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    __slots__ = ("request_id", "handle", "prompt_token_ids", "output_token_ids", "sampling",
+                 "status", "num_computed_tokens", "block_ids", "finish_reason",
+                 "on_executor", "arrival", "num_preemptions")
+
+    def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
+                 sampling: SamplingParams, arrival: int) -> None:
+        self.request_id = request_id
+        self.handle = handle
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.sampling = sampling
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.on_executor = False   # whether the executor holds this request's state
+        self.arrival = arrival
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, "
+                f"computed={self.num_computed_tokens}/{self.num_tokens}, blocks={self.block_ids})")

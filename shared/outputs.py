@@ -1,0 +1,43 @@
+"""What a request produces: per-step token deltas from the scheduler, final results for users."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class FinishReason:
+    STOP = "stop"        # EOS, a stop token or a stop string
+    LENGTH = "length"    # max_tokens or the context limit
+    ABORT = "abort"      # cancelled by the client or the server
+    ERROR = "error"      # the engine failed the request
+
+
+@dataclass(slots=True)
+class EngineOutput:
+    """One step's news for one request, as the scheduler reports it: token ids only."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False

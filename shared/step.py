@@ -1,0 +1,58 @@
+"""The scheduler -> executor step plan and the executor -> scheduler step result.
+
+Requests are named by small integer handles that the scheduler assigns, so that a decode
+step for a running request costs a few bytes. A request's token ids and sampling parameters
+cross once, in `NewRequest`; afterwards a plan carries only how many tokens to compute and
+which blocks were appended. The executor keeps the tokens it sampled and feeds them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequest:
+    handle: int
+    token_ids: list[int]          # prompt plus any output kept across a recompute preemption
+    prompt_len: int               # token_ids[prompt_len:] are earlier outputs
+    num_computed_tokens: int      # tokens whose KV is already in the cache (prefix hits)
+    num_new_tokens: int           # tokens to compute in this step
+    block_ids: list[int]
+    sampling: SamplingParams
+
+
+@dataclass(slots=True)
+class StepPlan:
+    step_id: int
+    new_requests: list[NewRequest] = field(default_factory=list)
+    # Requests the executor already holds: compute this many more tokens each.
+    running_handles: list[int] = field(default_factory=list)
+    running_num_tokens: list[int] = field(default_factory=list)
+    # Blocks appended to a running request's table, by handle (only those that grew).
+    new_block_ids: dict[int, list[int]] = field(default_factory=dict)
+    # Requests the executor must forget before this step (finished, aborted, preempted).
+    finished_handles: list[int] = field(default_factory=list)
+    # Block moves, applied before the forward pass: (source, destination) pairs.
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(r.num_new_tokens for r in self.new_requests) + sum(self.running_num_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.new_requests or self.running_handles)
+
+
+@dataclass(slots=True)
+class StepResult:
+    step_id: int
+    # One sampled token per request that reached the end of its known tokens.
+    handles: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    forward_ms: float = 0.0
