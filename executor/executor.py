@@ -1,0 +1,126 @@
+"""Applies step plans: keeps the persistent batch, runs the forward pass, samples."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from executor.input_batch import InputBatch
+from executor.kv_cache import allocate_kv_cache, bytes_per_block
+from executor.model_config import ModelConfig
+from executor.model_loader import load_model
+from executor.ops import select_ops
+from executor.sampler import Sampler
+from shared.config import EngineConfig, ExecutorCapacity
+from shared.step import StepPlan, StepResult
+
+log = logging.getLogger("folio.executor")
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32   # CPU matmuls in half precision are slow and lose parity
+    # On GPUs serve half precision: the checkpoint's own, or bfloat16 for float32 ones.
+    return _DTYPES[checkpoint_dtype] if checkpoint_dtype in ("float16", "bfloat16") \
+        else torch.bfloat16
+
+
+class Executor:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config = ModelConfig.from_dir(config.model)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.model_config.torch_dtype, self.device)
+        self.max_model_len = self._max_model_len()
+        self.ops = select_ops(config.attention_backend, self.device)
+        self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
+                                self.device, self.max_model_len)
+        self.num_kv_blocks = self._num_kv_blocks()
+        self.kv_caches = allocate_kv_cache(self.model_config, self.num_kv_blocks,
+                                           config.block_size, self.dtype, self.device)
+        self.batch = InputBatch(config.block_size, self.device)
+        self.sampler = Sampler(self.device, config.seed)
+        log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens, %s kernels",
+                 self.model_config.architecture, self.device, self.dtype, self.num_kv_blocks,
+                 config.block_size, self.ops.name)
+
+    @property
+    def capacity(self) -> ExecutorCapacity:
+        return ExecutorCapacity(
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=self.config.block_size,
+            max_model_len=self.max_model_len,
+            vocab_size=self.model_config.vocab_size,
+            eos_token_ids=self.model_config.eos_token_ids,
+        )
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        start = time.perf_counter()
+        scheduled = self.batch.apply(plan)
+        result = StepResult(step_id=plan.step_id)
+        if scheduled:
+            inputs = self.batch.prepare(scheduled)
+            attention = self.ops.prepare(inputs.attention)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attention)
+            if inputs.sampled:
+                logits = self.model.compute_logits(hidden[inputs.logits_indices])
+                tokens = self.sampler(logits, inputs.sampled).tolist()
+                for request, token in zip(inputs.sampled, tokens):
+                    request.token_ids.append(token)
+                result.handles = [r.handle for r in inputs.sampled]
+                result.token_ids = tokens
+        result.forward_ms = (time.perf_counter() - start) * 1e3
+        return result
+
+    def _max_model_len(self) -> int:
+        limit = self.model_config.max_position_embeddings
+        if self.model_config.sliding_window:
+            # Folio's attention is full attention: stay inside the window, where both agree.
+            limit = min(limit, self.model_config.sliding_window)
+        wanted = self.config.max_model_len
+        if wanted is None:
+            return limit
+        if wanted > limit:
+            raise ValueError(f"max_model_len {wanted} is larger than the model supports "
+                             f"({limit})")
+        return wanted
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        per_block = bytes_per_block(self.model_config, self.config.block_size, self.dtype)
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = total * self.config.gpu_memory_utilization - (total - free)
+            budget -= self._activation_reserve()
+        else:
+            budget = self.config.cpu_kv_cache_gib * 2**30
+        blocks = int(budget // per_block)
+        if blocks < 1:
+            raise ValueError("no memory left for the KV cache; lower max_num_batched_tokens "
+                             "or raise gpu_memory_utilization / cpu_kv_cache_gib")
+        return blocks
+
+    def _activation_reserve(self) -> int:
+        # Logits plus a few hidden-sized buffers for a full token budget, with headroom.
+        cfg = self.model_config
+        tokens = self.config.max_num_batched_tokens
+        element = torch.empty((), dtype=self.dtype).element_size()
+        per_token = 4 * cfg.vocab_size + element * (4 * cfg.hidden_size
+                                                    + 3 * cfg.intermediate_size)
+        return int(per_token * tokens * 2) + 512 * 2**20

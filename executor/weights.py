@@ -1,0 +1,29 @@
+"""Reads tensors from a checkpoint directory: one model.safetensors or a sharded index."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
+
+
+def iterate_weights(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)

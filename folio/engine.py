@@ -1,0 +1,36 @@
+"""An in-process engine: the scheduler and the executor, stepping together."""
+
+from __future__ import annotations
+
+from executor.executor import Executor
+from scheduler.scheduler import Scheduler
+from shared.config import EngineConfig, SchedulerConfig
+from shared.outputs import EngineOutput
+from shared.sampling_params import SamplingParams
+
+
+class InProcessEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.executor = Executor(config)
+        self.scheduler = Scheduler(SchedulerConfig.from_engine(config, self.executor.capacity))
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    sampling: SamplingParams) -> None:
+        self.scheduler.add_request(request_id, prompt_token_ids, sampling)
+
+    def abort_request(self, request_id: str) -> bool:
+        return self.scheduler.abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty and not plan.finished_handles:
+            return self.scheduler.take_pending_outputs()
+        result = self.executor.execute(plan)
+        return self.scheduler.update(plan, result)
+
+    def stats(self) -> dict[str, int | float]:
+        return self.scheduler.stats()

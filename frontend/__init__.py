@@ -1,0 +1,1 @@
+"""Owns text: tokenizers, chat templates, validation, detokenization, gateways."""

@@ -1,0 +1,15 @@
+"""Loads a Hugging Face tokenizer from local files only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer directory {path} does not exist")
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
