@@ -21,8 +21,8 @@ class LLM:
 
             model = str(default_model_path())
         self.config = EngineConfig(model=str(model), **engine_args)
-        self.tokenizer = load_tokenizer(self.config.tokenizer_path)
         self.engine = InProcessEngine(self.config)
+        self.tokenizer = load_tokenizer(self.config.tokenizer_path)
         self._counter = 0
 
     def generate(self, prompts: Prompt | Sequence[Prompt],

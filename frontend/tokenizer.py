@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
 
 def load_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer
@@ -12,4 +14,7 @@ def load_tokenizer(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory {path} does not exist")
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise FileNotFoundError(f"no tokenizer in {path}: expected one of "
+                                f"{', '.join(_TOKENIZER_FILES)}")
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

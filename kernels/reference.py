@@ -110,8 +110,13 @@ def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int)
 
 def _decode_attention(query, key_cache, value_cache, plan: AttentionPlan, scale, out) -> None:
     num_kv_heads = key_cache.shape[2]
-    k = _gather_context(key_cache, plan.decode_tables, plan.decode_len).transpose(1, 2)
-    v = _gather_context(value_cache, plan.decode_tables, plan.decode_len).transpose(1, 2)
+    # Slots past a sequence's end hold stale or never-written memory, possibly NaN bit
+    # patterns; a mask alone would let NaN through (NaN * 0), so zero them.
+    visible = plan.decode_mask[:, 0, 0, :, None, None]
+    k = _gather_context(key_cache, plan.decode_tables, plan.decode_len)
+    v = _gather_context(value_cache, plan.decode_tables, plan.decode_len)
+    k = torch.where(visible, k, 0).transpose(1, 2)                     # [S, Hkv, L, D]
+    v = torch.where(visible, v, 0).transpose(1, 2)
     q = query[plan.decode_tokens]                                      # [S, H, D]
     rows, num_heads, head_dim = q.shape
     # Fold the query heads of one KV head into the "query length" axis: GQA without

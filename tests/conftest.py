@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny checkpoints made locally (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+# The device the model tests run on: "cpu" everywhere, "cuda" in bench/gpu_check.sh.
+TEST_DEVICE = os.environ.get("FOLIO_TEST_DEVICE", "cpu")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    from folio.tiny_models import train_tokenizer
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(path, vocab_size=1024)
+    return path
+
+
+def _model_dir(tmp_path_factory, tokenizer_dir: Path, name: str, **checkpoint) -> Path:
+    from folio.tiny_models import make_random_checkpoint
+
+    path = tmp_path_factory.mktemp(name)
+    for file in TOKENIZER_FILES:
+        if (tokenizer_dir / file).exists():
+            shutil.copy(tokenizer_dir / file, path / file)
+    make_random_checkpoint(path, vocab_size=1024, **checkpoint)
+    return path
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    return _model_dir(tmp_path_factory, tokenizer_dir, "llama", arch="llama")
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    # Tied embeddings and MQA exercise other loader and attention paths.
+    return _model_dir(tmp_path_factory, tokenizer_dir, "qwen2", arch="qwen2",
+                      num_kv_heads=1, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def mistral_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    return _model_dir(tmp_path_factory, tokenizer_dir, "mistral", arch="mistral",
+                      num_heads=4, num_kv_heads=4, head_dim=32, hidden_size=96,
+                      num_layers=3)
+
+
+@pytest.fixture(scope="session")
+def llama3_rope_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    return _model_dir(tmp_path_factory, tokenizer_dir, "llama3", arch="llama",
+                      rope_parameters=rope)
