@@ -1,0 +1,98 @@
+"""Random paged-attention batches and a float64 oracle that reads only what it must."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class PagedBatch:
+    query: torch.Tensor            # [T, H, D]
+    key_cache: torch.Tensor        # [N, B, Hkv, D], NaN wherever no token was written
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor     # [S, M], shuffled block ids, spare columns hold other ids
+    seq_lens: torch.Tensor         # [S]
+    query_start_loc: torch.Tensor  # [S + 1]
+    scale: float
+
+    def args(self) -> tuple:
+        return (self.query, self.key_cache, self.value_cache, self.block_tables,
+                self.seq_lens, self.query_start_loc, self.scale)
+
+
+def make_batch(seqs: list[tuple[int, int]], *, block_size: int, head_dim: int, num_heads: int,
+               num_kv_heads: int, dtype: torch.dtype, device: torch.device, seed: int,
+               spare_blocks: int = 3, table_dtype: torch.dtype = torch.int32,
+               len_dtype: torch.dtype = torch.int32) -> PagedBatch:
+    """seqs: (context already cached, new tokens) per sequence; the new tokens' K/V are in
+    the cache too (reshape_and_cache runs before attention), at the end of the context."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [context + new for context, new in seqs]
+    blocks_needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_needed) + spare_blocks
+    width = max(blocks_needed) + 1
+    ids = torch.randperm(num_blocks, generator=gen)
+    tables = torch.randint(0, num_blocks, (len(seqs), width), generator=gen)
+    used = 0
+    for i, n in enumerate(blocks_needed):
+        tables[i, :n] = ids[used:used + n]
+        used += n
+
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.full(shape, float("nan"), dtype=dtype)
+    value_cache = torch.full(shape, float("nan"), dtype=dtype)
+    for i, n in enumerate(seq_lens):
+        positions = torch.arange(n)
+        blocks = tables[i, positions // block_size]
+        slots = positions % block_size
+        key_cache[blocks, slots] = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
+        value_cache[blocks, slots] = torch.randn(n, num_kv_heads, head_dim,
+                                                 generator=gen).to(dtype)
+    new_tokens = [new for _, new in seqs]
+    starts = [0]
+    for n in new_tokens:
+        starts.append(starts[-1] + n)
+    query = torch.randn(starts[-1], num_heads, head_dim, generator=gen).to(dtype)
+    return PagedBatch(
+        query=query.to(device), key_cache=key_cache.to(device),
+        value_cache=value_cache.to(device),
+        block_tables=tables.to(table_dtype).to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=len_dtype, device=device),
+        query_start_loc=torch.tensor(starts, dtype=len_dtype, device=device),
+        scale=head_dim ** -0.5)
+
+
+def oracle(batch: PagedBatch) -> torch.Tensor:
+    """Float64 attention, one sequence at a time, gathering exactly the context positions."""
+    query = batch.query.cpu().double()
+    key_cache, value_cache = batch.key_cache.cpu().double(), batch.value_cache.cpu().double()
+    tables = batch.block_tables.cpu().long()
+    block_size = key_cache.shape[1]
+    groups = query.shape[1] // key_cache.shape[2]
+    out = torch.full_like(query, float("nan"))
+    starts = batch.query_start_loc.tolist()
+    for i, seq_len in enumerate(batch.seq_lens.tolist()):
+        start, end = starts[i], starts[i + 1]
+        if end == start:
+            continue
+        positions = torch.arange(seq_len)
+        blocks, slots = tables[i, positions // block_size], positions % block_size
+        k = key_cache[blocks, slots].repeat_interleave(groups, dim=1)    # [L, H, D]
+        v = value_cache[blocks, slots].repeat_interleave(groups, dim=1)
+        q = query[start:end]                                              # [Q, H, D]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * batch.scale
+        query_positions = torch.arange(seq_len - (end - start), seq_len)
+        visible = positions[None, :] <= query_positions[:, None]          # [Q, L]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v)
+    return out
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected|; NaN anywhere in actual gives inf."""
+    actual = actual.cpu().double()
+    if not bool(torch.isfinite(actual).all()):
+        return float("inf")
+    return float((actual - expected).abs().max() / expected.abs().max())
