@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -23,6 +24,13 @@ def check_launch_device(name: str, tensor: torch.Tensor, kernel: object) -> None
     elif tensor.device.type != "cuda":
         raise ValueError(f"{name} is on {tensor.device}; the Triton kernels need CUDA tensors "
                          f"(or TRITON_INTERPRET=1 set before triton is first imported)")
+
+
+def on_device(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device: make it the tensor's (cuda:1 and others)."""
+    if tensor.device.type == "cuda":
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()
 
 
 @functools.cache

@@ -33,7 +33,7 @@ from kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_contiguous,
                              check_inner_contiguous, check_same_device, check_shape,
                              check_tensor)
 from kernels._launch import (check_launch_device, is_interpreted, multiprocessor_count,
-                             next_power_of_2)
+                             next_power_of_2, on_device)
 
 _LOG2_E = 1.4426950408889634
 _MAX_HEAD_DIM = 256
@@ -326,28 +326,29 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         part_acc = part_max = part_sum = out          # unused by the kernel
 
     grid = (num_tokens // launch.block_q + num_seqs, num_kv_heads, launch.num_splits)
-    _paged_attention_kernel[grid](
-        out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-        part_acc, part_max, part_sum,
-        float(scale) * _LOG2_E, num_seqs, num_heads, launch.num_splits,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0),
-        GROUP=group, GROUP_PAD=next_power_of_2(group),
-        BLOCK_Q=launch.block_q, BLOCK_M=launch.block_m,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-        TILE_N=launch.tile_size, BLOCK_SIZE=block_size,
-        SPLIT=split, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        DOT_UPCAST=query.dtype == torch.bfloat16 and is_interpreted(_paged_attention_kernel),
-        num_warps=launch.num_warps, num_stages=launch.num_stages,
-    )
-    if split:
-        _merge_splits_kernel[(num_tokens, num_heads)](
-            out, part_acc, part_max, part_sum, query_start_loc,
-            num_seqs, num_heads, launch.num_splits, out.stride(0), out.stride(1),
+    with on_device(query):
+        _paged_attention_kernel[grid](
+            out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+            part_acc, part_max, part_sum,
+            float(scale) * _LOG2_E, num_seqs, num_heads, launch.num_splits,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            block_tables.stride(0),
+            GROUP=group, GROUP_PAD=next_power_of_2(group),
+            BLOCK_Q=launch.block_q, BLOCK_M=launch.block_m,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-            SPLITS_PAD=next_power_of_2(launch.num_splits),
-            num_warps=4,
+            TILE_N=launch.tile_size, BLOCK_SIZE=block_size,
+            SPLIT=split, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            DOT_UPCAST=query.dtype == torch.bfloat16 and is_interpreted(_paged_attention_kernel),
+            num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
+        if split:
+            _merge_splits_kernel[(num_tokens, num_heads)](
+                out, part_acc, part_max, part_sum, query_start_loc,
+                num_seqs, num_heads, launch.num_splits, out.stride(0), out.stride(1),
+                HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+                SPLITS_PAD=next_power_of_2(launch.num_splits),
+                num_warps=4,
+            )
     return out

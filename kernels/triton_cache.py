@@ -13,7 +13,7 @@ import triton.language as tl
 
 from kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_inner_contiguous,
                              check_same_device, check_shape, check_tensor)
-from kernels._launch import check_launch_device, next_power_of_2
+from kernels._launch import check_launch_device, next_power_of_2, on_device
 
 
 @triton.jit
@@ -80,12 +80,13 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 
     heads_pad, dim_pad = next_power_of_2(num_kv_heads), next_power_of_2(head_dim)
     num_warps = 1 if heads_pad * dim_pad <= 256 else 4 if heads_pad * dim_pad <= 4096 else 8
-    _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, key_cache, value_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        num_kv_heads,
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HEADS_PAD=heads_pad, DIM_PAD=dim_pad,
-        num_warps=num_warps,
-    )
+    with on_device(key):
+        _reshape_and_cache_kernel[(num_tokens,)](
+            key, value, key_cache, value_cache, slot_mapping,
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            num_kv_heads,
+            HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HEADS_PAD=heads_pad, DIM_PAD=dim_pad,
+            num_warps=num_warps,
+        )

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from kernels._checks import (FLOAT_DTYPES, check_inner_contiguous, check_same_device,
                              check_shape, check_tensor)
-from kernels._launch import check_launch_device, next_power_of_2, round_to
+from kernels._launch import check_launch_device, next_power_of_2, on_device, round_to
 
 _MAX_HIDDEN = 65536
 
@@ -78,14 +78,15 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out_rows = out.view(-1, hidden)
     residual_out_rows = residual_out.view(-1, hidden) if residual_out is not None else out_rows
     block = next_power_of_2(hidden)
-    _rms_norm_kernel[(x_rows.shape[0],)](
-        x_rows, residual_rows, weight, out_rows, residual_out_rows,
-        x_rows.stride(0), residual_rows.stride(0), out_rows.stride(0),
-        residual_out_rows.stride(0),
-        hidden, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=min(16, max(1, block // 256)),
-    )
+    with on_device(x):
+        _rms_norm_kernel[(x_rows.shape[0],)](
+            x_rows, residual_rows, weight, out_rows, residual_out_rows,
+            x_rows.stride(0), residual_rows.stride(0), out_rows.stride(0),
+            residual_out_rows.stride(0),
+            hidden, float(eps),
+            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            num_warps=min(16, max(1, block // 256)),
+        )
     return out, residual_out
 
 

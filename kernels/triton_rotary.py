@@ -15,7 +15,7 @@ import triton.language as tl
 from kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_contiguous,
                              check_inner_contiguous, check_same_device, check_shape,
                              check_tensor)
-from kernels._launch import check_launch_device, next_power_of_2, round_to
+from kernels._launch import check_launch_device, next_power_of_2, on_device, round_to
 
 
 @triton.jit
@@ -88,14 +88,15 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
         return query_out, key_out
     half = head_dim // 2
     heads_pad = next_power_of_2(max(num_heads, key.shape[1]))
-    _rotary_kernel[(num_tokens,)](
-        positions, query, key, cos_sin_cache, query_out, key_out,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-        query_out.stride(0), query_out.stride(1), key_out.stride(0), key_out.stride(1),
-        cos_sin_cache.stride(0),
-        num_heads, key.shape[1],
-        HALF=half, HALF_PAD=next_power_of_2(half),
-        HEADS_PAD=next_power_of_2(num_heads), KV_HEADS_PAD=next_power_of_2(key.shape[1]),
-        num_warps=4 if heads_pad * half >= 1024 else 1,
-    )
+    with on_device(query):
+        _rotary_kernel[(num_tokens,)](
+            positions, query, key, cos_sin_cache, query_out, key_out,
+            query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+            query_out.stride(0), query_out.stride(1), key_out.stride(0), key_out.stride(1),
+            cos_sin_cache.stride(0),
+            num_heads, key.shape[1],
+            HALF=half, HALF_PAD=next_power_of_2(half),
+            HEADS_PAD=next_power_of_2(num_heads), KV_HEADS_PAD=next_power_of_2(key.shape[1]),
+            num_warps=4 if heads_pad * half >= 1024 else 1,
+        )
     return query_out, key_out

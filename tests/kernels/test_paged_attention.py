@@ -54,6 +54,8 @@ CASES = [
                  AttentionConfig(num_splits=8, tile_size=32, block_m=32),
                  id="gqa2-b16-d128-decode-split8"),
     pytest.param(5, 16, 96, 2, 1, [(0, 20), (24, 7)], None, id="mqa-b16-d96-chunks"),
+    # Small cache blocks (the executor's tests use 4): one tile spans 16 of them.
+    pytest.param(6, 4, 32, 4, 2, None, None, id="gqa2-b4-d32-random"),
 ]
 
 
