@@ -75,7 +75,7 @@ class Executor:
         result = StepResult(step_id=plan.step_id)
         if scheduled:
             inputs = self.batch.prepare(scheduled)
-            attention = self.ops.prepare(inputs.attention)
+            attention = self.ops.prepare(inputs.attention, self.config.block_size)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attention)
             if inputs.sampled:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])

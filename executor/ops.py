@@ -29,15 +29,16 @@ class KernelOps:
     reshape_and_cache: Callable[..., Any]
     attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionInputs, float],
                         torch.Tensor]
-    prepare: Callable[[AttentionInputs], AttentionInputs]
+    prepare: Callable[[AttentionInputs, int], AttentionInputs]
 
 
 def _torch_attention(query, key_cache, value_cache, inputs: AttentionInputs, scale):
     return reference.paged_attention_planned(query, key_cache, value_cache, inputs.plan, scale)
 
 
-def _torch_prepare(inputs: AttentionInputs) -> AttentionInputs:
-    plan = reference.plan_attention(inputs.block_tables, inputs.seq_lens, inputs.query_start_loc)
+def _torch_prepare(inputs: AttentionInputs, block_size: int) -> AttentionInputs:
+    plan = reference.plan_attention(inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
+                                    block_size)
     return AttentionInputs(inputs.slot_mapping, inputs.block_tables, inputs.seq_lens,
                            inputs.query_start_loc, plan)
 
@@ -66,7 +67,7 @@ def triton_ops() -> KernelOps:
 
     return KernelOps(name="triton", rms_norm=rms_norm, rotary=kernels.rotary_embedding,
                      reshape_and_cache=kernels.reshape_and_cache, attention=attention,
-                     prepare=lambda inputs: inputs)
+                     prepare=lambda inputs, block_size: inputs)
 
 
 def select_ops(backend: str, device: torch.device) -> KernelOps:

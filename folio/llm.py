@@ -22,7 +22,8 @@ class LLM:
             model = str(default_model_path())
         self.config = EngineConfig(model=str(model), **engine_args)
         self.engine = InProcessEngine(self.config)
-        self.tokenizer = load_tokenizer(self.config.tokenizer_path)
+        self.tokenizer = None if self.config.skip_tokenizer_init \
+            else load_tokenizer(self.config.tokenizer_path)
         self._counter = 0
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
@@ -65,8 +66,9 @@ class LLM:
             raise
         for result in results:
             for completion in result.outputs:
-                completion.text = self.tokenizer.decode(completion.token_ids,
-                                                        skip_special_tokens=True)
+                if self.tokenizer is not None:
+                    completion.text = self.tokenizer.decode(completion.token_ids,
+                                                            skip_special_tokens=True)
             result.finished = True
         return results
 
@@ -75,6 +77,9 @@ class LLM:
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer; this LLM was made with "
+                                 "skip_tokenizer_init=True, so pass token ids")
             return self.tokenizer.encode(prompt, add_special_tokens=True)
         if isinstance(prompt, (list, tuple)) and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in prompt):

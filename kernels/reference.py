@@ -26,42 +26,72 @@ def reshape_and_cache_ref(key: torch.Tensor, value: torch.Tensor, key_cache: tor
 
 
 @dataclass(frozen=True)
+class DecodeGroup:
+    """Decode rows of similar context length, attended in one batched call."""
+
+    tokens: torch.Tensor      # [G] row of each query in `query`
+    slots: torch.Tensor       # [G, L] flat cache slot of every context position
+    mask: torch.Tensor        # [G, 1, 1, L] True where a key is visible
+
+
+@dataclass(frozen=True)
 class AttentionPlan:
     """Index tensors for one step's attention, shared by every layer of that step."""
 
-    decode_tokens: torch.Tensor | None      # [Sd] row of each decode query in `query`
-    decode_tables: torch.Tensor | None      # [Sd, M]
-    decode_mask: torch.Tensor | None        # [Sd, 1, 1, Ld] True where a key is visible
-    decode_len: int
+    decode_groups: tuple[DecodeGroup, ...]
     chunks: tuple[tuple[int, int, int, int], ...]   # (seq, query start, query len, seq len)
     chunk_masks: tuple[torch.Tensor | None, ...]    # None: plain causal (no earlier context)
     block_tables: torch.Tensor
 
 
+# Decode rows are padded to the longest context of their group; a new group starts when
+# padding would exceed this fraction, so short contexts don't pay for long ones.
+_DECODE_GROUP_MIN_FILL = 0.7
+
+
 def plan_attention(block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                   query_start_loc: torch.Tensor) -> AttentionPlan:
+                   query_start_loc: torch.Tensor, block_size: int) -> AttentionPlan:
     device = block_tables.device
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     q_lens = [b - a for a, b in zip(starts, starts[1:])]
-    decode = [i for i, n in enumerate(q_lens) if n == 1]
-    decode_tokens = decode_tables = decode_mask = None
-    decode_len = 0
-    if decode:
-        rows = torch.tensor(decode, device=device)
-        decode_tokens = torch.tensor([starts[i] for i in decode], device=device)
-        decode_lens = torch.tensor([lens[i] for i in decode], device=device)
-        decode_len = int(max(lens[i] for i in decode))
-        decode_tables = block_tables[rows]
-        visible = torch.arange(decode_len, device=device)[None, :] < decode_lens[:, None]
-        decode_mask = visible[:, None, None, :]
+    decode = sorted((i for i, n in enumerate(q_lens) if n == 1), key=lambda i: -lens[i])
+    groups: list[DecodeGroup] = []
+    while decode:
+        longest = lens[decode[0]]
+        size = 1
+        while size < len(decode) and lens[decode[size]] >= longest * _DECODE_GROUP_MIN_FILL:
+            size += 1
+        rows, decode = decode[:size], decode[size:]
+        groups.append(_decode_group(block_tables, rows, starts, lens, longest, block_size))
     chunks, masks = [], []
     for i, n in enumerate(q_lens):
         if n > 1:
             chunks.append((i, starts[i], n, lens[i]))
             masks.append(_chunk_mask(n, lens[i], device))
-    return AttentionPlan(decode_tokens, decode_tables, decode_mask, decode_len, tuple(chunks),
-                         tuple(masks), block_tables)
+    return AttentionPlan(tuple(groups), tuple(chunks), tuple(masks), block_tables)
+
+
+def _decode_group(block_tables, rows, starts, lens, longest, block_size) -> DecodeGroup:
+    device = block_tables.device
+    row_index = torch.tensor(rows, device=device)
+    row_lens = torch.tensor([lens[i] for i in rows], device=device)
+    visible = torch.arange(longest, device=device)[None, :] < row_lens[:, None]
+    return DecodeGroup(
+        tokens=torch.tensor([starts[i] for i in rows], device=device),
+        slots=_context_slots(block_tables[row_index], block_size, visible),
+        mask=visible[:, None, None, :],
+    )
+
+
+def _context_slots(tables: torch.Tensor, block_size: int, visible: torch.Tensor
+                   ) -> torch.Tensor:
+    """[G, M] block tables -> [G, L] flat slots. Positions past a sequence's end point at
+    its position 0: those slots may hold stale or never-written memory (even NaN bit
+    patterns, which a mask would not stop); position 0 always holds a real key."""
+    positions = torch.arange(visible.shape[1], device=tables.device)
+    slots = tables.long()[:, positions // block_size] * block_size + positions % block_size
+    return torch.where(visible, slots, slots[:, :1])
 
 
 def paged_attention_ref(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -73,7 +103,7 @@ def paged_attention_ref(query: torch.Tensor, key_cache: torch.Tensor, value_cach
     query [T, H, D]; caches [N, B, Hkv, D]; block_tables [S, M]; seq_lens [S] (context
     including the new tokens); query_start_loc [S + 1]. Returns [T, H, D] in query's dtype.
     """
-    plan = plan_attention(block_tables, seq_lens, query_start_loc)
+    plan = plan_attention(block_tables, seq_lens, query_start_loc, key_cache.shape[1])
     return paged_attention_planned(query, key_cache, value_cache, plan, scale, out)
 
 
@@ -82,8 +112,8 @@ def paged_attention_planned(query: torch.Tensor, key_cache: torch.Tensor,
                             out: torch.Tensor | None = None) -> torch.Tensor:
     if out is None:
         out = torch.empty_like(query)
-    if plan.decode_tokens is not None:
-        _decode_attention(query, key_cache, value_cache, plan, scale, out)
+    for group in plan.decode_groups:
+        _decode_attention(query, key_cache, value_cache, group, scale, out)
     for (seq, start, q_len, seq_len), mask in zip(plan.chunks, plan.chunk_masks):
         _chunk_attention(query, key_cache, value_cache, plan.block_tables[seq], start, q_len,
                          seq_len, mask, scale, out)
@@ -108,23 +138,23 @@ def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int)
     return blocks.reshape(shape)[..., :length, :, :]
 
 
-def _decode_attention(query, key_cache, value_cache, plan: AttentionPlan, scale, out) -> None:
-    num_kv_heads = key_cache.shape[2]
-    # Slots past a sequence's end hold stale or never-written memory, possibly NaN bit
-    # patterns; a mask alone would let NaN through (NaN * 0), so zero them.
-    visible = plan.decode_mask[:, 0, 0, :, None, None]
-    k = _gather_context(key_cache, plan.decode_tables, plan.decode_len)
-    v = _gather_context(value_cache, plan.decode_tables, plan.decode_len)
-    k = torch.where(visible, k, 0).transpose(1, 2)                     # [S, Hkv, L, D]
-    v = torch.where(visible, v, 0).transpose(1, 2)
-    q = query[plan.decode_tokens]                                      # [S, H, D]
-    rows, num_heads, head_dim = q.shape
+def _decode_attention(query, key_cache, value_cache, group: DecodeGroup, scale, out) -> None:
+    _, _, num_kv_heads, head_dim = key_cache.shape
+    shape = (*group.slots.shape, num_kv_heads, head_dim)
+    flat_slots = group.slots.view(-1)
+    # index_select copies whole rows and is several times faster than advanced indexing.
+    k = key_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots)
+    v = value_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots)
+    k = k.view(shape).transpose(1, 2)                                    # [G, Hkv, L, D]
+    v = v.view(shape).transpose(1, 2)
+    q = query[group.tokens]                                                     # [G, H, D]
+    rows, num_heads, _ = q.shape
     # Fold the query heads of one KV head into the "query length" axis: GQA without
     # copying K/V, and every row stays an independent softmax.
     q = q.view(rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
     result = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                            attn_mask=plan.decode_mask, scale=scale)
-    out[plan.decode_tokens] = result.reshape(rows, num_heads, head_dim).to(out.dtype)
+                                            attn_mask=group.mask, scale=scale)
+    out.index_copy_(0, group.tokens, result.reshape(rows, num_heads, head_dim).to(out.dtype))
 
 
 def _chunk_attention(query, key_cache, value_cache, block_table, start, q_len, seq_len, mask,

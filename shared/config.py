@@ -18,6 +18,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 class EngineConfig:
     model: str
     tokenizer: str | None = None
+    skip_tokenizer_init: bool = False      # token ids in and out, no text
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
