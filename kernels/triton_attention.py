@@ -23,6 +23,7 @@ to a float32 scratch buffer, and a second kernel merges the splits of each (toke
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -214,6 +215,7 @@ class _Launch:
     num_stages: int
 
 
+@functools.lru_cache(maxsize=1024)
 def _choose_launch(config: AttentionConfig, *, num_tokens: int, num_seqs: int,
                    num_heads: int, num_kv_heads: int, head_dim: int, context_bound: int,
                    device: torch.device) -> _Launch:
@@ -229,7 +231,8 @@ def _choose_launch(config: AttentionConfig, *, num_tokens: int, num_seqs: int,
     if tile_size < 16 or tile_size & (tile_size - 1):
         raise ValueError(f"config.tile_size must be a power of 2 >= 16, got {tile_size}")
     block_q = block_m // group_pad
-    programs = (num_tokens // block_q + num_seqs) * num_kv_heads
+    # Programs with work (the grid's T // BLOCK_Q + S ids include some that exit at once).
+    programs = min(num_tokens, num_tokens // block_q + num_seqs) * num_kv_heads
 
     num_splits = config.num_splits
     if num_splits is None:
