@@ -68,6 +68,10 @@ class Executor:
             eos_token_ids=self.model_config.eos_token_ids,
         )
 
+    def reset(self) -> None:
+        """Forget every request (a new scheduler starts from nothing)."""
+        self.batch = InputBatch(self.config.block_size, self.device)
+
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
         start = time.perf_counter()

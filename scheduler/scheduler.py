@@ -74,6 +74,11 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_work(self) -> bool:
+        """Anything to schedule, report, or tell the executor to forget."""
+        return bool(self.waiting or self.running or self._pending_outputs
+                    or self._forget_handles)
+
     # ---- one iteration ------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:

@@ -1,0 +1,104 @@
+"""The executor process: connects to the scheduler, reports its capacity, applies plans.
+
+A heartbeat thread with its own socket tells the scheduler this process is alive even while
+the main thread is inside a long forward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import traceback
+from dataclasses import dataclass
+
+import zmq
+
+from executor.executor import Executor
+from shared import messages as m
+from shared.config import EngineConfig
+from shared.transport import UP_EVENTS, configure, monitor_socket, read_monitor_event
+from shared.wire import ProtocolError
+
+log = logging.getLogger("folio.executor")
+
+HEARTBEAT_S = 0.25
+SCHEDULER_TYPES = frozenset({"plan"})
+
+
+@dataclass(frozen=True)
+class ExecutorServiceConfig:
+    scheduler_address: str
+    engine: EngineConfig
+
+
+class ExecutorService:
+    def __init__(self, config: ExecutorServiceConfig) -> None:
+        self.config = config
+        self.executor = Executor(config.engine)
+        self.ctx = zmq.Context()
+        self.sock = configure(self.ctx.socket(zmq.DEALER))
+        self.sock.setsockopt(zmq.IDENTITY, f"executor-{os.getpid()}".encode())
+        self.sock.connect(config.scheduler_address)
+        self.stop = threading.Event()
+        self.heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True)
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        pid = os.getpid()
+        self.heartbeat.start()
+        monitor = monitor_socket(self.sock)
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        log.info("executor %d connecting to %s", pid, self.config.scheduler_address)
+        try:
+            while not self.stop.is_set():
+                events = dict(poller.poll(100))
+                if monitor in events and read_monitor_event(monitor) & UP_EVENTS:
+                    # A (re)connected scheduler knows nothing of us: start clean, say hello.
+                    self.executor.reset()
+                    self.sock.send(m.encode_hello_executor(self.executor.capacity, pid))
+                if self.sock not in events:
+                    continue
+                data = self.sock.recv()
+                try:
+                    _, body = m.decode(data, SCHEDULER_TYPES)
+                    plan = m.decode_plan(body)
+                except ProtocolError as error:
+                    log.warning("dropped a malformed message: %s", error)
+                    continue
+                self._apply(plan)
+        finally:
+            self.stop.set()
+            self.heartbeat.join(timeout=1)
+            monitor.close(0)
+            self.sock.close(0)
+            self.ctx.term()
+
+    def _apply(self, plan) -> None:
+        try:
+            result = self.executor.execute(plan)
+        except Exception as error:   # report, stay alive: the scheduler fails the step
+            log.error("step %d failed: %s", plan.step_id, traceback.format_exc())
+            self.sock.send(m.encode_executor_error(plan.step_id,
+                                                   f"{type(error).__name__}: {error}"))
+            return
+        if not plan.is_empty:
+            self.sock.send(m.encode_result(result))
+
+    def _heartbeat_loop(self) -> None:
+        sock = configure(self.ctx.socket(zmq.DEALER))
+        sock.setsockopt(zmq.IDENTITY, f"executor-heartbeat-{os.getpid()}".encode())
+        sock.connect(self.config.scheduler_address)
+        beat = m.encode_heartbeat(os.getpid())
+        try:
+            while not self.stop.wait(HEARTBEAT_S):
+                try:
+                    sock.send(beat, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+        finally:
+            sock.close(0)

@@ -1,0 +1,5 @@
+import sys
+
+from folio.cli import main
+
+sys.exit(main())

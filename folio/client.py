@@ -1,0 +1,294 @@
+"""The ZeroMQ client SDK: `AsyncClient` for asyncio code, `Client` for everything else.
+
+    client = folio.Client("ipc:///tmp/folio-xyz/client.sock")
+    print(client.generate("The for statement", SamplingParams(max_tokens=32)).text)
+    for delta in client.stream("Hello", SamplingParams(max_tokens=16)):
+        print(delta.text, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from folio.errors import (EngineDead, FolioError, RequestTimeout, ServerUnreachable,
+                          error_from_code)
+from shared import messages as m
+from shared.sampling_params import SamplingParams
+from shared.transport import DOWN_EVENTS, UP_EVENTS, configure, monitor_socket
+from shared.wire import ProtocolError
+
+Prompt = str | list[int]
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass
+class Completion:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    usage: Usage
+
+
+@dataclass
+class Delta:
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+
+
+class AsyncClient:
+    def __init__(self, address: str, timeout: float | None = 600.0,
+                 connect_timeout: float = 5.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._connected: asyncio.Event | None = None
+        self._lost: str | None = None
+
+    async def _start(self) -> None:
+        if self._sock is not None:
+            return
+        self._ctx = zmq.asyncio.Context()
+        self._sock = configure(self._ctx.socket(zmq.DEALER))
+        self._sock.connect(self.address)
+        self._connected = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._receive()),
+                       asyncio.create_task(self._watch())]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sock is not None:
+            self._sock.close(0)
+            self._ctx.term()
+            self._sock = None
+
+    async def __aenter__(self) -> "AsyncClient":
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- public API ---------------------------------------------------------------------
+
+    async def generate(self, prompt: Prompt, params: SamplingParams | None = None, *,
+                       request_id: str | None = None, timeout: float | None = None
+                       ) -> Completion:
+        return await self._complete(_prompt_fields(prompt), params, request_id, timeout)
+
+    async def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
+                   *, request_id: str | None = None, timeout: float | None = None
+                   ) -> Completion:
+        return await self._complete({"messages": messages}, params, request_id, timeout)
+
+    async def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
+                     request_id: str | None = None, timeout: float | None = None
+                     ) -> AsyncIterator[Delta]:
+        async for item in self._run(_prompt_fields(prompt), params, request_id, timeout, True):
+            if isinstance(item, Delta):
+                yield item
+
+    async def stream_chat(self, messages: list[dict[str, str]],
+                          params: SamplingParams | None = None, *,
+                          request_id: str | None = None, timeout: float | None = None
+                          ) -> AsyncIterator[Delta]:
+        async for item in self._run({"messages": messages}, params, request_id, timeout, True):
+            if isinstance(item, Delta):
+                yield item
+
+    async def abort(self, request_id: str) -> None:
+        await self._start()
+        await self._send(m.pack("abort", {"id": request_id}))
+
+    async def health(self, timeout: float = 5.0) -> dict[str, Any]:
+        request_id = uuid.uuid4().hex
+        queue = await self._open(request_id)
+        try:
+            await self._send(m.pack("health", {"id": request_id}))
+            kind, body = await self._next(queue, timeout, request_id)
+            return {k: v for k, v in body.items() if k != "id"}
+        finally:
+            self._queues.pop(request_id, None)
+
+    # ---- internals ----------------------------------------------------------------------
+
+    async def _complete(self, fields, params, request_id, timeout) -> Completion:
+        final = None
+        async for item in self._run(fields, params, request_id, timeout, False):
+            final = item
+        return final
+
+    async def _run(self, fields: dict[str, Any], params: SamplingParams | None,
+                   request_id: str | None, timeout: float | None, stream: bool):
+        params = params or SamplingParams()
+        request_id = request_id or uuid.uuid4().hex
+        queue = await self._open(request_id)
+        done = False
+        try:
+            await self._send(m.encode_generate(request_id, params, stream, **fields))
+            while True:
+                kind, body = await self._next(queue, timeout, request_id)
+                if kind == "delta":
+                    yield Delta(body.get("text", ""), list(body.get("token_ids", [])))
+                elif kind == "final":
+                    done = True
+                    usage = Usage(**body["usage"])
+                    yield Completion(request_id, body["text"], list(body["token_ids"]),
+                                     body["finish_reason"], usage)
+                    return
+                elif kind == "error":
+                    done = True
+                    raise error_from_code(body.get("code", ""), body.get("message", ""))
+        finally:
+            self._queues.pop(request_id, None)
+            if not done and self._lost is None:
+                # Abandoned (timeout, cancel, consumer stopped): free its KV blocks.
+                try:
+                    await self._send(m.pack("abort", {"id": request_id}))
+                except FolioError:
+                    pass
+
+    async def _open(self, request_id: str) -> asyncio.Queue:
+        await self._start()
+        try:
+            await asyncio.wait_for(self._connected.wait(), self.connect_timeout)
+        except asyncio.TimeoutError:
+            raise ServerUnreachable(f"no Folio server answered at {self.address} within "
+                                    f"{self.connect_timeout:g} s") from None
+        if request_id in self._queues:
+            raise FolioError(f"request id {request_id!r} is already in use on this client")
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        return queue
+
+    async def _next(self, queue: asyncio.Queue, timeout: float | None, request_id: str):
+        limit = self.timeout if timeout is None else timeout
+        try:
+            item = await asyncio.wait_for(queue.get(), limit)
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"request {request_id} got no answer within {limit:g} s; "
+                                 "it was aborted") from None
+        if isinstance(item, FolioError):
+            raise item
+        return item
+
+    async def _send(self, payload: bytes) -> None:
+        if self._lost is not None:
+            raise ServerUnreachable(self._lost)
+        await self._sock.send(payload)
+
+    async def _receive(self) -> None:
+        while True:
+            data = await self._sock.recv()
+            try:
+                kind, body = m.unpack(data)
+            except ProtocolError:
+                continue
+            queue = self._queues.get(body.get("id")) if isinstance(body.get("id"), str) else None
+            if queue is not None:
+                queue.put_nowait((kind, body))
+
+    async def _watch(self) -> None:
+        monitor = monitor_socket(self._sock)
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                if event & UP_EVENTS:
+                    self._lost = None
+                    self._connected.set()
+                elif event & DOWN_EVENTS:
+                    self._connected.clear()
+                    self._lost = f"lost the connection to the Folio server at {self.address}"
+                    for queue in self._queues.values():
+                        queue.put_nowait(EngineDead(self._lost))
+        finally:
+            monitor.close(0)
+
+
+class Client:
+    """Blocking client: an AsyncClient on a private event-loop thread. Thread-safe."""
+
+    def __init__(self, address: str, timeout: float | None = 600.0,
+                 connect_timeout: float = 5.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="folio-client")
+        self._thread.start()
+        self._async = AsyncClient(address, timeout, connect_timeout)
+        self._call(self._async._start())
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def generate(self, prompt: Prompt, params: SamplingParams | None = None, **kwargs
+                 ) -> Completion:
+        return self._call(self._async.generate(prompt, params, **kwargs))
+
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
+             **kwargs) -> Completion:
+        return self._call(self._async.chat(messages, params, **kwargs))
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None, **kwargs
+               ) -> Iterator[Delta]:
+        return self._iterate(self._async.stream(prompt, params, **kwargs))
+
+    def stream_chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
+                    **kwargs) -> Iterator[Delta]:
+        return self._iterate(self._async.stream_chat(messages, params, **kwargs))
+
+    def abort(self, request_id: str) -> None:
+        self._call(self._async.abort(request_id))
+
+    def health(self, timeout: float = 5.0) -> dict[str, Any]:
+        return self._call(self._async.health(timeout))
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._call(self._async.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _iterate(self, agen) -> Iterator[Delta]:
+        try:
+            while True:
+                try:
+                    yield self._call(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._call(agen.aclose())
+
+
+def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if isinstance(prompt, (list, tuple)):
+        return {"prompt_token_ids": list(prompt)}
+    raise TypeError("prompt must be a string or a list of token ids")

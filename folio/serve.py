@@ -1,0 +1,142 @@
+"""`folio serve`: start scheduler, executor and frontend on one machine and supervise them.
+
+Sockets live in a private run directory (mode 0700) unless a client address is given.
+A crashed executor is restarted (the scheduler fails its in-flight requests and accepts the
+new one); a crashed scheduler or frontend, or too many executor crashes, stop everything
+and `folio serve` exits 1. Ctrl-C or SIGTERM stops all three and removes the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from folio.cli import engine_config, engine_flags, resolve_model
+from shared.transport import ipc_address, make_run_dir
+
+STOP_GRACE_S = 5.0
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if `folio serve` itself is killed: no orphans."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.model = resolve_model(args.model)
+        self.config = engine_config(args, self.model)
+        self.run_dir = make_run_dir()
+        self.client_address = args.zmq_address or ipc_address(self.run_dir, "client")
+        self.frontend_address = ipc_address(self.run_dir, "scheduler-frontends")
+        self.executor_address = ipc_address(self.run_dir, "scheduler-executor")
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.stopping = False
+
+    def command(self, role: str) -> list[str]:
+        base = [sys.executable, "-m", "folio", "--log-level", self.args.log_level, role]
+        if role == "scheduler":
+            return base + ["--frontend-address", self.frontend_address,
+                           "--executor-address", self.executor_address,
+                           "--max-num-seqs", str(self.config.max_num_seqs),
+                           "--max-num-batched-tokens", str(self.config.max_num_batched_tokens),
+                           "--enable-chunked-prefill" if self.config.enable_chunked_prefill
+                           else "--no-enable-chunked-prefill"]
+        if role == "executor":
+            return base + ["--model", self.model, "--scheduler-address", self.executor_address,
+                           *engine_flags(self.config)]
+        return base + ["--model", self.config.tokenizer_path,
+                       "--client-address", self.client_address,
+                       "--scheduler-address", self.frontend_address]
+
+    def start(self, role: str) -> None:
+        self.procs[role] = subprocess.Popen(self.command(role), preexec_fn=_die_with_parent)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            for role in ("scheduler", "executor", "frontend"):
+                self.start(role)
+            self._announce()
+            return self._supervise()
+        finally:
+            self.stop_all()
+
+    def _announce(self) -> None:
+        from folio.client import Client
+
+        deadline = time.monotonic() + 600
+        while not self.stopping and time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs.values()):
+                return
+            client = Client(self.client_address, connect_timeout=1.0)
+            try:
+                if client.health(timeout=1.0).get("ok"):
+                    print(f"Folio is serving {self.model}\n"
+                          f"  clients connect to: {self.client_address}\n"
+                          f"  run directory:      {self.run_dir}\n"
+                          f"  pids: " + ", ".join(f"{r}={p.pid}" for r, p in self.procs.items()),
+                          flush=True)
+                    return
+            except Exception:   # not up yet: keep waiting
+                pass
+            finally:
+                client.close()
+            time.sleep(0.5)
+
+    def _supervise(self) -> int:
+        restarts: list[float] = []
+        while not self.stopping:
+            time.sleep(0.2)
+            for role, proc in list(self.procs.items()):
+                code = proc.poll()
+                if code is None or self.stopping:
+                    continue
+                if role == "executor" and len(restarts) < self.args.executor_restarts:
+                    restarts.append(time.monotonic())
+                    print(f"folio serve: executor exited with {code}; restarting it "
+                          f"({len(restarts)}/{self.args.executor_restarts})",
+                          file=sys.stderr, flush=True)
+                    self.start("executor")
+                    continue
+                print(f"folio serve: {role} exited with {code}; stopping", file=sys.stderr,
+                      flush=True)
+                time.sleep(0.5)   # let the survivors tell clients why their requests failed
+                return 1
+        return 0
+
+    def _on_signal(self, *_: object) -> None:
+        self.stopping = True
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.client_address.startswith("ipc://"):
+            Path(self.client_address.removeprefix("ipc://")).unlink(missing_ok=True)
+
+
+def serve(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return Supervisor(args).run()

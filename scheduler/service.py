@@ -1,0 +1,306 @@
+"""The scheduler process: owns the Scheduler, talks to frontends and to the executor.
+
+Sockets (both bound here):
+- frontend socket, ROUTER: frontends connect with DEALER; requests in, per-step outputs
+  routed back to the frontend that owns each request.
+- executor socket, ROUTER: the executor connects with DEALER, says hello with its capacity,
+  then receives one plan per step and answers with one result; a heartbeat thread on the
+  executor side proves it is alive even while it computes.
+
+One thread, one poll loop. The scheduler never touches torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from scheduler.scheduler import Scheduler
+from shared import messages as m
+from shared.config import ExecutorCapacity, SchedulerConfig
+from shared.outputs import EngineOutput, FinishReason
+from shared.step import StepPlan
+from shared.transport import check_bind_address, configure
+from shared.wire import ProtocolError
+
+log = logging.getLogger("folio.scheduler")
+
+FRONTEND_TYPES = frozenset({"frontend_hello", "add", "abort", "stats_request", "heartbeat"})
+EXECUTOR_TYPES = frozenset({"executor_hello", "result", "executor_error", "heartbeat"})
+FRONTEND_HEARTBEAT_S = 0.5
+FRONTEND_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class SchedulerServiceConfig:
+    frontend_address: str
+    executor_address: str
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    executor_timeout_s: float = 2.0      # no heartbeat for this long: the executor is dead
+    step_timeout_s: float = 60.0         # a step unanswered this long: the executor is hung
+
+
+class SchedulerService:
+    def __init__(self, config: SchedulerServiceConfig) -> None:
+        self.config = config
+        self.ctx = zmq.Context()
+        self.frontend_sock = configure(self.ctx.socket(zmq.ROUTER))
+        self.frontend_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.frontend_sock.bind(check_bind_address(config.frontend_address))
+        self.executor_sock = configure(self.ctx.socket(zmq.ROUTER))
+        self.executor_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.executor_sock.bind(check_bind_address(config.executor_address))
+        self.scheduler: Scheduler | None = None
+        self.capacity: ExecutorCapacity | None = None
+        self.executor_id: bytes | None = None
+        self.executor_pid = 0
+        self.executor_seen = 0.0
+        self.inflight: StepPlan | None = None
+        self.inflight_since = 0.0
+        self.owners: dict[str, bytes] = {}          # request id -> frontend identity
+        self.frontends: dict[bytes, float] = {}     # frontend identity -> last message time
+        self.last_broadcast = 0.0
+        self.stopping = False
+
+    # ---- main loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        poller = zmq.Poller()
+        poller.register(self.frontend_sock, zmq.POLLIN)
+        poller.register(self.executor_sock, zmq.POLLIN)
+        log.info("scheduler listening: frontends at %s, executor at %s",
+                 self.config.frontend_address, self.config.executor_address)
+        try:
+            while not self.stopping:
+                events = dict(poller.poll(timeout=0 if self._can_step() else 50))
+                if self.executor_sock in events:
+                    self._drain(self.executor_sock, self._on_executor_message)
+                if self.frontend_sock in events:
+                    self._drain(self.frontend_sock, self._on_frontend_message)
+                self._check_executor()
+                self._maybe_step()
+                self._heartbeat_frontends()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.frontend_sock.close(0)
+        self.executor_sock.close(0)
+        self.ctx.term()
+
+    def _on_signal(self, *_: object) -> None:
+        self.stopping = True
+
+    def _drain(self, sock: zmq.Socket, handler) -> None:
+        for _ in range(1000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                log.warning("dropped a message with %d frames", len(frames))
+                continue
+            try:
+                handler(frames[0], frames[1])
+            except ProtocolError as error:
+                log.warning("dropped a malformed message: %s", error)
+                if sock is self.frontend_sock:
+                    self._send_frontend(frames[0], m.pack("error", {"message": str(error)}))
+
+    # ---- frontends ----------------------------------------------------------------------
+
+    def _on_frontend_message(self, identity: bytes, data: bytes) -> None:
+        msg_type, body = m.decode(data, FRONTEND_TYPES)
+        self.frontends[identity] = time.monotonic()
+        if msg_type == "add":
+            self._add(identity, *m.decode_add(body))
+        elif msg_type == "abort":
+            request_id = body.str("id")
+            if self.owners.get(request_id) == identity and self.scheduler is not None:
+                self.scheduler.abort_request(request_id)
+        elif msg_type == "frontend_hello":
+            self._send_frontend(identity, self._engine_info())
+        elif msg_type == "stats_request":
+            self._send_frontend(identity, m.encode_stats(self.stats()))
+
+    def _add(self, identity: bytes, request_id: str, prompt: list[int], params) -> None:
+        if self.scheduler is None:
+            self._send_frontend(identity, m.encode_rejected(
+                request_id, "the executor is not running; try again shortly", "engine_dead"))
+            return
+        if request_id in self.owners:
+            self._send_frontend(identity, m.encode_rejected(
+                request_id, f"request id {request_id!r} is already in use"))
+            return
+        try:
+            self.scheduler.add_request(request_id, prompt, params)
+        except ValueError as error:
+            self._send_frontend(identity, m.encode_rejected(request_id, str(error)))
+            return
+        self.owners[request_id] = identity
+
+    def _route_outputs(self, outputs: list[EngineOutput]) -> None:
+        by_frontend: dict[bytes, list[EngineOutput]] = {}
+        for output in outputs:
+            owner = self.owners.get(output.request_id)
+            if owner is None:
+                continue
+            by_frontend.setdefault(owner, []).append(output)
+            if output.finished:
+                del self.owners[output.request_id]
+        for identity, batch in by_frontend.items():
+            self._send_frontend(identity, m.encode_outputs(batch))
+
+    def _send_frontend(self, identity: bytes, payload: bytes) -> None:
+        try:
+            self.frontend_sock.send_multipart([identity, payload], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self._drop_frontend(identity)
+
+    def _drop_frontend(self, identity: bytes) -> None:
+        """A frontend that is gone: abort its requests so their blocks come back."""
+        self.frontends.pop(identity, None)
+        orphans = [rid for rid, owner in self.owners.items() if owner == identity]
+        for request_id in orphans:
+            del self.owners[request_id]
+            if self.scheduler is not None:
+                self.scheduler.abort_request(request_id)
+        if orphans:
+            log.warning("frontend gone: aborted its %d request(s)", len(orphans))
+
+    def _heartbeat_frontends(self) -> None:
+        now = time.monotonic()
+        if now - self.last_broadcast < FRONTEND_HEARTBEAT_S:
+            return
+        self.last_broadcast = now
+        info = self._engine_info()
+        for identity, seen in list(self.frontends.items()):
+            if now - seen > FRONTEND_TIMEOUT_S:
+                self._drop_frontend(identity)
+            else:
+                self._send_frontend(identity, info)
+
+    def _engine_info(self) -> bytes:
+        cap = self.capacity
+        return m.EngineInfo(
+            max_model_len=cap.max_model_len if cap else 1, vocab_size=cap.vocab_size if cap else 1,
+            num_kv_blocks=cap.num_kv_blocks if cap else 1, block_size=cap.block_size if cap else 1,
+            eos_token_ids=cap.eos_token_ids if cap else (),
+            executor_alive=self.scheduler is not None).encode()
+
+    # ---- executor -----------------------------------------------------------------------
+
+    def _on_executor_message(self, identity: bytes, data: bytes) -> None:
+        msg_type, body = m.decode(data, EXECUTOR_TYPES)
+        if msg_type == "heartbeat":
+            if body.int("pid", 0) == self.executor_pid:
+                self.executor_seen = time.monotonic()
+        elif msg_type == "executor_hello":
+            self._on_executor_hello(identity, *m.decode_hello_executor(body))
+        elif identity != self.executor_id:
+            log.warning("dropped %s from an unknown executor", msg_type)
+        elif msg_type == "result":
+            self._on_result(m.decode_result(body))
+        elif msg_type == "executor_error":
+            self._fail_all(f"the executor failed a step: {body.str('message', 2000)}")
+
+    def _on_executor_hello(self, identity: bytes, capacity: ExecutorCapacity, pid: int) -> None:
+        if self.scheduler is not None:
+            self._fail_all("the executor restarted")
+        self.executor_id, self.executor_pid = identity, pid
+        self.executor_seen = time.monotonic()
+        self.capacity = capacity
+        self.scheduler = Scheduler(SchedulerConfig(
+            num_kv_blocks=capacity.num_kv_blocks, block_size=capacity.block_size,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=capacity.max_model_len,
+            enable_chunked_prefill=self.config.enable_chunked_prefill,
+            eos_token_ids=capacity.eos_token_ids, vocab_size=capacity.vocab_size))
+        log.info("executor %d attached: %d KV blocks of %d tokens, max_model_len %d", pid,
+                 capacity.num_kv_blocks, capacity.block_size, capacity.max_model_len)
+        self._broadcast_info()
+
+    def _on_result(self, result) -> None:
+        plan = self.inflight
+        if plan is None or result.step_id != plan.step_id or self.scheduler is None:
+            log.warning("dropped a result for step %d that is not in flight", result.step_id)
+            return
+        self.inflight = None
+        self._route_outputs(self.scheduler.update(plan, result))
+
+    def _check_executor(self) -> None:
+        if self.scheduler is None:
+            return
+        now = time.monotonic()
+        if now - self.executor_seen > self.config.executor_timeout_s:
+            self._executor_lost(f"the executor stopped responding (no heartbeat for "
+                                f"{self.config.executor_timeout_s:.1f} s)")
+        elif self.inflight is not None and now - self.inflight_since > self.config.step_timeout_s:
+            self._executor_lost(f"the executor did not finish a step within "
+                                f"{self.config.step_timeout_s:.0f} s")
+
+    def _executor_lost(self, reason: str) -> None:
+        log.error("%s; failing in-flight requests and waiting for a new executor", reason)
+        self._fail_all(reason)
+        self.scheduler = None
+        self.executor_id = None
+        self.executor_pid = -1
+        self._broadcast_info()
+
+    def _fail_all(self, reason: str) -> None:
+        self.inflight = None
+        if self.scheduler is None:
+            return
+        failed = []
+        for request_id in list(self.scheduler.requests):
+            self.scheduler.abort_request(request_id)
+            failed.append(EngineOutput(request_id, [], FinishReason.ERROR, reason))
+        self.scheduler.take_pending_outputs()
+        self._route_outputs(failed)
+
+    def _broadcast_info(self) -> None:
+        info = self._engine_info()
+        for identity in list(self.frontends):
+            self._send_frontend(identity, info)
+
+    # ---- stepping -----------------------------------------------------------------------
+
+    def _can_step(self) -> bool:
+        return (self.scheduler is not None and self.inflight is None
+                and self.scheduler.has_work())
+
+    def _maybe_step(self) -> None:
+        if not self._can_step():
+            return
+        scheduler = self.scheduler
+        plan = scheduler.schedule()
+        pending = scheduler.take_pending_outputs()
+        if pending:
+            self._route_outputs(pending)
+        if plan.is_empty and not plan.finished_handles:
+            return
+        try:
+            self.executor_sock.send_multipart([self.executor_id, m.encode_plan(plan)],
+                                              zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self._executor_lost("the executor's connection is gone")
+            return
+        if plan.is_empty:
+            return   # only forget notices: no result will come back
+        self.inflight = plan
+        self.inflight_since = time.monotonic()
+
+    def stats(self) -> dict:
+        stats = dict(self.scheduler.stats()) if self.scheduler else {}
+        stats["executor_alive"] = self.scheduler is not None
+        stats["num_frontends"] = len(self.frontends)
+        return stats

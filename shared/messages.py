@@ -1,0 +1,264 @@
+"""The message catalogue: every message that crosses a socket, its encoder and decoder.
+
+docs/protocol.md documents each one. Types are short strings; bodies are msgpack maps with
+short keys on the per-step hot path (plan, result, outputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.config import ExecutorCapacity
+from shared.outputs import EngineOutput
+from shared.sampling_params import SamplingParams
+from shared.step import NewRequest, StepPlan, StepResult
+from shared.wire import Body, ProtocolError, pack, unpack
+
+MAX_BLOCK_ID = 2**31 - 1
+MAX_TOKEN_ID = 2**31 - 1
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def sampling_from_wire(body: Body, name: str = "params") -> SamplingParams:
+    raw = body.map(name)
+    try:
+        return SamplingParams.from_dict(raw)
+    except (TypeError, ValueError) as error:
+        raise ProtocolError(f"{body.msg_type}: {error}") from None
+
+
+# ---- scheduler <-> executor --------------------------------------------------------------
+
+def encode_hello_executor(capacity: ExecutorCapacity, pid: int) -> bytes:
+    return pack("executor_hello", {
+        "num_kv_blocks": capacity.num_kv_blocks, "block_size": capacity.block_size,
+        "max_model_len": capacity.max_model_len, "vocab_size": capacity.vocab_size,
+        "eos_token_ids": list(capacity.eos_token_ids), "pid": pid})
+
+
+def decode_hello_executor(body: Body) -> tuple[ExecutorCapacity, int]:
+    capacity = ExecutorCapacity(
+        num_kv_blocks=body.int("num_kv_blocks", 1, MAX_BLOCK_ID),
+        block_size=body.int("block_size", 1, 1 << 16),
+        max_model_len=body.int("max_model_len", 1, 1 << 30),
+        vocab_size=body.int("vocab_size", 1, MAX_TOKEN_ID),
+        eos_token_ids=tuple(body.ints("eos_token_ids", 0, MAX_TOKEN_ID, max_len=64)))
+    return capacity, body.int("pid", 0)
+
+
+def encode_plan(plan: StepPlan) -> bytes:
+    body: dict[str, Any] = {"s": plan.step_id, "h": plan.running_handles,
+                            "k": plan.running_num_tokens}
+    if plan.new_requests:
+        body["n"] = [{"h": r.handle, "t": r.token_ids, "p": r.prompt_len,
+                      "c": r.num_computed_tokens, "k": r.num_new_tokens, "b": r.block_ids,
+                      "sp": r.sampling.to_dict()} for r in plan.new_requests]
+    if plan.new_block_ids:
+        body["b"] = [[handle, blocks] for handle, blocks in plan.new_block_ids.items()]
+    if plan.finished_handles:
+        body["f"] = plan.finished_handles
+    for key, pairs in (("so", plan.swap_out), ("si", plan.swap_in), ("cp", plan.copies)):
+        if pairs:
+            body[key] = [x for pair in pairs for x in pair]
+    return pack("plan", body)
+
+
+def decode_plan(body: Body) -> StepPlan:
+    plan = StepPlan(step_id=body.int("s", 0))
+    plan.running_handles = body.ints("h")
+    plan.running_num_tokens = body.ints("k", 1, 1 << 24)
+    if len(plan.running_handles) != len(plan.running_num_tokens):
+        raise ProtocolError("plan: 'h' and 'k' must have the same length")
+    for item in body.list("n", optional=True):
+        if not isinstance(item, dict):
+            raise ProtocolError("plan: each new request must be a map")
+        new = Body("plan.new", item)
+        token_ids = new.ints("t", 0, MAX_TOKEN_ID)
+        request = NewRequest(
+            handle=new.int("h", 0), token_ids=token_ids,
+            prompt_len=new.int("p", 1, len(token_ids)),
+            num_computed_tokens=new.int("c", 0, len(token_ids)),
+            num_new_tokens=new.int("k", 1, len(token_ids)),
+            block_ids=new.ints("b", 0, MAX_BLOCK_ID),
+            sampling=sampling_from_wire(new, "sp"))
+        if request.num_computed_tokens + request.num_new_tokens > len(token_ids):
+            raise ProtocolError("plan.new: computing past the known tokens")
+        plan.new_requests.append(request)
+    for entry in body.list("b", optional=True):
+        if (not isinstance(entry, list) or len(entry) != 2 or isinstance(entry[0], bool)
+                or not isinstance(entry[0], int)):
+            raise ProtocolError("plan: 'b' entries must be [handle, [block ids]]")
+        plan.new_block_ids[entry[0]] = Body("plan.b", {"b": entry[1]}).ints("b", 0, MAX_BLOCK_ID)
+    plan.finished_handles = body.ints("f", optional=True)
+    plan.swap_out = body.pairs("so", MAX_BLOCK_ID)
+    plan.swap_in = body.pairs("si", MAX_BLOCK_ID)
+    plan.copies = body.pairs("cp", MAX_BLOCK_ID)
+    return plan
+
+
+def encode_result(result: StepResult) -> bytes:
+    return pack("result", {"s": result.step_id, "h": result.handles, "t": result.token_ids,
+                           "ms": result.forward_ms})
+
+
+def decode_result(body: Body) -> StepResult:
+    result = StepResult(step_id=body.int("s", 0), handles=body.ints("h"),
+                        token_ids=body.ints("t", 0, MAX_TOKEN_ID),
+                        forward_ms=body.float("ms", optional=True) or 0.0)
+    if len(result.handles) != len(result.token_ids):
+        raise ProtocolError("result: 'h' and 't' must have the same length")
+    return result
+
+
+def encode_executor_error(step_id: int, message: str) -> bytes:
+    return pack("executor_error", {"s": step_id, "message": message[:2000]})
+
+
+# ---- frontend <-> scheduler --------------------------------------------------------------
+
+@dataclass
+class EngineInfo:
+    max_model_len: int
+    vocab_size: int
+    num_kv_blocks: int
+    block_size: int
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    executor_alive: bool = True
+
+    def encode(self) -> bytes:
+        return pack("engine_info", {
+            "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
+            "num_kv_blocks": self.num_kv_blocks, "block_size": self.block_size,
+            "eos_token_ids": list(self.eos_token_ids), "executor_alive": self.executor_alive})
+
+    @classmethod
+    def decode(cls, body: Body) -> "EngineInfo":
+        return cls(max_model_len=body.int("max_model_len", 1),
+                   vocab_size=body.int("vocab_size", 1),
+                   num_kv_blocks=body.int("num_kv_blocks", 1),
+                   block_size=body.int("block_size", 1),
+                   eos_token_ids=tuple(body.ints("eos_token_ids", 0, MAX_TOKEN_ID, 64)),
+                   executor_alive=body.bool("executor_alive", True))
+
+
+def encode_add(request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> bytes:
+    return pack("add", {"id": request_id, "prompt": prompt_token_ids, "params": params.to_dict()})
+
+
+def decode_add(body: Body) -> tuple[str, list[int], SamplingParams]:
+    return (body.str("id"), body.ints("prompt", 0, MAX_TOKEN_ID),
+            sampling_from_wire(body, "params"))
+
+
+def encode_abort(request_id: str) -> bytes:
+    return pack("abort", {"id": request_id})
+
+
+def encode_rejected(request_id: str, message: str, code: str = "rejected") -> bytes:
+    return pack("rejected", {"id": request_id, "message": message[:2000], "code": code})
+
+
+def encode_outputs(outputs: list[EngineOutput]) -> bytes:
+    return pack("outputs", {"o": [[o.request_id, o.new_token_ids, o.finish_reason, o.error]
+                                  for o in outputs]})
+
+
+def decode_outputs(body: Body) -> list[EngineOutput]:
+    outputs = []
+    for item in body.list("o", max_len=1 << 20):
+        if not isinstance(item, list) or len(item) != 4:
+            raise ProtocolError("outputs: each item must be [id, token ids, finish, error]")
+        one = Body("outputs.o", dict(zip(("id", "t", "f", "e"), item)))
+        reason = one.str("f", optional=True)
+        if reason is not None and reason not in FINISH_REASONS:
+            raise ProtocolError(f"outputs: unknown finish reason {reason!r}")
+        outputs.append(EngineOutput(one.str("id"), one.ints("t", 0, MAX_TOKEN_ID), reason,
+                                    one.str("e", 4000, optional=True)))
+    return outputs
+
+
+def encode_stats(stats: dict[str, Any]) -> bytes:
+    return pack("stats", {"stats": stats})
+
+
+def decode(data: bytes, allowed: frozenset[str]) -> tuple[str, Body]:
+    msg_type, body = unpack(data)
+    if msg_type not in allowed:
+        raise ProtocolError(f"unexpected message type {msg_type!r} on this socket")
+    return msg_type, Body(msg_type, body)
+
+
+def encode_heartbeat(pid: int) -> bytes:
+    return pack("heartbeat", {"pid": pid})
+
+
+# ---- client <-> frontend -----------------------------------------------------------------
+# Clients send "generate", "abort" and "health"; the frontend answers with "delta" (streams
+# only), then exactly one "final" or "error" per generate, and "health" replies.
+
+CLIENT_TYPES = frozenset({"generate", "abort", "health"})
+MAX_PROMPT_CHARS = 8 * 2**20
+MAX_MESSAGES = 1024
+
+
+@dataclass
+class GenerateRequest:
+    id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    messages: list[dict[str, str]] | None
+    params: SamplingParams
+    stream: bool
+
+    @classmethod
+    def decode(cls, body: Body) -> "GenerateRequest":
+        prompt = body.str("prompt", MAX_PROMPT_CHARS, optional=True)
+        token_ids = body.ints("prompt_token_ids", 0, MAX_TOKEN_ID, optional=True) or None
+        raw_messages = body.list("messages", MAX_MESSAGES, optional=True) or None
+        given = [x is not None for x in (prompt, token_ids, raw_messages)]
+        if sum(given) != 1:
+            raise ProtocolError("generate: give exactly one of 'prompt', 'prompt_token_ids' "
+                                "or 'messages'")
+        messages = None
+        if raw_messages is not None:
+            messages = []
+            for item in raw_messages:
+                if not isinstance(item, dict):
+                    raise ProtocolError("generate: each message must be a map")
+                one = Body("generate.messages", item)
+                messages.append({"role": one.str("role", 64),
+                                 "content": one.str("content", MAX_PROMPT_CHARS)})
+        return cls(id=body.str("id"), prompt=prompt, prompt_token_ids=token_ids,
+                   messages=messages, params=sampling_from_wire(body, "params"),
+                   stream=body.bool("stream"))
+
+
+def encode_generate(request_id: str, params: SamplingParams, stream: bool,
+                    prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+                    messages: list[dict[str, str]] | None = None) -> bytes:
+    body: dict[str, Any] = {"id": request_id, "params": params.to_dict(), "stream": stream}
+    if prompt is not None:
+        body["prompt"] = prompt
+    if prompt_token_ids is not None:
+        body["prompt_token_ids"] = list(prompt_token_ids)
+    if messages is not None:
+        body["messages"] = list(messages)
+    return pack("generate", body)
+
+
+def encode_delta(request_id: str, text: str, token_ids: list[int]) -> bytes:
+    return pack("delta", {"id": request_id, "text": text, "token_ids": token_ids})
+
+
+def encode_final(request_id: str, text: str, token_ids: list[int], finish_reason: str,
+                 prompt_tokens: int) -> bytes:
+    return pack("final", {"id": request_id, "text": text, "token_ids": token_ids,
+                          "finish_reason": finish_reason,
+                          "usage": {"prompt_tokens": prompt_tokens,
+                                    "completion_tokens": len(token_ids),
+                                    "total_tokens": prompt_tokens + len(token_ids)}})
+
+
+def encode_error(request_id: str, code: str, message: str) -> bytes:
+    return pack("error", {"id": request_id, "code": code, "message": message[:4000]})
