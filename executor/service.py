@@ -40,6 +40,7 @@ class ExecutorService:
         self.ctx = zmq.Context()
         self.sock = configure(self.ctx.socket(zmq.DEALER))
         self.sock.setsockopt(zmq.IDENTITY, f"executor-{os.getpid()}".encode())
+        self.monitor = monitor_socket(self.sock)   # before connect: see the first handshake
         self.sock.connect(config.scheduler_address)
         self.stop = threading.Event()
         self.heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True)
@@ -49,7 +50,7 @@ class ExecutorService:
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
         pid = os.getpid()
         self.heartbeat.start()
-        monitor = monitor_socket(self.sock)
+        monitor = self.monitor
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)

@@ -69,10 +69,11 @@ class AsyncClient:
             return
         self._ctx = zmq.asyncio.Context()
         self._sock = configure(self._ctx.socket(zmq.DEALER))
+        monitor = monitor_socket(self._sock)   # before connect: see the first handshake
         self._sock.connect(self.address)
         self._connected = asyncio.Event()
         self._tasks = [asyncio.create_task(self._receive()),
-                       asyncio.create_task(self._watch())]
+                       asyncio.create_task(self._watch(monitor))]
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -209,8 +210,7 @@ class AsyncClient:
             if queue is not None:
                 queue.put_nowait((kind, body))
 
-    async def _watch(self) -> None:
-        monitor = monitor_socket(self._sock)
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
         try:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())["event"]

@@ -64,6 +64,7 @@ class FrontendService:
         self.client_sock.bind(check_bind_address(config.client_address))
         self.sched_sock = configure(self.ctx.socket(zmq.DEALER))
         self.sched_sock.setsockopt(zmq.IDENTITY, self.frontend_id.encode())
+        self.sched_monitor = monitor_socket(self.sched_sock)   # before connect
         self.sched_sock.connect(config.scheduler_address)
         self.requests: dict[str, _Request] = {}
         self.by_client: dict[tuple[bytes, str], str] = {}
@@ -264,7 +265,7 @@ class FrontendService:
         return "the executor is not running"
 
     async def _watch_scheduler(self) -> None:
-        monitor = monitor_socket(self.sched_sock)
+        monitor = self.sched_monitor
         try:
             while True:
                 try:

@@ -1,0 +1,227 @@
+"""The three processes over ZeroMQ, driven through the client SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from folio import SamplingParams
+from folio.client import AsyncClient, Client
+from folio.errors import EngineDead, RequestRejected
+from tests.hf_oracle import hf_greedy
+from tests.pipeline import Pipeline
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, llama_dir):
+    run_dir = tmp_path_factory.mktemp("run")
+    pipe = Pipeline(run_dir, llama_dir, num_frontends=2,
+                    engine_args=("--num-kv-blocks", "512"))
+    try:
+        pipe.wait_ready()
+        yield pipe
+    finally:
+        pipe.stop()
+
+
+def _prompts(count: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1, 1024) for _ in range(rng.randint(1, 120))]
+               for _ in range(count)]
+    return prompts, [rng.randint(1, 24) for _ in range(count)]
+
+
+def test_32_concurrent_requests_half_streamed_match_transformers(pipeline, llama_dir):
+    prompts, max_tokens = _prompts(32, seed=7)
+    expected = hf_greedy(llama_dir, prompts, max_tokens)
+
+    async def run():
+        async with AsyncClient(pipeline.client_addresses[0]) as client:
+            async def one(i):
+                params = SamplingParams(temperature=0, max_tokens=max_tokens[i])
+                if i % 2:
+                    ids = []
+                    async for delta in client.stream(prompts[i], params):
+                        ids.extend(delta.token_ids)
+                    return ids
+                return (await client.generate(prompts[i], params)).token_ids
+            return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(32))), 120)
+
+    assert asyncio.run(run()) == expected
+
+
+def test_text_prompt_chat_and_usage(pipeline, tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    with Client(pipeline.client_addresses[0]) as client:
+        result = client.generate("The for statement", SamplingParams(temperature=0,
+                                                                     max_tokens=12))
+        assert result.usage.prompt_tokens == len(tokenizer.encode("The for statement"))
+        assert result.usage.completion_tokens == len(result.token_ids) == 12
+        assert result.text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        streamed = "".join(d.text for d in client.stream("The for statement",
+                                                         SamplingParams(temperature=0,
+                                                                        max_tokens=12)))
+        assert streamed == result.text
+        chat = client.chat([{"role": "user", "content": "hello"}],
+                           SamplingParams(temperature=0, max_tokens=5))
+        templated = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}],
+                                                  add_generation_prompt=True, tokenize=True)
+        if hasattr(templated, "keys"):
+            templated = templated["input_ids"]
+        assert chat.usage.prompt_tokens == len(templated)
+
+
+def test_rejected_requests_raise_typed_errors(pipeline):
+    with Client(pipeline.client_addresses[0]) as client:
+        with pytest.raises(RequestRejected, match="max_model_len = 1024"):
+            client.generate([5] * 1025)
+        with pytest.raises(RequestRejected, match="temperature must be >= 0"):
+            client._call(client._async._complete(
+                {"prompt": "x"}, _RawParams({"temperature": -1.0}), None, None))
+        assert client.health()["stats"]["kv_blocks_free"] == 512
+
+
+class _RawParams:
+    """Params that skip client-side validation, to prove the server checks too."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def to_dict(self):
+        return {**SamplingParams().to_dict(), **self.raw}
+
+
+def test_abort_mid_stream_frees_blocks(pipeline):
+    with Client(pipeline.client_addresses[0]) as client:
+        stream = client.stream([9] * 200, SamplingParams(max_tokens=1000, ignore_eos=True),
+                               request_id="abort-me")
+        got = 0
+        for delta in stream:
+            got += len(delta.token_ids)
+            if got >= 3:
+                break
+        stream.close()   # leaving the stream aborts the request
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            stats = client.health()["stats"]
+            if stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["num_running"] == 0:
+                break
+            time.sleep(0.05)
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == 512
+
+
+def test_explicit_abort_finishes_with_abort(pipeline):
+    async def run():
+        async with AsyncClient(pipeline.client_addresses[0]) as client:
+            task = asyncio.create_task(client.generate(
+                [3] * 50, SamplingParams(max_tokens=2000, ignore_eos=True), request_id="cut"))
+            await asyncio.sleep(0.5)
+            await client.abort("cut")
+            return await asyncio.wait_for(task, 10)
+
+    result = asyncio.run(run())
+    assert result.finish_reason == "abort" and len(result.token_ids) < 2000
+
+
+def test_two_frontends_get_only_their_own_outputs(pipeline):
+    prompts, max_tokens = _prompts(8, seed=11)
+
+    async def run(address, offset):
+        async with AsyncClient(address) as client:
+            jobs = [client.generate(prompts[i], SamplingParams(temperature=0,
+                                                               max_tokens=max_tokens[i]),
+                                    request_id=f"same-id-{i}")
+                    for i in range(offset, 8, 2)]
+            return await asyncio.gather(*jobs)
+
+    async def both():
+        return await asyncio.gather(run(pipeline.client_addresses[0], 0),
+                                    run(pipeline.client_addresses[1], 1))
+
+    first, second = asyncio.run(both())
+    with Client(pipeline.client_addresses[0]) as client:
+        solo = [client.generate(prompts[i], SamplingParams(temperature=0,
+                                                           max_tokens=max_tokens[i])).token_ids
+                for i in range(8)]
+        assert client.health()["stats"]["num_frontends"] == 2
+    assert [r.token_ids for r in first] == solo[0::2]
+    assert [r.token_ids for r in second] == solo[1::2]
+
+
+def test_garbage_on_every_socket_leaves_processes_serving(pipeline):
+    import msgpack
+    import zmq
+
+    from shared.wire import PROTOCOL_VERSION
+
+    rng = random.Random(3)
+    payloads = [b"", b"\x00", b"\xff" * 100, msgpack.packb([PROTOCOL_VERSION]),
+                msgpack.packb([99, "add", {}]), msgpack.packb([PROTOCOL_VERSION, "nope", {}]),
+                msgpack.packb([PROTOCOL_VERSION, "add", {"id": 5, "prompt": "x"}]),
+                msgpack.packb([PROTOCOL_VERSION, "plan", {"s": -1}]),
+                msgpack.packb([PROTOCOL_VERSION, "result", {"s": 0, "h": [1], "t": []}]),
+                msgpack.packb([PROTOCOL_VERSION, "generate", {"id": "x", "prompt": "hi",
+                                                              "params": {"n": "many"}}]),
+                msgpack.packb([PROTOCOL_VERSION, "executor_hello", {"num_kv_blocks": 0}]),
+                msgpack.packb({"a": 1})[:-1]]
+    payloads += [bytes(rng.randrange(256) for _ in range(rng.randint(1, 64)))
+                 for _ in range(40)]
+    ctx = zmq.Context()
+    addresses = [pipeline.frontend_address, pipeline.executor_address,
+                 *pipeline.client_addresses]
+    try:
+        for address in addresses:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address)
+            for payload in payloads:
+                sock.send(payload)
+                sock.send_multipart([payload, payload])
+            time.sleep(0.2)
+            sock.close()
+    finally:
+        ctx.term()
+    time.sleep(0.5)
+    pipeline.check_alive()
+    with Client(pipeline.client_addresses[1]) as client:
+        result = client.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4))
+        assert len(result.token_ids) == 4
+        assert client.health()["ok"]
+
+
+def test_killing_the_executor_fails_in_flight_requests_then_recovers(pipeline):
+    async def run():
+        async with AsyncClient(pipeline.client_addresses[0]) as client:
+            jobs = [asyncio.create_task(client.generate(
+                [7] * 20, SamplingParams(max_tokens=5000, ignore_eos=True))) for _ in range(4)]
+            await asyncio.sleep(1.0)
+            os.kill(pipeline.procs["executor"].pid, signal.SIGKILL)
+            killed = time.monotonic()
+            results = await asyncio.wait_for(
+                asyncio.gather(*jobs, return_exceptions=True), 10)
+            return results, time.monotonic() - killed
+
+    results, elapsed = asyncio.run(run())
+    assert all(isinstance(r, EngineDead) for r in results), results
+    assert "executor" in str(results[0])
+    assert elapsed < 2.5
+    pipeline.procs["executor"].wait()
+    with Client(pipeline.client_addresses[0]) as client:
+        assert not client.health()["ok"]
+        with pytest.raises(EngineDead):
+            client.generate([1, 2], SamplingParams(max_tokens=2))
+    pipeline.start_executor()
+    pipeline.wait_ready()
+    with Client(pipeline.client_addresses[0]) as client:
+        assert len(client.generate([1, 2], SamplingParams(max_tokens=3)).token_ids) == 3
+        stats = client.health()["stats"]
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
