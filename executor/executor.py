@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from executor.block_mover import BlockMover, allocate_swap_pool, measure_swap_bytes_per_s
 from executor.input_batch import InputBatch
 from executor.kv_cache import allocate_kv_cache, bytes_per_block
 from executor.model_config import ModelConfig
@@ -52,6 +53,12 @@ class Executor:
         self.num_kv_blocks = self._num_kv_blocks()
         self.kv_caches = allocate_kv_cache(self.model_config, self.num_kv_blocks,
                                            config.block_size, self.dtype, self.device)
+        self.bytes_per_block = bytes_per_block(self.model_config, config.block_size, self.dtype)
+        self.num_swap_blocks = self._num_swap_blocks()
+        self.swap_caches = allocate_swap_pool(self.model_config, self.num_swap_blocks,
+                                              config.block_size, self.dtype, self.device)
+        self.mover = BlockMover(self.kv_caches, self.swap_caches)
+        self.cost_model = self._measure_costs() if config.preemption_mode == "auto" else (0, 0)
         self.batch = InputBatch(config.block_size, self.device)
         self.sampler = Sampler(self.device, config.seed)
         log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens, %s kernels",
@@ -66,6 +73,10 @@ class Executor:
             max_model_len=self.max_model_len,
             vocab_size=self.model_config.vocab_size,
             eos_token_ids=self.model_config.eos_token_ids,
+            num_swap_blocks=self.num_swap_blocks,
+            bytes_per_block=self.bytes_per_block,
+            prefill_tokens_per_s=self.cost_model[0],
+            swap_bytes_per_s=self.cost_model[1],
         )
 
     def reset(self) -> None:
@@ -76,6 +87,7 @@ class Executor:
     def execute(self, plan: StepPlan) -> StepResult:
         start = time.perf_counter()
         scheduled = self.batch.apply(plan)
+        self.mover.apply(plan.copies, plan.swap_out, plan.swap_in)
         result = StepResult(step_id=plan.step_id)
         if scheduled:
             inputs = self.batch.prepare(scheduled)
@@ -119,6 +131,35 @@ class Executor:
             raise ValueError("no memory left for the KV cache; lower max_num_batched_tokens "
                              "or raise gpu_memory_utilization / cpu_kv_cache_gib")
         return blocks
+
+    def _num_swap_blocks(self) -> int:
+        if self.config.num_swap_blocks is not None:
+            return self.config.num_swap_blocks
+        if self.config.preemption_mode == "recompute":
+            return 0
+        return int(self.config.swap_space * 2**30 // self.bytes_per_block)
+
+    @torch.inference_mode()
+    def _measure_costs(self) -> tuple[float, float]:
+        """(prefill tokens/s, swap bytes/s) for the scheduler's swap-or-recompute estimate."""
+        cfg = self.model_config
+        tokens = min(self.config.max_num_batched_tokens, 512)
+        params = sum(p.numel() for p in self.model.parameters())
+        x = torch.randn(tokens, cfg.hidden_size, dtype=self.dtype, device=self.device)
+        w = torch.randn(cfg.hidden_size, cfg.intermediate_size, dtype=self.dtype,
+                        device=self.device)
+        x @ w
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(3):
+            x @ w
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        flops = 3 * 2 * tokens * cfg.hidden_size * cfg.intermediate_size / max(
+            time.perf_counter() - start, 1e-9)
+        swap = measure_swap_bytes_per_s(self.kv_caches[0][0]) if self.num_swap_blocks else 0.0
+        return flops / (2 * params), swap
 
     def _activation_reserve(self) -> int:
         # Logits plus a few hidden-sized buffers for a full token budget, with headroom.

@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler.add_argument("--max-num-batched-tokens", type=int, default=2048)
     scheduler.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                            default=True)
+    scheduler.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                           default=True)
+    scheduler.add_argument("--preemption-mode", choices=("recompute", "swap", "auto"),
+                           default="recompute")
     scheduler.add_argument("--executor-timeout", type=float, default=2.0,
                            help="seconds without an executor heartbeat before it is dead")
     scheduler.add_argument("--step-timeout", type=float, default=60.0,
@@ -127,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             frontend_address=args.frontend_address, executor_address=args.executor_address,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             enable_chunked_prefill=args.enable_chunked_prefill,
+            enable_prefix_caching=args.enable_prefix_caching,
+            preemption_mode=args.preemption_mode,
             executor_timeout_s=args.executor_timeout, step_timeout_s=args.step_timeout)).run()
     elif role == "executor":
         from executor.service import ExecutorService, ExecutorServiceConfig

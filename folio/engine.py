@@ -16,8 +16,8 @@ class InProcessEngine:
         self.scheduler = Scheduler(SchedulerConfig.from_engine(config, self.executor.capacity))
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    sampling: SamplingParams) -> None:
-        self.scheduler.add_request(request_id, prompt_token_ids, sampling)
+                    sampling: SamplingParams) -> list[str]:
+        return self.scheduler.add_request(request_id, prompt_token_ids, sampling)
 
     def abort_request(self, request_id: str) -> bool:
         return self.scheduler.abort_request(request_id)

@@ -48,11 +48,10 @@ class LLM:
                 result = RequestOutput(request_id, prompt if isinstance(prompt, str) else None,
                                        token_ids)
                 results.append(result)
-                for index, child_params in enumerate(_child_params(sampling)):
-                    child_id = f"{request_id}-{index}"
+                for index, sample_id in enumerate(
+                        self.engine.add_request(request_id, token_ids, sampling)):
                     result.outputs.append(CompletionOutput(index, "", []))
-                    self.engine.add_request(child_id, token_ids, child_params)
-                    children[child_id] = (result, index)
+                    children[sample_id] = (result, index)
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
                     result, index = children[output.request_id]
@@ -61,8 +60,8 @@ class LLM:
                     if output.finished:
                         completion.finish_reason = output.finish_reason
         except BaseException:
-            for child_id in children:
-                self.engine.abort_request(child_id)
+            for result in results:
+                self.engine.abort_request(result.request_id)
             raise
         for result in results:
             for completion in result.outputs:
@@ -94,13 +93,3 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
             isinstance(t, int) and not isinstance(t, bool) for t in prompts):
         return [list(prompts)]
     return list(prompts)
-
-
-def _child_params(sampling: SamplingParams) -> list[SamplingParams]:
-    """n > 1 runs as n requests; seeded children get distinct, reproducible seeds."""
-    from dataclasses import replace
-
-    if sampling.n == 1:
-        return [sampling]
-    return [replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + i)
-            for i in range(sampling.n)]

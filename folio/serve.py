@@ -53,7 +53,10 @@ class Supervisor:
                            "--max-num-seqs", str(self.config.max_num_seqs),
                            "--max-num-batched-tokens", str(self.config.max_num_batched_tokens),
                            "--enable-chunked-prefill" if self.config.enable_chunked_prefill
-                           else "--no-enable-chunked-prefill"]
+                           else "--no-enable-chunked-prefill",
+                           "--enable-prefix-caching" if self.config.enable_prefix_caching
+                           else "--no-enable-prefix-caching",
+                           "--preemption-mode", self.config.preemption_mode]
         if role == "executor":
             return base + ["--model", self.model, "--scheduler-address", self.executor_address,
                            *engine_flags(self.config)]

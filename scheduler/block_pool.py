@@ -1,51 +1,110 @@
-"""A fixed pool of KV blocks: a free list and a reference count per block."""
+"""A fixed pool of KV blocks with reference counts and a prefix cache.
+
+Every block is in exactly one state: free (no references, no cached contents), cached-free
+(no references, contents registered under a prefix hash, reusable until evicted) or used
+(one or more references). Unreferenced blocks wait in one queue in eviction order: the
+least recently released block is taken first, and taking a cached-free block evicts it.
+"""
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+import struct
+from collections import OrderedDict
 
 
 class OutOfBlocks(RuntimeError):
     pass
 
 
+def chain_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
+    """SHA-256 over the parent block's hash and this block's token ids."""
+    digest = hashlib.sha256(parent or b"\x00" * 32)
+    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return digest.digest()
+
+
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
         self._ref_counts = [0] * num_blocks
+        self._hash_of: list[bytes | None] = [None] * num_blocks
+        self._cached: dict[bytes, int] = {}
+        self._num_cached_free = 0
+        # Unreferenced blocks, oldest first; values unused.
+        self._unreferenced: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    # ---- counts -------------------------------------------------------------------------
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks that can be allocated now: plain free plus cached-free."""
+        return len(self._unreferenced)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - len(self._unreferenced)
+
+    @property
+    def num_cached_free(self) -> int:
+        return self._num_cached_free
 
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]
 
+    def block_hash(self, block_id: int) -> bytes | None:
+        return self._hash_of[block_id]
+
+    # ---- allocation ---------------------------------------------------------------------
+
     def allocate(self, count: int) -> list[int]:
-        if count > len(self._free):
-            raise OutOfBlocks(f"asked for {count} blocks, {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in range(count)]
-        for block_id in blocks:
+        if count > len(self._unreferenced):
+            raise OutOfBlocks(f"asked for {count} blocks, {len(self._unreferenced)} free")
+        blocks = []
+        for _ in range(count):
+            block_id, _ = self._unreferenced.popitem(last=False)
+            self._evict(block_id)
             self._ref_counts[block_id] = 1
+            blocks.append(block_id)
         return blocks
 
     def share(self, block_id: int) -> None:
-        if self._ref_counts[block_id] < 1:
-            raise ValueError(f"block {block_id} is free and cannot be shared")
+        """One more reference to a block that is used or cached-free."""
+        if self._ref_counts[block_id] == 0:
+            if self._hash_of[block_id] is None:
+                raise ValueError(f"block {block_id} is free and holds nothing to share")
+            del self._unreferenced[block_id]
+            self._num_cached_free -= 1
         self._ref_counts[block_id] += 1
 
     def release(self, blocks: list[int]) -> None:
-        # Release in reverse so a request's tail blocks are reused last (LIFO keeps
-        # recently touched memory warm and makes the free list order deterministic).
+        # Reverse order: a request's tail blocks are the least likely to be shared again,
+        # so they are queued to be evicted first.
         for block_id in reversed(blocks):
             count = self._ref_counts[block_id]
             if count < 1:
                 raise ValueError(f"block {block_id} released while free")
             self._ref_counts[block_id] = count - 1
             if count == 1:
-                self._free.append(block_id)
+                self._unreferenced[block_id] = None
+                if self._hash_of[block_id] is not None:
+                    self._num_cached_free += 1
+
+    # ---- prefix cache -------------------------------------------------------------------
+
+    def lookup(self, block_hash: bytes) -> int | None:
+        return self._cached.get(block_hash)
+
+    def register(self, block_id: int, block_hash: bytes) -> None:
+        """Record that a used, full block holds the tokens `block_hash` names."""
+        if self._hash_of[block_id] is not None or block_hash in self._cached:
+            return   # already registered, or the same contents live in another block
+        self._hash_of[block_id] = block_hash
+        self._cached[block_hash] = block_id
+
+    def _evict(self, block_id: int) -> None:
+        block_hash = self._hash_of[block_id]
+        if block_hash is not None:
+            del self._cached[block_hash]
+            self._hash_of[block_id] = None
+            self._num_cached_free -= 1

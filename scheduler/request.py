@@ -10,16 +10,19 @@ from shared.sampling_params import SamplingParams
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"      # preempted with its KV copied to the CPU swap pool
+    FORKING = "forking"      # a child of n > 1 waiting for its first sibling's prompt
     FINISHED = "finished"
 
 
 class Request:
     __slots__ = ("request_id", "handle", "prompt_token_ids", "output_token_ids", "sampling",
-                 "status", "num_computed_tokens", "block_ids", "finish_reason",
-                 "on_executor", "arrival", "num_preemptions")
+                 "status", "num_computed_tokens", "block_ids", "block_hashes", "num_registered", "cpu_block_ids",
+                 "finish_reason", "on_executor", "admit_seq", "resumed_step",
+                 "num_preemptions", "fork_children")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
-                 sampling: SamplingParams, arrival: int) -> None:
+                 sampling: SamplingParams) -> None:
         self.request_id = request_id
         self.handle = handle
         self.prompt_token_ids = prompt_token_ids
@@ -28,10 +31,15 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.block_hashes: list[bytes] = []    # prefix hashes of the full blocks, in order
+        self.num_registered = 0                # leading blocks already in the prefix cache
+        self.cpu_block_ids: list[int] = []
         self.finish_reason: str | None = None
         self.on_executor = False   # whether the executor holds this request's state
-        self.arrival = arrival
+        self.admit_seq = -1        # order of first admission; kept across preemptions
+        self.resumed_step = -1     # the step it last came back from a preemption
         self.num_preemptions = 0
+        self.fork_children: list[Request] = []   # siblings that fork from this one (n > 1)
 
     @property
     def num_tokens(self) -> int:

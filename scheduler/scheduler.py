@@ -1,26 +1,39 @@
 """Iteration-level scheduling over a paged KV cache.
 
 Each step gives every scheduled request a number of tokens to compute from a shared token
-budget: running requests first (decodes and unfinished prompt chunks, in admission order),
-then waiting requests in FCFS order while their prompt's blocks are free. When a running
-request needs a block and none is free, the most recently admitted request is preempted by
-recompute: its blocks are freed and it goes back to the head of the queue, keeping the
-tokens it has produced so far.
+budget, in this order: running requests (decodes and unfinished prompt chunks, oldest first),
+then swapped-out requests coming back, then waiting requests in FCFS order while their
+prompt's blocks are free. A waiting request first takes every cached block of its prefix.
+
+When a running request needs a block and none is free, the most recently admitted request
+is preempted (never one that was just resumed while an older one could go): its KV is
+either copied to the CPU swap pool or dropped and recomputed later, as the preemption mode
+and its cost estimate say. Either way it keeps the tokens it has produced so far.
+
+`n > 1` runs as n sibling requests: the first computes the prompt; the others then fork
+from it, sharing its full prompt blocks by reference count and copying the partial one.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.block_pool import BlockPool
 from scheduler.kv_manager import KVCacheManager
+from scheduler.preemption import should_swap
 from scheduler.request import Request, RequestStatus
 from scheduler.stop import finish_reason_after_token
 from shared.config import SchedulerConfig
 from shared.outputs import EngineOutput, FinishReason
 from shared.sampling_params import SamplingParams
 from shared.step import NewRequest, StepPlan, StepResult
+
+
+def child_request_id(request_id: str, index: int, n: int) -> str:
+    """The id each of n samples reports under (the request's own id when n == 1)."""
+    return request_id if n == 1 else f"{request_id}#{index}"
 
 
 @dataclass(slots=True)
@@ -34,54 +47,70 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.pool = BlockPool(config.num_kv_blocks)
-        self.kv = KVCacheManager(self.pool, config.block_size)
+        self.swap_pool = BlockPool(config.num_swap_blocks)
+        self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching)
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []          # admission order: last = newest
+        self.swapped: deque[Request] = deque()
+        self.running: list[Request] = []          # by admit_seq: last = newest
         self.requests: dict[str, Request] = {}
         self._by_handle: dict[int, Request] = {}
         self._forget_handles: list[int] = []      # the executor must drop these next step
+        self._copies: list[tuple[int, int]] = []  # fork copies for the next plan
         self._pending_outputs: list[EngineOutput] = []
         self._next_handle = 0
         self._next_step = 0
-        self._arrivals = 0
-        self.num_preemptions_recompute = 0
-        self.num_finished = 0
+        self._next_admit = 0
+        self.counters = dict.fromkeys((
+            "preemptions_recompute", "preemptions_swap", "prefix_cache_queries",
+            "prefix_cache_hits", "num_finished", "forks"), 0)
 
     # ---- requests in and out ------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    sampling: SamplingParams) -> None:
-        """Queue a request; raises ValueError (and allocates nothing) if it can never run."""
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+                    sampling: SamplingParams) -> list[str]:
+        """Queue a request; returns the ids its outputs will carry (one per sample).
+        Raises ValueError, allocating nothing, if it can never run."""
         self._validate_prompt(prompt_token_ids)
-        request = Request(request_id, self._next_handle, list(prompt_token_ids), sampling,
-                          self._arrivals)
-        self._next_handle += 1
-        self._arrivals += 1
-        self.requests[request_id] = request
-        self._by_handle[request.handle] = request
-        self.waiting.append(request)
+        n = sampling.n
+        ids = [child_request_id(request_id, i, n) for i in range(n)]
+        if any(i in self.requests for i in ids):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        children = [self._new_request(ids[i], prompt_token_ids, _child_params(sampling, i))
+                    for i in range(n)]
+        first = children[0]
+        first.fork_children = children[1:]
+        for child in first.fork_children:
+            child.status = RequestStatus.FORKING
+        self.waiting.append(first)
+        return ids
 
     def abort_request(self, request_id: str) -> bool:
-        request = self.requests.get(request_id)
-        if request is None:
-            return False
-        self._finish(request, FinishReason.ABORT)
-        self._pending_outputs.append(EngineOutput(request_id, [], FinishReason.ABORT))
-        return True
+        """Abort a request id as given to add_request (all its samples) or one sample."""
+        targets = [r for rid, r in self.requests.items()
+                   if rid == request_id or rid.startswith(request_id + "#")]
+        for request in targets:
+            self._finish(request, FinishReason.ABORT)
+            self._pending_outputs.append(EngineOutput(request.request_id, [],
+                                                      FinishReason.ABORT))
+        return bool(targets)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.requests)
 
     def has_work(self) -> bool:
-        """Anything to schedule, report, or tell the executor to forget."""
-        return bool(self.waiting or self.running or self._pending_outputs
-                    or self._forget_handles)
+        """Anything to schedule, report, or tell the executor."""
+        return bool(self.requests or self._pending_outputs or self._forget_handles)
+
+    def take_pending_outputs(self) -> list[EngineOutput]:
+        outputs, self._pending_outputs = self._pending_outputs, []
+        return outputs
 
     # ---- one iteration ------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
+        step = self._next_step
+        self._next_step += 1
+        plan = StepPlan(step_id=step)
         budget = self.config.max_num_batched_tokens
         scheduled: list[_Scheduled] = []
         preempted = False
@@ -95,8 +124,8 @@ class Scheduler:
                 continue
             new_blocks = self.kv.grow(request, request.num_computed_tokens + num_new)
             while new_blocks is None:
-                victim = self.running[-1]
-                self._preempt(victim)
+                victim = self._pick_victim(index, step)
+                self._preempt(victim, plan)
                 preempted = True
                 if victim is request:
                     break
@@ -107,62 +136,145 @@ class Scheduler:
             budget -= num_new
             index += 1
 
-        # A step that had to preempt admits nobody: memory is already short.
-        while (not preempted and self.waiting and budget > 0
-               and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
-            if self.kv.num_missing_blocks(request, request.num_tokens) > self.pool.num_free:
-                break
-            num_new = self._tokens_to_schedule(request, budget)
-            if num_new == 0:
-                break
-            new_blocks = self.kv.grow(request, request.num_computed_tokens + num_new)
-            assert new_blocks is not None, "admission checked the free blocks"
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            scheduled.append(_Scheduled(request, num_new, new_blocks))
-            budget -= num_new
-
-        return self._build_plan(scheduled)
+        # A step that had to preempt brings nobody in: memory is already short.
+        if not preempted:
+            budget = self._swap_in(plan, scheduled, budget, step)
+        if not preempted and not self.swapped:
+            self._admit(scheduled, budget, step)
+        return self._build_plan(plan, scheduled)
 
     def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
         """Apply a step's sampled tokens; return what each request produced or how it ended."""
         outputs, self._pending_outputs = self._pending_outputs, []
         limit = self.config.max_request_len
+        for request in self.running:
+            self.kv.register_full_blocks(request)
         for handle, token_id in zip(result.handles, result.token_ids):
             request = self._by_handle.get(handle)
             if request is None or request.status is not RequestStatus.RUNNING:
-                continue  # aborted while its step was in flight
+                continue  # aborted or preempted while its step was in flight
             request.output_token_ids.append(token_id)
+            if request.fork_children:
+                self._fork(request)
             reason = finish_reason_after_token(request, token_id, self.config.eos_token_ids, limit)
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(EngineOutput(request.request_id, [token_id], reason))
         return outputs
 
-    def take_pending_outputs(self) -> list[EngineOutput]:
-        outputs, self._pending_outputs = self._pending_outputs, []
-        return outputs
-
     # ---- introspection ------------------------------------------------------------------
 
     def stats(self) -> dict[str, int | float]:
-        slots = self.pool.num_used * self.config.block_size
-        filled = sum(r.num_computed_tokens for r in self.running)
         return {
             "kv_blocks_total": self.pool.num_blocks,
             "kv_blocks_free": self.pool.num_free,
             "kv_blocks_used": self.pool.num_used,
-            "kv_slot_utilization": filled / slots if slots else 1.0,
-            "preemptions_recompute": self.num_preemptions_recompute,
+            "kv_blocks_cached": self.pool.num_cached_free,
+            "kv_slot_utilization": self.kv_slot_utilization(),
+            "swap_blocks_total": self.swap_pool.num_blocks,
+            "swap_blocks_free": self.swap_pool.num_free,
             "num_running": len(self.running),
-            "num_waiting": len(self.waiting),
-            "num_finished": self.num_finished,
+            "num_waiting": len(self.waiting) + sum(len(r.fork_children) for r in self.waiting),
+            "num_swapped": len(self.swapped),
             "steps": self._next_step,
+            **self.counters,
         }
 
+    def kv_slot_utilization(self) -> float:
+        """Fraction of the slots in used blocks that hold a computed token."""
+        size = self.config.block_size
+        filled: dict[int, int] = {}
+        for request in self.running:
+            computed = request.num_computed_tokens
+            for index, block_id in enumerate(request.block_ids):
+                tokens = min(size, max(0, computed - index * size))
+                filled[block_id] = max(filled.get(block_id, 0), tokens)
+        slots = len(filled) * size
+        return sum(filled.values()) / slots if slots else 1.0
+
+    # ---- phases -------------------------------------------------------------------------
+
+    def _swap_in(self, plan: StepPlan, scheduled: list[_Scheduled], budget: int,
+                 step: int) -> int:
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.swapped[0]
+            num_new = self._tokens_to_schedule(request, budget)
+            needed = self.kv.blocks_for(request.num_computed_tokens + num_new)
+            if num_new == 0 or needed > self.pool.num_free:
+                break
+            self.swapped.popleft()
+            gpu_blocks = self.pool.allocate(needed)
+            plan.swap_in.extend(zip(request.cpu_block_ids, gpu_blocks))
+            self.swap_pool.release(request.cpu_block_ids)
+            request.cpu_block_ids = []
+            request.block_ids = gpu_blocks
+            self._resume(request, step)
+            scheduled.append(_Scheduled(request, num_new, gpu_blocks))
+            budget -= num_new
+        return budget
+
+    def _admit(self, scheduled: list[_Scheduled], budget: int, step: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            hits = self.kv.cached_prefix(request)
+            needed = self.kv.blocks_for(request.num_tokens) - len(hits)
+            if needed > self.pool.num_free - self.kv.num_reclaimable(hits):
+                break
+            request.num_computed_tokens = len(hits) * self.config.block_size
+            num_new = self._tokens_to_schedule(request, budget)
+            if num_new == 0:
+                request.num_computed_tokens = 0
+                break
+            for block_id in hits:
+                self.pool.share(block_id)
+            request.block_ids = list(hits)
+            request.num_registered = len(hits)
+            self.counters["prefix_cache_queries"] += request.num_tokens
+            self.counters["prefix_cache_hits"] += request.num_computed_tokens
+            new_blocks = self.kv.grow(request, request.num_computed_tokens + num_new)
+            assert new_blocks is not None, "admission checked the free blocks"
+            self.waiting.popleft()
+            if request.admit_seq < 0:
+                request.admit_seq = self._next_admit
+                self._next_admit += 1
+            self._resume(request, step)
+            scheduled.append(_Scheduled(request, num_new, new_blocks))
+            budget -= num_new
+
+    def _fork(self, first: Request) -> None:
+        """First sample's prompt is computed: start its siblings from its blocks."""
+        size = self.config.block_size
+        prompt_len = len(first.prompt_token_ids)
+        shared = (prompt_len - 1) // size          # full blocks before the last prompt token
+        children, first.fork_children = first.fork_children, []
+        for child in children:
+            room = len(self.running) < self.config.max_num_seqs and self.pool.num_free >= 1
+            if not room:
+                child.status = RequestStatus.WAITING   # falls back to computing its prompt
+                self.waiting.appendleft(child)
+                continue
+            for block_id in first.block_ids[:shared]:
+                self.pool.share(block_id)
+            (copy,) = self.pool.allocate(1)
+            self._copies.append((first.block_ids[shared], copy))
+            child.block_ids = first.block_ids[:shared] + [copy]
+            child.block_hashes = list(first.block_hashes[:shared])
+            child.num_registered = shared
+            child.num_computed_tokens = prompt_len - 1   # recomputes only the last token
+            child.admit_seq = first.admit_seq
+            child.status = RequestStatus.RUNNING
+            bisect.insort(self.running, child, key=lambda r: r.admit_seq)
+            self.counters["forks"] += 1
+
     # ---- internals ----------------------------------------------------------------------
+
+    def _new_request(self, request_id: str, prompt: list[int], sampling: SamplingParams
+                     ) -> Request:
+        request = Request(request_id, self._next_handle, list(prompt), sampling)
+        self._next_handle += 1
+        self.requests[request_id] = request
+        self._by_handle[request.handle] = request
+        return request
 
     def _validate_prompt(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:
@@ -186,38 +298,76 @@ class Scheduler:
             return min(remaining, budget)
         return remaining if remaining <= budget else 0
 
-    def _preempt(self, request: Request) -> None:
+    def _pick_victim(self, first_unscheduled: int, step: int) -> Request:
+        """The newest running request not yet scheduled this step, skipping any resumed in
+        the last step while an older candidate exists (no ping-pong)."""
+        candidates = self.running[first_unscheduled:]
+        for request in reversed(candidates):
+            if request.resumed_step < step - 1:
+                return request
+        return candidates[-1]
+
+    def _preempt(self, request: Request, plan: StepPlan) -> None:
         self.running.remove(request)
-        self.kv.free(request)
         self._forget_on_executor(request)
+        request.num_preemptions += 1
+        if should_swap(self.config, request.num_computed_tokens, len(request.block_ids),
+                       self.swap_pool.num_free):
+            cpu_blocks = self.swap_pool.allocate(len(request.block_ids))
+            plan.swap_out.extend(zip(request.block_ids, cpu_blocks))
+            self.kv.free(request)
+            request.cpu_block_ids = cpu_blocks
+            request.status = RequestStatus.SWAPPED
+            self.swapped.append(request)
+            self.counters["preemptions_swap"] += 1
+            return
+        self.kv.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
-        request.num_preemptions += 1
         self.waiting.appendleft(request)
-        self.num_preemptions_recompute += 1
+        self.counters["preemptions_recompute"] += 1
+
+    def _resume(self, request: Request, step: int) -> None:
+        if request.num_preemptions:
+            request.resumed_step = step
+        request.status = RequestStatus.RUNNING
+        bisect.insort(self.running, request, key=lambda r: r.admit_seq)
 
     def _finish(self, request: Request, reason: str) -> None:
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
+        elif request.status is RequestStatus.SWAPPED:
+            self.swapped.remove(request)
+            self.swap_pool.release(request.cpu_block_ids)
+            request.cpu_block_ids = []
+        elif request.status is RequestStatus.FORKING:
+            for owner in self.requests.values():
+                if request in owner.fork_children:
+                    owner.fork_children.remove(request)
         self.kv.free(request)
         self._forget_on_executor(request)
+        if request.fork_children and request.status is not RequestStatus.FINISHED:
+            # The siblings cannot fork from a request that ends before its prompt did.
+            for child in request.fork_children:
+                child.status = RequestStatus.WAITING
+                self.waiting.append(child)
+            request.fork_children = []
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.request_id]
         del self._by_handle[request.handle]
-        self.num_finished += 1
+        self.counters["num_finished"] += 1
 
     def _forget_on_executor(self, request: Request) -> None:
         if request.on_executor:
             self._forget_handles.append(request.handle)
             request.on_executor = False
 
-    def _build_plan(self, scheduled: list[_Scheduled]) -> StepPlan:
-        plan = StepPlan(step_id=self._next_step)
-        self._next_step += 1
+    def _build_plan(self, plan: StepPlan, scheduled: list[_Scheduled]) -> StepPlan:
         plan.finished_handles, self._forget_handles = self._forget_handles, []
+        plan.copies, self._copies = self._copies, []
         for item in scheduled:
             request = item.request
             if request.on_executor:
@@ -238,3 +388,11 @@ class Scheduler:
                 request.on_executor = True
             request.num_computed_tokens += item.num_new_tokens
         return plan
+
+
+def _child_params(sampling: SamplingParams, index: int) -> SamplingParams:
+    """Each sample runs with n=1; seeded samples get distinct, reproducible seeds."""
+    if sampling.n == 1:
+        return sampling
+    seed = None if sampling.seed is None else (sampling.seed + index) % 2**63
+    return replace(sampling, n=1, seed=seed)

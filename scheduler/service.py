@@ -42,6 +42,8 @@ class SchedulerServiceConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
     executor_timeout_s: float = 2.0      # no heartbeat for this long: the executor is dead
     step_timeout_s: float = 60.0         # a step unanswered this long: the executor is hung
 
@@ -63,7 +65,8 @@ class SchedulerService:
         self.executor_seen = 0.0
         self.inflight: StepPlan | None = None
         self.inflight_since = 0.0
-        self.owners: dict[str, bytes] = {}          # request id -> frontend identity
+        # request id -> (frontend identity, samples still running)
+        self.owners: dict[str, tuple[bytes, int]] = {}
         self.frontends: dict[bytes, float] = {}     # frontend identity -> last message time
         self.last_broadcast = 0.0
         self.stopping = False
@@ -124,7 +127,8 @@ class SchedulerService:
             self._add(identity, *m.decode_add(body))
         elif msg_type == "abort":
             request_id = body.str("id")
-            if self.owners.get(request_id) == identity and self.scheduler is not None:
+            owner = self.owners.get(request_id)
+            if owner is not None and owner[0] == identity and self.scheduler is not None:
                 self.scheduler.abort_request(request_id)
         elif msg_type == "frontend_hello":
             self._send_frontend(identity, self._engine_info())
@@ -136,26 +140,30 @@ class SchedulerService:
             self._send_frontend(identity, m.encode_rejected(
                 request_id, "the executor is not running; try again shortly", "engine_dead"))
             return
-        if request_id in self.owners:
+        if request_id in self.owners or "#" in request_id:
             self._send_frontend(identity, m.encode_rejected(
-                request_id, f"request id {request_id!r} is already in use"))
+                request_id, f"request id {request_id!r} is in use or contains '#'"))
             return
         try:
-            self.scheduler.add_request(request_id, prompt, params)
+            sample_ids = self.scheduler.add_request(request_id, prompt, params)
         except ValueError as error:
             self._send_frontend(identity, m.encode_rejected(request_id, str(error)))
             return
-        self.owners[request_id] = identity
+        self.owners[request_id] = (identity, len(sample_ids))
 
     def _route_outputs(self, outputs: list[EngineOutput]) -> None:
         by_frontend: dict[bytes, list[EngineOutput]] = {}
         for output in outputs:
-            owner = self.owners.get(output.request_id)
+            base = output.request_id.split("#", 1)[0]   # samples of n > 1 report as id#i
+            owner = self.owners.get(base)
             if owner is None:
                 continue
-            by_frontend.setdefault(owner, []).append(output)
+            by_frontend.setdefault(owner[0], []).append(output)
             if output.finished:
-                del self.owners[output.request_id]
+                if owner[1] == 1:
+                    del self.owners[base]
+                else:
+                    self.owners[base] = (owner[0], owner[1] - 1)
         for identity, batch in by_frontend.items():
             self._send_frontend(identity, m.encode_outputs(batch))
 
@@ -168,7 +176,7 @@ class SchedulerService:
     def _drop_frontend(self, identity: bytes) -> None:
         """A frontend that is gone: abort its requests so their blocks come back."""
         self.frontends.pop(identity, None)
-        orphans = [rid for rid, owner in self.owners.items() if owner == identity]
+        orphans = [rid for rid, owner in self.owners.items() if owner[0] == identity]
         for request_id in orphans:
             del self.owners[request_id]
             if self.scheduler is not None:
@@ -224,7 +232,12 @@ class SchedulerService:
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_model_len=capacity.max_model_len,
             enable_chunked_prefill=self.config.enable_chunked_prefill,
-            eos_token_ids=capacity.eos_token_ids, vocab_size=capacity.vocab_size))
+            eos_token_ids=capacity.eos_token_ids, vocab_size=capacity.vocab_size,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+            preemption_mode=self.config.preemption_mode,
+            num_swap_blocks=capacity.num_swap_blocks, bytes_per_block=capacity.bytes_per_block,
+            prefill_tokens_per_s=capacity.prefill_tokens_per_s,
+            swap_bytes_per_s=capacity.swap_bytes_per_s))
         log.info("executor %d attached: %d KV blocks of %d tokens, max_model_len %d", pid,
                  capacity.num_kv_blocks, capacity.block_size, capacity.max_model_len)
         self._broadcast_info()

@@ -12,6 +12,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None       # None: the checkpoint's max_position_embeddings
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"     # recompute, swap, or auto (cheaper of the two)
+    swap_space: float = 1.0                # GiB of CPU swap pool (when preemption may swap)
+    num_swap_blocks: int | None = None     # overrides swap_space
     attention_backend: str = "auto"
     seed: int = 0
 
@@ -38,6 +43,11 @@ class EngineConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("device", self.device, DEVICES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        if self.num_swap_blocks is not None and self.num_swap_blocks < 0:
+            raise ValueError(f"num_swap_blocks must be >= 0, got {self.num_swap_blocks}")
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         _positive("block_size", self.block_size)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
@@ -70,6 +80,11 @@ class ExecutorCapacity:
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    num_swap_blocks: int = 0
+    # Inputs of the swap-or-recompute estimate (preemption_mode="auto").
+    bytes_per_block: int = 0
+    prefill_tokens_per_s: float = 0.0
+    swap_bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,12 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     vocab_size: int = 2**31 - 1
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
+    num_swap_blocks: int = 0
+    bytes_per_block: int = 0
+    prefill_tokens_per_s: float = 0.0
+    swap_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("num_kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -108,6 +129,12 @@ class SchedulerConfig:
             enable_chunked_prefill=engine.enable_chunked_prefill,
             eos_token_ids=capacity.eos_token_ids,
             vocab_size=capacity.vocab_size,
+            enable_prefix_caching=engine.enable_prefix_caching,
+            preemption_mode=engine.preemption_mode,
+            num_swap_blocks=capacity.num_swap_blocks,
+            bytes_per_block=capacity.bytes_per_block,
+            prefill_tokens_per_s=capacity.prefill_tokens_per_s,
+            swap_bytes_per_s=capacity.swap_bytes_per_s,
         )
 
 

@@ -34,7 +34,10 @@ def encode_hello_executor(capacity: ExecutorCapacity, pid: int) -> bytes:
     return pack("executor_hello", {
         "num_kv_blocks": capacity.num_kv_blocks, "block_size": capacity.block_size,
         "max_model_len": capacity.max_model_len, "vocab_size": capacity.vocab_size,
-        "eos_token_ids": list(capacity.eos_token_ids), "pid": pid})
+        "eos_token_ids": list(capacity.eos_token_ids), "pid": pid,
+        "num_swap_blocks": capacity.num_swap_blocks, "bytes_per_block": capacity.bytes_per_block,
+        "prefill_tokens_per_s": capacity.prefill_tokens_per_s,
+        "swap_bytes_per_s": capacity.swap_bytes_per_s})
 
 
 def decode_hello_executor(body: Body) -> tuple[ExecutorCapacity, int]:
@@ -43,7 +46,11 @@ def decode_hello_executor(body: Body) -> tuple[ExecutorCapacity, int]:
         block_size=body.int("block_size", 1, 1 << 16),
         max_model_len=body.int("max_model_len", 1, 1 << 30),
         vocab_size=body.int("vocab_size", 1, MAX_TOKEN_ID),
-        eos_token_ids=tuple(body.ints("eos_token_ids", 0, MAX_TOKEN_ID, max_len=64)))
+        eos_token_ids=tuple(body.ints("eos_token_ids", 0, MAX_TOKEN_ID, max_len=64)),
+        num_swap_blocks=body.int("num_swap_blocks", 0, MAX_BLOCK_ID),
+        bytes_per_block=body.int("bytes_per_block", 0),
+        prefill_tokens_per_s=max(0.0, body.float("prefill_tokens_per_s")),
+        swap_bytes_per_s=max(0.0, body.float("swap_bytes_per_s")))
     return capacity, body.int("pid", 0)
 
 

@@ -1,0 +1,27 @@
+"""Swap or recompute: the estimate behind preemption_mode="auto".
+
+Recomputing a victim costs a prefill of every token it had computed:
+    recompute_s = num_computed_tokens / prefill_tokens_per_s
+Swapping costs copying its blocks out now and back in later:
+    swap_s = 2 * num_blocks * bytes_per_block / swap_bytes_per_s
+The executor measures prefill_tokens_per_s (a matmul the size of one token budget, scaled
+by the model's FLOPs per token) and swap_bytes_per_s (a device -> host copy) at start-up.
+The cheaper one wins, provided the swap pool has room.
+"""
+
+from __future__ import annotations
+
+from shared.config import SchedulerConfig
+
+
+def should_swap(config: SchedulerConfig, num_computed_tokens: int, num_blocks: int,
+                free_swap_blocks: int) -> bool:
+    if config.preemption_mode == "recompute" or num_blocks > free_swap_blocks:
+        return False
+    if config.preemption_mode == "swap":
+        return True
+    if config.prefill_tokens_per_s <= 0 or config.swap_bytes_per_s <= 0:
+        return False   # nothing measured: recompute is always possible
+    recompute_s = num_computed_tokens / config.prefill_tokens_per_s
+    swap_s = 2 * num_blocks * config.bytes_per_block / config.swap_bytes_per_s
+    return swap_s < recompute_s
