@@ -24,7 +24,7 @@ from shared.wire import ProtocolError
 log = logging.getLogger("folio.executor")
 
 HEARTBEAT_S = 0.25
-SCHEDULER_TYPES = frozenset({"plan"})
+SCHEDULER_TYPES = frozenset({"plan", "reset"})
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,14 @@ class ExecutorService:
                     continue
                 data = self.sock.recv()
                 try:
-                    _, body = m.decode(data, SCHEDULER_TYPES)
-                    plan = m.decode_plan(body)
+                    msg_type, body = m.decode(data, SCHEDULER_TYPES)
+                    plan = m.decode_plan(body) if msg_type == "plan" else None
                 except ProtocolError as error:
                     log.warning("dropped a malformed message: %s", error)
+                    continue
+                if plan is None:   # reset: the scheduler gave up on our state
+                    self.executor.reset()
+                    self.sock.send(m.encode_hello_executor(self.executor.capacity, pid))
                     continue
                 self._apply(plan)
         finally:

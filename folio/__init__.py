@@ -1,9 +1,26 @@
-"""Folio: a paged-KV-cache LLM serving engine. One import for users."""
+"""Folio: a paged-KV-cache LLM serving engine. One import for users.
 
-from folio.client import AsyncClient, Client, Completion, Delta
-from folio.llm import LLM
-from shared.outputs import CompletionOutput, RequestOutput
-from shared.sampling_params import SamplingParams
+Names load lazily, so `python -m folio scheduler` never imports torch.
+"""
 
-__all__ = ["LLM", "Client", "AsyncClient", "SamplingParams", "RequestOutput",
-           "CompletionOutput", "Completion", "Delta"]
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "LLM": "folio.llm",
+    "Client": "folio.client",
+    "AsyncClient": "folio.client",
+    "Completion": "folio.client",
+    "Delta": "folio.client",
+    "SamplingParams": "shared.sampling_params",
+    "RequestOutput": "shared.outputs",
+    "CompletionOutput": "shared.outputs",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'folio' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

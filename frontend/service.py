@@ -117,7 +117,7 @@ class FrontendService:
                     asyncio.create_task(self._on_health(client, body.str("id")))
             except ProtocolError as error:
                 log.warning("bad client message: %s", error)
-                request_id = _peek_id(data)
+                request_id = m.peek_id(data)
                 await self._send_client(client, m.encode_error(request_id, "invalid", str(error)))
 
     def _on_generate(self, client: bytes, request: m.GenerateRequest) -> None:
@@ -128,6 +128,11 @@ class FrontendService:
             return
         if not self.engine_alive:
             self._reply(client, m.encode_error(request.id, "engine_dead", self._dead_reason()))
+            return
+        if request.params.n != 1:
+            self._reply(client, m.encode_error(
+                request.id, "invalid", "n > 1 is not served over the SDK yet; send n "
+                "requests, or use folio.LLM"))
             return
         try:
             prompt_ids = self._tokenize(request)
@@ -313,15 +318,6 @@ class FrontendService:
         for (owner, _), request_id in list(self.by_client.items()):
             if owner == client:
                 self._send_scheduler(m.encode_abort(request_id))
-
-
-def _peek_id(data: bytes) -> str:
-    try:
-        _, body = m.unpack(data)
-        value = body.get("id", "")
-        return value if isinstance(value, str) and len(value) <= 256 else ""
-    except ProtocolError:
-        return ""
 
 
 def serve_frontend(config: FrontendConfig) -> None:

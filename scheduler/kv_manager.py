@@ -22,6 +22,8 @@ class KVCacheManager:
     def grow(self, request: Request, num_tokens: int) -> list[int] | None:
         """Give `request` slots for its first `num_tokens` tokens; None if the pool is short."""
         missing = self.num_missing_blocks(request, num_tokens)
+        if missing == 0:
+            return []   # the common decode case: the last block still has room
         if missing > self.pool.num_free:
             return None
         new_blocks = self.pool.allocate(missing)

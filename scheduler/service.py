@@ -115,8 +115,10 @@ class SchedulerService:
                 handler(frames[0], frames[1])
             except ProtocolError as error:
                 log.warning("dropped a malformed message: %s", error)
-                if sock is self.frontend_sock:
-                    self._send_frontend(frames[0], m.pack("error", {"message": str(error)}))
+                request_id = m.peek_id(frames[1])
+                if sock is self.frontend_sock and request_id:
+                    self._send_frontend(frames[0], m.encode_rejected(request_id, str(error),
+                                                                     "invalid"))
 
     # ---- frontends ----------------------------------------------------------------------
 
@@ -264,6 +266,14 @@ class SchedulerService:
     def _executor_lost(self, reason: str) -> None:
         log.error("%s; failing in-flight requests and waiting for a new executor", reason)
         self._fail_all(reason)
+        if self.executor_id is not None:
+            # A hung (not dead) executor gets this once it is free again: it drops its
+            # state and says hello, and service resumes.
+            try:
+                self.executor_sock.send_multipart([self.executor_id, m.pack("reset", {})],
+                                                  zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
         self.scheduler = None
         self.executor_id = None
         self.executor_pid = -1

@@ -189,6 +189,16 @@ def encode_stats(stats: dict[str, Any]) -> bytes:
     return pack("stats", {"stats": stats})
 
 
+def peek_id(data: bytes) -> str:
+    """The "id" field of a message that failed validation, if it has a readable one."""
+    try:
+        _, body = unpack(data)
+    except ProtocolError:
+        return ""
+    value = body.get("id", "")
+    return value if isinstance(value, str) and 0 < len(value) <= 256 else ""
+
+
 def decode(data: bytes, allowed: frozenset[str]) -> tuple[str, Body]:
     msg_type, body = unpack(data)
     if msg_type not in allowed:

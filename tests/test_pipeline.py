@@ -225,3 +225,31 @@ def test_killing_the_executor_fails_in_flight_requests_then_recovers(pipeline):
         assert len(client.generate([1, 2], SamplingParams(max_tokens=3)).token_ids) == 3
         stats = client.health()["stats"]
         assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_stopped_executor_fails_requests_and_resumes_after_sigcont(pipeline):
+    executor = pipeline.procs["executor"]
+
+    async def run():
+        async with AsyncClient(pipeline.client_addresses[1]) as client:
+            job = asyncio.create_task(client.generate(
+                [4] * 30, SamplingParams(max_tokens=5000, ignore_eos=True)))
+            await asyncio.sleep(0.5)
+            os.kill(executor.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            try:
+                await asyncio.wait_for(job, 10)
+            except EngineDead as error:
+                return str(error), time.monotonic() - stopped
+            return "no error", 0.0
+
+    try:
+        message, elapsed = asyncio.run(run())
+    finally:
+        os.kill(executor.pid, signal.SIGCONT)
+    assert "stopped responding" in message and elapsed < 3.5
+    pipeline.wait_ready(timeout=30)   # the same executor process says hello again
+    with Client(pipeline.client_addresses[1]) as client:
+        assert len(client.generate([1, 2], SamplingParams(max_tokens=3)).token_ids) == 3
+        stats = client.health()["stats"]
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
