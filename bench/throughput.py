@@ -46,17 +46,33 @@ def run_folio(model: Path, prompts, outputs, args) -> dict:
     from folio import LLM, SamplingParams
 
     llm = LLM(str(model), skip_tokenizer_init=True, dtype="float32", block_size=args.block_size,
-              max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              num_kv_blocks=args.num_kv_blocks)
     llm.generate([prompts[0][:16]], SamplingParams(max_tokens=2))   # warm-up
+    engine, scheduler = llm.engine, llm.engine.scheduler
+    for i, (prompt, count) in enumerate(zip(prompts, outputs)):
+        engine.add_request(f"bench-{i}", prompt,
+                           SamplingParams(temperature=0, max_tokens=count, ignore_eos=True))
+    peak = {"blocks": 0, "utilization": 1.0, "running": 0}
+    produced = 0
     start = time.perf_counter()
-    results = llm.generate(prompts, params)
+    while engine.has_unfinished_requests():
+        produced += sum(len(o.new_token_ids) for o in engine.step())
+        peak["running"] = max(peak["running"], len(scheduler.running))
+        if scheduler.pool.num_used > peak["blocks"]:   # measure only at a new peak
+            peak["blocks"] = scheduler.pool.num_used
+            peak["utilization"] = scheduler.kv_slot_utilization()
     elapsed = time.perf_counter() - start
-    produced = sum(len(r.outputs[0].token_ids) for r in results)
     assert produced == sum(outputs), "Folio produced a different number of tokens"
-    stats = llm.stats()
+    max_model_len = llm.engine.executor.max_model_len
+    peak_tokens = peak["blocks"] * args.block_size
     return {"seconds": elapsed, "output_tokens": produced, "tok_per_s": produced / elapsed,
-            "stats": stats}
+            "peak_running": peak["running"], "peak_kv_blocks": peak["blocks"],
+            "kv_slot_utilization_at_peak": peak["utilization"],
+            "max_model_len": max_model_len,
+            # The same KV memory, reserved contiguously for max_model_len tokens a request:
+            "contiguous_concurrency": peak_tokens // max_model_len,
+            "stats": llm.stats()}
 
 
 def run_hf(model: Path, prompts, outputs) -> dict:
@@ -108,6 +124,11 @@ def main() -> None:
           f"{report['output_tokens']} output tokens")
     folio = report["folio"]
     print(f"folio:        {folio['tok_per_s']:8.1f} output tok/s ({folio['seconds']:.1f} s)")
+    print(f"  peak: {folio['peak_running']} requests running, {folio['peak_kv_blocks']} KV blocks "
+          f"in use, {100 * folio['kv_slot_utilization_at_peak']:.1f}% of their slots hold "
+          f"tokens")
+    print(f"  a contiguous reservation of max_model_len={folio['max_model_len']} per request "
+          f"would fit {folio['contiguous_concurrency']} requests in that memory")
     if "transformers" in report:
         hf = report["transformers"]
         print(f"transformers: {hf['tok_per_s']:8.1f} output tok/s ({hf['seconds']:.1f} s)")

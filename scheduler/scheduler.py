@@ -116,20 +116,28 @@ class Scheduler:
         preempted = False
 
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            num_new = self._tokens_to_schedule(request, budget)
+        size = self.config.block_size
+        chunked = self.config.enable_chunked_prefill
+        running = self.running
+        while index < len(running) and budget > 0:
+            request = running[index]
+            computed = request.num_computed_tokens
+            remaining = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
+            num_new = min(remaining, budget) if chunked or remaining <= budget else 0
             if num_new == 0:
                 index += 1
                 continue
-            new_blocks = self.kv.grow(request, request.num_computed_tokens + num_new)
+            if computed + num_new <= len(request.block_ids) * size:
+                new_blocks: list[int] | None = []   # decode fast path: the block has room
+            else:
+                new_blocks = self.kv.grow(request, computed + num_new)
             while new_blocks is None:
                 victim = self._pick_victim(index, step)
                 self._preempt(victim, plan)
                 preempted = True
                 if victim is request:
                     break
-                new_blocks = self.kv.grow(request, request.num_computed_tokens + num_new)
+                new_blocks = self.kv.grow(request, computed + num_new)
             if new_blocks is None:
                 break
             scheduled.append(_Scheduled(request, num_new, new_blocks))
@@ -147,16 +155,22 @@ class Scheduler:
         """Apply a step's sampled tokens; return what each request produced or how it ended."""
         outputs, self._pending_outputs = self._pending_outputs, []
         limit = self.config.max_request_len
-        for request in self.running:
-            self.kv.register_full_blocks(request)
+        eos = self.config.eos_token_ids
+        if self.config.enable_prefix_caching:
+            size = self.config.block_size
+            for request in self.running:
+                if request.num_computed_tokens >= (request.num_registered + 1) * size:
+                    self.kv.register_full_blocks(request)
+        by_handle = self._by_handle
+        running = RequestStatus.RUNNING
         for handle, token_id in zip(result.handles, result.token_ids):
-            request = self._by_handle.get(handle)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request = by_handle.get(handle)
+            if request is None or request.status is not running:
                 continue  # aborted or preempted while its step was in flight
             request.output_token_ids.append(token_id)
             if request.fork_children:
                 self._fork(request)
-            reason = finish_reason_after_token(request, token_id, self.config.eos_token_ids, limit)
+            reason = finish_reason_after_token(request, token_id, eos, limit)
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(EngineOutput(request.request_id, [token_id], reason))
@@ -368,13 +382,15 @@ class Scheduler:
     def _build_plan(self, plan: StepPlan, scheduled: list[_Scheduled]) -> StepPlan:
         plan.finished_handles, self._forget_handles = self._forget_handles, []
         plan.copies, self._copies = self._copies, []
+        handles, counts, appended = plan.running_handles, plan.running_num_tokens, \
+            plan.new_block_ids
         for item in scheduled:
             request = item.request
             if request.on_executor:
-                plan.running_handles.append(request.handle)
-                plan.running_num_tokens.append(item.num_new_tokens)
+                handles.append(request.handle)
+                counts.append(item.num_new_tokens)
                 if item.new_blocks:
-                    plan.new_block_ids[request.handle] = item.new_blocks
+                    appended[request.handle] = item.new_blocks
             else:
                 plan.new_requests.append(NewRequest(
                     handle=request.handle,

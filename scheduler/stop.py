@@ -10,13 +10,12 @@ def finish_reason_after_token(request: Request, token_id: int, eos_token_ids: tu
                               max_request_len: int) -> str | None:
     params = request.sampling
     num_output = len(request.output_token_ids)
-    if num_output > params.min_tokens:
-        if not params.ignore_eos and token_id in eos_token_ids:
-            return FinishReason.STOP
-        if token_id in params.stop_token_ids:
-            return FinishReason.STOP
+    if num_output > params.min_tokens and (
+            (token_id in eos_token_ids and not params.ignore_eos)
+            or token_id in params.stop_token_ids):
+        return FinishReason.STOP
     if params.max_tokens is not None and num_output >= params.max_tokens:
         return FinishReason.LENGTH
-    if request.num_tokens >= max_request_len:
+    if len(request.prompt_token_ids) + num_output >= max_request_len:
         return FinishReason.LENGTH
     return None
