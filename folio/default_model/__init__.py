@@ -20,7 +20,7 @@ How it was built
     nothing else: it is a demonstration model, not an assistant.
 
 How to rebuild
-    ``python -m folio.default_model.build`` (about 10 minutes on one CPU core) rewrites
+    ``python -m folio.default_model.build`` (11-12 minutes on one CPU core) rewrites
     ``folio/default_model/weights/``. ``--out DIR`` writes elsewhere, ``--steps N`` trains
     shorter or longer. The corpus is the running Python's ``pydoc_data``, so a different
     Python version gives slightly different weights.
