@@ -60,7 +60,7 @@ class Executor:
         self.mover = BlockMover(self.kv_caches, self.swap_caches)
         self.cost_model = self._measure_costs() if config.preemption_mode == "auto" else (0, 0)
         self.batch = InputBatch(config.block_size, self.device)
-        self.sampler = Sampler(self.device, config.seed)
+        self.sampler = Sampler(self.device, config.seed, self.model_config.eos_token_ids)
         log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens, %s kernels",
                  self.model_config.architecture, self.device, self.dtype, self.num_kv_blocks,
                  config.block_size, self.ops.name)
@@ -95,11 +95,15 @@ class Executor:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attention)
             if inputs.sampled:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
-                tokens = self.sampler(logits, inputs.sampled).tolist()
+                tokens, logprobs = self.sampler(logits, inputs.sampled)
                 for request, token in zip(inputs.sampled, tokens):
                     request.token_ids.append(token)
                 result.handles = [r.handle for r in inputs.sampled]
                 result.token_ids = tokens
+                if any(entry is not None for entry in logprobs):
+                    result.logprobs = [None if e is None else
+                                       (e.logprob, e.rank, e.top_ids, e.top_logprobs)
+                                       for e in logprobs]
         result.forward_ms = (time.perf_counter() - start) * 1e3
         return result
 

@@ -1,11 +1,17 @@
-"""Batched next-token selection: greedy rows by argmax, the rest by temperature, top-k,
-top-p and min-p, sampled with the exponential-race trick (argmax of p / Exp(1) noise).
+"""Batched next-token selection over the whole batch, as tensor operations.
+
+Order, as vLLM applies it: logit bias, the min_tokens ban on stop tokens, repetition /
+frequency / presence penalties, then greedy argmax, or temperature, top-k, top-p, min-p and
+a draw with the exponential-race trick (argmax of p / Exp(1) noise). Rows without a setting
+pay nothing for it. Log-probabilities are taken from the raw logits.
 
 A seeded request draws its noise from a generator seeded by (seed, output index), so its
 tokens do not depend on what else is in the batch, on chunking or on preemption.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -20,28 +26,71 @@ def seeded_stream(seed: int, output_index: int) -> int:
     return (seed * _MIX_A + (output_index + 1) * _MIX_B) & _MASK63
 
 
+@dataclass
+class TokenLogprobs:
+    """Log-probabilities around one sampled token: its own and the top k."""
+
+    logprob: float
+    rank: int                       # 1 = the most likely token
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
 class Sampler:
-    def __init__(self, device: torch.device, seed: int) -> None:
+    def __init__(self, device: torch.device, seed: int, eos_token_ids: tuple[int, ...]) -> None:
         self.device = device
+        self.eos_token_ids = eos_token_ids
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self._seeded = torch.Generator(device=device)
 
-    def __call__(self, logits: torch.Tensor, requests: list[CachedRequest]) -> torch.Tensor:
-        greedy = [r.sampling.greedy for r in requests]
+    def __call__(self, logits: torch.Tensor, requests: list[CachedRequest]
+                 ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        raw = logits
+        logits = self._process(logits, requests)
         tokens = logits.argmax(dim=-1)
-        if all(greedy):
-            return tokens
-        rows = [i for i, g in enumerate(greedy) if not g]
-        picked = [requests[i] for i in rows]
-        row_index = torch.tensor(rows, device=logits.device)
-        tokens[row_index] = self._sample(logits[row_index], picked)
-        return tokens
+        rows = [i for i, r in enumerate(requests) if not r.sampling.greedy]
+        if rows:
+            row_index = torch.tensor(rows, device=logits.device)
+            tokens[row_index] = self._draw(logits[row_index], [requests[i] for i in rows])
+        return tokens.tolist(), self._logprobs(raw, tokens, requests)
 
-    def _sample(self, logits: torch.Tensor, requests: list[CachedRequest]) -> torch.Tensor:
+    # ---- logit processing ---------------------------------------------------------------
+
+    def _process(self, logits: torch.Tensor, requests: list[CachedRequest]) -> torch.Tensor:
+        biased = [(i, r.sampling.logit_bias) for i, r in enumerate(requests)
+                  if r.sampling.logit_bias]
+        banned = [(i, r) for i, r in enumerate(requests)
+                  if len(r.token_ids) - r.prompt_len < r.sampling.min_tokens]
+        penalized = [i for i, r in enumerate(requests) if r.sampling.needs_penalties()]
+        if not (biased or banned or penalized):
+            return logits
+        logits = logits.clone()
+        if biased:
+            rows = [i for i, bias in biased for _ in bias]
+            cols = [t for _, bias in biased for t in bias]
+            values = [v for _, bias in biased for v in bias.values()]
+            logits.index_put_((self._long(rows), self._long(cols)),
+                              torch.tensor(values, device=logits.device), accumulate=True)
+        if banned:
+            rows, cols = [], []
+            for i, request in banned:
+                stops = set(request.sampling.stop_token_ids)
+                if not request.sampling.ignore_eos:
+                    stops.update(self.eos_token_ids)
+                rows += [i] * len(stops)
+                cols += sorted(stops)
+            if rows:
+                logits[self._long(rows), self._long(cols)] = float("-inf")
+        if penalized:
+            index = self._long(penalized)
+            logits[index] = _apply_penalties(logits[index], [requests[i] for i in penalized])
+        return logits
+
+    def _draw(self, logits: torch.Tensor, requests: list[CachedRequest]) -> torch.Tensor:
         params = [r.sampling for r in requests]
         device = logits.device
-        temperature = torch.tensor([p.temperature for p in params], device=device)
+        temperature = torch.tensor([max(p.temperature, 1e-5) for p in params], device=device)
         logits = logits / temperature[:, None]
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             logits = _apply_top_k_top_p(logits, [p.top_k for p in params],
@@ -54,9 +103,9 @@ class Sampler:
         noise = torch.empty_like(probs)
         unseeded = [i for i, p in enumerate(params) if p.seed is None]
         if unseeded:
-            index = torch.tensor(unseeded, device=device)
-            noise[index] = torch.empty((len(unseeded), probs.shape[1]), device=device
-                                       ).exponential_(generator=self.generator)
+            noise[self._long(unseeded)] = torch.empty(
+                (len(unseeded), probs.shape[1]), device=device).exponential_(
+                generator=self.generator)
         for i, request in enumerate(requests):
             seed = request.sampling.seed
             if seed is not None:
@@ -64,6 +113,51 @@ class Sampler:
                 self._seeded.manual_seed(seeded_stream(seed, output_index))
                 noise[i].exponential_(generator=self._seeded)
         return (probs / noise).argmax(dim=-1)
+
+    def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor,
+                  requests: list[CachedRequest]) -> list[TokenLogprobs | None]:
+        rows = [i for i, r in enumerate(requests) if r.sampling.logprobs is not None]
+        result: list[TokenLogprobs | None] = [None] * len(requests)
+        if not rows:
+            return result
+        index = self._long(rows)
+        logprobs = torch.log_softmax(raw[index], dim=-1)
+        chosen = logprobs.gather(1, tokens[index][:, None])
+        ranks = (logprobs > chosen).sum(dim=-1) + 1
+        k = max(requests[i].sampling.logprobs for i in rows)
+        top = logprobs.topk(k, dim=-1) if k else None
+        for j, i in enumerate(rows):
+            want = requests[i].sampling.logprobs
+            result[i] = TokenLogprobs(
+                logprob=float(chosen[j, 0]), rank=int(ranks[j]),
+                top_ids=top.indices[j, :want].tolist() if want else [],
+                top_logprobs=top.values[j, :want].tolist() if want else [])
+        return result
+
+    def _long(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def _apply_penalties(logits: torch.Tensor, requests: list[CachedRequest]) -> torch.Tensor:
+    """Repetition penalty over prompt and output tokens (as transformers applies it);
+    frequency and presence penalties over output tokens (as OpenAI and vLLM define them)."""
+    rows, vocab = logits.shape
+    device = logits.device
+    seen = torch.zeros((rows, vocab), dtype=torch.bool, device=device)
+    counts = torch.zeros((rows, vocab), dtype=logits.dtype, device=device)
+    for j, request in enumerate(requests):
+        ids = torch.tensor(request.token_ids, dtype=torch.long, device=device)
+        seen[j, ids] = True
+        output = ids[request.prompt_len:]
+        if len(output):
+            counts[j].index_add_(0, output, torch.ones_like(output, dtype=logits.dtype))
+    params = [r.sampling for r in requests]
+    repetition = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
+    penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
+    logits = torch.where(seen, penalized, logits)
+    frequency = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
+    presence = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]

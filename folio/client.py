@@ -22,6 +22,7 @@ from zmq.utils.monitor import parse_monitor_message
 from folio.errors import (EngineDead, FolioError, RequestTimeout, ServerUnreachable,
                           error_from_code)
 from shared import messages as m
+from shared.outputs import Logprob
 from shared.sampling_params import SamplingParams
 from shared.transport import DOWN_EVENTS, UP_EVENTS, configure, monitor_socket
 from shared.wire import ProtocolError
@@ -43,12 +44,28 @@ class Completion:
     token_ids: list[int]
     finish_reason: str
     usage: Usage
+    logprobs: list[dict[int, Logprob]] | None = None   # per token: sampled + top k
+    stop_reason: str | None = None                     # the stop string that matched
 
 
 @dataclass
 class Delta:
     text: str
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] | None = None
+
+
+def _logprobs(raw: list[dict[str, Any]] | None) -> list[dict[int, Logprob]] | None:
+    if raw is None:
+        return None
+    result = []
+    for entry in raw:
+        one = {tid: Logprob(lp, i + 1, text) for i, (tid, lp, text) in enumerate(entry["top"])}
+        if entry["token_id"] not in one:
+            one[entry["token_id"]] = Logprob(entry["logprob"], entry["rank"],
+                                             entry["decoded_token"])
+        result.append(one)
+    return result
 
 
 class AsyncClient:
@@ -151,12 +168,14 @@ class AsyncClient:
             while True:
                 kind, body = await self._next(queue, timeout, request_id)
                 if kind == "delta":
-                    yield Delta(body.get("text", ""), list(body.get("token_ids", [])))
+                    yield Delta(body.get("text", ""), list(body.get("token_ids", [])),
+                                _logprobs(body.get("logprobs")))
                 elif kind == "final":
                     done = True
                     usage = Usage(**body["usage"])
                     yield Completion(request_id, body["text"], list(body["token_ids"]),
-                                     body["finish_reason"], usage)
+                                     body["finish_reason"], usage,
+                                     _logprobs(body.get("logprobs")), body.get("stop_reason"))
                     return
                 elif kind == "error":
                     done = True

@@ -8,8 +8,9 @@ from typing import Any
 from folio.engine import InProcessEngine
 from frontend.tokenizer import load_tokenizer
 from shared.config import EngineConfig
-from shared.outputs import CompletionOutput, RequestOutput
-from shared.sampling_params import SamplingParams
+from frontend.output_text import OutputText
+from shared.outputs import CompletionOutput, EngineOutput, Logprob, RequestOutput
+from shared.sampling_params import SamplingParams, check_against_model
 
 Prompt = str | list[int]
 
@@ -39,8 +40,10 @@ class LLM:
                              "prompts; pass one, or one per prompt")
         # Tokenize and validate everything before queueing anything.
         encoded = [self._encode(p) for p in prompt_list]
+        for sampling in param_list:
+            self._check(sampling)
         results: list[RequestOutput] = []
-        children: dict[str, tuple[RequestOutput, int]] = {}
+        samples: dict[str, _Sample] = {}
         try:
             for prompt, token_ids, sampling in zip(prompt_list, encoded, param_list):
                 request_id = f"req-{self._counter}"
@@ -50,26 +53,28 @@ class LLM:
                 results.append(result)
                 for index, sample_id in enumerate(
                         self.engine.add_request(request_id, token_ids, sampling)):
-                    result.outputs.append(CompletionOutput(index, "", []))
-                    children[sample_id] = (result, index)
+                    completion = CompletionOutput(index, "", [])
+                    result.outputs.append(completion)
+                    samples[sample_id] = _Sample(completion, sampling, self.tokenizer)
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
-                    result, index = children[output.request_id]
-                    completion = result.outputs[index]
-                    completion.token_ids.extend(output.new_token_ids)
-                    if output.finished:
-                        completion.finish_reason = output.finish_reason
+                    sample = samples.get(output.request_id)   # None: an earlier call's abort
+                    if sample is not None and sample.add(output):   # a stop string ended it: free it now
+                        self.engine.abort_request(output.request_id)
         except BaseException:
             for result in results:
                 self.engine.abort_request(result.request_id)
             raise
         for result in results:
-            for completion in result.outputs:
-                if self.tokenizer is not None:
-                    completion.text = self.tokenizer.decode(completion.token_ids,
-                                                            skip_special_tokens=True)
             result.finished = True
         return results
+
+    def _check(self, sampling: SamplingParams) -> None:
+        vocab = self.engine.executor.model_config.vocab_size
+        check_against_model(sampling, vocab, self.config.max_logprobs, self.config.max_n)
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this LLM was made with "
+                             "skip_tokenizer_init=True")
 
     def stats(self) -> dict[str, int | float]:
         return self.engine.stats()
@@ -93,3 +98,53 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
             isinstance(t, int) and not isinstance(t, bool) for t in prompts):
         return [list(prompts)]
     return list(prompts)
+
+
+class _Sample:
+    """One sample's output as it grows: tokens, text, logprobs, finish."""
+
+    def __init__(self, completion: CompletionOutput, params: SamplingParams,
+                 tokenizer: Any) -> None:
+        self.completion = completion
+        self.tokenizer = tokenizer
+        self.text = OutputText(tokenizer, params) if tokenizer is not None else None
+        self.done = False
+        if params.logprobs is not None:
+            completion.logprobs = []
+            completion.cumulative_logprob = 0.0
+
+    def add(self, output: EngineOutput) -> bool:
+        """Apply one step's output; True when a stop string just ended the sample."""
+        if self.done:
+            return False
+        completion = self.completion
+        completion.token_ids.extend(output.new_token_ids)
+        if output.logprobs is not None and completion.logprobs is not None:
+            for token_id, entry in zip(output.new_token_ids, output.logprobs):
+                completion.logprobs.append(logprob_dict(token_id, entry, self.tokenizer))
+                completion.cumulative_logprob += entry[0]
+        if self.text is not None:
+            self.text.add(output.new_token_ids, final=output.finished)
+            completion.text = self.text.text
+            if self.text.stopped:
+                completion.finish_reason = "stop"
+                self.done = True
+                return not output.finished
+        if output.finished:
+            completion.finish_reason = output.finish_reason
+            self.done = True
+        return False
+
+
+def logprob_dict(token_id: int, entry, tokenizer: Any) -> dict[int, Logprob]:
+    """vLLM's shape: the sampled token and the top k, each with logprob, rank and text."""
+    logprob, rank, top_ids, top_logprobs = entry
+
+    def text(tid: int) -> str | None:
+        return None if tokenizer is None else tokenizer.decode([tid])
+
+    result = {tid: Logprob(lp, i + 1, text(tid))
+              for i, (tid, lp) in enumerate(zip(top_ids, top_logprobs))}
+    if token_id not in result:
+        result[token_id] = Logprob(logprob, rank, text(token_id))
+    return result

@@ -20,10 +20,11 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from frontend.detokenizer import IncrementalDetokenizer
+from frontend.output_text import OutputText
 from frontend.tokenizer import load_tokenizer
 from shared import messages as m
 from shared.outputs import EngineOutput
+from shared.sampling_params import check_against_model
 from shared.transport import (DOWN_EVENTS, UP_EVENTS, check_bind_address, configure,
                               monitor_socket)
 from shared.wire import ProtocolError
@@ -49,8 +50,10 @@ class _Request:
     client_id: str
     stream: bool
     prompt_len: int
-    detokenizer: IncrementalDetokenizer
+    text: OutputText
+    want_logprobs: bool
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 class FrontendService:
@@ -136,13 +139,16 @@ class FrontendService:
             return
         try:
             prompt_ids = self._tokenize(request)
+            check_against_model(request.params, self.info.vocab_size if self.info else
+                                len(self.tokenizer))
         except ValueError as error:
             self._reply(client, m.encode_error(request.id, "invalid", str(error)))
             return
         request_id = f"{self.frontend_id}-{next(self.counter)}"
         self.requests[request_id] = _Request(client, request.id, request.stream,
                                              len(prompt_ids),
-                                             IncrementalDetokenizer(self.tokenizer))
+                                             OutputText(self.tokenizer, request.params),
+                                             request.params.logprobs is not None)
         self.by_client[key] = request_id
         self._send_scheduler(m.encode_add(request_id, prompt_ids, request.params))
 
@@ -236,18 +242,33 @@ class FrontendService:
         if output.error is not None:
             self._finish_with_error(output.request_id, "engine_dead", output.error)
             return
-        request.token_ids.extend(output.new_token_ids)
-        delta = request.detokenizer.add(output.new_token_ids)
-        if output.finished:
-            delta += request.detokenizer.flush()
-        if request.stream and (delta or output.new_token_ids):
-            self._reply(request.client, m.encode_delta(request.client_id, delta,
-                                                       output.new_token_ids))
-        if output.finished:
+        new_ids = output.new_token_ids
+        request.token_ids.extend(new_ids)
+        entries = []
+        if request.want_logprobs and output.logprobs is not None:
+            entries = [self._logprob_entry(t, e) for t, e in zip(new_ids, output.logprobs)]
+            request.logprobs.extend(entries)
+        delta = request.text.add(new_ids, final=output.finished)
+        stopped = request.text.stopped
+        if request.stream and (delta or new_ids):
+            self._reply(request.client, m.encode_delta(request.client_id, delta, new_ids,
+                                                       entries or None))
+        if stopped or output.finished:
             self._forget(output.request_id)
+            if stopped and not output.finished:
+                self._send_scheduler(m.encode_abort(output.request_id))   # free it now
             self._reply(request.client, m.encode_final(
-                request.client_id, request.detokenizer.text, request.token_ids,
-                output.finish_reason, request.prompt_len))
+                request.client_id, request.text.text, request.token_ids,
+                "stop" if stopped else output.finish_reason, request.prompt_len,
+                request.logprobs if request.want_logprobs else None,
+                request.text.stop_string))
+
+    def _logprob_entry(self, token_id: int, entry) -> dict[str, Any]:
+        logprob, rank, top_ids, top_logprobs = entry
+        return {"token_id": token_id, "logprob": logprob, "rank": rank,
+                "decoded_token": self.tokenizer.decode([token_id]),
+                "top": [[tid, lp, self.tokenizer.decode([tid])]
+                        for tid, lp in zip(top_ids, top_logprobs)]}
 
     def _finish_with_error(self, request_id: str, code: str, message: str) -> None:
         request = self.requests.get(request_id)

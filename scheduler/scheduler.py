@@ -163,7 +163,8 @@ class Scheduler:
                     self.kv.register_full_blocks(request)
         by_handle = self._by_handle
         running = RequestStatus.RUNNING
-        for handle, token_id in zip(result.handles, result.token_ids):
+        logprobs = result.logprobs or [None] * len(result.handles)
+        for handle, token_id, entry in zip(result.handles, result.token_ids, logprobs):
             request = by_handle.get(handle)
             if request is None or request.status is not running:
                 continue  # aborted or preempted while its step was in flight
@@ -173,7 +174,8 @@ class Scheduler:
             reason = finish_reason_after_token(request, token_id, eos, limit)
             if reason is not None:
                 self._finish(request, reason)
-            outputs.append(EngineOutput(request.request_id, [token_id], reason))
+            outputs.append(EngineOutput(request.request_id, [token_id], reason,
+                                        logprobs=None if entry is None else [entry]))
         return outputs
 
     # ---- introspection ------------------------------------------------------------------

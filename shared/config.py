@@ -36,6 +36,8 @@ class EngineConfig:
     num_swap_blocks: int | None = None     # overrides swap_space
     attention_backend: str = "auto"
     seed: int = 0
+    max_logprobs: int = 20                 # the largest logprobs / prompt_logprobs accepted
+    max_n: int = 64                        # the largest n accepted
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -54,6 +56,9 @@ class EngineConfig:
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_n", self.max_n)
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)

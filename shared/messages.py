@@ -105,8 +105,25 @@ def decode_plan(body: Body) -> StepPlan:
 
 
 def encode_result(result: StepResult) -> bytes:
-    return pack("result", {"s": result.step_id, "h": result.handles, "t": result.token_ids,
-                           "ms": result.forward_ms})
+    body = {"s": result.step_id, "h": result.handles, "t": result.token_ids,
+            "ms": result.forward_ms}
+    if result.logprobs:
+        body["lp"] = [None if e is None else list(e) for e in result.logprobs]
+    return pack("result", body)
+
+
+def _decode_logprob_entry(entry: Any, where: str):
+    if entry is None:
+        return None
+    if not isinstance(entry, list) or len(entry) != 4:
+        raise ProtocolError(f"{where}: a logprobs entry is [logprob, rank, ids, logprobs]")
+    one = Body(where, dict(zip(("lp", "r", "ids", "lps"), entry)))
+    ids = one.ints("ids", 0, MAX_TOKEN_ID, max_len=1024)
+    values = one.list("lps", max_len=1024)
+    if len(values) != len(ids) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise ProtocolError(f"{where}: top-k logprobs must be numbers, one per id")
+    return (one.float("lp"), one.int("r", 1), ids, [float(v) for v in values])
 
 
 def decode_result(body: Body) -> StepResult:
@@ -115,6 +132,11 @@ def decode_result(body: Body) -> StepResult:
                         forward_ms=body.float("ms", optional=True) or 0.0)
     if len(result.handles) != len(result.token_ids):
         raise ProtocolError("result: 'h' and 't' must have the same length")
+    entries = body.list("lp", max_len=1 << 20, optional=True)
+    if entries:
+        if len(entries) != len(result.handles):
+            raise ProtocolError("result: 'lp' must have one entry per handle")
+        result.logprobs = [_decode_logprob_entry(e, "result.lp") for e in entries]
     return result
 
 
@@ -167,21 +189,33 @@ def encode_rejected(request_id: str, message: str, code: str = "rejected") -> by
 
 
 def encode_outputs(outputs: list[EngineOutput]) -> bytes:
-    return pack("outputs", {"o": [[o.request_id, o.new_token_ids, o.finish_reason, o.error]
-                                  for o in outputs]})
+    items = []
+    for o in outputs:
+        item = [o.request_id, o.new_token_ids, o.finish_reason, o.error]
+        if o.logprobs is not None:
+            item.append([list(entry) for entry in o.logprobs])
+        items.append(item)
+    return pack("outputs", {"o": items})
 
 
 def decode_outputs(body: Body) -> list[EngineOutput]:
     outputs = []
     for item in body.list("o", max_len=1 << 20):
-        if not isinstance(item, list) or len(item) != 4:
-            raise ProtocolError("outputs: each item must be [id, token ids, finish, error]")
-        one = Body("outputs.o", dict(zip(("id", "t", "f", "e"), item)))
+        if not isinstance(item, list) or len(item) not in (4, 5):
+            raise ProtocolError("outputs: each item must be [id, token ids, finish, error"
+                                "(, logprobs)]")
+        one = Body("outputs.o", dict(zip(("id", "t", "f", "e", "lp"), item)))
         reason = one.str("f", optional=True)
         if reason is not None and reason not in FINISH_REASONS:
             raise ProtocolError(f"outputs: unknown finish reason {reason!r}")
-        outputs.append(EngineOutput(one.str("id"), one.ints("t", 0, MAX_TOKEN_ID), reason,
-                                    one.str("e", 4000, optional=True)))
+        output = EngineOutput(one.str("id"), one.ints("t", 0, MAX_TOKEN_ID), reason,
+                              one.str("e", 4000, optional=True))
+        if len(item) == 5:
+            entries = one.list("lp", max_len=1 << 16)
+            if len(entries) != len(output.new_token_ids) or None in entries:
+                raise ProtocolError("outputs: one logprobs entry per new token")
+            output.logprobs = [_decode_logprob_entry(e, "outputs.lp") for e in entries]
+        outputs.append(output)
     return outputs
 
 
@@ -264,17 +298,25 @@ def encode_generate(request_id: str, params: SamplingParams, stream: bool,
     return pack("generate", body)
 
 
-def encode_delta(request_id: str, text: str, token_ids: list[int]) -> bytes:
-    return pack("delta", {"id": request_id, "text": text, "token_ids": token_ids})
+def encode_delta(request_id: str, text: str, token_ids: list[int],
+                 logprobs: list[dict[str, Any]] | None = None) -> bytes:
+    body: dict[str, Any] = {"id": request_id, "text": text, "token_ids": token_ids}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    return pack("delta", body)
 
 
 def encode_final(request_id: str, text: str, token_ids: list[int], finish_reason: str,
-                 prompt_tokens: int) -> bytes:
-    return pack("final", {"id": request_id, "text": text, "token_ids": token_ids,
-                          "finish_reason": finish_reason,
-                          "usage": {"prompt_tokens": prompt_tokens,
-                                    "completion_tokens": len(token_ids),
-                                    "total_tokens": prompt_tokens + len(token_ids)}})
+                 prompt_tokens: int, logprobs: list[dict[str, Any]] | None = None,
+                 stop_reason: str | None = None) -> bytes:
+    body: dict[str, Any] = {
+        "id": request_id, "text": text, "token_ids": token_ids,
+        "finish_reason": finish_reason, "stop_reason": stop_reason,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(token_ids),
+                  "total_tokens": prompt_tokens + len(token_ids)}}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    return pack("final", body)
 
 
 def encode_error(request_id: str, code: str, message: str) -> bytes:

@@ -12,6 +12,10 @@ class FinishReason:
     ERROR = "error"      # the engine failed the request
 
 
+# Per generated token: (logprob, rank, top-k ids, top-k logprobs), from the raw logits.
+RawLogprobs = tuple[float, int, list[int], list[float]]
+
+
 @dataclass(slots=True)
 class EngineOutput:
     """One step's news for one request, as the scheduler reports it: token ids only."""
@@ -20,10 +24,18 @@ class EngineOutput:
     new_token_ids: list[int]
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[RawLogprobs] | None = None   # one entry per new token, when asked for
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
 
 
 @dataclass
@@ -32,6 +44,9 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    # vLLM's shape: per generated token, token id -> Logprob for the sampled token and top k.
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass

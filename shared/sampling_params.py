@@ -20,10 +20,44 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None            # top-k log-probabilities per generated token
+    prompt_logprobs: int | None = None     # the same for every prompt token
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Accept lists from callers and the wire, keep the frozen value hashable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        object.__setattr__(self, "stop", tuple(stop or ()))
+        object.__setattr__(self, "logit_bias", _bias_map(self.logit_bias))
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(name, value, rule="in [-2, 2]")
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        _check_number("repetition_penalty", self.repetition_penalty, rule="> 0")
+        if not 0.0 < self.repetition_penalty <= 100.0:
+            raise ValueError(f"repetition_penalty must be in (0, 100], got "
+                             f"{self.repetition_penalty}")
+        for text in self.stop:
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"stop must be non-empty strings, got {text!r}")
+        if len(self.stop) > 16:
+            raise ValueError(f"stop takes at most 16 strings, got {len(self.stop)}")
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), low=0)
         _check_int("n", self.n, low=1)
         _check_number("temperature", self.temperature, low=0.0, rule=">= 0 (0 means greedy)")
         _check_number("top_p", self.top_p, rule="in (0, 1]")
@@ -52,9 +86,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS or self.top_k == 1
 
+    def needs_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["stop_token_ids"] = list(self.stop_token_ids)
+        data["stop"] = list(self.stop)
+        # msgpack maps need string keys: token biases travel as [token, bias] pairs.
+        data["logit_bias"] = [[token, bias] for token, bias in self.logit_bias.items()]
         return data
 
     @classmethod
@@ -65,6 +106,53 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
         return cls(**data)
+
+
+def check_against_model(params: SamplingParams, vocab_size: int, max_logprobs: int = 20,
+                        max_n: int = 64) -> None:
+    """Checks that need the model: token ids must exist, k and n within the engine's limits."""
+    if params.n > max_n:
+        raise ValueError(f"n must be <= {max_n} (the engine's max_n), got {params.n}")
+    if params.prompt_logprobs is not None:
+        raise ValueError("prompt_logprobs is not supported yet; use logprobs for the "
+                         "generated tokens")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and value > max_logprobs:
+            raise ValueError(f"{name} must be in [0, {max_logprobs}] (the engine's "
+                             f"max_logprobs), got {value}")
+    for name, ids in (("stop_token_ids", params.stop_token_ids),
+                      ("logit_bias", params.logit_bias)):
+        for token_id in ids:
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(f"{name} has token id {token_id}, outside the vocabulary "
+                                 f"[0, {vocab_size})")
+
+
+def _bias_map(value: Any) -> dict[int, float]:
+    """logit_bias from a dict (JSON gives string keys) or a list of [token, bias] pairs."""
+    if value is None:
+        return {}
+    items = value.items() if isinstance(value, dict) else value
+    result: dict[int, float] = {}
+    try:
+        pairs = [tuple(item) for item in items]
+    except TypeError:
+        raise TypeError("logit_bias must map token ids to biases") from None
+    for pair in pairs:
+        if len(pair) != 2:
+            raise TypeError("logit_bias must map token ids to biases")
+        token, bias = pair
+        if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+            token = int(token)
+        _check_int("logit_bias token id", token, low=0)
+        _check_number("logit_bias value", bias, rule="in [-100, 100]")
+        if not -100.0 <= bias <= 100.0:
+            raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
+        result[token] = float(bias)
+    if len(result) > 1024:
+        raise ValueError("logit_bias takes at most 1024 entries")
+    return result
 
 
 def _check_int(name: str, value: Any, low: int | None = None, high: int | None = None,

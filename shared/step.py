@@ -55,4 +55,8 @@ class StepResult:
     # One sampled token per request that reached the end of its known tokens.
     handles: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
+    # Aligned with handles when any request asked for logprobs, else empty: None, or
+    # (sampled token's logprob, its rank, top-k ids, top-k logprobs).
+    logprobs: list[tuple[float, int, list[int], list[float]] | None] = field(
+        default_factory=list)
     forward_ms: float = 0.0
