@@ -253,3 +253,28 @@ def test_stopped_executor_fails_requests_and_resumes_after_sigcont(pipeline):
         assert len(client.generate([1, 2], SamplingParams(max_tokens=3)).token_ids) == 3
         stats = client.health()["stats"]
         assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_stop_strings_and_logprobs_over_the_sdk(pipeline):
+    with Client(pipeline.client_addresses[0]) as client:
+        plain = client.generate("The for statement", SamplingParams(temperature=0,
+                                                                    max_tokens=16))
+        stop = plain.text[5:8]
+        cut = plain.text.index(stop)
+        stopped = client.generate("The for statement", SamplingParams(
+            temperature=0, max_tokens=16, stop=[stop], logprobs=2))
+        assert stopped.text == plain.text[:cut]
+        assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
+        assert len(stopped.logprobs) == len(stopped.token_ids)
+        assert all(t in entry and len(entry) >= 2
+                   for t, entry in zip(stopped.token_ids, stopped.logprobs))
+        streamed = "".join(d.text for d in client.stream("The for statement", SamplingParams(
+            temperature=0, max_tokens=16, stop=[stop])))
+        assert streamed == plain.text[:cut]
+        with pytest.raises(RequestRejected, match="logit_bias has token id 99999"):
+            client.generate("x", SamplingParams(logit_bias={99999: 1.0}))
+        deadline = time.monotonic() + 5
+        while client.health()["stats"]["num_running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = client.health()["stats"]
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
