@@ -13,7 +13,7 @@ from executor.kv_cache import allocate_kv_cache, bytes_per_block
 from executor.model_config import ModelConfig
 from executor.model_loader import load_model
 from executor.ops import select_ops
-from executor.sampler import Sampler
+from executor.sampler import Sampler, score_tokens
 from shared.config import EngineConfig, ExecutorCapacity
 from shared.step import StepPlan, StepResult
 
@@ -104,6 +104,11 @@ class Executor:
                     result.logprobs = [None if e is None else
                                        (e.logprob, e.rank, e.top_ids, e.top_logprobs)
                                        for e in logprobs]
+            for request, row, position, count in inputs.prompt_scoring:
+                logits = self.model.compute_logits(hidden[row:row + count])
+                targets = request.token_ids[position:position + count]
+                entries = score_tokens(logits, targets, request.sampling.prompt_logprobs)
+                result.prompt_logprobs.append((request.handle, position, entries))
         result.forward_ms = (time.perf_counter() - start) * 1e3
         return result
 

@@ -36,6 +36,8 @@ class StepInputs:
     attention: AttentionInputs
     logits_indices: torch.Tensor       # rows of the flattened batch whose next token we sample
     sampled: list[CachedRequest]       # the requests those rows belong to, in order
+    # Prompt-logprob work: (request, first batch row, first prompt position scored, count).
+    prompt_scoring: list[tuple[CachedRequest, int, int, int]]
 
 
 class InputBatch:
@@ -71,6 +73,7 @@ class InputBatch:
         starts = [0]
         logits_indices: list[int] = []
         sampled: list[CachedRequest] = []
+        scoring: list[tuple[CachedRequest, int, int, int]] = []
         max_blocks = max(len(r.block_ids) for r, _ in scheduled)
         tables: list[list[int]] = []
         for request, num_tokens in scheduled:
@@ -84,6 +87,11 @@ class InputBatch:
             seq_lens.append(end)
             starts.append(starts[-1] + num_tokens)
             tables.append(blocks + [0] * (max_blocks - len(blocks)))
+            if request.sampling.prompt_logprobs is not None:
+                # Logits at position p score prompt token p + 1.
+                last = min(end, request.prompt_len - 1)
+                if last > begin:
+                    scoring.append((request, starts[-2], begin + 1, last - begin))
             request.num_computed = end
             if end == len(request.token_ids):
                 logits_indices.append(starts[-1] - 1)
@@ -101,4 +109,5 @@ class InputBatch:
             attention=attention,
             logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
             sampled=sampled,
+            prompt_scoring=scoring,
         )

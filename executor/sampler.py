@@ -138,6 +138,23 @@ class Sampler:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
 
+def score_tokens(logits: torch.Tensor, targets: list[int], k: int
+                 ) -> list[tuple[float, int, list[int], list[float]]]:
+    """Log-probability and rank of each target token under its row of raw logits, with the
+    top k: the prompt-logprobs entries."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    index = torch.tensor(targets, dtype=torch.long, device=logits.device)[:, None]
+    chosen = logprobs.gather(1, index)
+    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
+    values = chosen[:, 0].tolist()
+    if k:
+        top = logprobs.topk(k, dim=-1)
+        top_ids, top_values = top.indices.tolist(), top.values.tolist()
+    else:
+        top_ids = top_values = [[] for _ in targets]
+    return [(values[i], ranks[i], top_ids[i], top_values[i]) for i in range(len(targets))]
+
+
 def _apply_penalties(logits: torch.Tensor, requests: list[CachedRequest]) -> torch.Tensor:
     """Repetition penalty over prompt and output tokens (as transformers applies it);
     frequency and presence penalties over output tokens (as OpenAI and vLLM define them)."""

@@ -46,6 +46,8 @@ class Completion:
     usage: Usage
     logprobs: list[dict[int, Logprob]] | None = None   # per token: sampled + top k
     stop_reason: str | None = None                     # the stop string that matched
+    # None for the first prompt token, then one dict per prompt token (prompt_logprobs).
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass
@@ -175,7 +177,9 @@ class AsyncClient:
                     usage = Usage(**body["usage"])
                     yield Completion(request_id, body["text"], list(body["token_ids"]),
                                      body["finish_reason"], usage,
-                                     _logprobs(body.get("logprobs")), body.get("stop_reason"))
+                                     _logprobs(body.get("logprobs")), body.get("stop_reason"),
+                                     None if body.get("prompt_logprobs") is None else
+                                     [None, *_logprobs(body["prompt_logprobs"])])
                     return
                 elif kind == "error":
                     done = True

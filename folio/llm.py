@@ -51,11 +51,13 @@ class LLM:
                 result = RequestOutput(request_id, prompt if isinstance(prompt, str) else None,
                                        token_ids)
                 results.append(result)
+                if sampling.prompt_logprobs is not None:
+                    result.prompt_logprobs = [None]
                 for index, sample_id in enumerate(
                         self.engine.add_request(request_id, token_ids, sampling)):
                     completion = CompletionOutput(index, "", [])
                     result.outputs.append(completion)
-                    samples[sample_id] = _Sample(completion, sampling, self.tokenizer)
+                    samples[sample_id] = _Sample(completion, sampling, self.tokenizer, result)
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
                     sample = samples.get(output.request_id)   # None: an earlier call's abort
@@ -104,8 +106,9 @@ class _Sample:
     """One sample's output as it grows: tokens, text, logprobs, finish."""
 
     def __init__(self, completion: CompletionOutput, params: SamplingParams,
-                 tokenizer: Any) -> None:
+                 tokenizer: Any, request: RequestOutput) -> None:
         self.completion = completion
+        self.request = request
         self.tokenizer = tokenizer
         self.text = OutputText(tokenizer, params) if tokenizer is not None else None
         self.done = False
@@ -117,6 +120,12 @@ class _Sample:
         """Apply one step's output; True when a stop string just ended the sample."""
         if self.done:
             return False
+        if output.prompt_logprobs is not None and self.request.prompt_logprobs is not None:
+            prompt = self.request.prompt_token_ids
+            start = len(self.request.prompt_logprobs)
+            for offset, entry in enumerate(output.prompt_logprobs):
+                self.request.prompt_logprobs.append(
+                    logprob_dict(prompt[start + offset], entry, self.tokenizer))
         completion = self.completion
         completion.token_ids.extend(output.new_token_ids)
         if output.logprobs is not None and completion.logprobs is not None:

@@ -54,6 +54,8 @@ class _Request:
     want_logprobs: bool
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[dict[str, Any]] | None = None
 
 
 class FrontendService:
@@ -148,7 +150,10 @@ class FrontendService:
         self.requests[request_id] = _Request(client, request.id, request.stream,
                                              len(prompt_ids),
                                              OutputText(self.tokenizer, request.params),
-                                             request.params.logprobs is not None)
+                                             request.params.logprobs is not None,
+                                             prompt_ids=prompt_ids,
+                                             prompt_logprobs=None if
+                                             request.params.prompt_logprobs is None else [])
         self.by_client[key] = request_id
         self._send_scheduler(m.encode_add(request_id, prompt_ids, request.params))
 
@@ -242,6 +247,11 @@ class FrontendService:
         if output.error is not None:
             self._finish_with_error(output.request_id, "engine_dead", output.error)
             return
+        if output.prompt_logprobs is not None and request.prompt_logprobs is not None:
+            start = len(request.prompt_logprobs) + 1
+            request.prompt_logprobs.extend(
+                self._logprob_entry(request.prompt_ids[start + i], entry)
+                for i, entry in enumerate(output.prompt_logprobs))
         new_ids = output.new_token_ids
         request.token_ids.extend(new_ids)
         entries = []
@@ -261,7 +271,7 @@ class FrontendService:
                 request.client_id, request.text.text, request.token_ids,
                 "stop" if stopped else output.finish_reason, request.prompt_len,
                 request.logprobs if request.want_logprobs else None,
-                request.text.stop_string))
+                request.text.stop_string, request.prompt_logprobs))
 
     def _logprob_entry(self, token_id: int, entry) -> dict[str, Any]:
         logprob, rank, top_ids, top_logprobs = entry

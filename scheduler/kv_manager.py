@@ -40,8 +40,8 @@ class KVCacheManager:
     def cached_prefix(self, request: Request) -> list[int]:
         """Blocks already holding this request's leading full blocks. At least one token is
         always left to compute, so the request still gets logits to sample from."""
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or request.sampling.prompt_logprobs is not None:
+            return []   # prompt logprobs need every prompt position computed
         tokens = request.all_token_ids
         usable = (len(tokens) - 1) // self.block_size
         self._extend_hashes(request, tokens, usable)

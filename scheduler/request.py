@@ -19,7 +19,7 @@ class Request:
     __slots__ = ("request_id", "handle", "prompt_token_ids", "output_token_ids", "sampling",
                  "status", "num_computed_tokens", "block_ids", "block_hashes", "num_registered", "cpu_block_ids",
                  "finish_reason", "on_executor", "admit_seq", "resumed_step",
-                 "num_preemptions", "fork_children")
+                 "num_preemptions", "fork_children", "prompt_logprobs_next")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
@@ -40,6 +40,7 @@ class Request:
         self.resumed_step = -1     # the step it last came back from a preemption
         self.num_preemptions = 0
         self.fork_children: list[Request] = []   # siblings that fork from this one (n > 1)
+        self.prompt_logprobs_next = 1   # first prompt position not yet reported (recompute)
 
     @property
     def num_tokens(self) -> int:

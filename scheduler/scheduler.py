@@ -163,6 +163,16 @@ class Scheduler:
                     self.kv.register_full_blocks(request)
         by_handle = self._by_handle
         running = RequestStatus.RUNNING
+        for handle, start, entries in result.prompt_logprobs:
+            request = by_handle.get(handle)
+            if request is None or request.status is not running:
+                continue
+            # A recomputed prompt scores its positions again: report each one once.
+            skip = max(0, request.prompt_logprobs_next - start)
+            if skip < len(entries):
+                request.prompt_logprobs_next = start + len(entries)
+                outputs.append(EngineOutput(request.request_id, [],
+                                            prompt_logprobs=entries[skip:]))
         logprobs = result.logprobs or [None] * len(result.handles)
         for handle, token_id, entry in zip(result.handles, result.token_ids, logprobs):
             request = by_handle.get(handle)

@@ -109,6 +109,9 @@ def encode_result(result: StepResult) -> bytes:
             "ms": result.forward_ms}
     if result.logprobs:
         body["lp"] = [None if e is None else list(e) for e in result.logprobs]
+    if result.prompt_logprobs:
+        body["plp"] = [[handle, start, [list(e) for e in entries]]
+                       for handle, start, entries in result.prompt_logprobs]
     return pack("result", body)
 
 
@@ -137,6 +140,14 @@ def decode_result(body: Body) -> StepResult:
         if len(entries) != len(result.handles):
             raise ProtocolError("result: 'lp' must have one entry per handle")
         result.logprobs = [_decode_logprob_entry(e, "result.lp") for e in entries]
+    for item in body.list("plp", max_len=1 << 16, optional=True):
+        if not isinstance(item, list) or len(item) != 3:
+            raise ProtocolError("result: 'plp' items are [handle, start, entries]")
+        one = Body("result.plp", dict(zip(("h", "s", "e"), item)))
+        entries = [_decode_logprob_entry(e, "result.plp") for e in one.list("e", 1 << 20)]
+        if None in entries:
+            raise ProtocolError("result: prompt logprobs entries cannot be empty")
+        result.prompt_logprobs.append((one.int("h", 0), one.int("s", 1), entries))
     return result
 
 
@@ -192,8 +203,10 @@ def encode_outputs(outputs: list[EngineOutput]) -> bytes:
     items = []
     for o in outputs:
         item = [o.request_id, o.new_token_ids, o.finish_reason, o.error]
-        if o.logprobs is not None:
-            item.append([list(entry) for entry in o.logprobs])
+        if o.logprobs is not None or o.prompt_logprobs is not None:
+            item.append(None if o.logprobs is None else [list(e) for e in o.logprobs])
+        if o.prompt_logprobs is not None:
+            item.append([list(e) for e in o.prompt_logprobs])
         items.append(item)
     return pack("outputs", {"o": items})
 
@@ -201,20 +214,25 @@ def encode_outputs(outputs: list[EngineOutput]) -> bytes:
 def decode_outputs(body: Body) -> list[EngineOutput]:
     outputs = []
     for item in body.list("o", max_len=1 << 20):
-        if not isinstance(item, list) or len(item) not in (4, 5):
+        if not isinstance(item, list) or len(item) not in (4, 5, 6):
             raise ProtocolError("outputs: each item must be [id, token ids, finish, error"
-                                "(, logprobs)]")
-        one = Body("outputs.o", dict(zip(("id", "t", "f", "e", "lp"), item)))
+                                "(, logprobs(, prompt logprobs))]")
+        one = Body("outputs.o", dict(zip(("id", "t", "f", "e", "lp", "plp"), item)))
         reason = one.str("f", optional=True)
         if reason is not None and reason not in FINISH_REASONS:
             raise ProtocolError(f"outputs: unknown finish reason {reason!r}")
         output = EngineOutput(one.str("id"), one.ints("t", 0, MAX_TOKEN_ID), reason,
                               one.str("e", 4000, optional=True))
-        if len(item) == 5:
+        if len(item) >= 5 and item[4] is not None:
             entries = one.list("lp", max_len=1 << 16)
             if len(entries) != len(output.new_token_ids) or None in entries:
                 raise ProtocolError("outputs: one logprobs entry per new token")
             output.logprobs = [_decode_logprob_entry(e, "outputs.lp") for e in entries]
+        if len(item) == 6:
+            entries = [_decode_logprob_entry(e, "outputs.plp") for e in one.list("plp", 1 << 20)]
+            if None in entries:
+                raise ProtocolError("outputs: prompt logprobs entries cannot be empty")
+            output.prompt_logprobs = entries
         outputs.append(output)
     return outputs
 
@@ -308,7 +326,8 @@ def encode_delta(request_id: str, text: str, token_ids: list[int],
 
 def encode_final(request_id: str, text: str, token_ids: list[int], finish_reason: str,
                  prompt_tokens: int, logprobs: list[dict[str, Any]] | None = None,
-                 stop_reason: str | None = None) -> bytes:
+                 stop_reason: str | None = None,
+                 prompt_logprobs: list[dict[str, Any]] | None = None) -> bytes:
     body: dict[str, Any] = {
         "id": request_id, "text": text, "token_ids": token_ids,
         "finish_reason": finish_reason, "stop_reason": stop_reason,
@@ -316,6 +335,8 @@ def encode_final(request_id: str, text: str, token_ids: list[int], finish_reason
                   "total_tokens": prompt_tokens + len(token_ids)}}
     if logprobs is not None:
         body["logprobs"] = logprobs
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs   # from the second prompt token on
     return pack("final", body)
 
 

@@ -25,6 +25,8 @@ class EngineOutput:
     finish_reason: str | None = None
     error: str | None = None
     logprobs: list[RawLogprobs] | None = None   # one entry per new token, when asked for
+    # Entries for the next prompt tokens (prompt_logprobs), in order from prompt token 1.
+    prompt_logprobs: list[RawLogprobs] | None = None
 
     @property
     def finished(self) -> bool:
@@ -56,3 +58,5 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    # vLLM's shape: None for the first prompt token, then token id -> Logprob per position.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

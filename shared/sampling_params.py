@@ -113,9 +113,6 @@ def check_against_model(params: SamplingParams, vocab_size: int, max_logprobs: i
     """Checks that need the model: token ids must exist, k and n within the engine's limits."""
     if params.n > max_n:
         raise ValueError(f"n must be <= {max_n} (the engine's max_n), got {params.n}")
-    if params.prompt_logprobs is not None:
-        raise ValueError("prompt_logprobs is not supported yet; use logprobs for the "
-                         "generated tokens")
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)
         if value is not None and value > max_logprobs:

@@ -59,4 +59,7 @@ class StepResult:
     # (sampled token's logprob, its rank, top-k ids, top-k logprobs).
     logprobs: list[tuple[float, int, list[int], list[float]] | None] = field(
         default_factory=list)
+    # Prompt logprobs computed this step: (handle, first prompt position, entries).
+    prompt_logprobs: list[tuple[int, int, list[tuple[float, int, list[int], list[float]]]]] = \
+        field(default_factory=list)
     forward_ms: float = 0.0

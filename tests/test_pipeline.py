@@ -271,6 +271,9 @@ def test_stop_strings_and_logprobs_over_the_sdk(pipeline):
         streamed = "".join(d.text for d in client.stream("The for statement", SamplingParams(
             temperature=0, max_tokens=16, stop=[stop])))
         assert streamed == plain.text[:cut]
+        scored = client.generate([5, 6, 7, 8], SamplingParams(max_tokens=1, prompt_logprobs=1))
+        assert scored.prompt_logprobs[0] is None and len(scored.prompt_logprobs) == 4
+        assert all(t in entry for t, entry in zip([6, 7, 8], scored.prompt_logprobs[1:]))
         with pytest.raises(RequestRejected, match="logit_bias has token id 99999"):
             client.generate("x", SamplingParams(logit_bias={99999: 1.0}))
         deadline = time.monotonic() + 5

@@ -199,3 +199,23 @@ def test_model_aware_validation_allocates_nothing(llm, kwargs, message):
 def test_impossible_parameters(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_prompt_logprobs_match_transformers_with_chunks_and_preemption(llama_dir, hf):
+    prompt = PROMPTS[1] + PROMPTS[0]
+    with torch.inference_mode():
+        reference = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    # A 7-token budget splits the prompt into chunks; a 10-block pool forces recompute.
+    tight = LLM(str(llama_dir), dtype="float32", num_kv_blocks=10, block_size=4,
+                max_num_batched_tokens=7)
+    params = [SamplingParams(temperature=0, max_tokens=8, prompt_logprobs=2)] + \
+        [SamplingParams(temperature=0, max_tokens=8)] * 2
+    result = tight.generate([prompt, PROMPTS[0], PROMPTS[2]], params)[0]
+    assert result.prompt_logprobs[0] is None
+    assert len(result.prompt_logprobs) == len(prompt)
+    for position in range(1, len(prompt)):
+        entry = result.prompt_logprobs[position]
+        token = prompt[position]
+        assert abs(entry[token].logprob - float(reference[position - 1, token])) < 1e-4
+        assert len(entry) in (2, 3)   # the top 2, plus the prompt token when outside them
+    assert tight.stats()["preemptions_recompute"] > 0
