@@ -30,8 +30,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             continue
         kind = {int: int, float: float, str: str}.get(type(default), None)
-        if default is None:
-            kind = int if spec.name in ("num_kv_blocks", "max_model_len") else str
+        if default is None:   # optional fields: the annotation says "int | None" or "str | None"
+            kind = int if str(spec.type).startswith("int") else str
         parser.add_argument(flag, type=kind, default=default, choices=_CHOICES.get(spec.name),
                             help=_HELP.get(spec.name))
 

@@ -19,6 +19,8 @@ class OutputText:
         self.stops = params.stop
         self.include_stop = params.include_stop_str_in_output
         self.longest_stop = max((len(s) for s in self.stops), default=0)
+        self.min_tokens = params.min_tokens   # as vLLM: no stop string before min_tokens
+        self.num_tokens = 0
         self.text = ""
         self.sent = 0
         self.stop_string: str | None = None
@@ -32,11 +34,12 @@ class OutputText:
         if self.stopped:
             return ""
         before = len(self.text)
+        self.num_tokens += len(token_ids)
         self.detokenizer.add(token_ids)
         if final:
             self.detokenizer.flush()
         self.text = self.detokenizer.text
-        if self.stops:
+        if self.stops and self.num_tokens > self.min_tokens:
             self._match(max(0, before - self.longest_stop + 1))
         end = len(self.text) if final or self.stopped else len(self.text) - self._held_back()
         delta = self.text[self.sent:end] if end > self.sent else ""

@@ -27,7 +27,7 @@ from scheduler.request import Request, RequestStatus
 from scheduler.stop import finish_reason_after_token
 from shared.config import SchedulerConfig
 from shared.outputs import EngineOutput, FinishReason
-from shared.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams, check_against_model
 from shared.step import NewRequest, StepPlan, StepResult
 
 
@@ -71,6 +71,9 @@ class Scheduler:
         """Queue a request; returns the ids its outputs will carry (one per sample).
         Raises ValueError, allocating nothing, if it can never run."""
         self._validate_prompt(prompt_token_ids)
+        # The frontend checked these too; the scheduler does not trust its peers.
+        check_against_model(sampling, self.config.vocab_size, self.config.max_logprobs,
+                            self.config.max_n)
         n = sampling.n
         ids = [child_request_id(request_id, i, n) for i in range(n)]
         if any(i in self.requests for i in ids):

@@ -108,6 +108,8 @@ class SchedulerConfig:
     bytes_per_block: int = 0
     prefill_tokens_per_s: float = 0.0
     swap_bytes_per_s: float = 0.0
+    max_logprobs: int = 20
+    max_n: int = 64
 
     def __post_init__(self) -> None:
         for name in ("num_kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -140,6 +142,8 @@ class SchedulerConfig:
             bytes_per_block=capacity.bytes_per_block,
             prefill_tokens_per_s=capacity.prefill_tokens_per_s,
             swap_bytes_per_s=capacity.swap_bytes_per_s,
+            max_logprobs=engine.max_logprobs,
+            max_n=engine.max_n,
         )
 
 
