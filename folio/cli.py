@@ -8,10 +8,11 @@ import logging
 import sys
 from typing import Any
 
-from shared.config import ATTENTION_BACKENDS, DEVICES, DTYPES, EngineConfig
+from shared.config import ATTENTION_BACKENDS, DEVICES, DTYPES, PREEMPTION_MODES, EngineConfig
 
 ROLES = ("frontend", "scheduler", "executor")
-_CHOICES = {"dtype": DTYPES, "device": DEVICES, "attention_backend": ATTENTION_BACKENDS}
+_CHOICES = {"dtype": DTYPES, "device": DEVICES, "attention_backend": ATTENTION_BACKENDS,
+            "preemption_mode": PREEMPTION_MODES}
 _HELP = {
     "tokenizer": "tokenizer directory (default: the model directory)",
     "num_kv_blocks": "KV blocks in the pool (default: sized from memory)",
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                            default=True)
     scheduler.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                            default=True)
-    scheduler.add_argument("--preemption-mode", choices=("recompute", "swap", "auto"),
+    scheduler.add_argument("--preemption-mode", choices=PREEMPTION_MODES,
                            default="recompute")
     scheduler.add_argument("--executor-timeout", type=float, default=2.0,
                            help="seconds without an executor heartbeat before it is dead")
