@@ -1,0 +1,286 @@
+"""The frontend's link to the scheduler, shared by every gateway (ZeroMQ SDK, HTTP).
+
+A gateway submits token ids with sampling parameters and a sink; the engine client turns
+the scheduler's per-step token ids into text (stop strings included), and calls the sink:
+`delta` for every step (streams), then one `final` per sample, or one `error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from frontend.output_text import OutputText
+from shared import messages as m
+from shared.outputs import EngineOutput
+from shared.sampling_params import SamplingParams
+from shared.transport import DOWN_EVENTS, UP_EVENTS, configure, monitor_socket
+from shared.wire import ProtocolError
+
+log = logging.getLogger("folio.frontend")
+
+SCHEDULER_TYPES = frozenset({"engine_info", "outputs", "rejected", "stats", "error"})
+SCHEDULER_TIMEOUT_S = 2.0
+HEARTBEAT_S = 0.5
+
+
+@dataclass
+class SampleResult:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stop_reason: str | None
+    logprobs: list[dict[str, Any]] | None     # per token: token_id, logprob, rank, text, top
+
+
+@dataclass
+class FinalResult:
+    samples: list[SampleResult]
+    prompt_tokens: int
+    prompt_logprobs: list[dict[str, Any]] | None   # from the second prompt token on
+
+
+class Sink(Protocol):
+    def delta(self, index: int, text: str, token_ids: list[int],
+              logprobs: list[dict[str, Any]] | None) -> None: ...
+
+    def final(self, result: FinalResult) -> None: ...
+
+    def error(self, code: str, message: str) -> None: ...
+
+
+@dataclass
+class _Sample:
+    text: OutputText
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    result: SampleResult | None = None
+
+
+@dataclass
+class _Request:
+    sink: Sink
+    params: SamplingParams
+    prompt_ids: list[int]
+    samples: list[_Sample]
+    prompt_logprobs: list[dict[str, Any]] | None
+    created: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+
+
+class EngineClient:
+    def __init__(self, tokenizer: Any, scheduler_address: str,
+                 ctx: zmq.asyncio.Context) -> None:
+        self.tokenizer = tokenizer
+        self.frontend_id = f"fe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.sock = configure(ctx.socket(zmq.DEALER))
+        self.sock.setsockopt(zmq.IDENTITY, self.frontend_id.encode())
+        self.monitor = monitor_socket(self.sock)   # before connect: see the first handshake
+        self.sock.connect(scheduler_address)
+        self.requests: dict[str, _Request] = {}
+        self.counter = itertools.count()
+        self.info: m.EngineInfo | None = None
+        self.scheduler_seen = 0.0
+        self.stats_waiters: list[asyncio.Future] = []
+        self.observers: list[Any] = []   # metrics: called with (event, request, **details)
+
+    # ---- state --------------------------------------------------------------------------
+
+    @property
+    def scheduler_alive(self) -> bool:
+        return time.monotonic() - self.scheduler_seen < SCHEDULER_TIMEOUT_S
+
+    @property
+    def engine_alive(self) -> bool:
+        return self.scheduler_alive and self.info is not None and self.info.executor_alive
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size if self.info else len(self.tokenizer)
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.info.max_model_len if self.info else None
+
+    def dead_reason(self) -> str:
+        if not self.scheduler_alive:
+            return "the scheduler is not reachable"
+        return "the executor is not running"
+
+    def tasks(self) -> list:
+        return [self._scheduler_loop(), self._watch_scheduler(), self._heartbeat_loop()]
+
+    def close(self) -> None:
+        self.monitor.close(0)
+        self.sock.close(0)
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> str:
+        """Queue a checked request; its events go to `sink`. Returns its engine id."""
+        request_id = f"{self.frontend_id}-{next(self.counter)}"
+        samples = [_Sample(OutputText(self.tokenizer, params)) for _ in range(params.n)]
+        self.requests[request_id] = _Request(
+            sink, params, prompt_ids, samples,
+            None if params.prompt_logprobs is None else [])
+        self._send(m.encode_add(request_id, prompt_ids, params))
+        self._notify("submitted", self.requests[request_id])
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self.requests:
+            self._send(m.encode_abort(request_id))
+
+    async def stats(self, timeout: float = 1.0) -> dict[str, Any]:
+        if not self.scheduler_alive:
+            return {}
+        waiter = asyncio.get_running_loop().create_future()
+        self.stats_waiters.append(waiter)
+        self._send(m.pack("stats_request", {}))
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            return {}
+
+    # ---- from the scheduler -------------------------------------------------------------
+
+    async def _scheduler_loop(self) -> None:
+        while True:
+            data = await self.sock.recv()
+            try:
+                msg_type, body = m.decode(data, SCHEDULER_TYPES)
+                self.scheduler_seen = time.monotonic()
+                if msg_type == "outputs":
+                    for output in m.decode_outputs(body):
+                        self._on_output(output)
+                elif msg_type == "engine_info":
+                    self._on_engine_info(m.EngineInfo.decode(body))
+                elif msg_type == "rejected":
+                    self._fail(body.str("id"), body.str("code", 32), body.str("message", 4000))
+                elif msg_type == "stats":
+                    stats = body.map("stats")
+                    waiters, self.stats_waiters = self.stats_waiters, []
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_result(stats)
+            except ProtocolError as error:
+                log.warning("bad scheduler message: %s", error)
+
+    def _on_engine_info(self, info: m.EngineInfo) -> None:
+        was_alive = self.info is not None and self.info.executor_alive
+        self.info = info
+        if was_alive and not info.executor_alive:
+            self._fail_all("the executor is gone; the engine cannot serve requests")
+
+    def _on_output(self, output: EngineOutput) -> None:
+        base, _, index_text = output.request_id.partition("#")
+        request = self.requests.get(base)
+        if request is None:
+            return
+        if output.error is not None:
+            self._fail(base, "engine_dead", output.error)
+            return
+        index = int(index_text) if index_text else 0
+        if not 0 <= index < len(request.samples):
+            return
+        sample = request.samples[index]
+        if sample.result is not None:
+            return   # already ended by a stop string
+        if output.prompt_logprobs is not None and request.prompt_logprobs is not None:
+            start = len(request.prompt_logprobs) + 1
+            request.prompt_logprobs.extend(
+                self._logprob_entry(request.prompt_ids[start + i], entry)
+                for i, entry in enumerate(output.prompt_logprobs))
+        new_ids = output.new_token_ids
+        if new_ids:
+            now = time.monotonic()
+            if request.first_token is None:
+                request.first_token = now
+                self._notify("first_token", request)
+            else:
+                self._notify("tokens", request, gap=now - request.last_token,
+                             count=len(new_ids))
+            request.last_token = now
+        sample.token_ids.extend(new_ids)
+        entries = None
+        if request.params.logprobs is not None and output.logprobs is not None:
+            entries = [self._logprob_entry(t, e) for t, e in zip(new_ids, output.logprobs)]
+            sample.logprobs.extend(entries)
+        delta = sample.text.add(new_ids, final=output.finished)
+        stopped = sample.text.stopped
+        if delta or new_ids:
+            request.sink.delta(index, delta, new_ids, entries)
+        if stopped or output.finished:
+            if stopped and not output.finished:
+                self._send(m.encode_abort(output.request_id))   # free its blocks now
+            sample.result = SampleResult(
+                index, sample.text.text, sample.token_ids,
+                "stop" if stopped else output.finish_reason, sample.text.stop_string,
+                sample.logprobs if request.params.logprobs is not None else None)
+            if all(s.result is not None for s in request.samples):
+                del self.requests[base]
+                result = FinalResult([s.result for s in request.samples],
+                                     len(request.prompt_ids), request.prompt_logprobs)
+                self._notify("finished", request, result=result)
+                request.sink.final(result)
+
+    def _logprob_entry(self, token_id: int, entry) -> dict[str, Any]:
+        logprob, rank, top_ids, top_logprobs = entry
+        decode = self.tokenizer.decode
+        return {"token_id": token_id, "logprob": logprob, "rank": rank,
+                "decoded_token": decode([token_id]),
+                "top": [[tid, lp, decode([tid])] for tid, lp in zip(top_ids, top_logprobs)]}
+
+    def _fail(self, request_id: str, code: str, message: str) -> None:
+        request = self.requests.pop(request_id, None)
+        if request is not None:
+            self._notify("failed", request, code=code)
+            request.sink.error(code, message)
+
+    def _fail_all(self, reason: str) -> None:
+        for request_id in list(self.requests):
+            self._fail(request_id, "engine_dead", reason)
+
+    def _notify(self, event: str, request: _Request, **details: Any) -> None:
+        for observer in self.observers:
+            observer(event, request, **details)
+
+    # ---- liveness -----------------------------------------------------------------------
+
+    async def _watch_scheduler(self) -> None:
+        while True:
+            try:
+                frames = await asyncio.wait_for(self.monitor.recv_multipart(), timeout=0.2)
+                event = parse_monitor_message(frames)["event"]
+                if event & DOWN_EVENTS:
+                    self.scheduler_seen = 0.0
+                elif event & UP_EVENTS:
+                    self._send(m.pack("frontend_hello", {"id": self.frontend_id}))
+            except asyncio.TimeoutError:
+                pass
+            if self.requests and not self.scheduler_alive:
+                self._fail_all("the scheduler is not responding")
+
+    async def _heartbeat_loop(self) -> None:
+        beat = m.encode_heartbeat(os.getpid())
+        while True:
+            self._send(beat)
+            await asyncio.sleep(HEARTBEAT_S)
+
+    def _send(self, payload: bytes) -> None:
+        try:
+            self.sock.send(payload, zmq.NOBLOCK)
+        except zmq.ZMQError as error:
+            log.warning("could not reach the scheduler: %s", error)

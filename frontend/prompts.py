@@ -1,0 +1,44 @@
+"""Turns what a client sent (text, token ids or chat messages) into checked prompt ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be served; the message names the problem and the limit."""
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise PromptError("this model's tokenizer has no chat template; send a prompt")
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                            tokenize=True)
+    except Exception as error:   # template errors come from jinja as many types
+        raise PromptError(f"chat template failed: {error}") from None
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def prompt_ids(tokenizer: Any, *, prompt: str | None = None,
+               token_ids: list[int] | None = None,
+               messages: list[dict[str, str]] | None = None) -> list[int]:
+    if messages is not None:
+        return chat_prompt_ids(tokenizer, messages)
+    if prompt is not None:
+        return tokenizer.encode(prompt, add_special_tokens=True)
+    return list(token_ids or [])
+
+
+def check_prompt(ids: list[int], vocab_size: int, max_model_len: int | None) -> None:
+    if not ids:
+        raise PromptError("prompt must contain at least one token")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise PromptError(f"prompt token id {bad[0]} is outside the vocabulary "
+                          f"[0, {vocab_size})")
+    if max_model_len is not None and len(ids) > max_model_len:
+        raise PromptError(f"prompt has {len(ids)} tokens, more than this model's maximum "
+                          f"context length max_model_len = {max_model_len}")
