@@ -51,6 +51,17 @@ def resolve_model(model: str | None) -> str:
     return str(default_model_path())
 
 
+def add_http_args(parser: argparse.ArgumentParser, default_port: int | None = 8000) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP API interface")
+    parser.add_argument("--port", type=int, default=default_port,
+                        help="HTTP API port (OpenAI-compatible); 0 turns HTTP off"
+                        if default_port else "HTTP API port (default: no HTTP)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name clients use (default: the model path)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1 routes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="folio", description="Folio LLM serving engine")
     parser.add_argument("--log-level", default="INFO")
@@ -62,12 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "in a private run directory), e.g. tcp://127.0.0.1:5555")
     serve.add_argument("--executor-restarts", type=int, default=3,
                        help="restart a crashed executor this many times, then exit non-zero")
+    add_http_args(serve)
+    serve.add_argument("--max-queued-requests", type=int, default=None,
+                       help="refuse new requests (queue full) past this many waiting")
     add_engine_args(serve)
 
     frontend = sub.add_parser("frontend", help="run the tokenizing frontend")
     frontend.add_argument("--model", help="directory with the tokenizer files")
     frontend.add_argument("--client-address", required=True)
     frontend.add_argument("--scheduler-address", required=True)
+    add_http_args(frontend, default_port=None)
 
     scheduler = sub.add_parser("scheduler", help="run the CPU-only scheduler")
     scheduler.add_argument("--frontend-address", required=True)
@@ -80,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                            default=True)
     scheduler.add_argument("--preemption-mode", choices=PREEMPTION_MODES,
                            default="recompute")
+    scheduler.add_argument("--max-queued-requests", type=int, default=None,
+                           help="refuse new requests (queue full) past this many waiting")
     scheduler.add_argument("--executor-timeout", type=float, default=2.0,
                            help="seconds without an executor heartbeat before it is dead")
     scheduler.add_argument("--step-timeout", type=float, default=60.0,
@@ -124,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
 
         serve_frontend(FrontendConfig(model=resolve_model(args.model),
                                       client_address=args.client_address,
-                                      scheduler_address=args.scheduler_address))
+                                      scheduler_address=args.scheduler_address,
+                                      host=args.host, port=args.port or None,
+                                      served_model_name=args.served_model_name,
+                                      api_key=args.api_key))
     elif role == "scheduler":
         from scheduler.service import SchedulerService, SchedulerServiceConfig
 
@@ -134,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             enable_chunked_prefill=args.enable_chunked_prefill,
             enable_prefix_caching=args.enable_prefix_caching,
             preemption_mode=args.preemption_mode,
+            max_queued_requests=args.max_queued_requests,
             executor_timeout_s=args.executor_timeout, step_timeout_s=args.step_timeout)).run()
     elif role == "executor":
         from executor.service import ExecutorService, ExecutorServiceConfig

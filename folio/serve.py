@@ -56,13 +56,21 @@ class Supervisor:
                            else "--no-enable-chunked-prefill",
                            "--enable-prefix-caching" if self.config.enable_prefix_caching
                            else "--no-enable-prefix-caching",
-                           "--preemption-mode", self.config.preemption_mode]
+                           "--preemption-mode", self.config.preemption_mode,
+                           *(["--max-queued-requests", str(self.args.max_queued_requests)]
+                             if self.args.max_queued_requests is not None else [])]
         if role == "executor":
             return base + ["--model", self.model, "--scheduler-address", self.executor_address,
                            *engine_flags(self.config)]
+        http = []
+        if self.args.port:
+            http = ["--host", self.args.host, "--port", str(self.args.port),
+                    "--served-model-name", self.args.served_model_name or self.model]
+            if self.args.api_key:
+                http += ["--api-key", self.args.api_key]
         return base + ["--model", self.config.tokenizer_path,
                        "--client-address", self.client_address,
-                       "--scheduler-address", self.frontend_address]
+                       "--scheduler-address", self.frontend_address, *http]
 
     def start(self, role: str) -> None:
         self.procs[role] = subprocess.Popen(self.command(role), preexec_fn=_die_with_parent)
@@ -88,8 +96,10 @@ class Supervisor:
             client = Client(self.client_address, connect_timeout=1.0)
             try:
                 if client.health(timeout=1.0).get("ok"):
+                    http = (f"  HTTP (OpenAI API):  http://{self.args.host}:{self.args.port}/v1"
+                            f"  (chat page at /)\n" if self.args.port else "")
                     print(f"Folio is serving {self.model}\n"
-                          f"  clients connect to: {self.client_address}\n"
+                          f"  clients connect to: {self.client_address}\n{http}"
                           f"  run directory:      {self.run_dir}\n"
                           f"  pids: " + ", ".join(f"{r}={p.pid}" for r, p in self.procs.items()),
                           flush=True)

@@ -203,6 +203,8 @@ class EngineClient:
             request.prompt_logprobs.extend(
                 self._logprob_entry(request.prompt_ids[start + i], entry)
                 for i, entry in enumerate(output.prompt_logprobs))
+        if output.queued_s is not None:
+            self._notify("queued", request, seconds=output.queued_s)
         new_ids = output.new_token_ids
         if new_ids:
             now = time.monotonic()

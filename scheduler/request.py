@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 
 from shared.sampling_params import SamplingParams
 
@@ -19,7 +20,8 @@ class Request:
     __slots__ = ("request_id", "handle", "prompt_token_ids", "output_token_ids", "sampling",
                  "status", "num_computed_tokens", "block_ids", "block_hashes", "num_registered", "cpu_block_ids",
                  "finish_reason", "on_executor", "admit_seq", "resumed_step",
-                 "num_preemptions", "fork_children", "prompt_logprobs_next")
+                 "num_preemptions", "fork_children", "prompt_logprobs_next", "arrival_time",
+                 "queue_s")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
@@ -41,6 +43,8 @@ class Request:
         self.num_preemptions = 0
         self.fork_children: list[Request] = []   # siblings that fork from this one (n > 1)
         self.prompt_logprobs_next = 1   # first prompt position not yet reported (recompute)
+        self.arrival_time = time.monotonic()
+        self.queue_s: float | None = None   # arrival to first admission
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ from it, sharing its full prompt blocks by reference count and copying the parti
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -187,8 +188,10 @@ class Scheduler:
             reason = finish_reason_after_token(request, token_id, eos, limit)
             if reason is not None:
                 self._finish(request, reason)
-            outputs.append(EngineOutput(request.request_id, [token_id], reason,
-                                        logprobs=None if entry is None else [entry]))
+            outputs.append(EngineOutput(
+                request.request_id, [token_id], reason,
+                logprobs=None if entry is None else [entry],
+                queued_s=request.queue_s if len(request.output_token_ids) == 1 else None))
         return outputs
 
     # ---- introspection ------------------------------------------------------------------
@@ -266,6 +269,7 @@ class Scheduler:
             if request.admit_seq < 0:
                 request.admit_seq = self._next_admit
                 self._next_admit += 1
+                request.queue_s = time.monotonic() - request.arrival_time
             self._resume(request, step)
             scheduled.append(_Scheduled(request, num_new, new_blocks))
             budget -= num_new

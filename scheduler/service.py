@@ -44,6 +44,7 @@ class SchedulerServiceConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
+    max_queued_requests: int | None = None   # refuse past this many waiting (queue full)
     executor_timeout_s: float = 2.0      # no heartbeat for this long: the executor is dead
     step_timeout_s: float = 60.0         # a step unanswered this long: the executor is hung
 
@@ -145,6 +146,12 @@ class SchedulerService:
         if request_id in self.owners or "#" in request_id:
             self._send_frontend(identity, m.encode_rejected(
                 request_id, f"request id {request_id!r} is in use or contains '#'"))
+            return
+        limit = self.config.max_queued_requests
+        if limit is not None and len(self.scheduler.waiting) >= limit:
+            self._send_frontend(identity, m.encode_rejected(
+                request_id, f"the queue is full ({limit} requests waiting); retry later",
+                "queue_full"))
             return
         try:
             sample_ids = self.scheduler.add_request(request_id, prompt, params)

@@ -208,11 +208,16 @@ def encode_outputs(outputs: list[EngineOutput]) -> bytes:
         if o.prompt_logprobs is not None:
             item.append([list(e) for e in o.prompt_logprobs])
         items.append(item)
-    return pack("outputs", {"o": items})
+    body: dict[str, Any] = {"o": items}
+    queued = {o.request_id: o.queued_s for o in outputs if o.queued_s is not None}
+    if queued:
+        body["q"] = queued
+    return pack("outputs", body)
 
 
 def decode_outputs(body: Body) -> list[EngineOutput]:
     outputs = []
+    queued = body.map("q", optional=True)
     for item in body.list("o", max_len=1 << 20):
         if not isinstance(item, list) or len(item) not in (4, 5, 6):
             raise ProtocolError("outputs: each item must be [id, token ids, finish, error"
@@ -233,6 +238,9 @@ def decode_outputs(body: Body) -> list[EngineOutput]:
             if None in entries:
                 raise ProtocolError("outputs: prompt logprobs entries cannot be empty")
             output.prompt_logprobs = entries
+        seconds = queued.get(output.request_id)
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
+            output.queued_s = float(seconds)
         outputs.append(output)
     return outputs
 

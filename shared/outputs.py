@@ -27,6 +27,7 @@ class EngineOutput:
     logprobs: list[RawLogprobs] | None = None   # one entry per new token, when asked for
     # Entries for the next prompt tokens (prompt_logprobs), in order from prompt token 1.
     prompt_logprobs: list[RawLogprobs] | None = None
+    queued_s: float | None = None   # on a request's first token: seconds it waited
 
     @property
     def finished(self) -> bool:

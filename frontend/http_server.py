@@ -1,0 +1,152 @@
+"""The OpenAI-compatible HTTP API (FastAPI on uvicorn, in the frontend's own event loop).
+
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health,
+GET /metrics, and the chat page at /. Errors use OpenAI's envelope
+{"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from importlib import resources
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+
+from frontend.engine_client import EngineClient
+from frontend.metrics import Metrics
+from frontend.openai_api import create_chat_completion, create_completion
+from frontend.openai_protocol import ApiError, invalid
+
+log = logging.getLogger("folio.frontend")
+MAX_BODY_BYTES = 4 * 2**20
+RETRY_AFTER_S = "1"
+
+
+def create_app(engine: EngineClient, model_name: str, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="Folio", version="1", docs_url=None, redoc_url=None)
+    metrics = Metrics(model_name)
+    engine.observers.append(metrics.observe)
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        headers = {"Retry-After": RETRY_AFTER_S} if error.status == 503 else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                error = ApiError(401, "missing or invalid API key; send "
+                                 "'Authorization: Bearer <key>'", code="invalid_api_key")
+                return JSONResponse(error.body(), status_code=401)
+        return await call_next(request)
+
+    async def read_json(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise invalid(f"request body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as error:
+            raise invalid(f"request body is not valid JSON: {error}") from None
+        if not isinstance(body, dict):
+            raise invalid("request body must be a JSON object")
+        name = body.get("model")
+        if name is not None and name != model_name:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves "
+                           f"{model_name!r}", "model", "model_not_found")
+        return body
+
+    async def respond(request: Request, handler, body: dict[str, Any]) -> Response:
+        work = asyncio.create_task(handler(engine, body, model_name))
+        watcher = asyncio.create_task(_wait_disconnect(request))
+        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done:   # the client left before the answer: free its blocks
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ApiError):
+                await work
+            return Response(status_code=499)
+        watcher.cancel()
+        job, result = work.result()
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(_guarded(job, result), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": created, "owned_by": "folio",
+            "max_model_len": engine.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await respond(request, create_completion, await read_json(request))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await respond(request, create_chat_completion, await read_json(request))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.engine_alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unhealthy", "reason": engine.dead_reason()},
+                            status_code=503, headers={"Retry-After": RETRY_AFTER_S})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        stats = await engine.stats(timeout=0.5)
+        return Response(metrics.render(stats),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def chat_page() -> HTMLResponse:
+        page = resources.files("frontend").joinpath("static/chat.html")
+        return HTMLResponse(page.read_text(encoding="utf-8"))
+
+    return app
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.05)
+
+
+async def _guarded(job, stream):
+    """Pass the SSE stream through; if it ends early (client gone), abort the request."""
+    finished = False
+    try:
+        async for chunk in stream:
+            yield chunk
+        finished = True
+    finally:
+        if not finished:
+            job.abort()
+
+
+class _Server(uvicorn.Server):
+    def capture_signals(self):   # the frontend process owns SIGINT/SIGTERM
+        return contextlib.nullcontext()
+
+
+async def serve_http(engine: EngineClient, config, stopped: asyncio.Event) -> None:
+    name = config.served_model_name or config.model
+    app = create_app(engine, name, config.api_key)
+    server = _Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                    log_level="warning", access_log=False, lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    log.info("HTTP API on http://%s:%d/v1 (model %r)", config.host, config.port, name)
+    await stopped.wait()
+    server.should_exit = True
+    await task

@@ -1,0 +1,96 @@
+"""Prometheus metrics, named like vLLM's with a `folio:` prefix.
+
+Request-level counters and histograms are observed here from engine-client events; engine
+gauges and counters (running, waiting, KV usage, prefix cache, preemptions) are read from
+the scheduler's stats at scrape time. One registry per frontend: no global state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class _EngineStatsCollector:
+    def __init__(self) -> None:
+        self.stats: dict[str, Any] = {}
+
+    def collect(self):
+        stats = self.stats
+        gauges = (("num_requests_running", "Requests in the running batch", "num_running"),
+                  ("num_requests_waiting", "Requests waiting to be scheduled", "num_waiting"),
+                  ("num_requests_swapped", "Requests swapped out to CPU memory",
+                   "num_swapped"))
+        for name, doc, key in gauges:
+            yield GaugeMetricFamily(f"folio:{name}", doc, value=float(stats.get(key, 0)))
+        total = stats.get("kv_blocks_total") or 0
+        used = stats.get("kv_blocks_used", 0)
+        yield GaugeMetricFamily("folio:kv_cache_usage_perc",
+                                "Fraction of KV-cache blocks in use (0-1)",
+                                value=used / total if total else 0.0)
+        for name, doc, key in (
+                ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                 "prefix_cache_queries"),
+                ("prefix_cache_hits", "Prompt tokens found in the prefix cache",
+                 "prefix_cache_hits")):
+            yield CounterMetricFamily(f"folio:{name}", doc, value=float(stats.get(key, 0)))
+        preemptions = CounterMetricFamily("folio:num_preemptions", "Preempted requests",
+                                          labels=["mode"])
+        preemptions.add_metric(["recompute"], float(stats.get("preemptions_recompute", 0)))
+        preemptions.add_metric(["swap"], float(stats.get("preemptions_swap", 0)))
+        yield preemptions
+
+
+class Metrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.engine = _EngineStatsCollector()
+        self.registry.register(self.engine)
+        labels = ["model_name"]
+        self.model = model_name
+        self.prompt_tokens = Counter("folio:prompt_tokens", "Prompt tokens processed",
+                                     labels, registry=self.registry)
+        self.generation_tokens = Counter("folio:generation_tokens", "Tokens generated",
+                                         labels, registry=self.registry)
+        self.request_success = Counter("folio:request_success", "Finished requests",
+                                       labels + ["finished_reason"], registry=self.registry)
+        self.ttft = Histogram("folio:time_to_first_token_seconds", "Time to first token",
+                              labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("folio:inter_token_latency_seconds", "Time between tokens",
+                             labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("folio:e2e_request_latency_seconds", "Request latency",
+                             labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.queue_time = Histogram("folio:request_queue_time_seconds",
+                                    "Time from arrival to the first scheduled step",
+                                    labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+
+    def observe(self, event: str, request: Any, **details: Any) -> None:
+        """Engine-client events: submitted, first_token, tokens, finished, failed."""
+        model = self.model
+        if event == "first_token":
+            self.ttft.labels(model).observe(request.first_token - request.created)
+            self.generation_tokens.labels(model).inc()
+        elif event == "tokens":
+            count = details["count"]
+            self.generation_tokens.labels(model).inc(count)
+            self.itl.labels(model).observe(details["gap"] / count)
+        elif event == "queued":
+            self.queue_time.labels(model).observe(details["seconds"])
+        elif event == "finished":
+            result = details["result"]
+            self.prompt_tokens.labels(model).inc(result.prompt_tokens)
+            end = request.last_token or request.created
+            self.e2e.labels(model).observe(end - request.created)
+            for sample in result.samples:
+                self.request_success.labels(model, sample.finish_reason).inc()
+        elif event == "failed":
+            self.request_success.labels(model, "error").inc()
+
+    def render(self, stats: dict[str, Any]) -> bytes:
+        self.engine.stats = stats
+        return generate_latest(self.registry)

@@ -1,0 +1,269 @@
+"""/v1/completions and /v1/chat/completions over the engine client, in OpenAI's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from frontend.engine_client import EngineClient, FinalResult
+from frontend.openai_protocol import (ApiError, chat_messages, completion_prompts, invalid,
+                                      sampling_params, stream_options)
+from frontend.prompts import check_prompt, prompt_ids
+from shared.sampling_params import SamplingParams, check_against_model
+
+MAX_LOGPROBS = 20
+
+
+class _QueueSink:
+    """Engine events for one submitted prompt, as ("delta"|"final"|"error", ...) items."""
+
+    def __init__(self, queue: asyncio.Queue, offset: int) -> None:
+        self.queue, self.offset = queue, offset
+
+    def delta(self, index, text, token_ids, logprobs) -> None:
+        self.queue.put_nowait(("delta", self.offset + index, text, token_ids, logprobs))
+
+    def final(self, result: FinalResult) -> None:
+        self.queue.put_nowait(("final", self.offset, result))
+
+    def error(self, code: str, message: str) -> None:
+        self.queue.put_nowait(("error", code, message))
+
+
+@dataclass
+class _Job:
+    engine: EngineClient
+    queue: asyncio.Queue
+    request_ids: list[str]
+    prompt_ids: list[list[int]]
+    n: int
+
+    def abort(self) -> None:
+        for request_id in self.request_ids:
+            self.engine.abort(request_id)
+
+
+def _submit(engine: EngineClient, prompts: list[list[int]], params: SamplingParams) -> _Job:
+    if not engine.engine_alive:
+        raise ApiError(503, f"the engine is unavailable: {engine.dead_reason()}",
+                       code="engine_unavailable")
+    queue: asyncio.Queue = asyncio.Queue()
+    ids = [engine.submit(p, params, _QueueSink(queue, i * params.n))
+           for i, p in enumerate(prompts)]
+    return _Job(engine, queue, ids, prompts, params.n)
+
+
+def _check(engine: EngineClient, ids: list[int], params: SamplingParams, field: str) -> None:
+    try:
+        check_prompt(ids, engine.vocab_size, engine.max_model_len)
+    except ValueError as error:
+        raise invalid(str(error), field) from None
+    try:
+        check_against_model(params, engine.vocab_size, MAX_LOGPROBS, 64)
+    except ValueError as error:
+        raise invalid(str(error), str(error).split(" ", 1)[0]) from None
+
+
+def _error_from_engine(code: str, message: str) -> ApiError:
+    if code == "queue_full":
+        return ApiError(503, message, code="queue_full")
+    if code == "engine_dead":
+        return ApiError(503, message, code="engine_unavailable")
+    return ApiError(400, message)
+
+
+async def _collect(job: _Job) -> list[FinalResult]:
+    """Wait for every prompt's final result (non-streaming)."""
+    results: list[FinalResult | None] = [None] * len(job.request_ids)
+    while any(r is None for r in results):
+        item = await job.queue.get()
+        if item[0] == "final":
+            results[item[1] // job.n] = item[2]
+        elif item[0] == "error":
+            raise _error_from_engine(item[1], item[2])
+    return results   # type: ignore[return-value]
+
+
+def _usage(results: list[FinalResult]) -> dict[str, int]:
+    prompt = sum(r.prompt_tokens for r in results)
+    completion = sum(len(s.token_ids) for r in results for s in r.samples)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _sse(data: Any) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+# ---- /v1/completions ---------------------------------------------------------------------
+
+def _completion_logprobs(entries: list[dict[str, Any]] | None, offset: int = 0
+                         ) -> dict[str, Any] | None:
+    if entries is None:
+        return None
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    position = offset
+    for entry in entries:
+        tokens.append(entry["decoded_token"])
+        token_logprobs.append(entry["logprob"])
+        top.append({text: lp for _, lp, text in entry["top"]})
+        offsets.append(position)
+        position += len(entry["decoded_token"])
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
+            "text_offset": offsets}
+
+
+async def create_completion(engine: EngineClient, body: dict[str, Any], model: str):
+    options = stream_options(body)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= MAX_LOGPROBS):
+        raise invalid(f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
+    params = sampling_params(body, "max_tokens", logprobs)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise invalid("echo must be a boolean", "echo")
+    if echo and options.stream:
+        raise invalid("echo is not supported with stream", "echo")
+    prompts = completion_prompts(body.get("prompt"))
+    ids = [prompt_ids(engine.tokenizer, prompt=p) if isinstance(p, str) else p
+           for p in prompts]
+    for one in ids:
+        _check(engine, one, params, "prompt")
+    job = _submit(engine, ids, params)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if options.stream:
+        return job, _stream_completion(job, request_id, created, model, options.include_usage)
+    try:
+        results = await _collect(job)
+    except BaseException:
+        job.abort()
+        raise
+    choices = []
+    for prompt_index, result in enumerate(results):
+        prefix = engine.tokenizer.decode(ids[prompt_index]) if echo else ""
+        for sample in result.samples:
+            choices.append({
+                "index": prompt_index * params.n + sample.index,
+                "text": prefix + sample.text,
+                "logprobs": _completion_logprobs(sample.logprobs, len(prefix)),
+                "finish_reason": sample.finish_reason,
+                "stop_reason": sample.stop_reason})
+    return job, {"id": request_id, "object": "text_completion", "created": created,
+                 "model": model, "choices": choices, "usage": _usage(results)}
+
+
+async def _stream_completion(job: _Job, request_id: str, created: int, model: str,
+                             include_usage: bool) -> AsyncIterator[str]:
+    head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+    done: list[FinalResult] = []
+    while len(done) < len(job.request_ids):
+        item = await job.queue.get()
+        if item[0] == "delta":
+            _, index, text, _, logprobs = item
+            yield _sse({**head, "choices": [{"index": index, "text": text,
+                                             "logprobs": _completion_logprobs(logprobs),
+                                             "finish_reason": None}]})
+        elif item[0] == "final":
+            _, offset, result = item
+            done.append(result)
+            for sample in result.samples:
+                yield _sse({**head, "choices": [{
+                    "index": offset + sample.index, "text": "", "logprobs": None,
+                    "finish_reason": sample.finish_reason, "stop_reason": sample.stop_reason}]})
+        else:
+            error = _error_from_engine(item[1], item[2])
+            yield _sse(error.body())
+            return
+    if include_usage:
+        yield _sse({**head, "choices": [], "usage": _usage(done)})
+    yield "data: [DONE]\n\n"
+
+
+# ---- /v1/chat/completions ----------------------------------------------------------------
+
+def _chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    if entries is None:
+        return None
+    content = []
+    for entry in entries:
+        content.append({
+            "token": entry["decoded_token"], "logprob": entry["logprob"],
+            "bytes": list(entry["decoded_token"].encode("utf-8")),
+            "top_logprobs": [{"token": text, "logprob": lp, "bytes": list(text.encode())}
+                             for _, lp, text in entry["top"]]})
+    return {"content": content}
+
+
+async def create_chat_completion(engine: EngineClient, body: dict[str, Any], model: str):
+    options = stream_options(body)
+    want_logprobs = body.get("logprobs", False)
+    if not isinstance(want_logprobs, bool):
+        raise invalid("logprobs must be a boolean", "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
+            raise invalid(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}]",
+                          "top_logprobs")
+        if not want_logprobs:
+            raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
+    params = sampling_params(body, "max_completion_tokens",
+                             (top or 0) if want_logprobs else None)
+    messages = chat_messages(body.get("messages"))
+    try:
+        ids = prompt_ids(engine.tokenizer, messages=messages)
+    except ValueError as error:
+        raise invalid(str(error), "messages") from None
+    _check(engine, ids, params, "messages")
+    job = _submit(engine, [ids], params)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if options.stream:
+        return job, _stream_chat(job, request_id, created, model, options.include_usage)
+    try:
+        (result,) = await _collect(job)
+    except BaseException:
+        job.abort()
+        raise
+    choices = [{"index": s.index, "message": {"role": "assistant", "content": s.text},
+                "logprobs": _chat_logprobs(s.logprobs), "finish_reason": s.finish_reason,
+                "stop_reason": s.stop_reason} for s in result.samples]
+    return job, {"id": request_id, "object": "chat.completion", "created": created,
+                 "model": model, "choices": choices, "usage": _usage([result])}
+
+
+async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
+                       include_usage: bool) -> AsyncIterator[str]:
+    head = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+            "model": model}
+    for index in range(job.n):
+        yield _sse({**head, "choices": [{"index": index, "delta": {"role": "assistant",
+                                                                   "content": ""},
+                                         "logprobs": None, "finish_reason": None}]})
+    while True:
+        item = await job.queue.get()
+        if item[0] == "delta":
+            _, index, text, _, logprobs = item
+            yield _sse({**head, "choices": [{"index": index, "delta": {"content": text},
+                                             "logprobs": _chat_logprobs(logprobs),
+                                             "finish_reason": None}]})
+        elif item[0] == "final":
+            result = item[2]
+            for sample in result.samples:
+                yield _sse({**head, "choices": [{"index": sample.index, "delta": {},
+                                                 "logprobs": None,
+                                                 "finish_reason": sample.finish_reason,
+                                                 "stop_reason": sample.stop_reason}]})
+            if include_usage:
+                yield _sse({**head, "choices": [], "usage": _usage([result])})
+            yield "data: [DONE]\n\n"
+            return
+        else:
+            yield _sse(_error_from_engine(item[1], item[2]).body())
+            return
