@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                            default=True)
     scheduler.add_argument("--preemption-mode", choices=PREEMPTION_MODES,
                            default="recompute")
+    scheduler.add_argument("--max-logprobs", type=int, default=20)
+    scheduler.add_argument("--max-n", type=int, default=64)
     scheduler.add_argument("--max-queued-requests", type=int, default=None,
                            help="refuse new requests (queue full) past this many waiting")
     scheduler.add_argument("--executor-timeout", type=float, default=2.0,
@@ -155,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             enable_prefix_caching=args.enable_prefix_caching,
             preemption_mode=args.preemption_mode,
             max_queued_requests=args.max_queued_requests,
+            max_logprobs=args.max_logprobs, max_n=args.max_n,
             executor_timeout_s=args.executor_timeout, step_timeout_s=args.step_timeout)).run()
     elif role == "executor":
         from executor.service import ExecutorService, ExecutorServiceConfig

@@ -57,6 +57,8 @@ class Supervisor:
                            "--enable-prefix-caching" if self.config.enable_prefix_caching
                            else "--no-enable-prefix-caching",
                            "--preemption-mode", self.config.preemption_mode,
+                           "--max-logprobs", str(self.config.max_logprobs),
+                           "--max-n", str(self.config.max_n),
                            *(["--max-queued-requests", str(self.args.max_queued_requests)]
                              if self.args.max_queued_requests is not None else [])]
         if role == "executor":

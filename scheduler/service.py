@@ -45,6 +45,8 @@ class SchedulerServiceConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     max_queued_requests: int | None = None   # refuse past this many waiting (queue full)
+    max_logprobs: int = 20
+    max_n: int = 64
     executor_timeout_s: float = 2.0      # no heartbeat for this long: the executor is dead
     step_timeout_s: float = 60.0         # a step unanswered this long: the executor is hung
 
@@ -246,7 +248,8 @@ class SchedulerService:
             preemption_mode=self.config.preemption_mode,
             num_swap_blocks=capacity.num_swap_blocks, bytes_per_block=capacity.bytes_per_block,
             prefill_tokens_per_s=capacity.prefill_tokens_per_s,
-            swap_bytes_per_s=capacity.swap_bytes_per_s))
+            swap_bytes_per_s=capacity.swap_bytes_per_s,
+            max_logprobs=self.config.max_logprobs, max_n=self.config.max_n))
         log.info("executor %d attached: %d KV blocks of %d tokens, max_model_len %d", pid,
                  capacity.num_kv_blocks, capacity.block_size, capacity.max_model_len)
         self._broadcast_info()
