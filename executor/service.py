@@ -24,7 +24,7 @@ from shared.wire import ProtocolError
 log = logging.getLogger("folio.executor")
 
 HEARTBEAT_S = 0.25
-SCHEDULER_TYPES = frozenset({"plan", "reset"})
+SCHEDULER_TYPES = frozenset({"plan", "reset", "ping"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,8 @@ class ExecutorService:
                 except ProtocolError as error:
                     log.warning("dropped a malformed message: %s", error)
                     continue
+                if msg_type == "ping":
+                    continue   # the scheduler checking that we are still connected
                 if plan is None:   # reset: the scheduler gave up on our state
                     self.executor.reset()
                     self.sock.send(m.encode_hello_executor(self.executor.capacity, pid))

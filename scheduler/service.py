@@ -24,7 +24,7 @@ from shared import messages as m
 from shared.config import ExecutorCapacity, SchedulerConfig
 from shared.outputs import EngineOutput, FinishReason
 from shared.step import StepPlan
-from shared.transport import check_bind_address, configure
+from shared.transport import DOWN_EVENTS, check_bind_address, configure, read_monitor_event
 from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.scheduler")
@@ -60,6 +60,7 @@ class SchedulerService:
         self.frontend_sock.bind(check_bind_address(config.frontend_address))
         self.executor_sock = configure(self.ctx.socket(zmq.ROUTER))
         self.executor_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.executor_monitor = self.executor_sock.get_monitor_socket(DOWN_EVENTS)
         self.executor_sock.bind(check_bind_address(config.executor_address))
         self.scheduler: Scheduler | None = None
         self.capacity: ExecutorCapacity | None = None
@@ -82,11 +83,14 @@ class SchedulerService:
         poller = zmq.Poller()
         poller.register(self.frontend_sock, zmq.POLLIN)
         poller.register(self.executor_sock, zmq.POLLIN)
+        poller.register(self.executor_monitor, zmq.POLLIN)
         log.info("scheduler listening: frontends at %s, executor at %s",
                  self.config.frontend_address, self.config.executor_address)
         try:
             while not self.stopping:
                 events = dict(poller.poll(timeout=0 if self._can_step() else 50))
+                if self.executor_monitor in events:
+                    self._on_executor_socket_event()
                 if self.executor_sock in events:
                     self._drain(self.executor_sock, self._on_executor_message)
                 if self.frontend_sock in events:
@@ -98,6 +102,7 @@ class SchedulerService:
             self.close()
 
     def close(self) -> None:
+        self.executor_monitor.close(0)
         self.frontend_sock.close(0)
         self.executor_sock.close(0)
         self.ctx.term()
@@ -261,6 +266,21 @@ class SchedulerService:
             return
         self.inflight = None
         self._route_outputs(self.scheduler.update(plan, result))
+
+    def _on_executor_socket_event(self) -> None:
+        """Some peer of the executor socket disconnected. Any peer may connect there, so
+        ask the ROUTER whether the executor itself is still reachable: sending to a vanished
+        identity fails at once (ROUTER_MANDATORY). A killed executor is noticed in
+        milliseconds instead of after the heartbeat timeout."""
+        if not read_monitor_event(self.executor_monitor) & DOWN_EVENTS:
+            return
+        if self.executor_id is None:
+            return
+        try:
+            self.executor_sock.send_multipart([self.executor_id, m.pack("ping", {})],
+                                              zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self._executor_lost("the executor's connection closed")
 
     def _check_executor(self) -> None:
         if self.scheduler is None:

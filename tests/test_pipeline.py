@@ -213,7 +213,7 @@ def test_killing_the_executor_fails_in_flight_requests_then_recovers(pipeline):
     results, elapsed = asyncio.run(run())
     assert all(isinstance(r, EngineDead) for r in results), results
     assert "executor" in str(results[0])
-    assert elapsed < 2.5
+    assert elapsed < 1.0   # the broken connection is noticed at once
     pipeline.procs["executor"].wait()
     with Client(pipeline.client_addresses[0]) as client:
         assert not client.health()["ok"]
@@ -247,7 +247,7 @@ def test_stopped_executor_fails_requests_and_resumes_after_sigcont(pipeline):
         message, elapsed = asyncio.run(run())
     finally:
         os.kill(executor.pid, signal.SIGCONT)
-    assert "stopped responding" in message and elapsed < 3.5
+    assert ("stopped responding" in message or "connection closed" in message) and elapsed < 3.5
     pipeline.wait_ready(timeout=30)   # the same executor process says hello again
     with Client(pipeline.client_addresses[1]) as client:
         assert len(client.generate([1, 2], SamplingParams(max_tokens=3)).token_ids) == 3
