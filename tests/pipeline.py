@@ -25,10 +25,13 @@ class Pipeline:
     """scheduler + executor + N frontends, each its own OS process."""
 
     def __init__(self, run_dir: Path, model_dir: Path, num_frontends: int = 1,
-                 engine_args: tuple[str, ...] = (), scheduler_args: tuple[str, ...] = ()):
+                 engine_args: tuple[str, ...] = (), scheduler_args: tuple[str, ...] = (),
+                 http_port: int | None = None):
+        """http_port: the first frontend also serves the OpenAI API (and chat page) there."""
         self.run_dir = run_dir
         self.model_dir = model_dir
         self.engine_args = engine_args
+        self.http_port = http_port
         self.frontend_address = f"ipc://{run_dir}/sched-fe.sock"
         self.executor_address = f"ipc://{run_dir}/sched-ex.sock"
         self.client_addresses = [f"ipc://{run_dir}/client{i}.sock" for i in range(num_frontends)]
@@ -39,9 +42,11 @@ class Pipeline:
             run_dir / "scheduler.log")
         self.start_executor()
         for i, address in enumerate(self.client_addresses):
+            http = ["--port", str(http_port)] if http_port and i == 0 else []
             self.procs[f"frontend{i}"] = _spawn(
                 ["frontend", "--model", str(model_dir), "--client-address", address,
-                 "--scheduler-address", self.frontend_address], run_dir / f"frontend{i}.log")
+                 "--scheduler-address", self.frontend_address, *http],
+                run_dir / f"frontend{i}.log")
 
     def start_executor(self) -> None:
         self.procs["executor"] = _spawn(
