@@ -7,7 +7,6 @@ ships inside CPython (`pydoc_data`), and checkpoints are saved with transformers
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +92,3 @@ def make_tiny_model_dir(out_dir: str | Path, arch: str = "llama", vocab_size: in
     make_random_checkpoint(out, arch=arch, vocab_size=vocab_size, **checkpoint)
     return out
 
-
-def read_json(path: str | Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
