@@ -1,41 +1,150 @@
-"""An executor without a model: checks each plan against what it was told before and
-answers with deterministic tokens, so scheduler logic is tested at full speed."""
+"""An executor without a model: checks each plan against what it was told before, keeps a
+fake KV cache, and answers with deterministic tokens, so scheduler logic is tested at full
+speed.
+
+The fake KV cache holds, per slot of every GPU block and every swap block, a stand-in for the
+KV a real model would have written there: (position, token id, digest of every token up to
+and including it). Like real KV, this depends on the whole prefix and not on which request
+wrote it. Each step applies the plan's block moves in the executor's order (copies, then
+swap-out, then swap-in, see executor/block_mover.py), checks that every context position a
+scheduled request attends to holds exactly its own prefix's KV (so prefix-cache hits, forks,
+swap-in and copies delivered the right contents), then writes the scheduled tokens' KV.
+
+The sampled token is a function of the request's token ids so far: two requests with the
+same history produce the same token, whatever else happened (preemption, swap, chunking...).
+"""
 
 from __future__ import annotations
 
 from shared.step import StepPlan, StepResult
 
+Slot = tuple[int, int, int]   # (position, token id, prefix digest)
+
+
+def extend_digests(digests: list[int], tokens: list[int]) -> list[int]:
+    """Append the prefix digests of tokens[len(digests):] to `digests` (and return it)."""
+    for position in range(len(digests), len(tokens)):
+        parent = digests[-1] if digests else 0
+        digests.append(hash((parent, tokens[position])))
+    return digests
+
+
+def sample(digest: int, vocab_size: int) -> int:
+    """The token that follows a history with this digest."""
+    return hash((digest, 0x5EED)) % vocab_size
+
+
+class _Held:
+    __slots__ = ("tokens", "digests", "computed", "blocks")
+
+    def __init__(self, tokens: list[int], computed: int, blocks: list[int]) -> None:
+        self.tokens = tokens
+        self.digests = extend_digests([], tokens)
+        self.computed = computed
+        self.blocks = blocks
+
+    def kv(self, position: int) -> Slot:
+        return (position, self.tokens[position], self.digests[position])
+
 
 class FakeExecutor:
-    def __init__(self, block_size: int, vocab_size: int = 1000) -> None:
+    def __init__(self, block_size: int, num_kv_blocks: int, num_swap_blocks: int = 0,
+                 vocab_size: int = 1000) -> None:
         self.block_size = block_size
         self.vocab_size = vocab_size
-        self.requests: dict[int, dict] = {}
+        self.requests: dict[int, _Held] = {}
+        self.gpu: list[list[Slot | None]] = [[None] * block_size for _ in range(num_kv_blocks)]
+        self.cpu: list[list[Slot | None]] = [[None] * block_size
+                                             for _ in range(num_swap_blocks)]
 
     def execute(self, plan: StepPlan) -> StepResult:
         for handle in plan.finished_handles:
             assert handle in self.requests, f"forget of unknown handle {handle}"
             del self.requests[handle]
-        scheduled = []
+        scheduled: list[tuple[int, _Held, int]] = []
         for new in plan.new_requests:
             assert new.handle not in self.requests, "new request already held"
-            state = {"tokens": list(new.token_ids), "computed": new.num_computed_tokens,
-                     "blocks": list(new.block_ids)}
-            self.requests[new.handle] = state
-            scheduled.append((new.handle, state, new.num_new_tokens))
-        for handle, count in zip(plan.running_handles, plan.running_num_tokens):
-            state = self.requests[handle]
-            state["blocks"].extend(plan.new_block_ids.get(handle, []))
-            scheduled.append((handle, state, count))
+            assert 0 < new.prompt_len <= len(new.token_ids)
+            held = _Held(list(new.token_ids), new.num_computed_tokens, list(new.block_ids))
+            self.requests[new.handle] = held
+            scheduled.append((new.handle, held, new.num_new_tokens))
+        assert set(plan.new_block_ids) <= set(plan.running_handles), "blocks for idle request"
+        for handle, count in zip(plan.running_handles, plan.running_num_tokens, strict=True):
+            assert handle in self.requests, f"running handle {handle} unknown"
+            held = self.requests[handle]
+            held.blocks.extend(plan.new_block_ids.get(handle, []))
+            scheduled.append((handle, held, count))
+        handles = [handle for handle, _, _ in scheduled]
+        assert len(handles) == len(set(handles)), "request scheduled twice in one step"
+
+        self._move(plan)
+        reads, writes = self._check_and_write(scheduled)
+        assert not reads & writes.keys(), "a step writes a slot that another request reads"
+
         result = StepResult(plan.step_id)
-        for handle, state, count in scheduled:
-            assert count >= 1
-            state["computed"] += count
-            assert state["computed"] <= len(state["tokens"]), "computing unknown tokens"
-            assert len(state["blocks"]) * self.block_size >= state["computed"], "no slot"
-            if state["computed"] == len(state["tokens"]):
-                token = (handle * 7919 + len(state["tokens"]) * 104729) % self.vocab_size
-                state["tokens"].append(token)
+        for handle, held, _ in scheduled:
+            if held.computed == len(held.tokens):
+                token = sample(held.digests[-1], self.vocab_size)
+                held.tokens.append(token)
+                extend_digests(held.digests, held.tokens)
                 result.handles.append(handle)
                 result.token_ids.append(token)
         return result
+
+    # ---- the fake KV cache --------------------------------------------------------------
+
+    def check_context(self, tokens: list[int], blocks: list[int], count: int,
+                      swap: bool = False, what: str = "request") -> None:
+        """Assert that positions [0, count) of `tokens` hold their KV in `blocks` (GPU
+        blocks, or swap blocks when `swap`)."""
+        pool = self.cpu if swap else self.gpu
+        size = self.block_size
+        assert len(blocks) * size >= count, f"{what}: {count} tokens in {len(blocks)} blocks"
+        digests = extend_digests([], tokens[:count])
+        for position in range(count):
+            expected = (position, tokens[position], digests[position])
+            found = pool[blocks[position // size]][position % size]
+            assert found == expected, (
+                f"{what}: position {position} in {'swap' if swap else 'GPU'} block "
+                f"{blocks[position // size]} holds {found}, expected {expected}")
+
+    def block_contents(self, block_id: int) -> list[Slot | None]:
+        return list(self.gpu[block_id])
+
+    def _move(self, plan: StepPlan) -> None:
+        """Copies, then swap-out, then swap-in; each one a gather then a scatter."""
+        for pairs, source, target in ((plan.copies, self.gpu, self.gpu),
+                                      (plan.swap_out, self.gpu, self.cpu),
+                                      (plan.swap_in, self.cpu, self.gpu)):
+            if not pairs:
+                continue
+            destinations = [dst for _, dst in pairs]
+            assert len(destinations) == len(set(destinations)), f"duplicate destination {pairs}"
+            for src, dst in pairs:
+                assert 0 <= src < len(source) and 0 <= dst < len(target), f"bad pair {src, dst}"
+            gathered = [list(source[src]) for src, _ in pairs]
+            for (_, dst), contents in zip(pairs, gathered):
+                target[dst] = contents
+
+    def _check_and_write(self, scheduled: list[tuple[int, _Held, int]]
+                         ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
+        size = self.block_size
+        reads: set[tuple[int, int]] = set()
+        writes: dict[tuple[int, int], int] = {}
+        for handle, held, count in scheduled:
+            assert count >= 1
+            start, end = held.computed, held.computed + count
+            assert end <= len(held.tokens), "computing unknown tokens"
+            assert len(held.blocks) * size >= end, "no slot"
+            assert len(held.blocks) == len(set(held.blocks)), f"block twice in {held.blocks}"
+            self.check_context(held.tokens, held.blocks, start, what=f"handle {handle}")
+            reads.update((held.blocks[p // size], p % size) for p in range(start))
+            for position in range(start, end):
+                slot = (held.blocks[position // size], position % size)
+                assert slot not in writes, f"handles {writes[slot]} and {handle} write {slot}"
+                writes[slot] = handle
+        for handle, held, count in scheduled:
+            for position in range(held.computed, held.computed + count):
+                self.gpu[held.blocks[position // size]][position % size] = held.kv(position)
+            held.computed += count
+        return reads, writes
