@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import traceback
+import uuid
 from dataclasses import dataclass
 
 import zmq
@@ -18,6 +19,7 @@ import zmq
 from executor.executor import Executor
 from shared import messages as m
 from shared.config import EngineConfig
+from shared.security import load_keys, make_peer
 from shared.transport import UP_EVENTS, configure, monitor_socket, read_monitor_event
 from shared.wire import ProtocolError
 
@@ -31,15 +33,19 @@ SCHEDULER_TYPES = frozenset({"plan", "reset", "ping"})
 class ExecutorServiceConfig:
     scheduler_address: str
     engine: EngineConfig
+    curve_keys: str | None = None    # CURVE keys directory (client keypair, server public key)
 
 
 class ExecutorService:
     def __init__(self, config: ExecutorServiceConfig) -> None:
         self.config = config
+        self.keys = load_keys(config.curve_keys) if config.curve_keys else None   # fail fast
         self.executor = Executor(config.engine)
         self.ctx = zmq.Context()
-        self.sock = configure(self.ctx.socket(zmq.DEALER))
-        self.sock.setsockopt(zmq.IDENTITY, f"executor-{os.getpid()}".encode())
+        self.sock = make_peer(configure(self.ctx.socket(zmq.DEALER)), self.keys)
+        # The suffix keeps a restarted container (often the same pid) a distinct peer.
+        self.sock.setsockopt(zmq.IDENTITY,
+                             f"executor-{os.getpid()}-{uuid.uuid4().hex[:6]}".encode())
         self.monitor = monitor_socket(self.sock)   # before connect: see the first handshake
         self.sock.connect(config.scheduler_address)
         self.stop = threading.Event()
@@ -97,8 +103,9 @@ class ExecutorService:
             self.sock.send(m.encode_result(result))
 
     def _heartbeat_loop(self) -> None:
-        sock = configure(self.ctx.socket(zmq.DEALER))
-        sock.setsockopt(zmq.IDENTITY, f"executor-heartbeat-{os.getpid()}".encode())
+        sock = make_peer(configure(self.ctx.socket(zmq.DEALER)), self.keys)
+        sock.setsockopt(zmq.IDENTITY,
+                        f"executor-heartbeat-{os.getpid()}-{uuid.uuid4().hex[:6]}".encode())
         sock.connect(self.config.scheduler_address)
         beat = m.encode_heartbeat(os.getpid())
         try:

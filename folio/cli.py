@@ -1,10 +1,16 @@
-"""The `folio` command: serve (all three processes), or one role on its own."""
+"""The `folio` command: serve (all three processes), or one role on its own.
+
+Every --flag may also come from the environment as FOLIO_<FLAG> (dashes as underscores,
+e.g. FOLIO_CURVE_KEYS for --curve-keys); a flag on the command line wins, an empty
+variable counts as unset.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from typing import Any
 
@@ -62,8 +68,70 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int | None = 80
                         help="require 'Authorization: Bearer KEY' on /v1 routes")
 
 
+def add_security_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--curve-keys", default=None, metavar="DIR",
+                        help="CURVE keys directory (`folio keys`): every ZeroMQ socket "
+                        "encrypts and refuses peers without the keys (default: no CURVE)")
+
+
+def add_shutdown_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="on SIGTERM, seconds running requests may take to finish "
+                        "before they are aborted")
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_name(dest: str) -> str:
+    return "FOLIO_" + dest.upper()
+
+
+def env_settable(action: argparse.Action) -> bool:
+    """Single-valued flags (not --help, not repeatable ones) can come from FOLIO_*."""
+    return (bool(action.option_strings) and action.dest not in ("help", argparse.SUPPRESS)
+            and not isinstance(action, argparse._AppendAction))
+
+
+def apply_env_defaults(parser: argparse.ArgumentParser) -> None:
+    """FOLIO_<DEST> in the environment becomes the default of --<dest> (and satisfies a
+    required flag); the command line still wins."""
+    for action in parser._actions:
+        if not env_settable(action):
+            continue
+        name = env_name(action.dest)
+        raw = os.environ.get(name, "")
+        if raw == "":
+            continue
+        try:
+            if isinstance(action, (argparse.BooleanOptionalAction,
+                                   argparse._StoreTrueAction)):
+                if raw.lower() not in _TRUE + _FALSE:
+                    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+                value: Any = raw.lower() in _TRUE
+            else:
+                value = action.type(raw) if action.type else raw
+            if action.choices is not None and value not in action.choices:
+                raise ValueError(f"expected one of {', '.join(map(str, action.choices))}")
+        except ValueError as error:
+            parser.error(f"environment variable {name}={raw!r}: {error}")
+        action.default = value
+        action.required = False
+
+
+class _EnvParser(argparse.ArgumentParser):
+    """Reads FOLIO_* defaults when it parses: a bad variable is reported by the command
+    that uses it (subcommands are parsers of this class too)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        apply_env_defaults(self)
+        return super().parse_known_args(args, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="folio", description="Folio LLM serving engine")
+    parser = _EnvParser(
+        prog="folio", description="Folio LLM serving engine. Every --flag can also be set "
+        "as the environment variable FOLIO_<FLAG>, e.g. FOLIO_CURVE_KEYS=/keys.")
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -76,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_http_args(serve)
     serve.add_argument("--max-queued-requests", type=int, default=None,
                        help="refuse new requests (queue full) past this many waiting")
+    add_shutdown_args(serve)
+    add_security_args(serve)
     add_engine_args(serve)
 
     frontend = sub.add_parser("frontend", help="run the tokenizing frontend")
@@ -83,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     frontend.add_argument("--client-address", required=True)
     frontend.add_argument("--scheduler-address", required=True)
     add_http_args(frontend, default_port=None)
+    add_shutdown_args(frontend)
+    add_security_args(frontend)
+    frontend.add_argument("--client-curve", action=argparse.BooleanOptionalAction,
+                          default=True, help="with --curve-keys: SDK clients need keys too "
+                          "(--no-client-curve leaves the client port plain)")
 
     scheduler = sub.add_parser("scheduler", help="run the CPU-only scheduler")
     scheduler.add_argument("--frontend-address", required=True)
@@ -103,11 +178,30 @@ def build_parser() -> argparse.ArgumentParser:
                            help="seconds without an executor heartbeat before it is dead")
     scheduler.add_argument("--step-timeout", type=float, default=60.0,
                            help="seconds a step may take before the executor is declared hung")
+    add_shutdown_args(scheduler)
+    add_security_args(scheduler)
 
     executor = sub.add_parser("executor", help="run the model executor")
     executor.add_argument("--model", help="checkpoint directory (default: the built-in model)")
     executor.add_argument("--scheduler-address", required=True)
+    add_security_args(executor)
     add_engine_args(executor)
+
+    keys = sub.add_parser("keys", help="write CURVE keypairs for `--curve-keys` (mode 0700)")
+    keys.add_argument("--dir", dest="curve_keys", required=True, metavar="DIR",
+                      help="the keys directory (kept if it already holds keys)")
+    keys.add_argument("--client", action="append", default=[], metavar="NAME",
+                      help="also write and authorize the client keypair NAME (repeatable), "
+                      "e.g. one per SDK user")
+    keys.add_argument("--force", action="store_true", help="replace existing keypairs")
+
+    probe = sub.add_parser("probe", help="health check for one role; exit 0 when healthy")
+    probe.add_argument("role", choices=ROLES)
+    probe.add_argument("address", help="frontend: its http://.../health URL or its client "
+                       "address; scheduler and executor: the scheduler's frontend address "
+                       "(the executor is healthy when the scheduler has it attached)")
+    probe.add_argument("--timeout", type=float, default=3.0)
+    add_security_args(probe)
     return parser
 
 
@@ -137,6 +231,18 @@ def main(argv: list[str] | None = None) -> int:
         from folio.serve import serve
 
         return serve(args)
+    if role == "keys":
+        from shared.security import generate_keys
+
+        written = generate_keys(args.curve_keys, args.force, tuple(args.client))
+        for path in written:
+            print(f"wrote {path}")
+        print(f"keys in {args.curve_keys}" + ("" if written else " (kept)"))
+        return 0
+    if role == "probe":
+        from folio.probe import probe
+
+        return probe(args.role, args.address, args.timeout, args.curve_keys)
     set_role_title(role)
     if role == "frontend":
         from frontend.service import FrontendConfig, serve_frontend
@@ -146,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                                       scheduler_address=args.scheduler_address,
                                       host=args.host, port=args.port or None,
                                       served_model_name=args.served_model_name,
-                                      api_key=args.api_key))
+                                      api_key=args.api_key,
+                                      shutdown_timeout_s=args.shutdown_timeout,
+                                      curve_keys=args.curve_keys,
+                                      client_curve=args.client_curve))
     elif role == "scheduler":
         from scheduler.service import SchedulerService, SchedulerServiceConfig
 
@@ -158,12 +267,14 @@ def main(argv: list[str] | None = None) -> int:
             preemption_mode=args.preemption_mode,
             max_queued_requests=args.max_queued_requests,
             max_logprobs=args.max_logprobs, max_n=args.max_n,
-            executor_timeout_s=args.executor_timeout, step_timeout_s=args.step_timeout)).run()
+            executor_timeout_s=args.executor_timeout, step_timeout_s=args.step_timeout,
+            shutdown_timeout_s=args.shutdown_timeout, curve_keys=args.curve_keys)).run()
     elif role == "executor":
         from executor.service import ExecutorService, ExecutorServiceConfig
 
         config = engine_config(args, resolve_model(args.model))
-        ExecutorService(ExecutorServiceConfig(args.scheduler_address, config)).run()
+        ExecutorService(ExecutorServiceConfig(args.scheduler_address, config,
+                                              args.curve_keys)).run()
     return 0
 
 

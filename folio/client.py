@@ -4,6 +4,10 @@
     print(client.generate("The for statement", SamplingParams(max_tokens=32)).text)
     for delta in client.stream("Hello", SamplingParams(max_tokens=16)):
         print(delta.text, end="", flush=True)
+
+A server with CURVE on its client port (compose does this) needs keys:
+`Client(address, curve_keys="folio-keys")` reads a directory written by `folio keys`, or pass
+`server_public_key=` and `client_keys=(public, secret)` as Z85 strings.
 """
 
 from __future__ import annotations
@@ -24,10 +28,31 @@ from folio.errors import (EngineDead, FolioError, RequestTimeout, ServerUnreacha
 from shared import messages as m
 from shared.outputs import Logprob
 from shared.sampling_params import SamplingParams
-from shared.transport import DOWN_EVENTS, UP_EVENTS, configure, monitor_socket
+from shared.security import as_key, load_keys, make_client
+from shared.transport import DOWN_EVENTS, UP_EVENTS, configure
 from shared.wire import ProtocolError
 
 Prompt = str | list[int]
+Key = str | bytes
+_REFUSED_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+def _curve(curve_keys: str | None, server_public_key: Key | None,
+           client_keys: tuple[Key, Key] | None) -> tuple[bytes, bytes, bytes] | None:
+    """(server public, client public, client secret), or None for a plain connection."""
+    if curve_keys is not None:
+        if server_public_key is not None or client_keys is not None:
+            raise ValueError("give curve_keys, or server_public_key and client_keys; not both")
+        keys = load_keys(curve_keys)
+        return keys.server_public, keys.client_public, keys.client_secret
+    if server_public_key is None:
+        if client_keys is not None:
+            raise ValueError("client_keys needs server_public_key")
+        return None
+    if client_keys is None:   # an ephemeral key: encrypted, admitted only by an open server
+        client_keys = zmq.curve_keypair()
+    return as_key(server_public_key), as_key(client_keys[0]), as_key(client_keys[1])
 
 
 @dataclass
@@ -72,10 +97,14 @@ def _logprobs(raw: list[dict[str, Any]] | None) -> list[dict[int, Logprob]] | No
 
 class AsyncClient:
     def __init__(self, address: str, timeout: float | None = 600.0,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, *, curve_keys: str | None = None,
+                 server_public_key: Key | None = None,
+                 client_keys: tuple[Key, Key] | None = None) -> None:
         self.address = address
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        self._curve = _curve(curve_keys, server_public_key, client_keys)
+        self._refused: str | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
@@ -88,7 +117,10 @@ class AsyncClient:
             return
         self._ctx = zmq.asyncio.Context()
         self._sock = configure(self._ctx.socket(zmq.DEALER))
-        monitor = monitor_socket(self._sock)   # before connect: see the first handshake
+        if self._curve is not None:
+            make_client(self._sock, *self._curve)
+        # before connect: see the first handshake
+        monitor = self._sock.get_monitor_socket(UP_EVENTS | DOWN_EVENTS | _REFUSED_EVENTS)
         self._sock.connect(self.address)
         self._connected = asyncio.Event()
         self._tasks = [asyncio.create_task(self._receive()),
@@ -198,8 +230,9 @@ class AsyncClient:
         try:
             await asyncio.wait_for(self._connected.wait(), self.connect_timeout)
         except asyncio.TimeoutError:
-            raise ServerUnreachable(f"no Folio server answered at {self.address} within "
-                                    f"{self.connect_timeout:g} s") from None
+            raise ServerUnreachable(self._refused or (
+                f"no Folio server answered at {self.address} within "
+                f"{self.connect_timeout:g} s")) from None
         if request_id in self._queues:
             raise FolioError(f"request id {request_id!r} is already in use on this client")
         queue: asyncio.Queue = asyncio.Queue()
@@ -238,8 +271,16 @@ class AsyncClient:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())["event"]
                 if event & UP_EVENTS:
-                    self._lost = None
+                    self._lost = self._refused = None
                     self._connected.set()
+                elif event & _REFUSED_EVENTS:
+                    self._refused = (
+                        f"the server at {self.address} refused the connection's security "
+                        "handshake: it wants CURVE keys it accepts (curve_keys=, or "
+                        "server_public_key= and client_keys=), or none"
+                        if event & zmq.EVENT_HANDSHAKE_FAILED_AUTH or self._curve is None
+                        else f"the CURVE handshake with {self.address} failed: is "
+                        "server_public_key the server's key?")
                 elif event & DOWN_EVENTS:
                     self._connected.clear()
                     self._lost = f"lost the connection to the Folio server at {self.address}"
@@ -253,12 +294,13 @@ class Client:
     """Blocking client: an AsyncClient on a private event-loop thread. Thread-safe."""
 
     def __init__(self, address: str, timeout: float | None = 600.0,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, **curve: Any) -> None:
+        """`curve`: curve_keys=, or server_public_key= and client_keys=, as AsyncClient."""
+        self._async = AsyncClient(address, timeout, connect_timeout, **curve)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="folio-client")
         self._thread.start()
-        self._async = AsyncClient(address, timeout, connect_timeout)
         self._call(self._async._start())
 
     def _call(self, coro):

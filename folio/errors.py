@@ -17,6 +17,11 @@ class QueueFull(RequestRejected):
     """The server's waiting queue is full; retry later."""
 
 
+class ShuttingDown(ServerUnreachable):
+    """The server is draining before it stops: it refused a new request, or aborted one
+    that did not finish within its shutdown timeout. Retry on another server or later."""
+
+
 class EngineDead(FolioError):
     """The scheduler or executor behind the frontend is gone; the request failed."""
 
@@ -26,7 +31,7 @@ class RequestTimeout(FolioError):
 
 
 _BY_CODE = {"invalid": RequestRejected, "rejected": RequestRejected, "queue_full": QueueFull,
-            "engine_dead": EngineDead, "timeout": RequestTimeout}
+            "engine_dead": EngineDead, "timeout": RequestTimeout, "shutting_down": ShuttingDown}
 
 
 def error_from_code(code: str, message: str) -> FolioError:

@@ -3,7 +3,8 @@
 Sockets live in a private run directory (mode 0700) unless a client address is given.
 A crashed executor is restarted (the scheduler fails its in-flight requests and accepts the
 new one); a crashed scheduler or frontend, or too many executor crashes, stop everything
-and `folio serve` exits 1. Ctrl-C or SIGTERM stops all three and removes the run directory.
+and `folio serve` exits 1. Ctrl-C or SIGTERM drains the frontend first (running requests
+may finish within --shutdown-timeout), then stops the others and removes the run directory.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class Supervisor:
 
     def command(self, role: str) -> list[str]:
         base = [sys.executable, "-m", "folio", "--log-level", self.args.log_level, role]
+        if self.args.curve_keys:
+            base += ["--curve-keys", self.args.curve_keys]
+        if role != "executor":
+            base += ["--shutdown-timeout", str(self.args.shutdown_timeout)]
         if role == "scheduler":
             return base + ["--frontend-address", self.frontend_address,
                            "--executor-address", self.executor_address,
@@ -95,7 +100,8 @@ class Supervisor:
         while not self.stopping and time.monotonic() < deadline:
             if any(p.poll() is not None for p in self.procs.values()):
                 return
-            client = Client(self.client_address, connect_timeout=1.0)
+            client = Client(self.client_address, connect_timeout=1.0,
+                            curve_keys=self.args.curve_keys)
             try:
                 if client.health(timeout=1.0).get("ok"):
                     http = (f"  HTTP (OpenAI API):  http://{self.args.host}:{self.args.port}/v1"
@@ -137,6 +143,13 @@ class Supervisor:
         self.stopping = True
 
     def stop_all(self) -> None:
+        frontend = self.procs.get("frontend")
+        if frontend is not None and frontend.poll() is None:   # drain first
+            frontend.send_signal(signal.SIGTERM)
+            try:
+                frontend.wait(timeout=self.args.shutdown_timeout + STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -24,6 +24,7 @@ from frontend.output_text import OutputText
 from shared import messages as m
 from shared.outputs import EngineOutput
 from shared.sampling_params import SamplingParams
+from shared.security import CurveKeys, make_peer
 from shared.transport import DOWN_EVENTS, UP_EVENTS, configure, monitor_socket
 from shared.wire import ProtocolError
 
@@ -82,10 +83,10 @@ class _Request:
 
 class EngineClient:
     def __init__(self, tokenizer: Any, scheduler_address: str,
-                 ctx: zmq.asyncio.Context) -> None:
+                 ctx: zmq.asyncio.Context, keys: CurveKeys | None = None) -> None:
         self.tokenizer = tokenizer
         self.frontend_id = f"fe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.sock = configure(ctx.socket(zmq.DEALER))
+        self.sock = make_peer(configure(ctx.socket(zmq.DEALER)), keys)
         self.sock.setsockopt(zmq.IDENTITY, self.frontend_id.encode())
         self.monitor = monitor_socket(self.sock)   # before connect: see the first handshake
         self.sock.connect(scheduler_address)
@@ -95,6 +96,7 @@ class EngineClient:
         self.scheduler_seen = 0.0
         self.stats_waiters: list[asyncio.Future] = []
         self.observers: list[Any] = []   # metrics: called with (event, request, **details)
+        self.draining = False            # shutting down: gateways refuse new requests
 
     # ---- state --------------------------------------------------------------------------
 
@@ -142,6 +144,12 @@ class EngineClient:
     def abort(self, request_id: str) -> None:
         if request_id in self.requests:
             self._send(m.encode_abort(request_id))
+
+    def abort_all(self, reason: str) -> None:
+        """Shutdown: abort every open request at the scheduler and fail it here now."""
+        for request_id in list(self.requests):
+            self._send(m.encode_abort(request_id))
+            self._fail(request_id, "shutting_down", reason)
 
     async def stats(self, timeout: float = 1.0) -> dict[str, Any]:
         if not self.scheduler_alive:

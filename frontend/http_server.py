@@ -99,6 +99,9 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
 
     @app.get("/health")
     async def health() -> Response:
+        if engine.draining:
+            return JSONResponse({"status": "draining", "reason": "the server is shutting down"},
+                                status_code=503, headers={"Retry-After": RETRY_AFTER_S})
         if engine.engine_alive:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unhealthy", "reason": engine.dead_reason()},
@@ -144,7 +147,8 @@ async def serve_http(engine: EngineClient, config, stopped: asyncio.Event) -> No
     name = config.served_model_name or config.model
     app = create_app(engine, name, config.api_key)
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                    log_level="warning", access_log=False, lifespan="off"))
+                                    log_level="warning", access_log=False, lifespan="off",
+                                    timeout_graceful_shutdown=5))
     task = asyncio.create_task(server.serve())
     log.info("HTTP API on http://%s:%d/v1 (model %r)", config.host, config.port, name)
     await stopped.wait()

@@ -49,6 +49,8 @@ class _Job:
 
 
 def _submit(engine: EngineClient, prompts: list[list[int]], params: SamplingParams) -> _Job:
+    if engine.draining:
+        raise ApiError(503, "the server is shutting down; retry later", code="shutting_down")
     if not engine.engine_alive:
         raise ApiError(503, f"the engine is unavailable: {engine.dead_reason()}",
                        code="engine_unavailable")
@@ -74,6 +76,8 @@ def _error_from_engine(code: str, message: str) -> ApiError:
         return ApiError(503, message, code="queue_full")
     if code == "engine_dead":
         return ApiError(503, message, code="engine_unavailable")
+    if code == "shutting_down":
+        return ApiError(503, message, code="shutting_down")
     return ApiError(400, message)
 
 

@@ -3,6 +3,10 @@
 It loads the tokenizer, links to the scheduler (engine client) and serves clients through
 its gateways: the ZeroMQ socket the SDK uses and, when a port is given, the OpenAI-compatible
 HTTP API with /metrics and the chat page.
+
+SIGTERM drains: new requests are refused at once (HTTP 503 with Retry-After, ZeroMQ error
+`shutting_down`), running ones may finish within `shutdown_timeout_s`, the rest are aborted,
+and the process exits 0. A second SIGTERM skips the wait.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import zmq.asyncio
 from frontend.engine_client import EngineClient
 from frontend.tokenizer import load_tokenizer
 from frontend.zmq_gateway import ZmqGateway
+from shared.security import load_keys, start_authenticator, stop_authenticator
 
 log = logging.getLogger("folio.frontend")
 
@@ -30,36 +35,76 @@ class FrontendConfig:
     port: int | None = None    # HTTP API port; None: ZeroMQ only
     served_model_name: str | None = None
     api_key: str | None = None
+    shutdown_timeout_s: float = 30.0
+    curve_keys: str | None = None   # CURVE keys directory: scheduler link and client port
+    client_curve: bool = True       # with curve_keys: SDK clients need keys too
 
 
 class FrontendService:
     def __init__(self, config: FrontendConfig) -> None:
         self.config = config
+        keys = None
+        if config.curve_keys:
+            keys = load_keys(config.curve_keys, server=config.client_curve, client=True)
         self.tokenizer = load_tokenizer(config.model)
         self.ctx = zmq.asyncio.Context()
-        self.engine = EngineClient(self.tokenizer, config.scheduler_address, self.ctx)
-        self.gateway = ZmqGateway(self.engine, config.client_address, self.ctx)
-        self.stopped = asyncio.Event()
+        client_keys = keys if config.client_curve else None
+        self.auth = start_authenticator(self.ctx, client_keys)   # before the gateway binds
+        self.engine = EngineClient(self.tokenizer, config.scheduler_address, self.ctx, keys)
+        self.gateway = ZmqGateway(self.engine, config.client_address, self.ctx, client_keys)
+        self.stopped = asyncio.Event()     # first signal: drain
+        self.hurry = asyncio.Event()       # second signal: stop waiting for running requests
+        self.http_stop = asyncio.Event()   # the HTTP server stops after the drain
+
+    def _on_signal(self) -> None:
+        if self.stopped.is_set():
+            self.hurry.set()
+        self.stopped.set()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopped.set)
+            loop.add_signal_handler(sig, self._on_signal)
         log.info("frontend %s: clients connect to %s", self.engine.frontend_id,
                  self.config.client_address)
-        coroutines = [*self.engine.tasks(), self.gateway.serve()]
+        tasks = [asyncio.create_task(c) for c in [*self.engine.tasks(), self.gateway.serve()]]
         if self.config.port is not None:
             from frontend.http_server import serve_http
 
-            coroutines.append(serve_http(self.engine, self.config, self.stopped))
-        tasks = [asyncio.create_task(c) for c in coroutines]
+            tasks.append(asyncio.create_task(
+                serve_http(self.engine, self.config, self.http_stop)))
         await self.stopped.wait()
+        await self._drain()
+        self.http_stop.set()
+        if self.config.port is not None:   # uvicorn ends the responses it is sending, then stops
+            await asyncio.wait(tasks[-1:], timeout=5)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.gateway.close()
         self.engine.close()
+        stop_authenticator(self.auth)
         self.ctx.term()
+
+    async def _drain(self) -> None:
+        engine = self.engine
+        engine.draining = True
+        timeout = self.config.shutdown_timeout_s
+        log.info("draining: refusing new requests; %d running may finish within %.0f s",
+                 len(engine.requests), timeout)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while engine.requests and not self.hurry.is_set():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(self.hurry.wait(), min(left, 0.05))
+            except asyncio.TimeoutError:
+                pass
+        if engine.requests:
+            log.warning("shutdown: aborting %d request(s) still running", len(engine.requests))
+            engine.abort_all("the server is shutting down; the request was aborted")
+            await asyncio.sleep(0.2)   # let the error replies and aborts leave
 
 
 def serve_frontend(config: FrontendConfig) -> None:

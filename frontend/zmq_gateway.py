@@ -13,6 +13,7 @@ from frontend.engine_client import EngineClient, FinalResult
 from frontend.prompts import check_prompt, prompt_ids
 from shared import messages as m
 from shared.sampling_params import check_against_model
+from shared.security import CurveKeys, make_server
 from shared.transport import check_bind_address, configure
 from shared.wire import ProtocolError
 
@@ -44,10 +45,11 @@ class _ClientSink:
 
 
 class ZmqGateway:
-    def __init__(self, engine: EngineClient, address: str, ctx: zmq.asyncio.Context) -> None:
+    def __init__(self, engine: EngineClient, address: str, ctx: zmq.asyncio.Context,
+                 keys: CurveKeys | None = None) -> None:
         self.engine = engine
         self.address = address
-        self.sock = configure(ctx.socket(zmq.ROUTER))
+        self.sock = make_server(configure(ctx.socket(zmq.ROUTER)), keys)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.bind(check_bind_address(address))
         self.by_client: dict[tuple[bytes, str], str] = {}
@@ -81,6 +83,11 @@ class ZmqGateway:
             self.reply(client, m.encode_error(request.id, "invalid",
                                               f"request id {request.id!r} is already running"))
             return
+        if self.engine.draining:
+            self.reply(client, m.encode_error(request.id, "shutting_down",
+                                              "the server is shutting down; retry elsewhere "
+                                              "or later"))
+            return
         if not self.engine.engine_alive:
             self.reply(client, m.encode_error(request.id, "engine_dead",
                                               self.engine.dead_reason()))
@@ -104,7 +111,8 @@ class ZmqGateway:
     async def _on_health(self, client: bytes, client_id: str) -> None:
         stats = await self.engine.stats()
         self.reply(client, m.pack("health", {
-            "id": client_id, "ok": self.engine.engine_alive,
+            "id": client_id, "ok": self.engine.engine_alive and not self.engine.draining,
+            "draining": self.engine.draining,
             "scheduler": self.engine.scheduler_alive, "executor": self.engine.engine_alive,
             "frontend_id": self.engine.frontend_id, "stats": stats}))
 

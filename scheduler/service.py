@@ -23,6 +23,7 @@ from scheduler.scheduler import Scheduler
 from shared import messages as m
 from shared.config import ExecutorCapacity, SchedulerConfig
 from shared.outputs import EngineOutput, FinishReason
+from shared.security import load_keys, make_server, start_authenticator, stop_authenticator
 from shared.step import StepPlan
 from shared.transport import DOWN_EVENTS, check_bind_address, configure, read_monitor_event
 from shared.wire import ProtocolError
@@ -49,16 +50,21 @@ class SchedulerServiceConfig:
     max_n: int = 64
     executor_timeout_s: float = 2.0      # no heartbeat for this long: the executor is dead
     step_timeout_s: float = 60.0         # a step unanswered this long: the executor is hung
+    shutdown_timeout_s: float = 30.0     # SIGTERM: running requests may finish this long
+    curve_keys: str | None = None        # CURVE keys directory: both sockets need the keys
 
 
 class SchedulerService:
     def __init__(self, config: SchedulerServiceConfig) -> None:
         self.config = config
         self.ctx = zmq.Context()
-        self.frontend_sock = configure(self.ctx.socket(zmq.ROUTER))
+        keys = load_keys(config.curve_keys, server=True, client=False) \
+            if config.curve_keys else None
+        self.auth = start_authenticator(self.ctx, keys)   # before any bind
+        self.frontend_sock = make_server(configure(self.ctx.socket(zmq.ROUTER)), keys)
         self.frontend_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.frontend_sock.bind(check_bind_address(config.frontend_address))
-        self.executor_sock = configure(self.ctx.socket(zmq.ROUTER))
+        self.executor_sock = make_server(configure(self.ctx.socket(zmq.ROUTER)), keys)
         self.executor_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.executor_monitor = self.executor_sock.get_monitor_socket(DOWN_EVENTS)
         self.executor_sock.bind(check_bind_address(config.executor_address))
@@ -74,6 +80,7 @@ class SchedulerService:
         self.frontends: dict[bytes, float] = {}     # frontend identity -> last message time
         self.last_broadcast = 0.0
         self.stopping = False
+        self.draining_since: float | None = None   # first SIGTERM: refuse adds, let runs end
 
     # ---- main loop ----------------------------------------------------------------------
 
@@ -98,16 +105,37 @@ class SchedulerService:
                 self._check_executor()
                 self._maybe_step()
                 self._heartbeat_frontends()
+                self._check_drain()
         finally:
             self.close()
 
     def close(self) -> None:
         self.executor_monitor.close(0)
-        self.frontend_sock.close(0)
+        # After a drain, give the last outputs (failures included) a moment to leave.
+        self.frontend_sock.close(500 if self.draining_since is not None else 0)
         self.executor_sock.close(0)
+        stop_authenticator(self.auth)
         self.ctx.term()
 
     def _on_signal(self, *_: object) -> None:
+        """First SIGTERM/SIGINT drains (no new requests; running ones may finish within
+        shutdown_timeout_s); a second one stops at once."""
+        if self.draining_since is None:
+            log.info("draining: refusing new requests, %d running may finish within %.0f s",
+                     len(self.owners), self.config.shutdown_timeout_s)
+            self.draining_since = time.monotonic()
+        else:
+            self.stopping = True
+
+    def _check_drain(self) -> None:
+        if self.draining_since is None:
+            return
+        if self.owners and (time.monotonic() - self.draining_since
+                            < self.config.shutdown_timeout_s):
+            return
+        if self.owners:
+            log.warning("shutdown timeout: failing %d request(s)", len(self.owners))
+            self._fail_all("the scheduler is shutting down")
         self.stopping = True
 
     def _drain(self, sock: zmq.Socket, handler) -> None:
@@ -132,7 +160,9 @@ class SchedulerService:
 
     def _on_frontend_message(self, identity: bytes, data: bytes) -> None:
         msg_type, body = m.decode(data, FRONTEND_TYPES)
-        self.frontends[identity] = time.monotonic()
+        if msg_type != "stats_request" or identity in self.frontends:
+            # A health probe asking for stats is answered but not counted as a frontend.
+            self.frontends[identity] = time.monotonic()
         if msg_type == "add":
             self._add(identity, *m.decode_add(body))
         elif msg_type == "abort":
@@ -146,6 +176,10 @@ class SchedulerService:
             self._send_frontend(identity, m.encode_stats(self.stats()))
 
     def _add(self, identity: bytes, request_id: str, prompt: list[int], params) -> None:
+        if self.draining_since is not None:
+            self._send_frontend(identity, m.encode_rejected(
+                request_id, "the scheduler is shutting down", "shutting_down"))
+            return
         if self.scheduler is None:
             self._send_frontend(identity, m.encode_rejected(
                 request_id, "the executor is not running; try again shortly", "engine_dead"))
