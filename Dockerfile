@@ -1,0 +1,65 @@
+# One image for the three Folio roles: `folio scheduler`, `folio executor`, `folio frontend`.
+#
+#   GPU (default):  docker build -t folio .
+#                   BASE: a CUDA PyTorch image; its torch and triton stay (no constraints).
+#   CPU:            docker build --target cpu -t folio:cpu .
+#                   python:3.11-slim with the exact pins of constraints.txt and CPU torch.
+#
+# No model is baked in: mount a checkpoint directory (compose.yaml mounts it at /models).
+# The only weights inside are the 16 MB demo model that is part of the folio package.
+
+ARG BASE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+ARG CPU_BASE=python:3.11-slim
+
+# ---- CPU: pinned dependencies, torch from the CPU wheel index -----------------------------
+FROM ${CPU_BASE} AS cpu
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HUB_OFFLINE=1
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin folio \
+    && install -d -o folio -g folio -m 0700 /keys
+WORKDIR /opt/folio
+COPY constraints.txt ./
+RUN grep -E '^torch==' constraints.txt > torch-pin.txt \
+    && pip install --index-url "${TORCH_INDEX_URL}" -r torch-pin.txt
+COPY pyproject.toml README.md ./
+COPY folio ./folio
+COPY frontend ./frontend
+COPY scheduler ./scheduler
+COPY executor ./executor
+COPY kernels ./kernels
+COPY shared ./shared
+RUN pip install -c constraints.txt . && folio --help > /dev/null
+USER 10001:10001
+WORKDIR /home/folio
+EXPOSE 8000 5555
+ENTRYPOINT ["folio"]
+CMD ["--help"]
+
+# ---- GPU (default target): the base image's CUDA torch, Folio on top --------------------
+FROM ${BASE} AS gpu
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HUB_OFFLINE=1
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin folio \
+    && install -d -o folio -g folio -m 0700 /keys
+WORKDIR /opt/folio
+COPY pyproject.toml README.md ./
+COPY folio ./folio
+COPY frontend ./frontend
+COPY scheduler ./scheduler
+COPY executor ./executor
+COPY kernels ./kernels
+COPY shared ./shared
+# No constraints file here: pip keeps the base image's torch (and triton) when they satisfy
+# pyproject.toml, instead of replacing them with the CPU pins.
+RUN pip install . && python -c "import torch; print('torch', torch.__version__)" \
+    && folio --help > /dev/null
+USER 10001:10001
+WORKDIR /home/folio
+EXPOSE 8000 5555
+ENTRYPOINT ["folio"]
+CMD ["--help"]
