@@ -1,0 +1,281 @@
+"""compose.yaml's services as local processes (no Docker engine on CI): TCP and CURVE between
+them, health checks, a chat over HTTP and over the SDK, key-less peers refused on every
+socket, an executor killed and restarted, and the SIGTERM drain.
+
+The tests share one deployment and run in file order; the last two stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+import zmq
+
+from folio import SamplingParams
+from folio.client import AsyncClient, Client
+from folio.errors import EngineDead, ServerUnreachable, ShuttingDown
+from folio.probe import _scheduler_stats
+from shared import messages as m
+from shared.config import ExecutorCapacity
+from shared.security import load_keys, make_client
+from tests.compose_local import ROOT, LocalCompose, load_compose
+
+pytestmark = pytest.mark.slow
+KV_BLOCKS = 256
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, llama_dir):
+    work = tmp_path_factory.mktemp("compose")
+    variables = {"FOLIO_MODEL_DIR": str(llama_dir), "FOLIO_NUM_KV_BLOCKS": str(KV_BLOCKS)}
+    local = LocalCompose(load_compose(ROOT / "compose.yaml", variables), work)
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
+
+
+def _http(deployment: LocalCompose) -> str:
+    return f"http://127.0.0.1:{deployment.port('frontend', 8000)}"
+
+
+def _zmq(deployment: LocalCompose, service: str = "frontend", port: int = 5555) -> str:
+    return f"tcp://127.0.0.1:{deployment.port(service, port)}"
+
+
+def _keys(deployment: LocalCompose) -> str:
+    return str(deployment.volumes["keys"])
+
+
+def _stats(deployment: LocalCompose) -> dict:
+    stats = _scheduler_stats(_zmq(deployment, "scheduler", 5556), 3.0, _keys(deployment))
+    assert stats is not None, deployment.logs()
+    return stats
+
+
+def _wait_idle(deployment: LocalCompose, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = _stats(deployment)
+        idle = stats.get("num_running", 0) == 0 and stats.get("num_waiting", 0) == 0
+        if idle and stats.get("kv_blocks_free") == stats.get("kv_blocks_total"):
+            return stats
+        if time.monotonic() > deadline:
+            return stats
+        time.sleep(0.1)
+
+
+def _chat(base: str, max_tokens: int = 8) -> httpx.Response:
+    return httpx.post(f"{base}/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": "What is a list?"}],
+        "max_tokens": max_tokens, "temperature": 0})
+
+
+def test_services_are_healthy_and_serve_http_and_sdk_over_curve(deployment):
+    # Only the frontend publishes ports: 8000 (HTTP) and 5555 (ZeroMQ).
+    assert deployment.published("frontend") == [8000, 5555]
+    assert all(not deployment.published(s) for s in ("scheduler", "executor", "keys"))
+    for service in ("scheduler", "executor", "frontend"):
+        result = deployment.probe(service)
+        assert result.returncode == 0 and "healthy" in result.stdout, result
+    assert oct(deployment.volumes["keys"].stat().st_mode & 0o777) == "0o700"
+
+    response = _chat(_http(deployment))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 8
+
+    with Client(_zmq(deployment), curve_keys=_keys(deployment)) as client:
+        reply = client.chat([{"role": "user", "content": "What is a list?"}],
+                            SamplingParams(max_tokens=6, temperature=0))
+        assert reply.usage.completion_tokens == 6 and reply.finish_reason == "length"
+        assert client.health()["ok"]
+    # The same client port without keys: the handshake is refused, with a clear error.
+    with Client(_zmq(deployment), connect_timeout=1.5) as plain:
+        with pytest.raises(ServerUnreachable, match="refused the connection's security"):
+            plain.generate("hello", SamplingParams(max_tokens=2))
+
+
+def _rogue_messages() -> dict[tuple[str, int], list[bytes]]:
+    """Valid messages for each socket: each would do something if it were let in."""
+    capacity = ExecutorCapacity(num_kv_blocks=7, block_size=16, max_model_len=64,
+                                vocab_size=1024, eos_token_ids=(1,))
+    return {
+        ("scheduler", 5556): [m.pack("frontend_hello", {"id": "rogue"}),
+                              m.encode_add("rogue-1", [5, 6, 7], SamplingParams(max_tokens=4)),
+                              m.pack("stats_request", {})],
+        ("scheduler", 5557): [m.encode_hello_executor(capacity, 4242),
+                              m.encode_heartbeat(4242)],
+        ("frontend", 5555): [m.encode_generate("rogue-2", SamplingParams(max_tokens=4), False,
+                                               prompt="hello"),
+                             m.pack("health", {"id": "rogue-3"})],
+    }
+
+
+def test_peers_without_the_keys_get_nothing_in_and_nothing_out(deployment):
+    keys = load_keys(_keys(deployment))
+    before = _wait_idle(deployment)
+    ctx = zmq.Context()
+    sockets: list[tuple[str, zmq.Socket]] = []
+    try:
+        for (service, port), messages in _rogue_messages().items():
+            address = _zmq(deployment, service, port)
+            stranger_public, stranger_secret = zmq.curve_keypair()
+            fake_server, _ = zmq.curve_keypair()
+            for kind in ("no CURVE", "unlisted client key", "wrong server key"):
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                if kind == "unlisted client key":
+                    make_client(sock, keys.server_public, stranger_public, stranger_secret)
+                elif kind == "wrong server key":
+                    make_client(sock, fake_server, keys.client_public, keys.client_secret)
+                sock.connect(address)
+                for message in messages:
+                    sock.send(message)
+                sockets.append((f"{service}:{port} {kind}", sock))
+        # Control: the right keys on the same socket get an answer to the same request.
+        control = make_client(ctx.socket(zmq.DEALER), keys.server_public, keys.client_public,
+                              keys.client_secret)
+        control.setsockopt(zmq.LINGER, 0)
+        control.connect(_zmq(deployment, "scheduler", 5556))
+        control.send(m.pack("stats_request", {}))
+        assert control.poll(3000), "the control request got no answer"
+        control.close(0)
+        time.sleep(1.0)
+        answered = [name for name, sock in sockets if sock.poll(0)]
+        assert answered == [], f"peers without the keys got replies: {answered}"
+    finally:
+        for _, sock in sockets:
+            sock.close(0)
+        ctx.term()
+    after = _wait_idle(deployment)
+    # Nothing was scheduled, no executor was swapped in, no frontend was registered.
+    for key in ("steps", "num_finished", "kv_blocks_total", "num_frontends"):
+        assert after[key] == before[key], (key, before, after)
+    assert after["executor_alive"] and after["kv_blocks_total"] == KV_BLOCKS
+    logs = deployment.logs("scheduler")
+    assert "rogue" not in logs and "4242" not in logs
+
+
+def test_executor_killed_and_restarted_over_tcp_and_curve(deployment):
+    address, keys = _zmq(deployment), _keys(deployment)
+
+    async def run():
+        async with AsyncClient(address, curve_keys=keys) as client:
+            jobs = [asyncio.create_task(client.generate(
+                [7] * 20, SamplingParams(max_tokens=900, ignore_eos=True))) for _ in range(4)]
+            await asyncio.sleep(1.0)
+            deployment.procs["executor"].send_signal(signal.SIGKILL)
+            return await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 15)
+
+    results = asyncio.run(run())
+    assert all(isinstance(r, EngineDead) for r in results), results
+    assert "executor" in str(results[0])
+    deployment.procs["executor"].wait(timeout=10)
+    assert deployment.probe("executor").returncode == 1   # nothing attached now
+    with Client(address, curve_keys=keys) as client:
+        assert not client.health()["ok"]
+        with pytest.raises(EngineDead):
+            client.generate([1, 2], SamplingParams(max_tokens=2))
+
+    deployment.start("executor")   # what `restart: unless-stopped` does
+    deployment.wait_healthy("executor", 120)
+    deployment.wait_healthy("frontend", 30)
+    with Client(address, curve_keys=keys) as client:
+        assert len(client.generate([1, 2], SamplingParams(max_tokens=3)).token_ids) == 3
+    stats = _wait_idle(deployment)
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == KV_BLOCKS
+    assert stats["kv_blocks_used"] == 0
+
+
+def test_sigterm_drains_the_frontend_then_every_process_exits_0(deployment):
+    base, frontend = _http(deployment), deployment.procs["frontend"]
+    result: dict = {}
+    first_chunk = threading.Event()
+
+    def stream() -> None:   # an in-flight streamed chat, read to its end
+        text, finish = [], None
+        with httpx.stream("POST", f"{base}/v1/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": "Tell me about tuples."}],
+                "max_tokens": 600, "ignore_eos": True, "stream": True}) as response:
+            result["status"] = response.status_code
+            for line in response.iter_lines():
+                first_chunk.set()
+                if line.startswith("data: {"):
+                    choice = json.loads(line[6:])["choices"]
+                    if choice:
+                        text.append(choice[0]["delta"].get("content") or "")
+                        finish = choice[0]["finish_reason"] or finish
+                elif line == "data: [DONE]":
+                    result["done"] = True
+        result["text"], result["finish"] = "".join(text), finish
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    try:
+        assert first_chunk.wait(30), deployment.logs("frontend")
+        frontend.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while (health := httpx.get(f"{base}/health", timeout=5)).status_code == 200:
+            assert time.monotonic() < deadline, "the frontend did not start draining"
+            time.sleep(0.02)
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        refused = _chat(base)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "shutting_down"
+        with Client(_zmq(deployment), curve_keys=_keys(deployment)) as client:
+            with pytest.raises(ShuttingDown, match="shutting down"):
+                client.generate("hello", SamplingParams(max_tokens=2))
+        assert frontend.poll() is None, "the frontend left before its request finished"
+    finally:
+        reader.join(60)
+    assert result.get("status") == 200 and result.get("done"), result
+    assert result["finish"] == "length"
+    assert frontend.wait(timeout=30) == 0, deployment.logs("frontend")
+
+
+def test_shutdown_timeout_aborts_what_is_left(deployment):
+    previous = deployment.procs["frontend"]
+    if previous.poll() is None:   # this test run on its own
+        previous.send_signal(signal.SIGTERM)
+        previous.wait(timeout=40)
+    frontend = deployment.start("frontend", {"FOLIO_SHUTDOWN_TIMEOUT": "0.5"})
+    deployment.wait_healthy("frontend", 60)
+
+    async def run():
+        async with AsyncClient(_zmq(deployment), curve_keys=_keys(deployment)) as client:
+            stream = client.stream([3] * 10, SamplingParams(max_tokens=1000, ignore_eos=True))
+            await stream.__anext__()   # running: now stop the frontend
+            frontend.send_signal(signal.SIGTERM)
+            while not (await client.health())["draining"]:
+                await asyncio.sleep(0.02)
+            try:
+                late = await client.generate("x", SamplingParams(max_tokens=2))
+            except ShuttingDown as error:
+                late = error
+            try:
+                async for _ in stream:
+                    pass
+            except ShuttingDown as error:
+                return str(error), late
+            return "finished", late
+
+    started = time.monotonic()
+    message, late = asyncio.run(asyncio.wait_for(run(), 30))
+    assert "aborted" in message, message
+    assert isinstance(late, ShuttingDown)
+    assert frontend.wait(timeout=15) == 0
+    assert time.monotonic() - started < 10
+    stats = _wait_idle(deployment)   # the aborted request gave its blocks back
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    codes = deployment.down()
+    assert codes == {"keys": 0, "scheduler": 0, "executor": 0, "frontend": 0}, \
+        deployment.logs()
