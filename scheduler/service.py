@@ -33,6 +33,7 @@ log = logging.getLogger("folio.scheduler")
 FRONTEND_TYPES = frozenset({"frontend_hello", "add", "abort", "stats_request", "heartbeat"})
 EXECUTOR_TYPES = frozenset({"executor_hello", "result", "executor_error", "heartbeat"})
 FRONTEND_HEARTBEAT_S = 0.5
+PROBE_WINDOW_S = 0.5   # after a disconnect on the executor socket, probe the executor this long
 FRONTEND_TIMEOUT_S = 10.0
 
 
@@ -67,6 +68,7 @@ class SchedulerService:
         self.executor_sock = make_server(configure(self.ctx.socket(zmq.ROUTER)), keys)
         self.executor_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.executor_monitor = self.executor_sock.get_monitor_socket(DOWN_EVENTS)
+        self.probe_until = 0.0   # probe the executor until then (a peer disconnected)
         self.executor_sock.bind(check_bind_address(config.executor_address))
         self.scheduler: Scheduler | None = None
         self.capacity: ExecutorCapacity | None = None
@@ -303,13 +305,18 @@ class SchedulerService:
 
     def _on_executor_socket_event(self) -> None:
         """Some peer of the executor socket disconnected. Any peer may connect there, so
-        ask the ROUTER whether the executor itself is still reachable: sending to a vanished
-        identity fails at once (ROUTER_MANDATORY). A killed executor is noticed in
-        milliseconds instead of after the heartbeat timeout."""
-        if not read_monitor_event(self.executor_monitor) & DOWN_EVENTS:
+        ask the ROUTER, for a short while, whether the executor itself is still reachable:
+        sending to a vanished identity fails at once (ROUTER_MANDATORY). A killed executor
+        is noticed in milliseconds instead of after the heartbeat timeout."""
+        if read_monitor_event(self.executor_monitor) & DOWN_EVENTS:
+            self.probe_until = time.monotonic() + PROBE_WINDOW_S
+
+    def _probe_executor(self) -> None:
+        if self.executor_id is None or time.monotonic() > self.probe_until:
             return
-        if self.executor_id is None:
-            return
+        # Reading EVENTS makes the socket process pending pipe terminations first;
+        # a plain send may skip that for a while (libzmq throttles command processing).
+        self.executor_sock.getsockopt(zmq.EVENTS)
         try:
             self.executor_sock.send_multipart([self.executor_id, m.pack("ping", {})],
                                               zmq.NOBLOCK)
@@ -319,6 +326,7 @@ class SchedulerService:
     def _check_executor(self) -> None:
         if self.scheduler is None:
             return
+        self._probe_executor()
         now = time.monotonic()
         if now - self.executor_seen > self.config.executor_timeout_s:
             self._executor_lost(f"the executor stopped responding (no heartbeat for "

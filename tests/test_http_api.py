@@ -199,14 +199,15 @@ def test_auth_and_bad_json(server):
 def test_queue_full_is_503_with_retry_after(server, client):
     async def flood():
         async with httpx.AsyncClient(timeout=60) as http:
-            body = {"model": MODEL, "prompt": "flood", "max_tokens": 40, "ignore_eos": True}
+            body = {"model": MODEL, "prompt": "flood", "max_tokens": 200, "ignore_eos": True}
             return await asyncio.gather(*(http.post(
                 f"{server.base}/v1/completions", json=body,
                 headers={"Authorization": f"Bearer {KEY}"}) for _ in range(24)))
 
     responses = asyncio.run(flood())
     codes = [r.status_code for r in responses]
-    assert codes.count(200) >= 10 and 503 in codes
+    # At least the first request and a full queue behind it are accepted; the rest refused.
+    assert codes.count(200) >= 7 and 503 in codes
     refused = next(r for r in responses if r.status_code == 503)
     assert refused.headers["retry-after"] and _error(refused)["code"] == "queue_full"
     assert all(len(r.json()["choices"][0]["text"]) > 0 for r in responses
