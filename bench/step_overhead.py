@@ -47,7 +47,7 @@ from shared.config import ExecutorCapacity  # noqa: E402
 from shared.sampling_params import SamplingParams  # noqa: E402
 from shared.step import StepPlan, StepResult  # noqa: E402
 from shared.transport import (UP_EVENTS, configure, ipc_address, make_run_dir,  # noqa: E402
-                              monitor_socket, read_monitor_event)
+                              monitor_socket, read_monitor_event, send_heartbeats)
 from shared.wire import ProtocolError  # noqa: E402
 
 PROMPT_LEN = 16
@@ -122,15 +122,7 @@ def _heartbeat_loop(ctx: zmq.Context, address: str, stop: threading.Event) -> No
     sock = configure(ctx.socket(zmq.DEALER))
     sock.setsockopt(zmq.IDENTITY, f"executor-heartbeat-{os.getpid()}".encode())
     sock.connect(address)
-    beat = m.encode_heartbeat(os.getpid())
-    try:
-        while not stop.wait(HEARTBEAT_S):
-            try:
-                sock.send(beat, zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-    finally:
-        sock.close(0)
+    send_heartbeats(sock, stop, m.encode_heartbeat(os.getpid()), HEARTBEAT_S)
 
 
 def null_executor(address: str, control=None, num_kv_blocks: int = NUM_KV_BLOCKS) -> None:

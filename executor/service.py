@@ -20,7 +20,8 @@ from executor.executor import Executor
 from shared import messages as m
 from shared.config import EngineConfig
 from shared.security import load_keys, make_peer
-from shared.transport import UP_EVENTS, configure, monitor_socket, read_monitor_event
+from shared.transport import (UP_EVENTS, configure, monitor_socket, read_monitor_event,
+                              send_heartbeats)
 from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.executor")
@@ -107,12 +108,4 @@ class ExecutorService:
         sock.setsockopt(zmq.IDENTITY,
                         f"executor-heartbeat-{os.getpid()}-{uuid.uuid4().hex[:6]}".encode())
         sock.connect(self.config.scheduler_address)
-        beat = m.encode_heartbeat(os.getpid())
-        try:
-            while not self.stop.wait(HEARTBEAT_S):
-                try:
-                    sock.send(beat, zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
-        finally:
-            sock.close(0)
+        send_heartbeats(sock, self.stop, m.encode_heartbeat(os.getpid()), HEARTBEAT_S)

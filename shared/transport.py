@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import zmq
@@ -66,3 +67,17 @@ def monitor_socket(sock: zmq.Socket) -> zmq.Socket:
 def read_monitor_event(monitor: zmq.Socket) -> int:
     """The event code of one monitor message (call when the monitor is readable)."""
     return parse_monitor_message(monitor.recv_multipart())["event"]
+
+
+def send_heartbeats(sock: zmq.Socket, stop: threading.Event, beat: bytes,
+                    interval_s: float) -> None:
+    """Send `beat` every `interval_s` from a thread of its own (proof of life even while the
+    main thread computes); closes `sock` once `stop` is set."""
+    try:
+        while not stop.wait(interval_s):
+            try:
+                sock.send(beat, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+    finally:
+        sock.close(0)
