@@ -268,7 +268,7 @@ class Driver:
         raise TimeoutError(f"no executor attached to the scheduler within {timeout:g} s")
 
     def add(self, num_requests: int) -> list[str]:
-        params = SamplingParams(max_tokens=MAX_MODEL_LEN, ignore_eos=True)
+        params = SamplingParams(max_tokens=MAX_MODEL_LEN - 64, ignore_eos=True)
         ids = [f"r{i}" for i in range(num_requests)]
         for i, request_id in enumerate(ids):
             prompt = [(i * 131 + j * 17 + 1) % VOCAB_SIZE for j in range(PROMPT_LEN)]
@@ -486,7 +486,7 @@ def breakdown(num_requests: int, steps: int = 300) -> dict[str, float]:
     scheduler = Scheduler(SchedulerConfig(
         num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=max(256, num_requests),
         max_num_batched_tokens=2048, max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB_SIZE))
-    params = SamplingParams(max_tokens=MAX_MODEL_LEN, ignore_eos=True)
+    params = SamplingParams(max_tokens=MAX_MODEL_LEN - 64, ignore_eos=True)
     for i in range(num_requests):
         scheduler.add_request(f"r{i}", [(i * 131 + j * 17 + 1) % VOCAB_SIZE
                                         for j in range(PROMPT_LEN)], params)

@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_http_args(serve)
     serve.add_argument("--max-queued-requests", type=int, default=None,
                        help="refuse new requests (queue full) past this many waiting")
+    serve.add_argument("--max-queued-tokens", type=int, default=None,
+                       help="... or past this many prompt tokens waiting")
     add_shutdown_args(serve)
     add_security_args(serve)
     add_engine_args(serve)
@@ -174,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler.add_argument("--max-n", type=int, default=64)
     scheduler.add_argument("--max-queued-requests", type=int, default=None,
                            help="refuse new requests (queue full) past this many waiting")
+    scheduler.add_argument("--max-queued-tokens", type=int, default=None,
+                           help="... or past this many prompt tokens waiting")
     scheduler.add_argument("--executor-timeout", type=float, default=2.0,
                            help="seconds without an executor heartbeat before it is dead")
     scheduler.add_argument("--step-timeout", type=float, default=60.0,
@@ -266,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             enable_prefix_caching=args.enable_prefix_caching,
             preemption_mode=args.preemption_mode,
             max_queued_requests=args.max_queued_requests,
+            max_queued_tokens=args.max_queued_tokens,
             max_logprobs=args.max_logprobs, max_n=args.max_n,
             executor_timeout_s=args.executor_timeout, step_timeout_s=args.step_timeout,
             shutdown_timeout_s=args.shutdown_timeout, curve_keys=args.curve_keys)).run()

@@ -145,27 +145,33 @@ class AsyncClient:
     # ---- public API ---------------------------------------------------------------------
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None, *,
-                       request_id: str | None = None, timeout: float | None = None
-                       ) -> Completion:
-        return await self._complete(_prompt_fields(prompt), params, request_id, timeout)
+                       request_id: str | None = None, timeout: float | None = None,
+                       deadline: float | None = None) -> Completion:
+        """`timeout`: how long this client waits; `deadline`: how long the server lets the
+        request run before aborting it (RequestTimeout either way)."""
+        return await self._complete(_prompt_fields(prompt, deadline), params, request_id,
+                                    timeout)
 
     async def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
-                   *, request_id: str | None = None, timeout: float | None = None
-                   ) -> Completion:
-        return await self._complete({"messages": messages}, params, request_id, timeout)
+                   *, request_id: str | None = None, timeout: float | None = None,
+                   deadline: float | None = None) -> Completion:
+        return await self._complete(_chat_fields(messages, deadline), params, request_id,
+                                    timeout)
 
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
-                     request_id: str | None = None, timeout: float | None = None
-                     ) -> AsyncIterator[Delta]:
-        async for item in self._run(_prompt_fields(prompt), params, request_id, timeout, True):
+                     request_id: str | None = None, timeout: float | None = None,
+                     deadline: float | None = None) -> AsyncIterator[Delta]:
+        async for item in self._run(_prompt_fields(prompt, deadline), params, request_id,
+                                    timeout, True):
             if isinstance(item, Delta):
                 yield item
 
     async def stream_chat(self, messages: list[dict[str, str]],
                           params: SamplingParams | None = None, *,
-                          request_id: str | None = None, timeout: float | None = None
-                          ) -> AsyncIterator[Delta]:
-        async for item in self._run({"messages": messages}, params, request_id, timeout, True):
+                          request_id: str | None = None, timeout: float | None = None,
+                          deadline: float | None = None) -> AsyncIterator[Delta]:
+        async for item in self._run(_chat_fields(messages, deadline), params, request_id,
+                                    timeout, True):
             if isinstance(item, Delta):
                 yield item
 
@@ -351,9 +357,16 @@ class Client:
             self._call(agen.aclose())
 
 
-def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
+def _prompt_fields(prompt: Prompt, deadline: float | None = None) -> dict[str, Any]:
     if isinstance(prompt, str):
-        return {"prompt": prompt}
-    if isinstance(prompt, (list, tuple)):
-        return {"prompt_token_ids": list(prompt)}
-    raise TypeError("prompt must be a string or a list of token ids")
+        fields: dict[str, Any] = {"prompt": prompt}
+    elif isinstance(prompt, (list, tuple)):
+        fields = {"prompt_token_ids": list(prompt)}
+    else:
+        raise TypeError("prompt must be a string or a list of token ids")
+    return {**fields, "deadline": deadline} if deadline is not None else fields
+
+
+def _chat_fields(messages: list[dict[str, str]], deadline: float | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"messages": messages}
+    return {**fields, "deadline": deadline} if deadline is not None else fields

@@ -65,7 +65,9 @@ class Supervisor:
                            "--max-logprobs", str(self.config.max_logprobs),
                            "--max-n", str(self.config.max_n),
                            *(["--max-queued-requests", str(self.args.max_queued_requests)]
-                             if self.args.max_queued_requests is not None else [])]
+                             if self.args.max_queued_requests is not None else []),
+                           *(["--max-queued-tokens", str(self.args.max_queued_tokens)]
+                             if self.args.max_queued_tokens is not None else [])]
         if role == "executor":
             return base + ["--model", self.model, "--scheduler-address", self.executor_address,
                            *engine_flags(self.config)]

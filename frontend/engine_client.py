@@ -79,6 +79,7 @@ class _Request:
     created: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     last_token: float | None = None
+    deadline: asyncio.TimerHandle | None = None
 
 
 class EngineClient:
@@ -113,6 +114,11 @@ class EngineClient:
         return self.info.vocab_size if self.info else len(self.tokenizer)
 
     @property
+    def limits(self) -> tuple[int, int]:
+        """(max_logprobs, max_n) as the scheduler enforces them."""
+        return (self.info.max_logprobs, self.info.max_n) if self.info else (20, 64)
+
+    @property
     def max_model_len(self) -> int | None:
         return self.info.max_model_len if self.info else None
 
@@ -130,13 +136,19 @@ class EngineClient:
 
     # ---- requests -----------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> str:
-        """Queue a checked request; its events go to `sink`. Returns its engine id."""
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
+               deadline_s: float | None = None) -> str:
+        """Queue a checked request; its events go to `sink`. Returns its engine id.
+        With a deadline, a request not finished by then is aborted and fails with
+        code "timeout"."""
         request_id = f"{self.frontend_id}-{next(self.counter)}"
         samples = [_Sample(OutputText(self.tokenizer, params)) for _ in range(params.n)]
-        self.requests[request_id] = _Request(
-            sink, params, prompt_ids, samples,
-            None if params.prompt_logprobs is None else [])
+        request = _Request(sink, params, prompt_ids, samples,
+                           None if params.prompt_logprobs is None else [])
+        self.requests[request_id] = request
+        if deadline_s is not None:
+            request.deadline = asyncio.get_running_loop().call_later(
+                deadline_s, self._expire, request_id, deadline_s)
         self._send(m.encode_add(request_id, prompt_ids, params))
         self._notify("submitted", self.requests[request_id])
         return request_id
@@ -241,6 +253,8 @@ class EngineClient:
                 sample.logprobs if request.params.logprobs is not None else None)
             if all(s.result is not None for s in request.samples):
                 del self.requests[base]
+                if request.deadline is not None:
+                    request.deadline.cancel()
                 result = FinalResult([s.result for s in request.samples],
                                      len(request.prompt_ids), request.prompt_logprobs)
                 self._notify("finished", request, result=result)
@@ -256,8 +270,16 @@ class EngineClient:
     def _fail(self, request_id: str, code: str, message: str) -> None:
         request = self.requests.pop(request_id, None)
         if request is not None:
+            if request.deadline is not None:
+                request.deadline.cancel()
             self._notify("failed", request, code=code)
             request.sink.error(code, message)
+
+    def _expire(self, request_id: str, deadline_s: float) -> None:
+        if request_id in self.requests:
+            self._send(m.encode_abort(request_id))   # the scheduler frees its blocks
+            self._fail(request_id, "timeout", f"the request did not finish within its "
+                       f"deadline of {deadline_s:g} s; it was aborted")
 
     def _fail_all(self, reason: str) -> None:
         for request_id in list(self.requests):

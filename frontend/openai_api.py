@@ -16,9 +16,6 @@ from frontend.openai_protocol import (ApiError, chat_messages, completion_prompt
 from frontend.prompts import check_prompt, prompt_ids
 from shared.sampling_params import SamplingParams, check_against_model
 
-MAX_LOGPROBS = 20
-
-
 class _QueueSink:
     """Engine events for one submitted prompt, as ("delta"|"final"|"error", ...) items."""
 
@@ -48,14 +45,27 @@ class _Job:
             self.engine.abort(request_id)
 
 
-def _submit(engine: EngineClient, prompts: list[list[int]], params: SamplingParams) -> _Job:
+def _deadline(body: dict[str, Any]) -> float | None:
+    """Folio's extra body field: seconds after which the server aborts the request."""
+    value = body.get("deadline")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0 < value <= 86400):
+        raise invalid("deadline must be a number of seconds in (0, 86400]", "deadline")
+    return float(value)
+
+
+def _submit(engine: EngineClient, prompts: list[list[int]], params: SamplingParams,
+            body: dict[str, Any]) -> _Job:
+    deadline = _deadline(body)
     if engine.draining:
         raise ApiError(503, "the server is shutting down; retry later", code="shutting_down")
     if not engine.engine_alive:
         raise ApiError(503, f"the engine is unavailable: {engine.dead_reason()}",
                        code="engine_unavailable")
     queue: asyncio.Queue = asyncio.Queue()
-    ids = [engine.submit(p, params, _QueueSink(queue, i * params.n))
+    ids = [engine.submit(p, params, _QueueSink(queue, i * params.n), deadline)
            for i, p in enumerate(prompts)]
     return _Job(engine, queue, ids, prompts, params.n)
 
@@ -66,7 +76,7 @@ def _check(engine: EngineClient, ids: list[int], params: SamplingParams, field: 
     except ValueError as error:
         raise invalid(str(error), field) from None
     try:
-        check_against_model(params, engine.vocab_size, MAX_LOGPROBS, 64)
+        check_against_model(params, engine.vocab_size, *engine.limits)
     except ValueError as error:
         raise invalid(str(error), str(error).split(" ", 1)[0]) from None
 
@@ -76,6 +86,8 @@ def _error_from_engine(code: str, message: str) -> ApiError:
         return ApiError(503, message, code="queue_full")
     if code == "engine_dead":
         return ApiError(503, message, code="engine_unavailable")
+    if code == "timeout":
+        return ApiError(408, message, code="request_timeout", error_type="timeout_error")
     if code == "shutting_down":
         return ApiError(503, message, code="shutting_down")
     return ApiError(400, message)
@@ -125,9 +137,10 @@ def _completion_logprobs(entries: list[dict[str, Any]] | None, offset: int = 0
 async def create_completion(engine: EngineClient, body: dict[str, Any], model: str):
     options = stream_options(body)
     logprobs = body.get("logprobs")
+    max_logprobs = engine.limits[0]
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                 or not 0 <= logprobs <= MAX_LOGPROBS):
-        raise invalid(f"logprobs must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
+                                 or not 0 <= logprobs <= max_logprobs):
+        raise invalid(f"logprobs must be an integer in [0, {max_logprobs}]", "logprobs")
     params = sampling_params(body, "max_tokens", logprobs)
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
@@ -139,7 +152,7 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
            for p in prompts]
     for one in ids:
         _check(engine, one, params, "prompt")
-    job = _submit(engine, ids, params)
+    job = _submit(engine, ids, params, body)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if options.stream:
@@ -211,9 +224,10 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
     if not isinstance(want_logprobs, bool):
         raise invalid("logprobs must be a boolean", "logprobs")
     top = body.get("top_logprobs")
+    max_logprobs = engine.limits[0]
     if top is not None:
-        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
-            raise invalid(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}]",
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= max_logprobs:
+            raise invalid(f"top_logprobs must be an integer in [0, {max_logprobs}]",
                           "top_logprobs")
         if not want_logprobs:
             raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
@@ -225,7 +239,7 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
     except ValueError as error:
         raise invalid(str(error), "messages") from None
     _check(engine, ids, params, "messages")
-    job = _submit(engine, [ids], params)
+    job = _submit(engine, [ids], params, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if options.stream:

@@ -101,12 +101,12 @@ class ZmqGateway:
             ids = prompt_ids(self.engine.tokenizer, prompt=request.prompt,
                              token_ids=request.prompt_token_ids, messages=request.messages)
             check_prompt(ids, self.engine.vocab_size, self.engine.max_model_len)
-            check_against_model(request.params, self.engine.vocab_size)
+            check_against_model(request.params, self.engine.vocab_size, *self.engine.limits)
         except ValueError as error:
             self.reply(client, m.encode_error(request.id, "invalid", str(error)))
             return
         sink = _ClientSink(self, client, request.id, request.stream)
-        self.by_client[key] = self.engine.submit(ids, request.params, sink)
+        self.by_client[key] = self.engine.submit(ids, request.params, sink, request.deadline)
 
     async def _on_health(self, client: bytes, client_id: str) -> None:
         stats = await self.engine.stats()

@@ -47,6 +47,7 @@ class SchedulerServiceConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     max_queued_requests: int | None = None   # refuse past this many waiting (queue full)
+    max_queued_tokens: int | None = None     # ... or past this many waiting prompt tokens
     max_logprobs: int = 20
     max_n: int = 64
     executor_timeout_s: float = 2.0      # no heartbeat for this long: the executor is dead
@@ -168,8 +169,8 @@ class SchedulerService:
         if msg_type == "add":
             self._add(identity, *m.decode_add(body))
         elif msg_type == "abort":
-            request_id = body.str("id")
-            owner = self.owners.get(request_id)
+            request_id = body.str("id")   # a request id, or one sample of it: "id#i"
+            owner = self.owners.get(request_id.split("#", 1)[0])
             if owner is not None and owner[0] == identity and self.scheduler is not None:
                 self.scheduler.abort_request(request_id)
         elif msg_type == "frontend_hello":
@@ -190,11 +191,9 @@ class SchedulerService:
             self._send_frontend(identity, m.encode_rejected(
                 request_id, f"request id {request_id!r} is in use or contains '#'"))
             return
-        limit = self.config.max_queued_requests
-        if limit is not None and len(self.scheduler.waiting) >= limit:
-            self._send_frontend(identity, m.encode_rejected(
-                request_id, f"the queue is full ({limit} requests waiting); retry later",
-                "queue_full"))
+        refusal = self._admission_refusal(prompt, params)
+        if refusal is not None:
+            self._send_frontend(identity, m.encode_rejected(request_id, *refusal))
             return
         try:
             sample_ids = self.scheduler.add_request(request_id, prompt, params)
@@ -202,6 +201,31 @@ class SchedulerService:
             self._send_frontend(identity, m.encode_rejected(request_id, str(error)))
             return
         self.owners[request_id] = (identity, len(sample_ids))
+
+    def _admission_refusal(self, prompt: list[int], params) -> tuple[str, str] | None:
+        """Why a served request is refused before it is queued: it could never finish, or
+        the queue is full (by requests or by prompt tokens). None: accept it."""
+        scheduler = self.scheduler
+        cap = scheduler.config
+        wanted = len(prompt) + (params.max_tokens or 0)
+        if params.max_tokens is not None and wanted > cap.max_model_len:
+            return (f"prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) is "
+                    f"{wanted} tokens, more than max_model_len = {cap.max_model_len}",
+                    "invalid")
+        pool_tokens = cap.num_kv_blocks * cap.block_size
+        if params.max_tokens is not None and wanted > pool_tokens:
+            return (f"prompt plus max_tokens is {wanted} tokens, more than the whole KV cache "
+                    f"holds ({pool_tokens} tokens)", "invalid")
+        limit = self.config.max_queued_requests
+        if limit is not None and len(scheduler.waiting) >= limit:
+            return (f"the queue is full ({limit} requests waiting); retry later", "queue_full")
+        token_limit = self.config.max_queued_tokens
+        if token_limit is not None:
+            queued = sum(r.num_tokens for r in scheduler.waiting)
+            if queued + len(prompt) > token_limit:
+                return (f"the queue is full ({queued} prompt tokens waiting, limit "
+                        f"{token_limit}); retry later", "queue_full")
+        return None
 
     def _route_outputs(self, outputs: list[EngineOutput]) -> None:
         by_frontend: dict[bytes, list[EngineOutput]] = {}
@@ -254,7 +278,8 @@ class SchedulerService:
             max_model_len=cap.max_model_len if cap else 1, vocab_size=cap.vocab_size if cap else 1,
             num_kv_blocks=cap.num_kv_blocks if cap else 1, block_size=cap.block_size if cap else 1,
             eos_token_ids=cap.eos_token_ids if cap else (),
-            executor_alive=self.scheduler is not None).encode()
+            executor_alive=self.scheduler is not None,
+            max_logprobs=self.config.max_logprobs, max_n=self.config.max_n).encode()
 
     # ---- executor -----------------------------------------------------------------------
 

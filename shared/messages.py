@@ -165,12 +165,15 @@ class EngineInfo:
     block_size: int
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     executor_alive: bool = True
+    max_logprobs: int = 20      # the scheduler's limits, so frontends check the same ones
+    max_n: int = 64
 
     def encode(self) -> bytes:
         return pack("engine_info", {
             "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
             "num_kv_blocks": self.num_kv_blocks, "block_size": self.block_size,
-            "eos_token_ids": list(self.eos_token_ids), "executor_alive": self.executor_alive})
+            "eos_token_ids": list(self.eos_token_ids), "executor_alive": self.executor_alive,
+            "max_logprobs": self.max_logprobs, "max_n": self.max_n})
 
     @classmethod
     def decode(cls, body: Body) -> "EngineInfo":
@@ -179,7 +182,14 @@ class EngineInfo:
                    num_kv_blocks=body.int("num_kv_blocks", 1),
                    block_size=body.int("block_size", 1),
                    eos_token_ids=tuple(body.ints("eos_token_ids", 0, MAX_TOKEN_ID, 64)),
-                   executor_alive=body.bool("executor_alive", True))
+                   executor_alive=body.bool("executor_alive", True),
+                   max_logprobs=_or_default(body.int("max_logprobs", 0, 1 << 20,
+                                                     optional=True), 20),
+                   max_n=_or_default(body.int("max_n", 1, 1 << 20, optional=True), 64))
+
+
+def _or_default(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def encode_add(request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> bytes:
@@ -238,7 +248,7 @@ def decode_outputs(body: Body) -> list[EngineOutput]:
             if None in entries:
                 raise ProtocolError("outputs: prompt logprobs entries cannot be empty")
             output.prompt_logprobs = entries
-        seconds = queued.get(output.request_id)
+        seconds = queued.pop(output.request_id, None)   # with the first item of that id
         if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
             output.queued_s = float(seconds)
         outputs.append(output)
@@ -277,6 +287,7 @@ def encode_heartbeat(pid: int) -> bytes:
 CLIENT_TYPES = frozenset({"generate", "abort", "health"})
 MAX_PROMPT_CHARS = 8 * 2**20
 MAX_MESSAGES = 1024
+MAX_DEADLINE_S = 86400.0
 
 
 @dataclass
@@ -287,6 +298,7 @@ class GenerateRequest:
     messages: list[dict[str, str]] | None
     params: SamplingParams
     stream: bool
+    deadline: float | None = None   # seconds; the server aborts the request after that
 
     @classmethod
     def decode(cls, body: Body) -> "GenerateRequest":
@@ -306,15 +318,22 @@ class GenerateRequest:
                 one = Body("generate.messages", item)
                 messages.append({"role": one.str("role", 64),
                                  "content": one.str("content", MAX_PROMPT_CHARS)})
-        return cls(id=body.str("id"), prompt=prompt, prompt_token_ids=token_ids,
+        deadline = body.float("deadline", optional=True)
+        if deadline is not None and not 0 < deadline <= MAX_DEADLINE_S:
+            raise ProtocolError(f"generate: deadline must be in (0, {MAX_DEADLINE_S}] seconds")
+        return cls(deadline=deadline, id=body.str("id"), prompt=prompt,
+                   prompt_token_ids=token_ids,
                    messages=messages, params=sampling_from_wire(body, "params"),
                    stream=body.bool("stream"))
 
 
 def encode_generate(request_id: str, params: SamplingParams, stream: bool,
                     prompt: str | None = None, prompt_token_ids: list[int] | None = None,
-                    messages: list[dict[str, str]] | None = None) -> bytes:
+                    messages: list[dict[str, str]] | None = None,
+                    deadline: float | None = None) -> bytes:
     body: dict[str, Any] = {"id": request_id, "params": params.to_dict(), "stream": stream}
+    if deadline is not None:
+        body["deadline"] = deadline
     if prompt is not None:
         body["prompt"] = prompt
     if prompt_token_ids is not None:

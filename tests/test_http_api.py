@@ -283,3 +283,30 @@ def test_dead_engine_is_503(tmp_path, llama_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_deadline_and_never_fitting_requests(server):
+    late = _post(server, "/v1/completions", {"model": MODEL, "prompt": "slow", "max_tokens": 900,
+                                             "ignore_eos": True, "deadline": 0.3})
+    assert late.status_code == 408 and _error(late)["code"] == "request_timeout"
+    bad = _post(server, "/v1/completions", {"model": MODEL, "prompt": "x", "deadline": -1})
+    assert bad.status_code == 400 and _error(bad)["param"] == "deadline"
+    huge = _post(server, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 5000})
+    assert huge.status_code == 400 and "max_model_len = 1024" in _error(huge)["message"]
+    stats = _idle(server)
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_stop_string_frees_each_sample_of_n(client, server):
+    plain = client.completions.create(model=MODEL, prompt="The while", max_tokens=16,
+                                      temperature=0).choices[0].text
+    stop = plain[3:6]
+    started = time.monotonic()
+    response = client.completions.create(model=MODEL, prompt="The while", max_tokens=900,
+                                         temperature=0, n=2, stop=[stop],
+                                         extra_body={"ignore_eos": True})
+    assert [c.finish_reason for c in response.choices] == ["stop", "stop"]
+    assert all(c.text == plain[:plain.index(stop)] for c in response.choices)
+    stats = _idle(server)
+    assert stats["num_running"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert time.monotonic() - started < 20   # neither sample ran on to 900 tokens

@@ -84,6 +84,9 @@ def test_rejected_requests_raise_typed_errors(pipeline):
     with Client(pipeline.client_addresses[0]) as client:
         with pytest.raises(RequestRejected, match="max_model_len = 1024"):
             client.generate([5] * 1025)
+        # A request that could never finish is refused up front, not cut short later.
+        with pytest.raises(RequestRejected, match=r"plus max_tokens \(30\) is 1030 tokens"):
+            client.generate([5] * 1000, SamplingParams(max_tokens=30))
         with pytest.raises(RequestRejected, match="temperature must be >= 0"):
             client._call(client._async._complete(
                 {"prompt": "x"}, _RawParams({"temperature": -1.0}), None, None))
@@ -102,7 +105,7 @@ class _RawParams:
 
 def test_abort_mid_stream_frees_blocks(pipeline):
     with Client(pipeline.client_addresses[0]) as client:
-        stream = client.stream([9] * 200, SamplingParams(max_tokens=1000, ignore_eos=True),
+        stream = client.stream([9] * 200, SamplingParams(max_tokens=800, ignore_eos=True),
                                request_id="abort-me")
         got = 0
         for delta in stream:
@@ -123,13 +126,13 @@ def test_explicit_abort_finishes_with_abort(pipeline):
     async def run():
         async with AsyncClient(pipeline.client_addresses[0]) as client:
             task = asyncio.create_task(client.generate(
-                [3] * 50, SamplingParams(max_tokens=2000, ignore_eos=True), request_id="cut"))
+                [3] * 50, SamplingParams(max_tokens=900, ignore_eos=True), request_id="cut"))
             await asyncio.sleep(0.5)
             await client.abort("cut")
             return await asyncio.wait_for(task, 10)
 
     result = asyncio.run(run())
-    assert result.finish_reason == "abort" and len(result.token_ids) < 2000
+    assert result.finish_reason == "abort" and len(result.token_ids) < 900
 
 
 def test_two_frontends_get_only_their_own_outputs(pipeline):
@@ -202,7 +205,7 @@ def test_killing_the_executor_fails_in_flight_requests_then_recovers(pipeline):
     async def run():
         async with AsyncClient(pipeline.client_addresses[0]) as client:
             jobs = [asyncio.create_task(client.generate(
-                [7] * 20, SamplingParams(max_tokens=5000, ignore_eos=True))) for _ in range(4)]
+                [7] * 20, SamplingParams(max_tokens=1000, ignore_eos=True))) for _ in range(4)]
             await asyncio.sleep(1.0)
             os.kill(pipeline.procs["executor"].pid, signal.SIGKILL)
             killed = time.monotonic()
@@ -233,7 +236,7 @@ def test_stopped_executor_fails_requests_and_resumes_after_sigcont(pipeline):
     async def run():
         async with AsyncClient(pipeline.client_addresses[1]) as client:
             job = asyncio.create_task(client.generate(
-                [4] * 30, SamplingParams(max_tokens=5000, ignore_eos=True)))
+                [4] * 30, SamplingParams(max_tokens=990, ignore_eos=True)))
             await asyncio.sleep(0.5)
             os.kill(executor.pid, signal.SIGSTOP)
             stopped = time.monotonic()
@@ -281,3 +284,24 @@ def test_stop_strings_and_logprobs_over_the_sdk(pipeline):
             time.sleep(0.05)
         stats = client.health()["stats"]
         assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_server_deadline_aborts_and_frees_blocks(pipeline):
+    from folio.errors import RequestTimeout
+
+    with Client(pipeline.client_addresses[0]) as client:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout, match="deadline of 0.5 s"):
+            client.generate([6] * 10, SamplingParams(max_tokens=1000, ignore_eos=True),
+                            deadline=0.5)
+        assert time.monotonic() - started < 3
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            stats = client.health()["stats"]
+            if stats["num_running"] == 0:
+                break
+            time.sleep(0.05)
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+        # A deadline that is not reached changes nothing.
+        assert len(client.generate([6] * 10, SamplingParams(max_tokens=4),
+                                   deadline=30).token_ids) == 4
