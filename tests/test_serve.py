@@ -15,6 +15,7 @@ import pytest
 from folio import SamplingParams
 from folio.client import Client
 from folio.errors import ServerUnreachable
+from tests.http_server import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +35,8 @@ def test_serve_starts_three_processes_and_stops_cleanly(llama_dir, tmp_path):
     address = f"ipc://{tmp_path}/client.sock"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "folio", "serve", "--model", str(llama_dir),
-                             "--zmq-address", address, "--num-kv-blocks", "128"],
+                             "--zmq-address", address, "--num-kv-blocks", "128",
+                             "--port", str(free_port())],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
