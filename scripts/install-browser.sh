@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs Debian's Chromium and its WebDriver for the chat-page test (tests/test_chat_page.py).
 # Does nothing when /usr/bin/chromium and /usr/bin/chromedriver are already there. Needs apt
-# and root (or sudo); .ci/run calls it before the tests. apt's output is shown only on failure.
+# and root (or sudo); scripts/setup.sh --test calls it. apt's output is shown only on failure.
 set -euo pipefail
 if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
     exit 0
