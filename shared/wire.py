@@ -2,7 +2,7 @@
 
 Every message is the msgpack array [version, type, body] where body is a map. Decoding
 never trusts the peer: sizes, types and ranges are checked, and any violation raises
-ProtocolError, which receivers log and answer or drop. Never pickle.
+ProtocolError, which receivers log and answer or drop. Only msgpack crosses a socket.
 """
 
 from __future__ import annotations
