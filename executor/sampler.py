@@ -90,7 +90,8 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, requests: list[CachedRequest]) -> torch.Tensor:
         params = [r.sampling for r in requests]
         device = logits.device
-        temperature = torch.tensor([max(p.temperature, 1e-5) for p in params], device=device)
+        temperature = torch.tensor([max(float(p.temperature), 1e-5) for p in params],
+                                   device=device)
         logits = logits / temperature[:, None]
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             logits = _apply_top_k_top_p(logits, [p.top_k for p in params],

@@ -115,6 +115,7 @@ class AsyncClient:
     async def _start(self) -> None:
         if self._sock is not None:
             return
+        self._lost = None
         self._ctx = zmq.asyncio.Context()
         self._sock = configure(self._ctx.socket(zmq.DEALER))
         if self._curve is not None:
@@ -127,6 +128,9 @@ class AsyncClient:
                        asyncio.create_task(self._watch(monitor))]
 
     async def close(self) -> None:
+        self._lost = "the client was closed"
+        for queue in self._queues.values():
+            queue.put_nowait(ServerUnreachable(self._lost))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -257,8 +261,8 @@ class AsyncClient:
         return item
 
     async def _send(self, payload: bytes) -> None:
-        if self._lost is not None:
-            raise ServerUnreachable(self._lost)
+        if self._lost is not None or self._sock is None:
+            raise ServerUnreachable(self._lost or "the client is closed")
         await self._sock.send(payload)
 
     async def _receive(self) -> None:

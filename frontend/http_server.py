@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from frontend.engine_client import EngineClient
 from frontend.metrics import Metrics
@@ -35,6 +36,15 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
     metrics = Metrics(model_name)
     engine.observers.append(metrics.observe)
     created = int(time.time())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        envelope = ApiError(error.status_code, str(error.detail),
+                            code="not_found" if error.status_code == 404 else None,
+                            error_type="not_found_error" if error.status_code == 404
+                            else "invalid_request_error")
+        return JSONResponse(envelope.body(), status_code=error.status_code,
+                            headers=getattr(error, "headers", None))
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
@@ -61,6 +71,11 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
             raise invalid(f"request body is not valid JSON: {error}") from None
         if not isinstance(body, dict):
             raise invalid("request body must be a JSON object")
+        try:   # JSON may carry lone surrogates ("\\ud800"); nothing downstream can encode them
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise invalid("request body contains text that is not valid Unicode "
+                          "(a lone surrogate)") from None
         name = body.get("model")
         if name is not None and name != model_name:
             raise ApiError(404, f"the model {name!r} does not exist; this server serves "
@@ -80,7 +95,12 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
         job, result = work.result()
         if isinstance(result, dict):
             return JSONResponse(result)
-        return StreamingResponse(_guarded(job, result), media_type="text/event-stream",
+        try:   # the first chunk waits for the engine's first answer, which may be a refusal
+            first = await result.__anext__()
+        except BaseException:
+            job.abort()
+            raise
+        return StreamingResponse(_guarded(job, result, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     @app.get("/v1/models")
@@ -126,10 +146,11 @@ async def _wait_disconnect(request: Request) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _guarded(job, stream):
+async def _guarded(job, stream, first: str):
     """Pass the SSE stream through; if it ends early (client gone), abort the request."""
     finished = False
     try:
+        yield first
         async for chunk in stream:
             yield chunk
         finished = True

@@ -112,6 +112,15 @@ def _usage(results: list[FinalResult]) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
+async def _first_event(job: _Job):
+    """A stream's first engine event, before any byte is sent: a refusal (queue full, bad
+    request, engine down) then becomes a plain HTTP error with its own status."""
+    item = await job.queue.get()
+    if item[0] == "error":
+        raise _error_from_engine(item[1], item[2])
+    return item
+
+
 def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -180,8 +189,10 @@ async def _stream_completion(job: _Job, request_id: str, created: int, model: st
                              include_usage: bool) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
     done: list[FinalResult] = []
+    pending = await _first_event(job)
     while len(done) < len(job.request_ids):
-        item = await job.queue.get()
+        item, pending = (pending, None) if pending is not None else (await job.queue.get(),
+                                                                     None)
         if item[0] == "delta":
             _, index, text, _, logprobs = item
             yield _sse({**head, "choices": [{"index": index, "text": text,
@@ -260,12 +271,14 @@ async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
                        include_usage: bool) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created,
             "model": model}
+    pending = await _first_event(job)
     for index in range(job.n):
         yield _sse({**head, "choices": [{"index": index, "delta": {"role": "assistant",
                                                                    "content": ""},
                                          "logprobs": None, "finish_reason": None}]})
     while True:
-        item = await job.queue.get()
+        item, pending = (pending, None) if pending is not None else (await job.queue.get(),
+                                                                     None)
         if item[0] == "delta":
             _, index, text, _, logprobs = item
             yield _sse({**head, "choices": [{"index": index, "delta": {"content": text},

@@ -35,10 +35,10 @@ def prompt_ids(tokenizer: Any, *, prompt: str | None = None,
 def check_prompt(ids: list[int], vocab_size: int, max_model_len: int | None) -> None:
     if not ids:
         raise PromptError("prompt must contain at least one token")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise PromptError(f"prompt token id {bad[0]} is outside the vocabulary "
-                          f"[0, {vocab_size})")
-    if max_model_len is not None and len(ids) > max_model_len:
+    if max_model_len is not None and len(ids) > max_model_len:   # cheap check first
         raise PromptError(f"prompt has {len(ids)} tokens, more than this model's maximum "
                           f"context length max_model_len = {max_model_len}")
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        bad = next(t for t in ids if not 0 <= t < vocab_size)
+        raise PromptError(f"prompt token id {bad} is outside the vocabulary "
+                          f"[0, {vocab_size})")

@@ -58,8 +58,14 @@ class ZmqGateway:
         self.sock.close(0)
 
     async def serve(self) -> None:
+        received = 0
         while True:
             frames = await self.sock.recv_multipart()
+            received += 1
+            if received % 64 == 0:
+                # A ready socket never suspends the await above: let the other tasks
+                # (scheduler link, HTTP) run during a burst.
+                await asyncio.sleep(0)
             if len(frames) != 2:
                 continue
             client, data = frames

@@ -65,9 +65,13 @@ class SchedulerService:
         self.auth = start_authenticator(self.ctx, keys)   # before any bind
         self.frontend_sock = make_server(configure(self.ctx.socket(zmq.ROUTER)), keys)
         self.frontend_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.frontend_sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.frontend_sock.bind(check_bind_address(config.frontend_address))
         self.executor_sock = make_server(configure(self.ctx.socket(zmq.ROUTER)), keys)
         self.executor_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A peer reconnecting with its old identity (after SIGSTOP/SIGCONT) takes over the
+        # stale pipe instead of being ignored.
+        self.executor_sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.executor_monitor = self.executor_sock.get_monitor_socket(DOWN_EVENTS)
         self.probe_until = 0.0   # probe the executor until then (a peer disconnected)
         self.executor_sock.bind(check_bind_address(config.executor_address))
@@ -298,6 +302,12 @@ class SchedulerService:
             self._fail_all(f"the executor failed a step: {body.str('message', 2000)}")
 
     def _on_executor_hello(self, identity: bytes, capacity: ExecutorCapacity, pid: int) -> None:
+        alive = time.monotonic() - self.executor_seen < self.config.executor_timeout_s
+        if (self.scheduler is not None and self.executor_id is not None
+                and identity != self.executor_id and alive):
+            log.warning("ignored a hello from %r: executor %d is attached and alive",
+                        identity, self.executor_pid)
+            return
         if self.scheduler is not None:
             self._fail_all("the executor restarted")
         self.executor_id, self.executor_pid = identity, pid

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 _GREEDY_EPS = 1e-5
+_INT32_MAX = 2**31 - 1        # token ids, counts and lengths all fit; msgpack and torch too
+_MAX_TEMPERATURE = 1e4
 
 
 @dataclass(frozen=True)
@@ -57,28 +59,34 @@ class SamplingParams:
                 raise TypeError(f"{name} must be a bool")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), low=0)
-        _check_int("n", self.n, low=1)
+                _check_int(name, getattr(self, name), low=0, high=_INT32_MAX,
+                           rule=">= 0")
+        _check_int("n", self.n, low=1, high=_INT32_MAX, rule=f">= 1 and <= {_INT32_MAX}")
         _check_number("temperature", self.temperature, low=0.0, rule=">= 0 (0 means greedy)")
+        if self.temperature > _MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be <= {_MAX_TEMPERATURE:g}, got "
+                             f"{self.temperature}")
         _check_number("top_p", self.top_p, rule="in (0, 1]")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        _check_int("top_k", self.top_k, low=-1, rule=">= 1, or 0 / -1 to disable")
+        _check_int("top_k", self.top_k, low=-1, high=_INT32_MAX,
+                   rule=f">= 1, or 0 / -1 to disable (at most {_INT32_MAX})")
         _check_number("min_p", self.min_p, rule="in [0, 1]")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None:
             _check_int("seed", self.seed, low=0, high=2**63 - 1)
         if self.max_tokens is not None:
-            _check_int("max_tokens", self.max_tokens, low=1)
-        _check_int("min_tokens", self.min_tokens, low=0)
+            _check_int("max_tokens", self.max_tokens, low=1, high=_INT32_MAX,
+                       rule=f">= 1 and <= {_INT32_MAX}")
+        _check_int("min_tokens", self.min_tokens, low=0, high=_INT32_MAX, rule=">= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} "
                 f"and max_tokens={self.max_tokens}"
             )
         for token_id in self.stop_token_ids:
-            _check_int("stop_token_ids", token_id, low=0)
+            _check_int("stop_token_ids", token_id, low=0, high=_INT32_MAX)
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
 
@@ -142,7 +150,7 @@ def _bias_map(value: Any) -> dict[int, float]:
         token, bias = pair
         if isinstance(token, str) and token.strip().lstrip("-").isdigit():
             token = int(token)
-        _check_int("logit_bias token id", token, low=0)
+        _check_int("logit_bias token id", token, low=0, high=_INT32_MAX)
         _check_number("logit_bias value", bias, rule="in [-100, 100]")
         if not -100.0 <= bias <= 100.0:
             raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
