@@ -165,19 +165,17 @@ class AsyncClient:
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
                      request_id: str | None = None, timeout: float | None = None,
                      deadline: float | None = None) -> AsyncIterator[Delta]:
-        async for item in self._run(_prompt_fields(prompt, deadline), params, request_id,
-                                    timeout, True):
-            if isinstance(item, Delta):
-                yield item
+        async for delta in self._deltas(_prompt_fields(prompt, deadline), params, request_id,
+                                        timeout):
+            yield delta
 
     async def stream_chat(self, messages: list[dict[str, str]],
                           params: SamplingParams | None = None, *,
                           request_id: str | None = None, timeout: float | None = None,
                           deadline: float | None = None) -> AsyncIterator[Delta]:
-        async for item in self._run(_chat_fields(messages, deadline), params, request_id,
-                                    timeout, True):
-            if isinstance(item, Delta):
-                yield item
+        async for delta in self._deltas(_chat_fields(messages, deadline), params, request_id,
+                                        timeout):
+            yield delta
 
     async def abort(self, request_id: str) -> None:
         await self._start()
@@ -194,6 +192,11 @@ class AsyncClient:
             self._queues.pop(request_id, None)
 
     # ---- internals ----------------------------------------------------------------------
+
+    async def _deltas(self, fields, params, request_id, timeout) -> AsyncIterator[Delta]:
+        async for item in self._run(fields, params, request_id, timeout, True):
+            if isinstance(item, Delta):
+                yield item
 
     async def _complete(self, fields, params, request_id, timeout) -> Completion:
         final = None

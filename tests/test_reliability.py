@@ -289,18 +289,12 @@ def test_a_burst_of_client_messages_does_not_fail_running_requests(healthy):
                     sock.send(m.pack("generate", {"id": f"big-{i}", "params": {},
                                                   "prompt_token_ids": [1] * 2**22}))
                 await asyncio.sleep(0.2)
-                try:
-                    during = await client.generate(PROBE_PROMPT, SamplingParams(
-                        max_tokens=8, **GREEDY), timeout=60)
-                except FolioError as error:
-                    during = error
+                during = await _value_or_error(client.generate(
+                    PROBE_PROMPT, SamplingParams(max_tokens=8, **GREEDY), timeout=60))
             finally:
                 sock.close()
                 ctx.term()
-            try:
-                running = await asyncio.wait_for(job, 60)
-            except FolioError as error:
-                running = error
+            running = await _value_or_error(asyncio.wait_for(job, 60))
             return running, during
 
     running, during = asyncio.run(run())
@@ -600,10 +594,7 @@ def test_an_accepted_but_absurd_parameter_fails_at_most_its_own_request(healthy)
             finally:
                 sock.close()
                 ctx.term()
-            try:
-                tokens = await asyncio.wait_for(bystander, 60)
-            except FolioError as error:
-                tokens = error
+            tokens = await _value_or_error(asyncio.wait_for(bystander, 60))
             return over_http, replies[-1], tokens
 
     over_http, over_sdk, tokens = asyncio.run(run())
@@ -903,6 +894,14 @@ async def _in_flight(http: httpx.AsyncClient, client: AsyncClient) -> dict[str, 
     return jobs
 
 
+async def _value_or_error(awaitable):
+    """What a call returned, or the Folio error it raised (tests assert on either)."""
+    try:
+        return await awaitable
+    except FolioError as error:
+        return error
+
+
 async def _outcomes(jobs: dict[str, asyncio.Task], timeout: float = 10.0) -> dict:
     """What each request ended with: an exception, or its result."""
     done, pending = await asyncio.wait(set(jobs.values()), timeout=timeout)
@@ -975,11 +974,8 @@ def test_scheduler_killed_fails_requests_and_everyone_reconnects_to_a_new_one(he
             healthy.signal("scheduler", signal.SIGKILL)
             outcome = await _outcomes(jobs)
             during = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
-            try:
-                await client.generate([1, 2], SamplingParams(max_tokens=2), timeout=10)
-                sdk_during = None
-            except FolioError as error:
-                sdk_during = error
+            sdk_during = await _value_or_error(
+                client.generate([1, 2], SamplingParams(max_tokens=2), timeout=10))
             return outcome, during, sdk_during
 
     outcome, during, sdk_during = asyncio.run(run())
@@ -1002,11 +998,8 @@ def test_frontend_killed_its_clients_see_errors_its_blocks_come_back(healthy):
             await asyncio.wait_for(started.wait(), 20)
             healthy.signal("frontend1", signal.SIGKILL)
             pending = (await _outcomes({"sdk": job}))["sdk"]
-            try:
-                await client.generate([1, 2], SamplingParams(max_tokens=2), timeout=5)
-                later = None
-            except FolioError as error:
-                later = error
+            later = await _value_or_error(
+                client.generate([1, 2], SamplingParams(max_tokens=2), timeout=5))
             freed = await asyncio.to_thread(healthy.wait_idle, 0, 5.0)
             healthy.start("frontend1")
             deadline = time.monotonic() + 60
