@@ -1,0 +1,251 @@
+// Paged attention on CPU, reading K/V through the block table in place.
+// Semantics: kernels/reference.py paged_attention_ref (layout in docs/kernels.md).
+//
+// Work item = (sequence, KV head, tile of up to kQueryTile query tokens). Its rows are those
+// tokens x the query heads of that KV head, so each K/V row loaded serves the whole GQA
+// group. Online softmax per row in float32, over tiles of kKeyTile context positions.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kKeyTile = 32;
+constexpr int kTargetRows = 16;          // query tokens per item = max(1, this / group)
+constexpr float kNoScore = -1e30f;       // running max before any key: finite, so no inf - inf
+
+inline float load(float x) { return x; }
+inline float load(c10::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// exp for x <= 0 (Cephes polynomial, ~1 ulp); plain arithmetic so loops over it vectorize.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;   // round to nearest
+  float f = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * f + 1.3981999507e-3f;
+  p = p * f + 8.3334519073e-3f;
+  p = p * f + 4.1665795894e-2f;
+  p = p * f + 1.6666665459e-1f;
+  p = p * f + 5.0000001201e-1f;
+  p = p * f * f + f + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+struct Item {
+  int32_t seq, kv_head, q_begin, q_end;   // query rows [q_begin, q_end) of `seq`
+  int64_t cost;
+};
+
+struct Args {
+  const int32_t* tables;
+  int64_t table_stride;
+  const int32_t* seq_lens;
+  const int32_t* starts;
+  int64_t block_size, head_dim, group;
+  float scale;
+};
+
+template <typename T>
+struct Tensor3 {  // [a, b, head_dim] with any strides but a packed last dim
+  T* data;
+  int64_t s0, s1;
+  T* row(int64_t i, int64_t j) const { return data + i * s0 + j * s1; }
+};
+
+template <typename T>
+void run_item(const Item& item, const Args& a, const Tensor3<const T>& query,
+              const T* key_cache, const T* value_cache, int64_t cache_s0, int64_t cache_s1,
+              int64_t cache_s2, const Tensor3<T>& out, std::vector<float>& buffer) {
+  const int64_t D = a.head_dim, G = a.group;
+  const int64_t tokens = item.q_end - item.q_begin, rows = tokens * G;
+  const int64_t seq_len = a.seq_lens[item.seq];
+  const int64_t q_start = a.starts[item.seq];
+  const int64_t first_pos = seq_len - (a.starts[item.seq + 1] - q_start);
+  buffer.resize(rows * (2 * D + 2) + kKeyTile);
+  float* q = buffer.data();              // [rows, D], pre-scaled
+  float* acc = q + rows * D;             // [rows, D]
+  float* row_max = acc + rows * D;       // [rows]
+  float* row_sum = row_max + rows;       // [rows]
+  float* scores = row_sum + rows;        // [kKeyTile], then the tile's probabilities
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t g = 0; g < G; ++g) {
+      const T* src = query.row(q_start + item.q_begin + t, item.kv_head * G + g);
+      float* dst = q + (t * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = load(src[d]) * a.scale;
+      row_max[t * G + g] = kNoScore;
+      row_sum[t * G + g] = 0.0f;
+    }
+  }
+  std::fill(acc, acc + rows * D, 0.0f);
+  const int32_t* table = a.tables + item.seq * a.table_stride;
+  const int64_t context = first_pos + item.q_end;   // positions this item's last row sees
+  const T* keys[kKeyTile];
+  const T* values[kKeyTile];
+  for (int64_t p0 = 0; p0 < context; p0 += kKeyTile) {
+    const int64_t n = std::min<int64_t>(kKeyTile, context - p0);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t p = p0 + j;
+      const int64_t offset = table[p / a.block_size] * cache_s0 + (p % a.block_size) * cache_s1 +
+                             item.kv_head * cache_s2;
+      keys[j] = key_cache + offset;
+      values[j] = value_cache + offset;
+    }
+    for (int64_t t = 0; t < tokens; ++t) {
+      // Causal: token t of the item sits at position first_pos + q_begin + t.
+      const int64_t visible = std::min<int64_t>(n, first_pos + item.q_begin + t + 1 - p0);
+      if (visible <= 0) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t r = t * G + g;
+        const float* qr = q + r * D;
+        float tile_max = kNoScore;
+        for (int64_t j = 0; j < visible; ++j) {
+          const T* k = keys[j];
+          float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+          for (int64_t d = 0; d < D; ++d) s += qr[d] * load(k[d]);
+          scores[j] = s;
+          tile_max = std::max(tile_max, s);
+        }
+        const float new_max = std::max(row_max[r], tile_max);
+        const float correction = exp_nonpositive(row_max[r] - new_max);
+        row_max[r] = new_max;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < visible; ++j) {
+          scores[j] = exp_nonpositive(scores[j] - new_max);
+          sum += scores[j];
+        }
+        row_sum[r] = row_sum[r] * correction + sum;
+        float* ar = acc + r * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) ar[d] *= correction;
+        for (int64_t j = 0; j < visible; ++j) {
+          const T* v = values[j];
+          const float pj = scores[j];
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) ar[d] += pj * load(v[d]);
+        }
+      }
+    }
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = t * G + g;
+      const float inv = 1.0f / row_sum[r];
+      T* dst = out.row(q_start + item.q_begin + t, item.kv_head * G + g);
+      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[r * D + d] * inv);
+    }
+  }
+}
+
+at::Tensor as_int32(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name,
+              " must be int32 or int64, got ", t.scalar_type());
+  return t.to(at::kInt).contiguous();
+}
+
+void check_rows(const at::Tensor& t, const char* name, int64_t heads, int64_t head_dim) {
+  TORCH_CHECK(t.dim() == 3 && t.size(1) == heads && t.size(2) == head_dim, name,
+              " must be [T, ", heads, ", ", head_dim, "], got ", t.sizes());
+  TORCH_CHECK(t.stride(2) == 1, name, " must have a packed last dimension");
+}
+
+void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_tables_in,
+                     const at::Tensor& seq_lens_in, const at::Tensor& query_start_loc_in,
+                     double scale) {
+  for (const at::Tensor* t : {&out, &query, &key_cache, &value_cache})
+    TORCH_CHECK(t->device().is_cpu(), "paged_attention_cpu needs CPU tensors");
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "query must be float32 or bfloat16, got ", dtype);
+  TORCH_CHECK(key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype &&
+                  out.scalar_type() == dtype,
+              "query, key_cache, value_cache and out must share a dtype");
+  TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
+                  value_cache.strides() == key_cache.strides(),
+              "key_cache and value_cache must be [num_blocks, block_size, kv_heads, head_dim] "
+              "with the same layout");
+  TORCH_CHECK(key_cache.stride(3) == 1, "caches must have a packed last dimension");
+  const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2);
+  const int64_t head_dim = key_cache.size(3), heads = query.size(1);
+  check_rows(query, "query", heads, head_dim);
+  check_rows(out, "out", heads, head_dim);
+  TORCH_CHECK(out.size(0) == query.size(0), "out must have query's shape");
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0,
+              "num_heads must be a multiple of num_kv_heads");
+  const at::Tensor tables = as_int32(block_tables_in, "block_tables");
+  const at::Tensor seq_lens = as_int32(seq_lens_in, "seq_lens");
+  const at::Tensor starts = as_int32(query_start_loc_in, "query_start_loc");
+  const int64_t num_seqs = seq_lens.numel();
+  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == num_seqs && starts.numel() == num_seqs + 1,
+              "block_tables must be [S, M] and query_start_loc [S + 1] for S = len(seq_lens)");
+
+  Args a{tables.data_ptr<int32_t>(), tables.size(1), seq_lens.data_ptr<int32_t>(),
+         starts.data_ptr<int32_t>(), block_size, head_dim, heads / kv_heads,
+         static_cast<float>(scale)};
+  const int64_t tile = std::max<int64_t>(1, kTargetRows / a.group);
+  std::vector<Item> items;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = a.starts[s + 1] - a.starts[s];
+    const int64_t first_pos = a.seq_lens[s] - q_len;
+    TORCH_CHECK(q_len >= 0 && first_pos >= 0 && a.starts[s + 1] <= query.size(0),
+                "sequence ", s, ": query_start_loc and seq_lens are inconsistent");
+    TORCH_CHECK((a.seq_lens[s] + block_size - 1) / block_size <= tables.size(1),
+                "sequence ", s, ": seq_len needs more blocks than block_tables has columns");
+    for (int64_t b = 0; b < q_len; b += tile) {
+      const int64_t e = std::min(q_len, b + tile);
+      for (int32_t h = 0; h < kv_heads; ++h)
+        items.push_back({s, h, static_cast<int32_t>(b), static_cast<int32_t>(e),
+                         (e - b) * (first_pos + e)});
+    }
+  }
+  // Longest first, handed out one at a time: uneven items still balance across threads.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  std::atomic<int64_t> next{0};
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), n_items);
+  if (n_items == 0) return;
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor3<const T> q{query.data_ptr<T>(), query.stride(0), query.stride(1)};
+    const Tensor3<T> o{out.data_ptr<T>(), out.stride(0), out.stride(1)};
+    const T* kc = key_cache.data_ptr<T>();
+    const T* vc = value_cache.data_ptr<T>();
+    at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+      std::vector<float> buffer;
+      for (int64_t i = next++; i < n_items; i = next++)
+        run_item<T>(items[i], a, q, kc, vc, key_cache.stride(0), key_cache.stride(1),
+                    key_cache.stride(2), o, buffer);
+    });
+  };
+  if (dtype == at::kFloat) launch(float{});
+  else launch(c10::BFloat16{});
+}
+
+}  // namespace
+
+TORCH_LIBRARY(folio, m) {
+  m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+        "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(folio, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -1,0 +1,112 @@
+"""The CPU paged-attention operator (kernels/cpu/paged_attention.cpp): build, load, call.
+
+It is built once at setup time (`python -m kernels.cpu_attention --build`, run by
+scripts/setup.sh) into $FOLIO_CPU_OPS_DIR, else `.folio-cache/cpu-ops/` beside this package.
+The build's name hashes the source, the compiler flags and the torch version, so at run time
+`load()` only loads a library that matches them, never compiles, and says why when it cannot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
+_FLAGS = ("-O3", "-fopenmp-simd")
+# "native" is for building on the machine that serves (setup.sh); "portable" for images
+# that may run elsewhere (the Dockerfile). load() prefers native when both exist.
+VARIANTS = {"native": _FLAGS + ("-march=native",), "portable": _FLAGS}
+
+
+def build_dir() -> Path:
+    configured = os.environ.get("FOLIO_CPU_OPS_DIR")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parent.parent / ".folio-cache" / "cpu-ops"
+
+
+def extension_name(variant: str) -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    for part in (*VARIANTS[variant], torch.__version__, platform.machine()):
+        digest.update(b"\0" + part.encode())
+    return f"folio_cpu_ops_{variant}_{digest.hexdigest()[:12]}"
+
+
+def library_path(variant: str) -> Path:
+    name = extension_name(variant)
+    return build_dir() / name / f"{name}.so"
+
+
+def build(variant: str = "native", verbose: bool = False) -> Path:
+    """Compile (ninja skips it when up to date) and load the library; returns its path."""
+    from torch.utils import cpp_extension
+
+    name = extension_name(variant)
+    directory = build_dir() / name
+    directory.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load(name, [str(SOURCE)], extra_cflags=list(VARIANTS[variant]),
+                       build_directory=str(directory), is_python_module=False,
+                       verbose=verbose)
+    load.cache_clear()
+    return directory / f"{name}.so"
+
+
+@dataclass(frozen=True)
+class LoadStatus:
+    ok: bool
+    detail: str          # the library's path, or why it is unavailable
+
+
+@functools.cache
+def load() -> LoadStatus:
+    """Load a prebuilt library for this source and torch; never compiles."""
+    for variant in VARIANTS:
+        path = library_path(variant)
+        if path.exists():
+            try:
+                torch.ops.load_library(str(path))
+            except (OSError, RuntimeError) as exc:
+                return LoadStatus(False, f"loading {path} failed: {exc}")
+            return LoadStatus(True, str(path))
+    return LoadStatus(False, f"no build for this source and torch {torch.__version__} in "
+                             f"{build_dir()} (build it: python -m kernels.cpu_attention --build)")
+
+
+def paged_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor,
+                        value_cache: torch.Tensor, block_tables: torch.Tensor,
+                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """Same meaning as reference.paged_attention_ref; float32 or bfloat16 CPU tensors."""
+    status = load()
+    if not status.ok:
+        raise RuntimeError(f"the CPU attention operator is unavailable: {status.detail}")
+    if out is None:
+        out = torch.empty_like(query)
+    torch.ops.folio.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
+                                    query_start_loc, float(scale))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", action="store_true", help="compile the operator")
+    parser.add_argument("--variant", choices=tuple(VARIANTS), default="native")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    if args.build:
+        print(f"built {build(args.variant, args.verbose)}")
+    status = load()
+    print(f"CPU attention operator: {status.detail}" if status.ok else
+          f"CPU attention operator unavailable: {status.detail}")
+    raise SystemExit(0 if status.ok else 1)
+
+
+if __name__ == "__main__":
+    main()
