@@ -55,9 +55,12 @@ def run_folio(model: Path, prompts, outputs, args) -> dict:
                            SamplingParams(temperature=0, max_tokens=count, ignore_eos=True))
     peak = {"blocks": 0, "utilization": 1.0, "running": 0}
     produced = 0
+    tokens: dict[str, list[int]] = {f"bench-{i}": [] for i in range(len(prompts))}
     start = time.perf_counter()
     while engine.has_unfinished_requests():
-        produced += sum(len(o.new_token_ids) for o in engine.step())
+        for output in engine.step():
+            produced += len(output.new_token_ids)
+            tokens[output.request_id] += output.new_token_ids
         peak["running"] = max(peak["running"], len(scheduler.running))
         if scheduler.pool.num_used > peak["blocks"]:   # measure only at a new peak
             peak["blocks"] = scheduler.pool.num_used
@@ -72,7 +75,9 @@ def run_folio(model: Path, prompts, outputs, args) -> dict:
             "max_model_len": max_model_len,
             # The same KV memory, reserved contiguously for max_model_len tokens a request:
             "contiguous_concurrency": peak_tokens // max_model_len,
-            "stats": llm.stats()}
+            "stats": llm.stats(),
+            # Per request, in order: bench/peer.py compares them with vLLM's.
+            "token_ids": [tokens[f"bench-{i}"] for i in range(len(prompts))]}
 
 
 def run_hf(model: Path, prompts, outputs) -> dict:
@@ -118,6 +123,7 @@ def main() -> None:
         report["transformers"] = run_hf(model, prompts, outputs)
         report["ratio"] = report["folio"]["tok_per_s"] / report["transformers"]["tok_per_s"]
     if args.json:
+        report["folio"].pop("token_ids")
         print(json.dumps(report, indent=2))
         return
     print(f"workload: {report['requests']} requests, {report['prompt_tokens']} prompt tokens, "
