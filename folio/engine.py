@@ -29,7 +29,11 @@ class InProcessEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty and not plan.finished_handles:
             return self.scheduler.take_pending_outputs()
-        result = self.executor.execute(plan)
+        try:
+            result = self.executor.execute(plan)
+        except BaseException:
+            self.scheduler.discard_unconfirmed()   # the blocks it was to write hold garbage
+            raise
         return self.scheduler.update(plan, result)
 
     def stats(self) -> dict[str, int | float]:

@@ -95,12 +95,23 @@ class BlockPool:
     def lookup(self, block_hash: bytes) -> int | None:
         return self._cached.get(block_hash)
 
-    def register(self, block_id: int, block_hash: bytes) -> None:
-        """Record that a used, full block holds the tokens `block_hash` names."""
+    def register(self, block_id: int, block_hash: bytes) -> bool:
+        """Record that a used, full block holds (or, once its step runs, will hold) the
+        tokens `block_hash` names. False if nothing changed."""
         if self._hash_of[block_id] is not None or block_hash in self._cached:
-            return   # already registered, or the same contents live in another block
+            return False   # already registered, or the same contents live in another block
         self._hash_of[block_id] = block_hash
         self._cached[block_hash] = block_id
+        return True
+
+    def unregister(self, block_id: int) -> None:
+        """Forget what a block holds (the step that was to write it failed)."""
+        if self._hash_of[block_id] is None:
+            return
+        if self._ref_counts[block_id] == 0:
+            self._num_cached_free -= 1
+        del self._cached[self._hash_of[block_id]]
+        self._hash_of[block_id] = None
 
     def _evict(self, block_id: int) -> None:
         block_hash = self._hash_of[block_id]

@@ -57,16 +57,26 @@ class KVCacheManager:
         """How many of `blocks` are cached-free, i.e. counted in the free pool today."""
         return sum(1 for b in blocks if self.pool.ref_count(b) == 0)
 
-    def register_full_blocks(self, request: Request) -> None:
-        """Make the request's computed full blocks findable by later requests."""
+    def register_full_blocks(self, request: Request, num_tokens: int) -> list[int]:
+        """Make the full blocks among the request's first `num_tokens` tokens findable by
+        later requests, as soon as those tokens are scheduled: a request admitted later in
+        the same step reads them after the step's forward pass wrote them (each layer writes
+        the cache for every token before attending). Only tokens whose ids are known count.
+        Returns the blocks newly registered."""
         if not self.enable_prefix_caching:
-            return
-        full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
+            return []
         tokens = request.all_token_ids
+        full = min(num_tokens, len(tokens)) // self.block_size
+        full = min(full, len(request.block_ids))
+        if full <= request.num_registered:
+            return []
         self._extend_hashes(request, tokens, full)
-        for index in range(request.num_registered, full):
-            self.pool.register(request.block_ids[index], request.block_hashes[index])
-        request.num_registered = max(request.num_registered, full)
+        registered = [block_id for block_id, block_hash in zip(
+            request.block_ids[request.num_registered:full],
+            request.block_hashes[request.num_registered:full])
+            if self.pool.register(block_id, block_hash)]
+        request.num_registered = full
+        return registered
 
     def _extend_hashes(self, request: Request, tokens: list[int], count: int) -> None:
         size = self.block_size

@@ -58,6 +58,8 @@ class Scheduler:
         self._forget_handles: list[int] = []      # the executor must drop these next step
         self._copies: list[tuple[int, int]] = []  # fork copies for the next plan
         self._pending_outputs: list[EngineOutput] = []
+        # Prefix-cache registrations whose step has not returned yet: (step id, block ids).
+        self._unconfirmed: deque[tuple[int, list[int]]] = deque()
         self._next_handle = 0
         self._next_step = 0
         self._next_admit = 0
@@ -122,6 +124,7 @@ class Scheduler:
         index = 0
         size = self.config.block_size
         chunked = self.config.enable_chunked_prefill
+        caching = self.config.enable_prefix_caching
         running = self.running
         while index < len(running) and budget > 0:
             request = running[index]
@@ -145,6 +148,8 @@ class Scheduler:
             if new_blocks is None:
                 break
             scheduled.append(_Scheduled(request, num_new, new_blocks))
+            if caching and computed + num_new >= (request.num_registered + 1) * size:
+                self._register(request, computed + num_new, step)
             budget -= num_new
             index += 1
 
@@ -160,11 +165,9 @@ class Scheduler:
         outputs, self._pending_outputs = self._pending_outputs, []
         limit = self.config.max_request_len
         eos = self.config.eos_token_ids
-        if self.config.enable_prefix_caching:
-            size = self.config.block_size
-            for request in self.running:
-                if request.num_computed_tokens >= (request.num_registered + 1) * size:
-                    self.kv.register_full_blocks(request)
+        unconfirmed = self._unconfirmed
+        while unconfirmed and unconfirmed[0][0] <= plan.step_id:
+            unconfirmed.popleft()   # the step ran: its blocks hold what their hashes say
         by_handle = self._by_handle
         running = RequestStatus.RUNNING
         for handle, start, entries in result.prompt_logprobs:
@@ -193,6 +196,19 @@ class Scheduler:
                 logprobs=None if entry is None else [entry],
                 queued_s=request.queue_s if len(request.output_token_ids) == 1 else None))
         return outputs
+
+    def discard_unconfirmed(self) -> None:
+        """A step failed: blocks registered for steps that never returned may hold garbage,
+        so no later request may find them. Call it before failing the requests."""
+        lost = {block_id for _, blocks in self._unconfirmed for block_id in blocks}
+        self._unconfirmed.clear()
+        for block_id in lost:
+            self.pool.unregister(block_id)
+        for request in self.running:
+            for index, block_id in enumerate(request.block_ids[:request.num_registered]):
+                if block_id in lost:
+                    request.num_registered = index
+                    break
 
     # ---- introspection ------------------------------------------------------------------
 
@@ -242,6 +258,7 @@ class Scheduler:
             request.block_ids = gpu_blocks
             self._resume(request, step)
             scheduled.append(_Scheduled(request, num_new, gpu_blocks))
+            self._register(request, request.num_computed_tokens + num_new, step)
             budget -= num_new
         return budget
 
@@ -272,6 +289,8 @@ class Scheduler:
                 request.queue_s = time.monotonic() - request.arrival_time
             self._resume(request, step)
             scheduled.append(_Scheduled(request, num_new, new_blocks))
+            # Registered now, so the next request admitted in this step shares them.
+            self._register(request, request.num_computed_tokens + num_new, step)
             budget -= num_new
 
     def _fork(self, first: Request) -> None:
@@ -392,6 +411,11 @@ class Scheduler:
         del self.requests[request.request_id]
         del self._by_handle[request.handle]
         self.counters["num_finished"] += 1
+
+    def _register(self, request: Request, num_tokens: int, step: int) -> None:
+        blocks = self.kv.register_full_blocks(request, num_tokens)
+        if blocks:
+            self._unconfirmed.append((step, blocks))
 
     def _forget_on_executor(self, request: Request) -> None:
         if request.on_executor:

@@ -299,6 +299,8 @@ class SchedulerService:
         elif msg_type == "result":
             self._on_result(m.decode_result(body))
         elif msg_type == "executor_error":
+            if self.scheduler is not None:
+                self.scheduler.discard_unconfirmed()   # that step's blocks hold garbage
             self._fail_all(f"the executor failed a step: {body.str('message', 2000)}")
 
     def _on_executor_hello(self, identity: bytes, capacity: ExecutorCapacity, pid: int) -> None:

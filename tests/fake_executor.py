@@ -6,9 +6,12 @@ The fake KV cache holds, per slot of every GPU block and every swap block, a sta
 KV a real model would have written there: (position, token id, digest of every token up to
 and including it). Like real KV, this depends on the whole prefix and not on which request
 wrote it. Each step applies the plan's block moves in the executor's order (copies, then
-swap-out, then swap-in, see executor/block_mover.py), checks that every context position a
-scheduled request attends to holds exactly its own prefix's KV (so prefix-cache hits, forks,
-swap-in and copies delivered the right contents), then writes the scheduled tokens' KV.
+swap-out, then swap-in, see executor/block_mover.py), writes the scheduled tokens' KV, then
+checks that every context position a scheduled request attends to holds exactly its own
+prefix's KV (so prefix-cache hits, forks, swap-in and copies delivered the right contents).
+Writing every row before any row attends is what the real executor does per layer
+(reshape_and_cache, then attention): a request may read a block that another request of the
+same step writes, which is how a prefix registered when it was scheduled is shared at once.
 
 The sampled token is a function of the request's token ids so far: two requests with the
 same history produce the same token, whatever else happened (preemption, swap, chunking...).
@@ -78,8 +81,7 @@ class FakeExecutor:
         assert len(handles) == len(set(handles)), "request scheduled twice in one step"
 
         self._move(plan)
-        reads, writes = self._check_and_write(scheduled)
-        assert not reads & writes.keys(), "a step writes a slot that another request reads"
+        self._write_and_check(scheduled)
 
         result = StepResult(plan.step_id)
         for handle, held, _ in scheduled:
@@ -126,25 +128,22 @@ class FakeExecutor:
             for (_, dst), contents in zip(pairs, gathered):
                 target[dst] = contents
 
-    def _check_and_write(self, scheduled: list[tuple[int, _Held, int]]
-                         ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], int]]:
+    def _write_and_check(self, scheduled: list[tuple[int, _Held, int]]) -> None:
         size = self.block_size
-        reads: set[tuple[int, int]] = set()
         writes: dict[tuple[int, int], int] = {}
+        starts = []
         for handle, held, count in scheduled:
             assert count >= 1
             start, end = held.computed, held.computed + count
             assert end <= len(held.tokens), "computing unknown tokens"
             assert len(held.blocks) * size >= end, "no slot"
             assert len(held.blocks) == len(set(held.blocks)), f"block twice in {held.blocks}"
-            self.check_context(held.tokens, held.blocks, start, what=f"handle {handle}")
-            reads.update((held.blocks[p // size], p % size) for p in range(start))
             for position in range(start, end):
                 slot = (held.blocks[position // size], position % size)
                 assert slot not in writes, f"handles {writes[slot]} and {handle} write {slot}"
                 writes[slot] = handle
-        for handle, held, count in scheduled:
-            for position in range(held.computed, held.computed + count):
-                self.gpu[held.blocks[position // size]][position % size] = held.kv(position)
+                self.gpu[slot[0]][slot[1]] = held.kv(position)
+            starts.append(start)
+        for (handle, held, count), start in zip(scheduled, starts):
+            self.check_context(held.tokens, held.blocks, start + count, what=f"handle {handle}")
             held.computed += count
-        return reads, writes

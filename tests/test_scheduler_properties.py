@@ -387,3 +387,41 @@ def test_block_pool_refcounts():
         assert "released while free" in str(error)
     else:
         raise AssertionError("double release must fail")
+
+
+def _burst_config(**changes) -> SchedulerConfig:
+    return SchedulerConfig(**{**dict(
+        num_kv_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=256,
+        max_model_len=MAX_MODEL_LEN, eos_token_ids=(EOS,), vocab_size=VOCAB), **changes})
+
+
+def test_burst_shares_blocks_scheduled_in_the_same_step():
+    """Five requests with a 20-token common prefix, admitted in one step: the last four take
+    the first one's five blocks at once (the fake executor writes every row before checking
+    what each row attends to, as the real one does per layer)."""
+    driver = Driver(_burst_config())
+    for i in range(5):
+        driver.add(f"b{i}", PREFIXES[0][:20] + [i, i + 1], SamplingParams(max_tokens=6))
+    driver.step()
+    assert driver.scheduler.stats()["prefix_cache_hits"] == 4 * 20
+    assert len(driver.scheduler.running) == 5
+    check_scheduler(driver)
+    driver.drain()
+    driver.assert_idle()
+
+
+def test_a_failed_step_leaves_no_registered_block_to_find():
+    prompt = PREFIXES[1][:20] + [9]
+    params = SamplingParams(max_tokens=4)
+    for failed in (False, True):
+        scheduler = Scheduler(_burst_config())
+        scheduler.add_request("a", prompt, params)
+        scheduler.schedule()                 # registers a's five full blocks
+        if failed:
+            scheduler.discard_unconfirmed()  # ... but the step never ran
+        scheduler.abort_request("a")
+        scheduler.add_request("b", prompt, params)
+        (new,) = scheduler.schedule().new_requests
+        assert new.num_computed_tokens == (0 if failed else 20)
+        if failed:
+            assert scheduler.pool.num_cached_free == 0
