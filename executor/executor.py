@@ -9,7 +9,9 @@ import torch
 
 from executor.block_mover import BlockMover, allocate_swap_pool, measure_swap_bytes_per_s
 from executor.input_batch import InputBatch
+from executor.cpu_threads import apply_cpu_threads
 from executor.kv_cache import allocate_kv_cache, bytes_per_block
+from executor.linear import PackedLinear, pack_linears
 from executor.model_config import ModelConfig
 from executor.model_loader import load_model
 from executor.ops import select_ops
@@ -47,9 +49,14 @@ class Executor:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.model_config.torch_dtype, self.device)
         self.max_model_len = self._max_model_len()
+        self.cpu_threads = apply_cpu_threads(config.cpu_threads) if self.device.type == "cpu" \
+            else None
         self.ops = select_ops(config.attention_backend, self.device)
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
                                 self.device, self.max_model_len)
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+        self.linear_backend = pack_linears(self.model, self.device, self.dtype,
+                                           config.linear_backend)
         self.num_kv_blocks = self._num_kv_blocks()
         self.kv_caches = allocate_kv_cache(self.model_config, self.num_kv_blocks,
                                            config.block_size, self.dtype, self.device)
@@ -61,9 +68,10 @@ class Executor:
         self.cost_model = self._measure_costs() if config.preemption_mode == "auto" else (0, 0)
         self.batch = InputBatch(config.block_size, self.device)
         self.sampler = Sampler(self.device, config.seed, self.model_config.eos_token_ids)
-        log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens, %s kernels",
-                 self.model_config.architecture, self.device, self.dtype, self.num_kv_blocks,
-                 config.block_size, self.ops.name)
+        log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens, %s kernels, "
+                 "%s linear layers%s", self.model_config.architecture, self.device, self.dtype,
+                 self.num_kv_blocks, config.block_size, self.ops.name, self.linear_backend,
+                 f", {self.cpu_threads} CPU threads" if self.cpu_threads else "")
 
     @property
     def capacity(self) -> ExecutorCapacity:
@@ -153,22 +161,23 @@ class Executor:
         """(prefill tokens/s, swap bytes/s) for the scheduler's swap-or-recompute estimate."""
         cfg = self.model_config
         tokens = min(self.config.max_num_batched_tokens, 512)
-        params = sum(p.numel() for p in self.model.parameters())
         x = torch.randn(tokens, cfg.hidden_size, dtype=self.dtype, device=self.device)
-        w = torch.randn(cfg.hidden_size, cfg.intermediate_size, dtype=self.dtype,
-                        device=self.device)
-        x @ w
+        linear = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False,
+                                 dtype=self.dtype, device=self.device)
+        if self.linear_backend == "onednn":   # time the matmul the model really runs
+            linear = PackedLinear(linear)
+        linear(x)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(3):
-            x @ w
+            linear(x)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         flops = 3 * 2 * tokens * cfg.hidden_size * cfg.intermediate_size / max(
             time.perf_counter() - start, 1e-9)
         swap = measure_swap_bytes_per_s(self.kv_caches[0][0]) if self.num_swap_blocks else 0.0
-        return flops / (2 * params), swap
+        return flops / (2 * self.num_params), swap
 
     def _activation_reserve(self) -> int:
         # Logits plus a few hidden-sized buffers for a full token budget, with headroom.

@@ -14,15 +14,18 @@ import os
 import sys
 from typing import Any
 
-from shared.config import ATTENTION_BACKENDS, DEVICES, DTYPES, PREEMPTION_MODES, EngineConfig
+from shared.config import (ATTENTION_BACKENDS, DEVICES, DTYPES, LINEAR_BACKENDS,
+                           PREEMPTION_MODES, EngineConfig)
 
 ROLES = ("frontend", "scheduler", "executor")
 _CHOICES = {"dtype": DTYPES, "device": DEVICES, "attention_backend": ATTENTION_BACKENDS,
-            "preemption_mode": PREEMPTION_MODES}
+            "linear_backend": LINEAR_BACKENDS, "preemption_mode": PREEMPTION_MODES}
 _HELP = {
     "tokenizer": "tokenizer directory (default: the model directory)",
     "num_kv_blocks": "KV blocks in the pool (default: sized from memory)",
     "max_model_len": "context limit (default: the model's max_position_embeddings)",
+    "cpu_threads": "executor's torch threads on CPU (default: every core it may use, less "
+                   "one per other Folio process placed on the machine)",
 }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+LINEAR_BACKENDS = ("auto", "onednn", "torch")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
@@ -35,6 +36,8 @@ class EngineConfig:
     swap_space: float = 1.0                # GiB of CPU swap pool (when preemption may swap)
     num_swap_blocks: int | None = None     # overrides swap_space
     attention_backend: str = "auto"
+    linear_backend: str = "auto"           # CPU matmuls: oneDNN prepacked, or plain F.linear
+    cpu_threads: int | None = None         # executor's torch threads on CPU (None: measured)
     seed: int = 0
     max_logprobs: int = 20                 # the largest logprobs / prompt_logprobs accepted
     max_n: int = 64                        # the largest n accepted
@@ -45,6 +48,9 @@ class EngineConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("device", self.device, DEVICES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _choice("linear_backend", self.linear_backend, LINEAR_BACKENDS)
+        if self.cpu_threads is not None:
+            _positive("cpu_threads", self.cpu_threads)
         _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         if self.num_swap_blocks is not None and self.num_swap_blocks < 0:
             raise ValueError(f"num_swap_blocks must be >= 0, got {self.num_swap_blocks}")
