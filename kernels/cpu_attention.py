@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
-_FLAGS = ("-O3", "-fopenmp-simd")
+# ISO C++ mode turns FMA contraction off; the kernel wants it.
+_FLAGS = ("-O3", "-fopenmp-simd", "-ffp-contract=fast")
 # "native" is for building on the machine that serves (setup.sh); "portable" for images
 # that may run elsewhere (the Dockerfile). load() prefers native when both exist.
 VARIANTS = {"native": _FLAGS + ("-march=native",), "portable": _FLAGS}

@@ -1,9 +1,10 @@
 // Paged attention on CPU, reading K/V through the block table in place.
 // Semantics: kernels/reference.py paged_attention_ref (layout in docs/kernels.md).
 //
-// Work item = (sequence, KV head, tile of up to kQueryTile query tokens). Its rows are those
-// tokens x the query heads of that KV head, so each K/V row loaded serves the whole GQA
-// group. Online softmax per row in float32, over tiles of kKeyTile context positions.
+// Work item = (sequence, tile of up to kChunkTokens query tokens), every head: the item
+// streams each cache block once, all KV heads of a position being contiguous, and each K/V
+// row serves its whole GQA group. Online softmax per row in float32, over tiles of kKeyTile
+// context positions.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -18,7 +19,7 @@
 namespace {
 
 constexpr int kKeyTile = 32;
-constexpr int kTargetRows = 16;          // query tokens per item = max(1, this / group)
+constexpr int64_t kChunkTokens = 16;     // query tokens per work item
 constexpr float kNoScore = -1e30f;       // running max before any key: finite, so no inf - inf
 
 inline float load(float x) { return x; }
@@ -48,7 +49,7 @@ inline float exp_nonpositive(float x) {
 }
 
 struct Item {
-  int32_t seq, kv_head, q_begin, q_end;   // query rows [q_begin, q_end) of `seq`
+  int32_t seq, q_begin, q_end;   // query rows [q_begin, q_end) of `seq`, every head
   int64_t cost;
 };
 
@@ -57,98 +58,200 @@ struct Args {
   int64_t table_stride;
   const int32_t* seq_lens;
   const int32_t* starts;
-  int64_t block_size, head_dim, group;
+  int64_t block_size, head_dim, heads, kv_heads;
+  int64_t cache_s0, cache_s1, cache_s2;
   float scale;
 };
 
 template <typename T>
-struct Tensor3 {  // [a, b, head_dim] with any strides but a packed last dim
+struct Rows {  // [tokens, heads, head_dim] with any strides but a packed last dim
   T* data;
   int64_t s0, s1;
   T* row(int64_t i, int64_t j) const { return data + i * s0 + j * s1; }
 };
 
-template <typename T>
-void run_item(const Item& item, const Args& a, const Tensor3<const T>& query,
-              const T* key_cache, const T* value_cache, int64_t cache_s0, int64_t cache_s1,
-              int64_t cache_s2, const Tensor3<T>& out, std::vector<float>& buffer) {
-  const int64_t D = a.head_dim, G = a.group;
-  const int64_t tokens = item.q_end - item.q_begin, rows = tokens * G;
-  const int64_t seq_len = a.seq_lens[item.seq];
+// 16 floats; the compiler splits it into the widest registers the target has.
+typedef float Vec __attribute__((vector_size(64)));
+typedef float Vec8 __attribute__((vector_size(32)));
+typedef float Vec4 __attribute__((vector_size(16)));
+constexpr int kLanes = 16;
+
+inline Vec load_vec(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline Vec load_vec(const c10::BFloat16* p) {
+  typedef uint16_t Half16 __attribute__((vector_size(32)));
+  typedef uint32_t Word16 __attribute__((vector_size(64)));
+  Half16 h;
+  std::memcpy(&h, p, sizeof h);
+  const Word16 w = __builtin_convertvector(h, Word16) << 16;
+  Vec v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+inline float hsum(Vec v) {
+  const Vec8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Vec4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) +
+                 __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// kD > 0: head_dim is that multiple of kLanes, known at compile time, so a row is a few
+// vector registers. kD == 0: any head_dim, plain loops.
+template <typename T, int kD>
+inline float dot(const float* q, const T* k, int64_t D) {
+  if constexpr (kD > 0) {
+    Vec s = load_vec(q) * load_vec(k);
+#pragma GCC unroll 8
+    for (int c = kLanes; c < kD; c += kLanes) s += load_vec(q + c) * load_vec(k + c);
+    return hsum(s);
+  } else {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t d = 0; d < D; ++d) s += q[d] * load(k[d]);
+    return s;
+  }
+}
+
+// acc[D] += sum_j p[j] * values[j][D]
+template <typename T, int kD>
+inline void accumulate(float* acc, const float* p, const T* const* values, int64_t offset,
+                       int64_t n, int64_t D) {
+  if constexpr (kD > 0) {
+    Vec local[kD / kLanes];
+#pragma GCC unroll 8
+    for (int c = 0; c < kD / kLanes; ++c) local[c] = load_vec(acc + c * kLanes);
+    for (int64_t j = 0; j < n; ++j) {
+      const T* v = values[j] + offset;
+#pragma GCC unroll 8
+      for (int c = 0; c < kD / kLanes; ++c) local[c] += p[j] * load_vec(v + c * kLanes);
+    }
+    std::memcpy(acc, local, sizeof local);
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const T* v = values[j] + offset;
+      const float pj = p[j];
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) acc[d] += pj * load(v[d]);
+    }
+  }
+}
+
+// scores[0:kKeyTile] = q . keys_t, keys_t being [D, kKeyTile]
+template <int kD>
+inline void transposed_scores(const float* q, const float* keys_t, float* scores, int64_t D) {
+  static_assert(kKeyTile == 2 * kLanes, "two vectors of scores");
+  if constexpr (kD > 0) D = kD;
+  Vec s0 = {}, s1 = {};
+  for (int64_t d = 0; d < D; ++d) {
+    s0 += q[d] * load_vec(keys_t + d * kKeyTile);
+    s1 += q[d] * load_vec(keys_t + d * kKeyTile + kLanes);
+  }
+  std::memcpy(scores, &s0, sizeof s0);
+  std::memcpy(scores + kLanes, &s1, sizeof s1);
+}
+
+// Many rows per KV head (prompt chunks): transpose the key tile once, then each row's scores
+// are a broadcast-FMA over the tile's positions instead of one horizontal sum per key.
+constexpr int64_t kTransposeRows = 4;
+
+template <typename T, int kD>
+void run_item(const Item& item, const Args& a, const Rows<const T>& query, const T* key_cache,
+              const T* value_cache, const Rows<T>& out, std::vector<float>& buffer) {
+  const int64_t D = kD > 0 ? kD : a.head_dim;
+  const int64_t H = a.heads, G = a.heads / a.kv_heads;
+  const int64_t tokens = item.q_end - item.q_begin, rows = tokens * H;
   const int64_t q_start = a.starts[item.seq];
-  const int64_t first_pos = seq_len - (a.starts[item.seq + 1] - q_start);
-  buffer.resize(rows * (2 * D + 2) + kKeyTile);
-  float* q = buffer.data();              // [rows, D], pre-scaled
+  const int64_t first_pos = a.seq_lens[item.seq] - (a.starts[item.seq + 1] - q_start);
+  const bool transpose = tokens * G >= kTransposeRows;
+  buffer.assign(rows * (2 * D + 2) + kKeyTile * (transpose ? D + 1 : 1), 0.0f);
+  float* q = buffer.data();              // [rows, D], pre-scaled; row r = token * H + head
   float* acc = q + rows * D;             // [rows, D]
   float* row_max = acc + rows * D;       // [rows]
   float* row_sum = row_max + rows;       // [rows]
   float* scores = row_sum + rows;        // [kKeyTile], then the tile's probabilities
+  float* keys_t = scores + kKeyTile;     // [D, kKeyTile] when transposing
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t g = 0; g < G; ++g) {
-      const T* src = query.row(q_start + item.q_begin + t, item.kv_head * G + g);
-      float* dst = q + (t * G + g) * D;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* src = query.row(q_start + item.q_begin + t, h);
+      float* dst = q + (t * H + h) * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = load(src[d]) * a.scale;
-      row_max[t * G + g] = kNoScore;
-      row_sum[t * G + g] = 0.0f;
+      row_max[t * H + h] = kNoScore;
     }
   }
-  std::fill(acc, acc + rows * D, 0.0f);
   const int32_t* table = a.tables + item.seq * a.table_stride;
   const int64_t context = first_pos + item.q_end;   // positions this item's last row sees
+  const int64_t position_bytes = a.kv_heads * D * static_cast<int64_t>(sizeof(T));
+  auto position_offset = [&](int64_t p) {
+    return table[p / a.block_size] * a.cache_s0 + (p % a.block_size) * a.cache_s1;
+  };
   const T* keys[kKeyTile];
   const T* values[kKeyTile];
   for (int64_t p0 = 0; p0 < context; p0 += kKeyTile) {
     const int64_t n = std::min<int64_t>(kKeyTile, context - p0);
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t p = p0 + j;
-      const int64_t offset = table[p / a.block_size] * cache_s0 + (p % a.block_size) * cache_s1 +
-                             item.kv_head * cache_s2;
+      const int64_t offset = position_offset(p0 + j);
       keys[j] = key_cache + offset;
       values[j] = value_cache + offset;
     }
-    for (int64_t t = 0; t < tokens; ++t) {
-      // Causal: token t of the item sits at position first_pos + q_begin + t.
-      const int64_t visible = std::min<int64_t>(n, first_pos + item.q_begin + t + 1 - p0);
-      if (visible <= 0) continue;
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t r = t * G + g;
-        const float* qr = q + r * D;
-        float tile_max = kNoScore;
-        for (int64_t j = 0; j < visible; ++j) {
-          const T* k = keys[j];
-          float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < D; ++d) s += qr[d] * load(k[d]);
-          scores[j] = s;
-          tile_max = std::max(tile_max, s);
+    // Blocks are scattered, so the hardware prefetcher cannot guess the next tile.
+    for (int64_t p = p0 + kKeyTile; p < std::min(context, p0 + 2 * kKeyTile); ++p) {
+      const char* k = reinterpret_cast<const char*>(key_cache + position_offset(p));
+      const char* v = reinterpret_cast<const char*>(value_cache + position_offset(p));
+      for (int64_t b = 0; b < position_bytes; b += 64) {
+        __builtin_prefetch(k + b);
+        __builtin_prefetch(v + b);
+      }
+    }
+    for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
+      const int64_t head_offset = kv * a.cache_s2;
+      if (transpose) {
+        for (int64_t j = 0; j < n; ++j) {
+          const T* k = keys[j] + head_offset;
+          for (int64_t d = 0; d < D; ++d) keys_t[d * kKeyTile + j] = load(k[d]);
         }
-        const float new_max = std::max(row_max[r], tile_max);
-        const float correction = exp_nonpositive(row_max[r] - new_max);
-        row_max[r] = new_max;
-        float sum = 0.0f;
+      }
+      for (int64_t t = 0; t < tokens; ++t) {
+        // Causal: token t of the item sits at position first_pos + q_begin + t.
+        const int64_t visible = std::min<int64_t>(n, first_pos + item.q_begin + t + 1 - p0);
+        if (visible <= 0) continue;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = t * H + kv * G + g;
+          const float* qr = q + r * D;
+          if (transpose) {
+            transposed_scores<kD>(qr, keys_t, scores, D);
+          } else {
+            for (int64_t j = 0; j < visible; ++j)
+              scores[j] = dot<T, kD>(qr, keys[j] + head_offset, D);
+          }
+          float tile_max = kNoScore;
+          for (int64_t j = 0; j < visible; ++j) tile_max = std::max(tile_max, scores[j]);
+          const float new_max = std::max(row_max[r], tile_max);
+          const float correction = exp_nonpositive(row_max[r] - new_max);
+          row_max[r] = new_max;
+          float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < visible; ++j) {
-          scores[j] = exp_nonpositive(scores[j] - new_max);
-          sum += scores[j];
-        }
-        row_sum[r] = row_sum[r] * correction + sum;
-        float* ar = acc + r * D;
+          for (int64_t j = 0; j < visible; ++j) {
+            scores[j] = exp_nonpositive(scores[j] - new_max);
+            sum += scores[j];
+          }
+          row_sum[r] = row_sum[r] * correction + sum;
+          float* ar = acc + r * D;
 #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) ar[d] *= correction;
-        for (int64_t j = 0; j < visible; ++j) {
-          const T* v = values[j];
-          const float pj = scores[j];
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ar[d] += pj * load(v[d]);
+          for (int64_t d = 0; d < D; ++d) ar[d] *= correction;
+          accumulate<T, kD>(ar, scores, values, head_offset, visible, D);
         }
       }
     }
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t r = t * G + g;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t r = t * H + h;
       const float inv = 1.0f / row_sum[r];
-      T* dst = out.row(q_start + item.q_begin + t, item.kv_head * G + g);
+      T* dst = out.row(q_start + item.q_begin + t, h);
       for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[r * D + d] * inv);
     }
   }
@@ -199,9 +302,10 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
               "block_tables must be [S, M] and query_start_loc [S + 1] for S = len(seq_lens)");
 
   Args a{tables.data_ptr<int32_t>(), tables.size(1), seq_lens.data_ptr<int32_t>(),
-         starts.data_ptr<int32_t>(), block_size, head_dim, heads / kv_heads,
+         starts.data_ptr<int32_t>(), block_size, head_dim, heads, kv_heads,
+         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
          static_cast<float>(scale)};
-  const int64_t tile = std::max<int64_t>(1, kTargetRows / a.group);
+  // Decodes: one item per sequence. Chunks: tiles of kChunkTokens tokens.
   std::vector<Item> items;
   for (int32_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = a.starts[s + 1] - a.starts[s];
@@ -210,35 +314,43 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
                 "sequence ", s, ": query_start_loc and seq_lens are inconsistent");
     TORCH_CHECK((a.seq_lens[s] + block_size - 1) / block_size <= tables.size(1),
                 "sequence ", s, ": seq_len needs more blocks than block_tables has columns");
-    for (int64_t b = 0; b < q_len; b += tile) {
-      const int64_t e = std::min(q_len, b + tile);
-      for (int32_t h = 0; h < kv_heads; ++h)
-        items.push_back({s, h, static_cast<int32_t>(b), static_cast<int32_t>(e),
-                         (e - b) * (first_pos + e)});
+    for (int64_t b = 0; b < q_len; b += kChunkTokens) {
+      const int64_t e = std::min(q_len, b + kChunkTokens);
+      items.push_back({s, static_cast<int32_t>(b), static_cast<int32_t>(e),
+                       (e - b) * (first_pos + e)});
     }
   }
+  if (items.empty()) return;
   // Longest first, handed out one at a time: uneven items still balance across threads.
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& x, const Item& y) { return x.cost > y.cost; });
-  std::atomic<int64_t> next{0};
-  const int64_t n_items = static_cast<int64_t>(items.size());
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), n_items);
-  if (n_items == 0) return;
-  auto launch = [&](auto tag) {
+  auto launch = [&](auto tag, auto fixed_dim) {
     using T = decltype(tag);
-    const Tensor3<const T> q{query.data_ptr<T>(), query.stride(0), query.stride(1)};
-    const Tensor3<T> o{out.data_ptr<T>(), out.stride(0), out.stride(1)};
+    constexpr int kD = decltype(fixed_dim)::value;
+    const Rows<const T> q{query.data_ptr<T>(), query.stride(0), query.stride(1)};
+    const Rows<T> o{out.data_ptr<T>(), out.stride(0), out.stride(1)};
     const T* kc = key_cache.data_ptr<T>();
     const T* vc = value_cache.data_ptr<T>();
-    at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-      std::vector<float> buffer;
-      for (int64_t i = next++; i < n_items; i = next++)
-        run_item<T>(items[i], a, q, kc, vc, key_cache.stride(0), key_cache.stride(1),
-                    key_cache.stride(2), o, buffer);
-    });
+    const int64_t n_items = static_cast<int64_t>(items.size());
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_items), 1,
+                     [&](int64_t, int64_t) {
+                       std::vector<float> buffer;
+                       for (int64_t i = next++; i < n_items; i = next++)
+                         run_item<T, kD>(items[i], a, q, kc, vc, o, buffer);
+                     });
   };
-  if (dtype == at::kFloat) launch(float{});
-  else launch(c10::BFloat16{});
+  auto by_dim = [&](auto tag) {
+    switch (head_dim) {
+      case 64: return launch(tag, std::integral_constant<int, 64>{});
+      case 128: return launch(tag, std::integral_constant<int, 128>{});
+      case 32: return launch(tag, std::integral_constant<int, 32>{});
+      case 96: return launch(tag, std::integral_constant<int, 96>{});
+      default: return launch(tag, std::integral_constant<int, 0>{});
+    }
+  };
+  if (dtype == at::kFloat) by_dim(float{});
+  else by_dim(c10::BFloat16{});
 }
 
 }  // namespace
