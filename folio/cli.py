@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from folio.placement import PLACEMENTS
 from shared.config import (ATTENTION_BACKENDS, DEVICES, DTYPES, LINEAR_BACKENDS,
                            PREEMPTION_MODES, EngineConfig)
 
@@ -149,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="refuse new requests (queue full) past this many waiting")
     serve.add_argument("--max-queued-tokens", type=int, default=None,
                        help="... or past this many prompt tokens waiting")
+    serve.add_argument("--cpu-placement", choices=PLACEMENTS, default="auto",
+                       help="which cores each process may use when the executor runs on "
+                       "CPU: split (frontend and scheduler on one core of their own), shared, "
+                       "off; auto: split on CPU, off with a GPU")
     add_shutdown_args(serve)
     add_security_args(serve)
     add_engine_args(serve)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from folio.cli import engine_config, engine_flags, resolve_model
+from folio.placement import executor_runs_on_cpu, pin, plan_placement, usable_cores
 from shared.transport import ipc_address, make_run_dir
 
 STOP_GRACE_S = 5.0
@@ -43,6 +44,8 @@ class Supervisor:
         self.client_address = args.zmq_address or ipc_address(self.run_dir, "client")
         self.frontend_address = ipc_address(self.run_dir, "scheduler-frontends")
         self.executor_address = ipc_address(self.run_dir, "scheduler-executor")
+        self.placement = plan_placement(args.cpu_placement, usable_cores(),
+                                        executor_runs_on_cpu(self.config.device))
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
 
@@ -82,7 +85,13 @@ class Supervisor:
                        "--scheduler-address", self.frontend_address, *http]
 
     def start(self, role: str) -> None:
-        self.procs[role] = subprocess.Popen(self.command(role), preexec_fn=_die_with_parent)
+        cores = self.placement.cores_for(role)
+
+        def before_exec() -> None:
+            _die_with_parent()
+            pin(cores)
+
+        self.procs[role] = subprocess.Popen(self.command(role), preexec_fn=before_exec)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -111,6 +120,7 @@ class Supervisor:
                     print(f"Folio is serving {self.model}\n"
                           f"  clients connect to: {self.client_address}\n{http}"
                           f"  run directory:      {self.run_dir}\n"
+                          f"  CPU placement:      {self.placement.describe()}\n"
                           f"  pids: " + ", ".join(f"{r}={p.pid}" for r, p in self.procs.items()),
                           flush=True)
                     return

@@ -15,6 +15,7 @@ import pytest
 from folio import SamplingParams
 from folio.client import Client
 from folio.errors import ServerUnreachable
+from folio.placement import executor_runs_on_cpu, plan_placement, usable_cores
 from tests.http_server import free_port
 
 pytestmark = pytest.mark.slow
@@ -55,6 +56,11 @@ def test_serve_starts_three_processes_and_stops_cleanly(llama_dir, tmp_path):
         children = _children(proc.pid)
         assert sorted(_comm(pid) for pid in children) == [
             "folio-executor", "folio-frontend", "folio-scheduler"]
+        placement = plan_placement("auto", usable_cores(), executor_runs_on_cpu("auto"))
+        for pid in children:
+            role = _comm(pid).removeprefix("folio-")
+            wanted = placement.cores_for(role)
+            assert os.sched_getaffinity(pid) == set(wanted or usable_cores()), role
         with Client(address) as client:
             result = client.generate("The for statement", SamplingParams(max_tokens=5))
             assert len(result.token_ids) == 5 and result.finish_reason == "length"
