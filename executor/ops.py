@@ -1,13 +1,17 @@
-"""The kernel set a model runs with: torch references, or Triton kernels on CUDA."""
+"""The kernel set a model runs with: torch references, the C++ CPU attention operator, or
+Triton kernels on CUDA."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from kernels import reference
+from kernels import cpu_attention, reference
+
+log = logging.getLogger("folio.executor")
 
 
 @dataclass(frozen=True)
@@ -70,14 +74,47 @@ def triton_ops() -> KernelOps:
                      prepare=lambda inputs, block_size: inputs)
 
 
+def cpu_ops() -> KernelOps:
+    """The C++ paged attention (reads the cache blocks in place); the rest from the references."""
+
+    def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale):
+        return cpu_attention.paged_attention_cpu(query, key_cache, value_cache,
+                                                 inputs.block_tables, inputs.seq_lens,
+                                                 inputs.query_start_loc, scale)
+
+    return KernelOps(name="cpu", rms_norm=reference.rms_norm_ref, rotary=reference.rotary_ref,
+                     reshape_and_cache=reference.reshape_and_cache_ref, attention=attention,
+                     prepare=lambda inputs, block_size: inputs)
+
+
 def select_ops(backend: str, device: torch.device) -> KernelOps:
-    if backend == "auto":
-        backend = "triton" if device.type == "cuda" else "torch"
-    if backend == "torch":
+    """The kernels for `backend` on `device`; logs which attention path runs and why."""
+    if backend == "auto" and device.type == "cuda":
+        backend = "triton"
+    elif backend == "auto":
+        status = cpu_attention.load()
+        if status.ok:
+            log.info("attention: C++ CPU operator (%s)", status.detail)
+            return cpu_ops()
+        log.warning("attention: torch reference (gather + SDPA), because the C++ CPU operator "
+                    "is unavailable: %s", status.detail)
         return TORCH_OPS
+    if backend == "torch":
+        log.info("attention: torch reference (attention_backend='torch')")
+        return TORCH_OPS
+    if backend == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"attention_backend='cpu' needs the CPU device, not {device}")
+        status = cpu_attention.load()
+        if not status.ok:
+            raise ValueError(f"attention_backend='cpu': the C++ CPU operator is unavailable: "
+                             f"{status.detail}")
+        log.info("attention: C++ CPU operator (%s)", status.detail)
+        return cpu_ops()
     if device.type != "cuda" and not _triton_interpreter_on():
         raise ValueError("attention_backend='triton' needs a CUDA device (or TRITON_INTERPRET=1 "
-                         "for testing on CPU); use 'torch' or 'auto' here")
+                         "for testing on CPU); use 'torch', 'cpu' or 'auto' here")
+    log.info("attention: Triton kernels")
     return triton_ops()
 
 

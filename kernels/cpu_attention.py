@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
-# ISO C++ mode turns FMA contraction off; the kernel wants it.
-_FLAGS = ("-O3", "-fopenmp-simd", "-ffp-contract=fast")
+# -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
+# already loaded). ISO C++ mode turns FMA contraction off; the kernel wants it.
+_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")
 # "native" is for building on the machine that serves (setup.sh); "portable" for images
 # that may run elsewhere (the Dockerfile). load() prefers native when both exist.
 VARIANTS = {"native": _FLAGS + ("-march=native",), "portable": _FLAGS}
@@ -53,7 +54,8 @@ def build(variant: str = "native", verbose: bool = False) -> Path:
     directory = build_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(name, [str(SOURCE)], extra_cflags=list(VARIANTS[variant]),
-                       build_directory=str(directory), is_python_module=False,
+                       extra_ldflags=["-fopenmp"], build_directory=str(directory),
+                       is_python_module=False,
                        verbose=verbose)
     load.cache_clear()
     return directory / f"{name}.so"
@@ -68,6 +70,8 @@ class LoadStatus:
 @functools.cache
 def load() -> LoadStatus:
     """Load a prebuilt library for this source and torch; never compiles."""
+    if not SOURCE.exists():
+        return LoadStatus(False, f"{SOURCE} is missing")
     for variant in VARIANTS:
         path = library_path(variant)
         if path.exists():

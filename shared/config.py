@@ -11,7 +11,7 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 LINEAR_BACKENDS = ("auto", "onednn", "torch")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 
