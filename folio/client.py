@@ -13,6 +13,7 @@ A server with CURVE on its client port (compose does this) needs keys:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -165,17 +166,21 @@ class AsyncClient:
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
                      request_id: str | None = None, timeout: float | None = None,
                      deadline: float | None = None) -> AsyncIterator[Delta]:
-        async for delta in self._deltas(_prompt_fields(prompt, deadline), params, request_id,
-                                        timeout):
-            yield delta
+        # aclosing: break or aclose() on this stream closes the inner ones at once, and
+        # _run's cleanup aborts the request (no waiting for garbage collection).
+        async with contextlib.aclosing(self._deltas(_prompt_fields(prompt, deadline), params,
+                                                    request_id, timeout)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def stream_chat(self, messages: list[dict[str, str]],
                           params: SamplingParams | None = None, *,
                           request_id: str | None = None, timeout: float | None = None,
                           deadline: float | None = None) -> AsyncIterator[Delta]:
-        async for delta in self._deltas(_chat_fields(messages, deadline), params, request_id,
-                                        timeout):
-            yield delta
+        async with contextlib.aclosing(self._deltas(_chat_fields(messages, deadline), params,
+                                                    request_id, timeout)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def abort(self, request_id: str) -> None:
         await self._start()
@@ -194,9 +199,11 @@ class AsyncClient:
     # ---- internals ----------------------------------------------------------------------
 
     async def _deltas(self, fields, params, request_id, timeout) -> AsyncIterator[Delta]:
-        async for item in self._run(fields, params, request_id, timeout, True):
-            if isinstance(item, Delta):
-                yield item
+        async with contextlib.aclosing(self._run(fields, params, request_id, timeout,
+                                                 True)) as items:
+            async for item in items:
+                if isinstance(item, Delta):
+                    yield item
 
     async def _complete(self, fields, params, request_id, timeout) -> Completion:
         final = None

@@ -1,7 +1,8 @@
 """Incremental detokenization: text deltas as tokens arrive, in constant work per token.
 
 Each step decodes only a short window (from `prefix_offset`), and holds text back while it
-ends in U+FFFD, i.e. while a multi-byte UTF-8 character is split across tokens.
+ends in U+FFFD, i.e. while a multi-byte UTF-8 character is split across tokens. The text
+itself is the caller's to keep (appending to one string here would copy it every token).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.token_ids: list[int] = []
-        self.text = ""
         self.prefix_offset = 0
         self.read_offset = 0
 
@@ -30,7 +30,6 @@ class IncrementalDetokenizer:
         delta = full[len(prefix):]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
-        self.text += delta
         return delta
 
     def flush(self) -> str:
@@ -39,7 +38,6 @@ class IncrementalDetokenizer:
         full = self._decode(self.prefix_offset, len(self.token_ids))
         delta = full[len(prefix):] if len(full) > len(prefix) else ""
         self.prefix_offset = self.read_offset = len(self.token_ids)
-        self.text += delta
         return delta
 
     def _decode(self, start: int, end: int) -> str:

@@ -20,7 +20,10 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from frontend.liveness import SchedulerHeartbeat
 from frontend.output_text import OutputText
+from frontend.prep import Preparer
+from frontend.stop_strings import StopStrings
 from shared import messages as m
 from shared.outputs import EngineOutput
 from shared.sampling_params import SamplingParams
@@ -30,8 +33,9 @@ from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.frontend")
 
-SCHEDULER_TYPES = frozenset({"engine_info", "outputs", "rejected", "stats", "error"})
-SCHEDULER_TIMEOUT_S = 2.0
+SCHEDULER_TYPES = frozenset({"engine_info", "outputs", "rejected", "stats", "error",
+                             "frontend_dropped"})
+SCHEDULER_TIMEOUT_S = 3.0   # no answer to a heartbeat for this long: the scheduler is hung
 HEARTBEAT_S = 0.5
 
 
@@ -91,10 +95,15 @@ class EngineClient:
         self.sock.setsockopt(zmq.IDENTITY, self.frontend_id.encode())
         self.monitor = monitor_socket(self.sock)   # before connect: see the first handshake
         self.sock.connect(scheduler_address)
+        self.heartbeat = SchedulerHeartbeat(zmq.Context.shadow(ctx.underlying),
+                                            scheduler_address, self.frontend_id, keys,
+                                            HEARTBEAT_S)
+        self.prep = Preparer()
         self.requests: dict[str, _Request] = {}
         self.counter = itertools.count()
         self.info: m.EngineInfo | None = None
-        self.scheduler_seen = 0.0
+        self.scheduler_seen = 0.0   # last message read on the event loop
+        self.link_down_at = -1.0    # last DISCONNECTED of the scheduler socket
         self.stats_waiters: list[asyncio.Future] = []
         self.observers: list[Any] = []   # metrics: called with (event, request, **details)
         self.draining = False            # shutting down: gateways refuse new requests
@@ -103,7 +112,9 @@ class EngineClient:
 
     @property
     def scheduler_alive(self) -> bool:
-        return time.monotonic() - self.scheduler_seen < SCHEDULER_TIMEOUT_S
+        # The heartbeat thread's time counts even while this loop is too busy to read.
+        seen = max(self.scheduler_seen, self.heartbeat.seen)
+        return seen > self.link_down_at and time.monotonic() - seen < SCHEDULER_TIMEOUT_S
 
     @property
     def engine_alive(self) -> bool:
@@ -128,21 +139,27 @@ class EngineClient:
         return "the executor is not running"
 
     def tasks(self) -> list:
-        return [self._scheduler_loop(), self._watch_scheduler(), self._heartbeat_loop()]
+        """The link's background work; starts the heartbeat thread too."""
+        self.heartbeat.start()
+        return [self._scheduler_loop(), self._watch_scheduler()]
 
     def close(self) -> None:
+        self.heartbeat.stop()
+        self.prep.close()
         self.monitor.close(0)
         self.sock.close(0)
 
     # ---- requests -----------------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
-               deadline_s: float | None = None) -> str:
+               deadline_s: float | None = None, stops: StopStrings | None = None) -> str:
         """Queue a checked request; its events go to `sink`. Returns its engine id.
         With a deadline, a request not finished by then is aborted and fails with
-        code "timeout"."""
+        code "timeout". `stops`: params.stop's tables, built once per client request."""
         request_id = f"{self.frontend_id}-{next(self.counter)}"
-        samples = [_Sample(OutputText(self.tokenizer, params)) for _ in range(params.n)]
+        if params.stop and stops is None:
+            stops = StopStrings(params.stop)
+        samples = [_Sample(OutputText(self.tokenizer, params, stops)) for _ in range(params.n)]
         request = _Request(sink, params, prompt_ids, samples,
                            None if params.prompt_logprobs is None else [])
         self.requests[request_id] = request
@@ -156,6 +173,12 @@ class EngineClient:
     def abort(self, request_id: str) -> None:
         if request_id in self.requests:
             self._send(m.encode_abort(request_id))
+
+    async def stop_strings(self, params: SamplingParams) -> StopStrings | None:
+        """params.stop's matching tables, built off the loop when they are long."""
+        if not params.stop:
+            return None
+        return await self.prep.run(sum(map(len, params.stop)), StopStrings, params.stop)
 
     def abort_all(self, reason: str) -> None:
         """Shutdown: abort every open request at the scheduler and fail it here now."""
@@ -189,6 +212,8 @@ class EngineClient:
                     self._on_engine_info(m.EngineInfo.decode(body))
                 elif msg_type == "rejected":
                     self._fail(body.str("id"), body.str("code", 32), body.str("message", 4000))
+                elif msg_type == "frontend_dropped":
+                    self._on_dropped(*m.decode_frontend_dropped(body))
                 elif msg_type == "stats":
                     stats = body.map("stats")
                     waiters, self.stats_waiters = self.stats_waiters, []
@@ -203,6 +228,14 @@ class EngineClient:
         self.info = info
         if was_alive and not info.executor_alive:
             self._fail_all("the executor is gone; the engine cannot serve requests")
+
+    def _on_dropped(self, request_ids: list[str], reason: str) -> None:
+        """The scheduler gave up on this frontend and aborted these requests."""
+        log.warning("the scheduler dropped this frontend (%s): failing %d request(s)",
+                    reason, len(request_ids))
+        for request_id in request_ids:
+            self._fail(request_id, "engine_dead", f"the scheduler gave up on this frontend "
+                       f"({reason}) and aborted the request; retry it")
 
     def _on_output(self, output: EngineOutput) -> None:
         base, _, index_text = output.request_id.partition("#")
@@ -297,19 +330,13 @@ class EngineClient:
                 frames = await asyncio.wait_for(self.monitor.recv_multipart(), timeout=0.2)
                 event = parse_monitor_message(frames)["event"]
                 if event & DOWN_EVENTS:
-                    self.scheduler_seen = 0.0
+                    self.link_down_at = time.monotonic()
                 elif event & UP_EVENTS:
                     self._send(m.pack("frontend_hello", {"id": self.frontend_id}))
             except asyncio.TimeoutError:
                 pass
             if self.requests and not self.scheduler_alive:
                 self._fail_all("the scheduler is not responding")
-
-    async def _heartbeat_loop(self) -> None:
-        beat = m.encode_heartbeat(os.getpid())
-        while True:
-            self._send(beat)
-            await asyncio.sleep(HEARTBEAT_S)
 
     def _send(self, payload: bytes) -> None:
         try:

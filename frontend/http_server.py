@@ -82,8 +82,18 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
                            f"{model_name!r}", "model", "model_not_found")
         return body
 
+    async def answer(handler, body: dict[str, Any]):
+        job, result = await handler(engine, body, model_name)
+        if isinstance(result, dict):
+            return job, result, None
+        try:   # the first chunk waits for the engine's first answer, which may be a refusal
+            return job, result, await result.__anext__()
+        except BaseException:
+            job.abort()
+            raise
+
     async def respond(request: Request, handler, body: dict[str, Any]) -> Response:
-        work = asyncio.create_task(handler(engine, body, model_name))
+        work = asyncio.create_task(answer(handler, body))
         watcher = asyncio.create_task(_wait_disconnect(request))
         done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if work not in done:   # the client left before the answer: free its blocks
@@ -92,14 +102,9 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
                 await work
             return Response(status_code=499)
         watcher.cancel()
-        job, result = work.result()
-        if isinstance(result, dict):
+        job, result, first = work.result()
+        if first is None:
             return JSONResponse(result)
-        try:   # the first chunk waits for the engine's first answer, which may be a refusal
-            first = await result.__anext__()
-        except BaseException:
-            job.abort()
-            raise
         return StreamingResponse(_guarded(job, result, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -142,21 +147,21 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
 
 
 async def _wait_disconnect(request: Request) -> None:
-    while not await request.is_disconnected():
-        await asyncio.sleep(0.05)
+    """Returns once the client disconnects: the server's own notice (the body is read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.05)   # not expected once the body is read
 
 
 async def _guarded(job, stream, first: str):
-    """Pass the SSE stream through; if it ends early (client gone), abort the request."""
-    finished = False
+    """Pass the SSE stream through. However it ends (done, an error event, the client
+    gone), abort what is still running of it: a multi-prompt stream that ends with one
+    prompt's error leaves no sibling running unread."""
     try:
         yield first
         async for chunk in stream:
             yield chunk
-        finished = True
     finally:
-        if not finished:
-            job.abort()
+        job.abort()
 
 
 class _Server(uvicorn.Server):

@@ -13,7 +13,7 @@ from typing import Any
 from frontend.engine_client import EngineClient, FinalResult
 from frontend.openai_protocol import (ApiError, chat_messages, completion_prompts, invalid,
                                       sampling_params, stream_options)
-from frontend.prompts import check_prompt, prompt_ids
+from frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
 from shared.sampling_params import SamplingParams, check_against_model
 
 class _QueueSink:
@@ -56,18 +56,23 @@ def _deadline(body: dict[str, Any]) -> float | None:
     return float(value)
 
 
-def _submit(engine: EngineClient, prompts: list[list[int]], params: SamplingParams,
-            body: dict[str, Any]) -> _Job:
+async def _submit(engine: EngineClient, prompts: list[list[int]], params: SamplingParams,
+                  body: dict[str, Any]) -> _Job:
     deadline = _deadline(body)
+    stops = await engine.stop_strings(params)   # once for every prompt and sample
     if engine.draining:
         raise ApiError(503, "the server is shutting down; retry later", code="shutting_down")
     if not engine.engine_alive:
         raise ApiError(503, f"the engine is unavailable: {engine.dead_reason()}",
                        code="engine_unavailable")
     queue: asyncio.Queue = asyncio.Queue()
-    ids = [engine.submit(p, params, _QueueSink(queue, i * params.n), deadline)
+    ids = [engine.submit(p, params, _QueueSink(queue, i * params.n), deadline, stops)
            for i, p in enumerate(prompts)]
     return _Job(engine, queue, ids, prompts, params.n)
+
+
+def _tokenize(tokenizer: Any, prompts: list[str | list[int]]) -> list[list[int]]:
+    return [prompt_ids(tokenizer, prompt=p) if isinstance(p, str) else p for p in prompts]
 
 
 def _check(engine: EngineClient, ids: list[int], params: SamplingParams, field: str) -> None:
@@ -157,11 +162,11 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
     if echo and options.stream:
         raise invalid("echo is not supported with stream", "echo")
     prompts = completion_prompts(body.get("prompt"))
-    ids = [prompt_ids(engine.tokenizer, prompt=p) if isinstance(p, str) else p
-           for p in prompts]
+    chars = sum(len(p) for p in prompts if isinstance(p, str))
+    ids = await engine.prep.run(chars, _tokenize, engine.tokenizer, prompts)
     for one in ids:
         _check(engine, one, params, "prompt")
-    job = _submit(engine, ids, params, body)
+    job = await _submit(engine, ids, params, body)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if options.stream:
@@ -173,7 +178,8 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
         raise
     choices = []
     for prompt_index, result in enumerate(results):
-        prefix = engine.tokenizer.decode(ids[prompt_index]) if echo else ""
+        prefix = await engine.prep.run(len(ids[prompt_index]), engine.tokenizer.decode,
+                                       ids[prompt_index]) if echo else ""
         for sample in result.samples:
             choices.append({
                 "index": prompt_index * params.n + sample.index,
@@ -245,12 +251,13 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
     params = sampling_params(body, "max_completion_tokens",
                              (top or 0) if want_logprobs else None)
     messages = chat_messages(body.get("messages"))
+    chars = sum(len(message["content"]) for message in messages)
     try:
-        ids = prompt_ids(engine.tokenizer, messages=messages)
+        ids = await engine.prep.run(chars, chat_prompt_ids, engine.tokenizer, messages)
     except ValueError as error:
         raise invalid(str(error), "messages") from None
     _check(engine, ids, params, "messages")
-    job = _submit(engine, [ids], params, body)
+    job = await _submit(engine, [ids], params, body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if options.stream:

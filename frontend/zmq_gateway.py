@@ -1,4 +1,9 @@
-"""The ZeroMQ gateway: the SDK's client socket (ROUTER) in front of the engine client."""
+"""The ZeroMQ gateway: the SDK's client socket (ROUTER) in front of the engine client.
+
+Small messages are handled on the event loop as they come. A large one (a long prompt or
+chat) is decoded and tokenized in the engine client's preparation pool (frontend/prep.py);
+an `abort` that arrives meanwhile for it is remembered and applied when it is ready.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import zmq.asyncio
 
 from frontend.engine_client import EngineClient, FinalResult
 from frontend.prompts import check_prompt, prompt_ids
+from frontend.stop_strings import StopStrings
 from shared import messages as m
 from shared.sampling_params import check_against_model
 from shared.security import CurveKeys, make_server
@@ -18,6 +24,7 @@ from shared.transport import check_bind_address, configure
 from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.frontend")
+MAX_EARLY_ABORTS = 1024   # aborts kept for requests still being prepared
 
 
 class _ClientSink:
@@ -53,12 +60,15 @@ class ZmqGateway:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.bind(check_bind_address(address))
         self.by_client: dict[tuple[bytes, str], str] = {}
+        self.preparing: dict[bytes, int] = {}          # client -> large messages in the pool
+        self.early_aborts: set[tuple[bytes, str]] = set()
 
     def close(self) -> None:
         self.sock.close(0)
 
     async def serve(self) -> None:
         received = 0
+        prep = self.engine.prep
         while True:
             frames = await self.sock.recv_multipart()
             received += 1
@@ -69,50 +79,112 @@ class ZmqGateway:
             if len(frames) != 2:
                 continue
             client, data = frames
-            try:
-                msg_type, body = m.decode(data, m.CLIENT_TYPES)
-                if msg_type == "generate":
-                    self._on_generate(client, m.GenerateRequest.decode(body))
-                elif msg_type == "abort":
-                    request_id = self.by_client.get((client, body.str("id")))
-                    if request_id is not None:
-                        self.engine.abort(request_id)
-                elif msg_type == "health":
-                    asyncio.create_task(self._on_health(client, body.str("id")))
-            except ProtocolError as error:
-                log.warning("bad client message: %s", error)
-                self.reply(client, m.encode_error(m.peek_id(data), "invalid", str(error)))
+            if prep.small(len(data)):
+                self._on_message(client, data)
+                continue
+            await prep.reserve()   # the pool is full: leave the rest queued in the socket
+            self.preparing[client] = self.preparing.get(client, 0) + 1
+            asyncio.create_task(self._on_large(client, prep.submit(self._decode_large, data)))
 
-    def _on_generate(self, client: bytes, request: m.GenerateRequest) -> None:
-        key = (client, request.id)
-        if key in self.by_client:
-            self.reply(client, m.encode_error(request.id, "invalid",
-                                              f"request id {request.id!r} is already running"))
-            return
-        if self.engine.draining:
-            self.reply(client, m.encode_error(request.id, "shutting_down",
-                                              "the server is shutting down; retry elsewhere "
-                                              "or later"))
-            return
-        if not self.engine.engine_alive:
-            self.reply(client, m.encode_error(request.id, "engine_dead",
-                                              self.engine.dead_reason()))
-            return
-        if request.params.n != 1:
-            self.reply(client, m.encode_error(
-                request.id, "invalid", "n > 1 is not served over the SDK yet; send n "
-                "requests, or use the HTTP API or folio.LLM"))
-            return
+    def _on_message(self, client: bytes, data: bytes) -> None:
         try:
-            ids = prompt_ids(self.engine.tokenizer, prompt=request.prompt,
-                             token_ids=request.prompt_token_ids, messages=request.messages)
-            check_prompt(ids, self.engine.vocab_size, self.engine.max_model_len)
-            check_against_model(request.params, self.engine.vocab_size, *self.engine.limits)
+            msg_type, body = m.decode(data, m.CLIENT_TYPES)
+            self._dispatch(client, msg_type, body)
+        except ProtocolError as error:
+            self._bad_message(client, m.peek_id(data), error)
+
+    def _dispatch(self, client: bytes, msg_type: str, body) -> None:
+        if msg_type == "generate":
+            request = m.GenerateRequest.decode(body)
+            if not self._refused(client, request):
+                try:
+                    prepared = self._prepare(request)
+                except ValueError as error:
+                    self.reply(client, m.encode_error(request.id, "invalid", str(error)))
+                    return
+                self._start(client, request, *prepared)
+        elif msg_type == "abort":
+            client_id = body.str("id")
+            request_id = self.by_client.get((client, client_id))
+            if request_id is not None:
+                self.engine.abort(request_id)
+            elif self.preparing.get(client) and len(self.early_aborts) < MAX_EARLY_ABORTS:
+                self.early_aborts.add((client, client_id))
+        elif msg_type == "health":
+            asyncio.create_task(self._on_health(client, body.str("id")))
+
+    def _bad_message(self, client: bytes, client_id: str, error: ProtocolError) -> None:
+        log.warning("bad client message: %s", error)
+        self.reply(client, m.encode_error(client_id, "invalid", str(error)))
+
+    def _decode_large(self, data: bytes):
+        """In the pool: decode a large message and, for a generate, prepare its prompt."""
+        try:
+            msg_type, body = m.decode(data, m.CLIENT_TYPES)
+            if msg_type != "generate":
+                return msg_type, body, None
+            request = m.GenerateRequest.decode(body)
+        except ProtocolError as error:
+            return "invalid", m.peek_id(data), error
+        try:
+            return "generate", request, self._prepare(request)
         except ValueError as error:
-            self.reply(client, m.encode_error(request.id, "invalid", str(error)))
-            return
+            return "refused", request, error
+
+    async def _on_large(self, client: bytes, job: asyncio.Future) -> None:
+        try:
+            kind, what, detail = await job
+            if kind == "invalid":
+                self._bad_message(client, what, detail)
+            elif kind not in ("generate", "refused"):
+                self._dispatch(client, kind, what)
+            elif (client, what.id) in self.early_aborts:
+                self.early_aborts.discard((client, what.id))   # aborted while prepared
+            elif not self._refused(client, what):
+                if kind == "refused":
+                    self.reply(client, m.encode_error(what.id, "invalid", str(detail)))
+                else:
+                    self._start(client, what, *detail)
+        except ProtocolError as error:
+            self._bad_message(client, "", error)
+        finally:
+            left = self.preparing[client] - 1
+            if left:
+                self.preparing[client] = left
+            else:   # nothing of this client is being prepared: its early aborts are moot
+                del self.preparing[client]
+                self.early_aborts = {k for k in self.early_aborts if k[0] != client}
+
+    def _refused(self, client: bytes, request: m.GenerateRequest) -> bool:
+        """Refuse (and answer) a generate that cannot be served now."""
+        reason = None
+        if (client, request.id) in self.by_client:
+            reason = ("invalid", f"request id {request.id!r} is already running")
+        elif self.engine.draining:
+            reason = ("shutting_down", "the server is shutting down; retry elsewhere or later")
+        elif not self.engine.engine_alive:
+            reason = ("engine_dead", self.engine.dead_reason())
+        elif request.params.n != 1:
+            reason = ("invalid", "n > 1 is not served over the SDK yet; send n requests, or "
+                      "use the HTTP API or folio.LLM")
+        if reason is not None:
+            self.reply(client, m.encode_error(request.id, *reason))
+        return reason is not None
+
+    def _prepare(self, request: m.GenerateRequest) -> tuple[list[int], StopStrings | None]:
+        """Prompt ids and stop tables of a generate (ValueError: refuse it)."""
+        engine = self.engine
+        ids = prompt_ids(engine.tokenizer, prompt=request.prompt,
+                         token_ids=request.prompt_token_ids, messages=request.messages)
+        check_prompt(ids, engine.vocab_size, engine.max_model_len)
+        check_against_model(request.params, engine.vocab_size, *engine.limits)
+        return ids, StopStrings(request.params.stop) if request.params.stop else None
+
+    def _start(self, client: bytes, request: m.GenerateRequest, ids: list[int],
+               stops: StopStrings | None) -> None:
         sink = _ClientSink(self, client, request.id, request.stream)
-        self.by_client[key] = self.engine.submit(ids, request.params, sink, request.deadline)
+        self.by_client[(client, request.id)] = self.engine.submit(
+            ids, request.params, sink, request.deadline, stops)
 
     async def _on_health(self, client: bytes, client_id: str) -> None:
         stats = await self.engine.stats()

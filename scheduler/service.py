@@ -13,8 +13,10 @@ One thread, one poll loop. The scheduler never touches torch.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import zmq
@@ -35,6 +37,7 @@ EXECUTOR_TYPES = frozenset({"executor_hello", "result", "executor_error", "heart
 FRONTEND_HEARTBEAT_S = 0.5
 PROBE_WINDOW_S = 0.5   # after a disconnect on the executor socket, probe the executor this long
 FRONTEND_TIMEOUT_S = 10.0
+MAX_DROP_NOTICES = 64   # frontends whose drop notice waits for their next hello
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class SchedulerServiceConfig:
     step_timeout_s: float = 60.0         # a step unanswered this long: the executor is hung
     shutdown_timeout_s: float = 30.0     # SIGTERM: running requests may finish this long
     curve_keys: str | None = None        # CURVE keys directory: both sockets need the keys
+    async_scheduling: bool = True        # send plan N+1 before result N has arrived
 
 
 class SchedulerService:
@@ -80,11 +84,19 @@ class SchedulerService:
         self.executor_id: bytes | None = None
         self.executor_pid = 0
         self.executor_seen = 0.0
-        self.inflight: StepPlan | None = None
-        self.inflight_since = 0.0
+        # Plans whose results are due, oldest first: at most one, or two with async
+        # scheduling (the executor runs the first while the second waits in its socket).
+        self.inflight: deque[StepPlan] = deque()
+        self.inflight_since = 0.0    # when the oldest became the step the executor is on
+        self.ahead_tried = False     # a plan ahead found nothing to do: wait for a result
+        self.last_sent_step = -1
+        self.stale_through = -1      # errors for steps up to this one were already handled
         # request id -> (frontend identity, samples still running)
         self.owners: dict[str, tuple[bytes, int]] = {}
         self.frontends: dict[bytes, float] = {}     # frontend identity -> last message time
+        # frontend identity -> frontend_dropped messages it could not be sent yet
+        self.drop_notices: dict[bytes, list[bytes]] = {}
+        self.heartbeat_reply = m.encode_heartbeat(os.getpid())
         self.last_broadcast = 0.0
         self.stopping = False
         self.draining_since: float | None = None   # first SIGTERM: refuse adds, let runs end
@@ -167,6 +179,10 @@ class SchedulerService:
 
     def _on_frontend_message(self, identity: bytes, data: bytes) -> None:
         msg_type, body = m.decode(data, FRONTEND_TYPES)
+        frontend = body.str("frontend", optional=True) if msg_type == "heartbeat" else None
+        if frontend is not None:
+            self._on_frontend_heartbeat(identity, frontend.encode())
+            return
         if msg_type != "stats_request" or identity in self.frontends:
             # A health probe asking for stats is answered but not counted as a frontend.
             self.frontends[identity] = time.monotonic()
@@ -179,6 +195,8 @@ class SchedulerService:
                 self.scheduler.abort_request(request_id)
         elif msg_type == "frontend_hello":
             self._send_frontend(identity, self._engine_info())
+            for notice in self.drop_notices.pop(identity, []):
+                self._send_frontend(identity, notice)
         elif msg_type == "stats_request":
             self._send_frontend(identity, m.encode_stats(self.stats()))
 
@@ -205,6 +223,7 @@ class SchedulerService:
             self._send_frontend(identity, m.encode_rejected(request_id, str(error)))
             return
         self.owners[request_id] = (identity, len(sample_ids))
+        self.ahead_tried = False   # new work for the plan ahead
 
     def _admission_refusal(self, prompt: list[int], params) -> tuple[str, str] | None:
         """Why a served request is refused before it is queued: it could never finish, or
@@ -247,22 +266,44 @@ class SchedulerService:
         for identity, batch in by_frontend.items():
             self._send_frontend(identity, m.encode_outputs(batch))
 
+    def _on_frontend_heartbeat(self, sender: bytes, frontend: bytes) -> None:
+        """From a frontend's heartbeat thread (its own socket): that frontend is alive,
+        however busy its event loop; the reply tells it that we are."""
+        if frontend in self.frontends:
+            self.frontends[frontend] = time.monotonic()
+        try:
+            self.frontend_sock.send_multipart([sender, self.heartbeat_reply], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass   # that socket is gone; its frontend's own link decides
+
     def _send_frontend(self, identity: bytes, payload: bytes) -> None:
         try:
             self.frontend_sock.send_multipart([identity, payload], zmq.NOBLOCK)
         except zmq.ZMQError:
-            self._drop_frontend(identity)
+            self._drop_frontend(identity, "a message to it could not be delivered: its "
+                                "connection closed or its queue is full")
 
-    def _drop_frontend(self, identity: bytes) -> None:
-        """A frontend that is gone: abort its requests so their blocks come back."""
+    def _drop_frontend(self, identity: bytes, reason: str) -> None:
+        """Give up on a frontend: abort its requests so their blocks come back, and tell it
+        which (now, or at its next hello when it cannot be reached now)."""
         self.frontends.pop(identity, None)
         orphans = [rid for rid, owner in self.owners.items() if owner[0] == identity]
         for request_id in orphans:
             del self.owners[request_id]
             if self.scheduler is not None:
                 self.scheduler.abort_request(request_id)
-        if orphans:
-            log.warning("frontend gone: aborted its %d request(s)", len(orphans))
+        if not orphans:
+            return
+        log.warning("gave up on frontend %r (%s): aborted its %d request(s)", identity, reason,
+                    len(orphans))
+        notices = m.encode_frontend_dropped(orphans, reason)
+        try:
+            for i, notice in enumerate(notices):
+                self.frontend_sock.send_multipart([identity, notice], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            if len(self.drop_notices) >= MAX_DROP_NOTICES and identity not in self.drop_notices:
+                del self.drop_notices[next(iter(self.drop_notices))]   # the oldest
+            self.drop_notices.setdefault(identity, []).extend(notices[i:])
 
     def _heartbeat_frontends(self) -> None:
         now = time.monotonic()
@@ -272,7 +313,8 @@ class SchedulerService:
         info = self._engine_info()
         for identity, seen in list(self.frontends.items()):
             if now - seen > FRONTEND_TIMEOUT_S:
-                self._drop_frontend(identity)
+                self._drop_frontend(identity, f"no heartbeat from it for "
+                                    f"{FRONTEND_TIMEOUT_S:.0f} s")
             else:
                 self._send_frontend(identity, info)
 
@@ -299,6 +341,10 @@ class SchedulerService:
         elif msg_type == "result":
             self._on_result(m.decode_result(body))
         elif msg_type == "executor_error":
+            if body.int("s", 0) <= self.stale_through:
+                log.warning("dropped an error for step %d, sent before an earlier failure",
+                            body.int("s", 0))
+                return
             if self.scheduler is not None:
                 self.scheduler.discard_unconfirmed()   # that step's blocks hold garbage
             self._fail_all(f"the executor failed a step: {body.str('message', 2000)}")
@@ -315,6 +361,7 @@ class SchedulerService:
         self.executor_id, self.executor_pid = identity, pid
         self.executor_seen = time.monotonic()
         self.capacity = capacity
+        self.last_sent_step = self.stale_through = -1   # a new scheduler counts from 0
         self.scheduler = Scheduler(SchedulerConfig(
             num_kv_blocks=capacity.num_kv_blocks, block_size=capacity.block_size,
             max_num_seqs=self.config.max_num_seqs,
@@ -333,11 +380,13 @@ class SchedulerService:
         self._broadcast_info()
 
     def _on_result(self, result) -> None:
-        plan = self.inflight
-        if plan is None or result.step_id != plan.step_id or self.scheduler is None:
+        inflight = self.inflight
+        if not inflight or result.step_id != inflight[0].step_id or self.scheduler is None:
             log.warning("dropped a result for step %d that is not in flight", result.step_id)
             return
-        self.inflight = None
+        plan = inflight.popleft()
+        self.ahead_tried = False
+        self.inflight_since = time.monotonic()
         self._route_outputs(self.scheduler.update(plan, result))
 
     def _on_executor_socket_event(self) -> None:
@@ -368,7 +417,7 @@ class SchedulerService:
         if now - self.executor_seen > self.config.executor_timeout_s:
             self._executor_lost(f"the executor stopped responding (no heartbeat for "
                                 f"{self.config.executor_timeout_s:.1f} s)")
-        elif self.inflight is not None and now - self.inflight_since > self.config.step_timeout_s:
+        elif self.inflight and now - self.inflight_since > self.config.step_timeout_s:
             self._executor_lost(f"the executor did not finish a step within "
                                 f"{self.config.step_timeout_s:.0f} s")
 
@@ -389,7 +438,8 @@ class SchedulerService:
         self._broadcast_info()
 
     def _fail_all(self, reason: str) -> None:
-        self.inflight = None
+        self.inflight.clear()
+        self.stale_through = self.last_sent_step
         if self.scheduler is None:
             return
         failed = []
@@ -407,18 +457,28 @@ class SchedulerService:
     # ---- stepping -----------------------------------------------------------------------
 
     def _can_step(self) -> bool:
-        return (self.scheduler is not None and self.inflight is None
-                and self.scheduler.has_work())
+        if self.scheduler is None or not self.scheduler.has_work():
+            return False
+        if not self.inflight:
+            return True
+        # One step ahead: plan N+1 while step N runs; the executor feeds its own samples in.
+        return self.config.async_scheduling and len(self.inflight) == 1 and not self.ahead_tried
 
     def _maybe_step(self) -> None:
-        if not self._can_step():
-            return
+        for _ in range(2):   # with nothing in flight, the step and the one ahead of it
+            if not self._can_step():
+                return
+            self._step()
+
+    def _step(self) -> None:
         scheduler = self.scheduler
+        ahead = bool(self.inflight)
         plan = scheduler.schedule()
         pending = scheduler.take_pending_outputs()
         if pending:
             self._route_outputs(pending)
         if plan.is_empty and not plan.finished_handles:
+            self.ahead_tried = ahead
             return
         try:
             self.executor_sock.send_multipart([self.executor_id, m.encode_plan(plan)],
@@ -426,10 +486,13 @@ class SchedulerService:
         except zmq.ZMQError:
             self._executor_lost("the executor's connection is gone")
             return
+        self.last_sent_step = plan.step_id
         if plan.is_empty:
+            self.ahead_tried = ahead
             return   # only forget notices: no result will come back
-        self.inflight = plan
-        self.inflight_since = time.monotonic()
+        if not self.inflight:
+            self.inflight_since = time.monotonic()
+        self.inflight.append(plan)
 
     def stats(self) -> dict:
         stats = dict(self.scheduler.stats()) if self.scheduler else {}

@@ -60,7 +60,7 @@ def encode_plan(plan: StepPlan) -> bytes:
     if plan.new_requests:
         body["n"] = [{"h": r.handle, "t": r.token_ids, "p": r.prompt_len,
                       "c": r.num_computed_tokens, "k": r.num_new_tokens, "b": r.block_ids,
-                      "sp": r.sampling.to_dict()} for r in plan.new_requests]
+                      "sp": r.sampling.executor_dict()} for r in plan.new_requests]
     if plan.new_block_ids:
         body["b"] = [[handle, blocks] for handle, blocks in plan.new_block_ids.items()]
     if plan.finished_handles:
@@ -276,8 +276,28 @@ def decode(data: bytes, allowed: frozenset[str]) -> tuple[str, Body]:
     return msg_type, Body(msg_type, body)
 
 
-def encode_heartbeat(pid: int) -> bytes:
-    return pack("heartbeat", {"pid": pid})
+def encode_heartbeat(pid: int, frontend: str | None = None) -> bytes:
+    body: dict[str, Any] = {"pid": pid}
+    if frontend is not None:   # from a frontend's heartbeat thread, on a socket of its own
+        body["frontend"] = frontend
+    return pack("heartbeat", body)
+
+
+MAX_DROPPED_IDS = 4096   # request ids per frontend_dropped message
+
+
+def encode_frontend_dropped(request_ids: list[str], reason: str) -> list[bytes]:
+    """The scheduler gave up on a frontend and aborted these requests (in chunks)."""
+    return [pack("frontend_dropped", {"ids": request_ids[i:i + MAX_DROPPED_IDS],
+                                      "reason": reason[:2000]})
+            for i in range(0, len(request_ids), MAX_DROPPED_IDS)]
+
+
+def decode_frontend_dropped(body: Body) -> tuple[list[str], str]:
+    ids = body.list("ids", MAX_DROPPED_IDS)
+    if not all(isinstance(i, str) and len(i) <= 256 for i in ids):
+        raise ProtocolError("frontend_dropped: 'ids' must be request ids")
+    return ids, body.str("reason", 4000)
 
 
 # ---- client <-> frontend -----------------------------------------------------------------

@@ -8,6 +8,13 @@ from typing import Any
 _GREEDY_EPS = 1e-5
 _INT32_MAX = 2**31 - 1        # token ids, counts and lengths all fit; msgpack and torch too
 _MAX_TEMPERATURE = 1e4
+# Bounds that keep every message carrying a request bounded (docs/protocol.md, section 3).
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 65_536          # per stop string
+MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024
+# Fields only the frontend reads (stop strings, detokenization): never sent in a plan.
+FRONTEND_ONLY = ("stop", "include_stop_str_in_output", "skip_special_tokens")
 
 
 @dataclass(frozen=True)
@@ -49,11 +56,18 @@ class SamplingParams:
         if not 0.0 < self.repetition_penalty <= 100.0:
             raise ValueError(f"repetition_penalty must be in (0, 100], got "
                              f"{self.repetition_penalty}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings, got "
+                             f"{len(self.stop)}")
         for text in self.stop:
             if not isinstance(text, str) or not text:
-                raise ValueError(f"stop must be non-empty strings, got {text!r}")
-        if len(self.stop) > 16:
-            raise ValueError(f"stop takes at most 16 strings, got {len(self.stop)}")
+                raise ValueError(f"stop must be non-empty strings, got {text!r:.80}")
+            if len(text) > MAX_STOP_CHARS:
+                raise ValueError(f"stop strings must be at most {MAX_STOP_CHARS} characters, "
+                                 f"got one of {len(text)}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids, got "
+                             f"{len(self.stop_token_ids)}")
         for name in ("include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool")
@@ -106,6 +120,14 @@ class SamplingParams:
         data["logit_bias"] = [[token, bias] for token, bias in self.logit_bias.items()]
         return data
 
+    def executor_dict(self) -> dict[str, Any]:
+        """What the executor reads (sampler, penalties, logprobs): to_dict without the
+        frontend-only fields, so a plan's size never depends on stop strings."""
+        data = self.to_dict()
+        for name in FRONTEND_ONLY:
+            del data[name]
+        return data
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SamplingParams":
         if not isinstance(data, dict):
@@ -155,8 +177,8 @@ def _bias_map(value: Any) -> dict[int, float]:
         if not -100.0 <= bias <= 100.0:
             raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
         result[token] = float(bias)
-    if len(result) > 1024:
-        raise ValueError("logit_bias takes at most 1024 entries")
+    if len(result) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias takes at most {MAX_LOGIT_BIAS} entries")
     return result
 
 

@@ -1,0 +1,184 @@
+"""Slow is not dead: a frontend's liveness rides on a heartbeat thread of its own, and a
+scheduler that gives up on a frontend says which requests it aborted (in-process, no model:
+the scheduler service is driven by hand, the frontend's engine client has no event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from frontend.engine_client import EngineClient
+from scheduler.service import FRONTEND_TIMEOUT_S, SchedulerService, SchedulerServiceConfig
+from shared import messages as m
+from shared.config import ExecutorCapacity
+from shared.sampling_params import SamplingParams
+from shared.wire import unpack
+
+CAPACITY = ExecutorCapacity(num_kv_blocks=32, block_size=16, max_model_len=256,
+                            vocab_size=1024, eos_token_ids=(0,))
+
+
+@pytest.fixture
+def service(tmp_path):
+    svc = SchedulerService(SchedulerServiceConfig(
+        frontend_address=f"ipc://{tmp_path}/fe.sock",
+        executor_address=f"ipc://{tmp_path}/ex.sock"))
+    svc._on_executor_hello(b"executor-test", CAPACITY, 4242)
+    yield svc
+    svc.close()
+
+
+def _dealer(ctx: zmq.Context, address: str, identity: bytes) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.connect(address)
+    return sock
+
+
+def _drain(svc: SchedulerService, until, timeout: float = 5.0) -> None:
+    """Run the service's frontend-socket handling until `until()` holds."""
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        svc._drain(svc.frontend_sock, svc._on_frontend_message)
+        time.sleep(0.01)
+
+
+def _messages(sock: zmq.Socket, msg_type: str, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+        kind, body = unpack(sock.recv())
+        if kind == msg_type:
+            return body
+    raise AssertionError(f"no {msg_type} within {timeout} s")
+
+
+def _add(svc: SchedulerService, frontend: bytes, request_id: str) -> None:
+    svc._on_frontend_message(frontend, m.encode_add(
+        request_id, [5] * 20, SamplingParams(max_tokens=50, temperature=0)))
+
+
+def _give_up_on_silent_frontends(svc: SchedulerService) -> None:
+    svc.last_broadcast = 0.0
+    svc._heartbeat_frontends()
+
+
+def test_a_silent_frontend_is_told_which_requests_were_aborted(service):
+    ctx = zmq.Context()
+    sock = _dealer(ctx, service.config.frontend_address, b"fe-silent")
+    other = _dealer(ctx, service.config.frontend_address, b"fe-other")
+    try:
+        sock.send(m.pack("frontend_hello", {"id": "fe-silent"}))
+        other.send(m.pack("frontend_hello", {"id": "fe-other"}))
+        _drain(service, lambda: {b"fe-silent", b"fe-other"} <= set(service.frontends))
+        _add(service, b"fe-silent", "fe-silent-0")
+        _add(service, b"fe-silent", "fe-silent-1")
+        _add(service, b"fe-other", "fe-other-0")   # another frontend's: untouched
+        service.frontends[b"fe-silent"] -= FRONTEND_TIMEOUT_S + 1
+        _give_up_on_silent_frontends(service)
+        body = _messages(sock, "frontend_dropped")
+        assert sorted(body["ids"]) == ["fe-silent-0", "fe-silent-1"]
+        assert "no heartbeat" in body["reason"]
+        assert set(service.owners) == {"fe-other-0"}
+        assert set(service.scheduler.requests) == {"fe-other-0"}
+    finally:
+        sock.close(0)
+        other.close(0)
+        ctx.term()
+
+
+def test_a_heartbeat_from_the_frontends_own_thread_keeps_it_registered(service):
+    ctx = zmq.Context()
+    main = _dealer(ctx, service.config.frontend_address, b"fe-busy")
+    beats = _dealer(ctx, service.config.frontend_address, b"fe-busy-heartbeat")
+    try:
+        main.send(m.pack("frontend_hello", {"id": "fe-busy"}))
+        _drain(service, lambda: b"fe-busy" in service.frontends)
+        _add(service, b"fe-busy", "fe-busy-0")
+        service.frontends[b"fe-busy"] -= FRONTEND_TIMEOUT_S + 1   # its loop went quiet
+        beats.send(m.encode_heartbeat(1, "fe-busy"))
+        _drain(service, lambda: time.monotonic() - service.frontends[b"fe-busy"] < 1)
+        _give_up_on_silent_frontends(service)
+        assert b"fe-busy" in service.frontends and "fe-busy-0" in service.owners
+        assert b"fe-busy-heartbeat" not in service.frontends   # not a frontend itself
+        assert unpack(beats.recv())[0] == "heartbeat"           # the scheduler answers
+    finally:
+        main.close(0)
+        beats.close(0)
+        ctx.term()
+
+
+def test_a_notice_that_cannot_be_sent_waits_for_the_frontends_next_hello(service):
+    _add(service, b"fe-away", "fe-away-0")   # added, then its connection went
+    service.frontends[b"fe-away"] = time.monotonic() - FRONTEND_TIMEOUT_S - 1
+    _give_up_on_silent_frontends(service)
+    assert not service.owners
+    ctx = zmq.Context()
+    sock = _dealer(ctx, service.config.frontend_address, b"fe-away")
+    try:
+        sock.send(m.pack("frontend_hello", {"id": "fe-away"}))
+        _drain(service, lambda: b"fe-away" in service.frontends)
+        assert _messages(sock, "frontend_dropped")["ids"] == ["fe-away-0"]
+        assert not service.drop_notices
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []
+
+    def delta(self, *args) -> None:
+        pass
+
+    def final(self, result) -> None:
+        pass
+
+    def error(self, code: str, message: str) -> None:
+        self.errors.append((code, message))
+
+
+def test_the_frontend_fails_exactly_the_dropped_requests(tmp_path, tokenizer_dir):
+    from frontend.tokenizer import load_tokenizer
+
+    async def run():
+        ctx = zmq.asyncio.Context()
+        engine = EngineClient(load_tokenizer(tokenizer_dir), f"ipc://{tmp_path}/none.sock",
+                              ctx)
+        try:
+            sinks = [_Sink(), _Sink()]
+            ids = [engine.submit([5, 6], SamplingParams(), sink) for sink in sinks]
+            engine._on_dropped([ids[0], "unknown-id"], "no heartbeat from it for 10 s")
+            return ids, sinks, set(engine.requests)
+        finally:
+            engine.close()
+            ctx.term()
+
+    ids, sinks, left = asyncio.run(run())
+    assert [code for code, _ in sinks[0].errors] == ["engine_dead"]
+    assert "gave up on this frontend" in sinks[0].errors[0][1]
+    assert not sinks[1].errors and left == {ids[1]}
+
+
+def test_the_heartbeat_thread_hears_the_scheduler_without_an_event_loop(service,
+                                                                        tokenizer_dir):
+    from frontend.tokenizer import load_tokenizer
+
+    ctx = zmq.asyncio.Context()
+    engine = EngineClient(load_tokenizer(tokenizer_dir), service.config.frontend_address, ctx)
+    try:
+        assert not engine.scheduler_alive
+        engine.heartbeat.start()   # nothing reads the engine's own socket: no loop runs
+        _drain(service, lambda: engine.heartbeat.seen > 0)
+        assert engine.scheduler_alive
+        engine.link_down_at = time.monotonic()   # a disconnect after the last answer
+        assert not engine.scheduler_alive
+    finally:
+        engine.close()
+        ctx.term()
