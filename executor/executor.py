@@ -66,7 +66,7 @@ class Executor:
                                               config.block_size, self.dtype, self.device)
         self.mover = BlockMover(self.kv_caches, self.swap_caches)
         self.cost_model = self._measure_costs() if config.preemption_mode == "auto" else (0, 0)
-        self.batch = InputBatch(config.block_size, self.device)
+        self.batch = self._new_batch()
         self.sampler = Sampler(self.device, config.seed, self.model_config.eos_token_ids)
         log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens, %s kernels, "
                  "%s linear layers%s", self.model_config.architecture, self.device, self.dtype,
@@ -89,7 +89,7 @@ class Executor:
 
     def reset(self) -> None:
         """Forget every request (a new scheduler starts from nothing)."""
-        self.batch = InputBatch(self.config.block_size, self.device)
+        self.batch = self._new_batch()
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
@@ -105,7 +105,7 @@ class Executor:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
                 tokens, logprobs = self.sampler(logits, inputs.sampled)
                 for request, token in zip(inputs.sampled, tokens):
-                    request.token_ids.append(token)
+                    self.batch.append_token(request, token)
                 result.handles = [r.handle for r in inputs.sampled]
                 result.token_ids = tokens
                 if any(entry is not None for entry in logprobs):
@@ -119,6 +119,10 @@ class Executor:
                 result.prompt_logprobs.append((request.handle, position, entries))
         result.forward_ms = (time.perf_counter() - start) * 1e3
         return result
+
+    def _new_batch(self) -> InputBatch:
+        return InputBatch(self.config.block_size, self.device, self.max_model_len,
+                          self.config.max_num_seqs)
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings

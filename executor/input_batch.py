@@ -3,12 +3,17 @@
 A request's tokens and sampling parameters arrive once; afterwards a step plan says only how
 many tokens to compute and which blocks were appended. Sampled tokens are appended here, so
 the next step's input ids never cross the wire.
+
+Each live request owns a row of two persistent arrays, its token ids and its block table,
+written only where a plan or a sampled token changes them. A step's inputs are then a few
+vectorized gathers from those rows, not Python lists rebuilt token by token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from executor.ops import AttentionInputs
@@ -17,11 +22,13 @@ from shared.step import StepPlan
 
 
 class CachedRequest:
-    __slots__ = ("handle", "token_ids", "prompt_len", "num_computed", "block_ids", "sampling")
+    __slots__ = ("handle", "row", "token_ids", "prompt_len", "num_computed", "block_ids",
+                 "sampling")
 
-    def __init__(self, handle: int, token_ids: list[int], prompt_len: int, num_computed: int,
-                 block_ids: list[int], sampling: SamplingParams) -> None:
+    def __init__(self, handle: int, row: int, token_ids: list[int], prompt_len: int,
+                 num_computed: int, block_ids: list[int], sampling: SamplingParams) -> None:
         self.handle = handle
+        self.row = row                  # this request's row in the persistent arrays
         self.token_ids = token_ids
         self.prompt_len = prompt_len
         self.num_computed = num_computed
@@ -40,74 +47,123 @@ class StepInputs:
     prompt_scoring: list[tuple[CachedRequest, int, int, int]]
 
 
+class _Rows:
+    """Persistent per-request rows of token ids and block ids, grown on demand."""
+
+    def __init__(self, rows: int, max_tokens: int, block_size: int) -> None:
+        self.max_blocks = -(-max_tokens // block_size)
+        # One column more than the context limit: the token sampled after the last position.
+        self.tokens = np.zeros((rows, max_tokens + 1), dtype=np.int64)
+        self.tables = np.zeros((rows, self.max_blocks), dtype=np.int32)
+        self.free = list(range(rows - 1, -1, -1))
+
+    def take(self) -> int:
+        if not self.free:
+            rows = len(self.tokens)
+            self.tokens = np.concatenate([self.tokens, np.zeros_like(self.tokens)])
+            self.tables = np.concatenate([self.tables, np.zeros_like(self.tables)])
+            self.free = list(range(2 * rows - 1, rows - 1, -1))
+        row = self.free.pop()
+        self.tables[row] = 0   # no stale block ids of the row's last owner
+        return row
+
+    def give_back(self, row: int) -> None:
+        self.free.append(row)
+
+
 class InputBatch:
-    def __init__(self, block_size: int, device: torch.device) -> None:
+    def __init__(self, block_size: int, device: torch.device, max_model_len: int,
+                 max_num_seqs: int) -> None:
         self.block_size = block_size
         self.device = device
         self.requests: dict[int, CachedRequest] = {}
+        self.rows = _Rows(max_num_seqs, max_model_len, block_size)
 
     def apply(self, plan: StepPlan) -> list[tuple[CachedRequest, int]]:
         """Update the remembered state from a plan; return (request, tokens to compute)."""
+        rows = self.rows
         for handle in plan.finished_handles:
-            self.requests.pop(handle, None)
+            request = self.requests.pop(handle, None)
+            if request is not None:
+                rows.give_back(request.row)
         scheduled: list[tuple[CachedRequest, int]] = []
         for new in plan.new_requests:
-            request = CachedRequest(new.handle, list(new.token_ids), new.prompt_len,
+            row = rows.take()
+            tokens = list(new.token_ids)
+            request = CachedRequest(new.handle, row, tokens, new.prompt_len,
                                     new.num_computed_tokens, list(new.block_ids), new.sampling)
+            rows.tokens[row, :len(tokens)] = tokens
+            rows.tables[row, :len(request.block_ids)] = request.block_ids
             self.requests[new.handle] = request
             scheduled.append((request, new.num_new_tokens))
         for handle, num_tokens in zip(plan.running_handles, plan.running_num_tokens):
             request = self.requests[handle]
             appended = plan.new_block_ids.get(handle)
             if appended:
+                start = len(request.block_ids)
                 request.block_ids.extend(appended)
+                rows.tables[request.row, start:start + len(appended)] = appended
             scheduled.append((request, num_tokens))
         return scheduled
 
+    def append_token(self, request: CachedRequest, token: int) -> None:
+        """Remember a token the executor sampled: the request's next input."""
+        self.rows.tokens[request.row, len(request.token_ids)] = token
+        request.token_ids.append(token)
+
     def prepare(self, scheduled: list[tuple[CachedRequest, int]]) -> StepInputs:
-        block_size = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seq_lens: list[int] = []
-        starts = [0]
-        logits_indices: list[int] = []
+        count = len(scheduled)
+        row_of = np.empty(count, dtype=np.int64)
+        begins = np.empty(count, dtype=np.int64)
+        lengths = np.empty(count, dtype=np.int64)
         sampled: list[CachedRequest] = []
+        sampled_at: list[int] = []
         scoring: list[tuple[CachedRequest, int, int, int]] = []
-        max_blocks = max(len(r.block_ids) for r, _ in scheduled)
-        tables: list[list[int]] = []
-        for request, num_tokens in scheduled:
+        max_blocks = 1
+        start = 0
+        for i, (request, num_tokens) in enumerate(scheduled):
             begin = request.num_computed
             end = begin + num_tokens
-            input_ids.extend(request.token_ids[begin:end])
-            span = range(begin, end)
-            positions.extend(span)
-            blocks = request.block_ids
-            slots.extend(blocks[p // block_size] * block_size + p % block_size for p in span)
-            seq_lens.append(end)
-            starts.append(starts[-1] + num_tokens)
-            tables.append(blocks + [0] * (max_blocks - len(blocks)))
+            row_of[i], begins[i], lengths[i] = request.row, begin, num_tokens
+            max_blocks = max(max_blocks, len(request.block_ids))
             if request.sampling.prompt_logprobs is not None:
                 # Logits at position p score prompt token p + 1.
                 last = min(end, request.prompt_len - 1)
                 if last > begin:
-                    scoring.append((request, starts[-2], begin + 1, last - begin))
+                    scoring.append((request, start, begin + 1, last - begin))
+            start += num_tokens
             request.num_computed = end
             if end == len(request.token_ids):
-                logits_indices.append(starts[-1] - 1)
+                sampled_at.append(start - 1)
                 sampled.append(request)
+        starts = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        # Position of every flattened token: its request's begin plus its offset there.
+        token_row = np.repeat(np.arange(count), lengths)
+        positions = np.arange(starts[-1]) - np.repeat(starts[:-1] - begins, lengths)
+        rows = self.rows
+        request_rows = row_of[token_row]
+        input_ids = rows.tokens[request_rows, positions]
+        block_size = self.block_size
+        slots = rows.tables[request_rows, positions // block_size].astype(np.int64) \
+            * block_size + positions % block_size
         device = self.device
         attention = AttentionInputs(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            slot_mapping=_to(slots, device),
+            block_tables=_to(np.ascontiguousarray(rows.tables[row_of, :max_blocks]), device),
+            seq_lens=_to((begins + lengths).astype(np.int32), device),
+            query_start_loc=_to(starts.astype(np.int32), device),
         )
         return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            input_ids=_to(input_ids, device),
+            positions=_to(positions, device),
             attention=attention,
-            logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
+            logits_indices=_to(np.asarray(sampled_at, dtype=np.int64), device),
             sampled=sampled,
             prompt_scoring=scoring,
         )
+
+
+def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
