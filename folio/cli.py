@@ -69,7 +69,9 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int | None = 80
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients use (default: the model path)")
     parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on /v1 routes")
+                        help="require 'Authorization: Bearer KEY' on /v1 routes and /metrics")
+    parser.add_argument("--metrics-public", action="store_true",
+                        help="serve /metrics without the API key")
 
 
 def add_security_args(parser: argparse.ArgumentParser) -> None:
@@ -273,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
         SchedulerService(SchedulerServiceConfig(
             frontend_address=args.frontend_address, executor_address=args.executor_address,
+                                      metrics_public=args.metrics_public,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             enable_chunked_prefill=args.enable_chunked_prefill,
             enable_prefix_caching=args.enable_prefix_caching,

@@ -82,6 +82,8 @@ class Supervisor:
                 http += ["--api-key", self.args.api_key]
         return base + ["--model", self.config.tokenizer_path,
                        "--client-address", self.client_address,
+            if self.args.metrics_public:
+                http += ["--metrics-public"]
                        "--scheduler-address", self.frontend_address, *http]
 
     def start(self, role: str) -> None:

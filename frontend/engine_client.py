@@ -187,11 +187,15 @@ class EngineClient:
             self._fail(request_id, "shutting_down", reason)
 
     async def stats(self, timeout: float = 1.0) -> dict[str, Any]:
+        """The scheduler's stats. Callers that ask while a request for them is out share
+        its answer: a flood of health checks or scrapes costs the scheduler one query."""
         if not self.scheduler_alive:
             return {}
         waiter = asyncio.get_running_loop().create_future()
+        if not any(not w.done() for w in self.stats_waiters):
+            self.stats_waiters = []   # answered or timed out: ask again
+            self._send(m.pack("stats_request", {}))
         self.stats_waiters.append(waiter)
-        self._send(m.pack("stats_request", {}))
         try:
             return await asyncio.wait_for(waiter, timeout)
         except asyncio.TimeoutError:

@@ -31,7 +31,9 @@ MAX_BODY_BYTES = 4 * 2**20
 RETRY_AFTER_S = "1"
 
 
-def create_app(engine: EngineClient, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(engine: EngineClient, model_name: str, api_key: str | None = None,
+               metrics_public: bool = False) -> FastAPI:
+    """With api_key, /v1 routes need it, and so does /metrics unless metrics_public."""
     app = FastAPI(title="Folio", version="1", docs_url=None, redoc_url=None)
     metrics = Metrics(model_name)
     engine.observers.append(metrics.observe)
@@ -51,9 +53,12 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
         headers = {"Retry-After": RETRY_AFTER_S} if error.status == 503 else None
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
+    def needs_key(path: str) -> bool:
+        return path.startswith("/v1") or (path == "/metrics" and not metrics_public)
+
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
+        if api_key and needs_key(request.url.path):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 error = ApiError(401, "missing or invalid API key; send "
@@ -171,7 +176,7 @@ class _Server(uvicorn.Server):
 
 async def serve_http(engine: EngineClient, config, stopped: asyncio.Event) -> None:
     name = config.served_model_name or config.model
-    app = create_app(engine, name, config.api_key)
+    app = create_app(engine, name, config.api_key, config.metrics_public)
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port,
                                     log_level="warning", access_log=False, lifespan="off",
                                     timeout_graceful_shutdown=5))

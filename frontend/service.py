@@ -35,6 +35,7 @@ class FrontendConfig:
     port: int | None = None    # HTTP API port; None: ZeroMQ only
     served_model_name: str | None = None
     api_key: str | None = None
+    metrics_public: bool = False    # /metrics without the API key
     shutdown_timeout_s: float = 30.0
     curve_keys: str | None = None   # CURVE keys directory: scheduler link and client port
     client_curve: bool = True       # with curve_keys: SDK clients need keys too

@@ -21,7 +21,7 @@ from shared import messages as m
 from shared.sampling_params import check_against_model
 from shared.security import CurveKeys, make_server
 from shared.transport import check_bind_address, configure
-from shared.wire import ProtocolError
+from shared.wire import MAX_MESSAGE_BYTES, ProtocolError
 
 log = logging.getLogger("folio.frontend")
 MAX_EARLY_ABORTS = 1024   # aborts kept for requests still being prepared
@@ -42,9 +42,14 @@ class _ClientSink:
     def final(self, result: FinalResult) -> None:
         self.gateway.forget(self.client, self.client_id)
         sample = result.samples[0]
-        self.gateway.reply(self.client, m.encode_final(
+        payload = m.encode_final(
             self.client_id, sample.text, sample.token_ids, sample.finish_reason,
-            result.prompt_tokens, sample.logprobs, sample.stop_reason, result.prompt_logprobs))
+            result.prompt_tokens, sample.logprobs, sample.stop_reason, result.prompt_logprobs)
+        if len(payload) > MAX_MESSAGE_BYTES:   # the client's socket would drop the connection
+            payload = m.encode_error(self.client_id, "invalid", (
+                f"the result ({len(payload)} bytes) exceeds the {MAX_MESSAGE_BYTES}-byte "
+                "message limit; ask for fewer tokens or logprobs"))
+        self.gateway.reply(self.client, payload)
 
     def error(self, code: str, message: str) -> None:
         self.gateway.forget(self.client, self.client_id)

@@ -38,6 +38,7 @@ FRONTEND_HEARTBEAT_S = 0.5
 PROBE_WINDOW_S = 0.5   # after a disconnect on the executor socket, probe the executor this long
 FRONTEND_TIMEOUT_S = 10.0
 MAX_DROP_NOTICES = 64   # frontends whose drop notice waits for their next hello
+STATS_MAX_AGE_S = 0.1   # stats answers within this long of each other share one computation
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class SchedulerService:
         # frontend identity -> frontend_dropped messages it could not be sent yet
         self.drop_notices: dict[bytes, list[bytes]] = {}
         self.heartbeat_reply = m.encode_heartbeat(os.getpid())
+        self.stats_reply: tuple[float, Scheduler | None, bytes] | None = None
         self.last_broadcast = 0.0
         self.stopping = False
         self.draining_since: float | None = None   # first SIGTERM: refuse adds, let runs end
@@ -198,7 +200,16 @@ class SchedulerService:
             for notice in self.drop_notices.pop(identity, []):
                 self._send_frontend(identity, notice)
         elif msg_type == "stats_request":
-            self._send_frontend(identity, m.encode_stats(self.stats()))
+            self._send_frontend(identity, self._stats_reply())
+
+    def _stats_reply(self) -> bytes:
+        """A flood of stats requests (health checks, scrapes) costs one stats() walk per
+        STATS_MAX_AGE_S, not one per request; a new or lost executor is seen at once."""
+        now = time.monotonic()
+        cached = self.stats_reply
+        if cached is None or now - cached[0] > STATS_MAX_AGE_S or cached[1] is not self.scheduler:
+            cached = self.stats_reply = (now, self.scheduler, m.encode_stats(self.stats()))
+        return cached[2]
 
     def _add(self, identity: bytes, request_id: str, prompt: list[int], params) -> None:
         if self.draining_since is not None:

@@ -60,7 +60,7 @@ def encode_plan(plan: StepPlan) -> bytes:
     if plan.new_requests:
         body["n"] = [{"h": r.handle, "t": r.token_ids, "p": r.prompt_len,
                       "c": r.num_computed_tokens, "k": r.num_new_tokens, "b": r.block_ids,
-                      "sp": r.sampling.executor_dict()} for r in plan.new_requests]
+                      "sp": r.sampling.engine_dict()} for r in plan.new_requests]
     if plan.new_block_ids:
         body["b"] = [[handle, blocks] for handle, blocks in plan.new_block_ids.items()]
     if plan.finished_handles:
@@ -193,7 +193,8 @@ def _or_default(value: int | None, default: int) -> int:
 
 
 def encode_add(request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> bytes:
-    return pack("add", {"id": request_id, "prompt": prompt_token_ids, "params": params.to_dict()})
+    return pack("add", {"id": request_id, "prompt": prompt_token_ids,
+                        "params": params.engine_dict()})   # stop strings stay in the frontend
 
 
 def decode_add(body: Body) -> tuple[str, list[int], SamplingParams]:

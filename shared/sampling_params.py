@@ -13,7 +13,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 65_536          # per stop string
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1024
-# Fields only the frontend reads (stop strings, detokenization): never sent in a plan.
+# Fields only the frontend reads (stop strings, detokenization): never sent to the engine.
 FRONTEND_ONLY = ("stop", "include_stop_str_in_output", "skip_special_tokens")
 
 
@@ -120,9 +120,10 @@ class SamplingParams:
         data["logit_bias"] = [[token, bias] for token, bias in self.logit_bias.items()]
         return data
 
-    def executor_dict(self) -> dict[str, Any]:
-        """What the executor reads (sampler, penalties, logprobs): to_dict without the
-        frontend-only fields, so a plan's size never depends on stop strings."""
+    def engine_dict(self) -> dict[str, Any]:
+        """What the scheduler and the executor read (lengths, stop tokens, sampler,
+        logprobs): to_dict without the frontend-only fields, so the size of an `add` or a
+        plan never depends on stop strings."""
         data = self.to_dict()
         for name in FRONTEND_ONLY:
             del data[name]

@@ -229,9 +229,43 @@ def test_disconnect_mid_stream_frees_blocks(server):
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
+def test_metrics_follow_the_api_key(server):
+    """With --api-key, /metrics needs the key too (no --metrics-public here)."""
+    assert httpx.get(f"{server.base}/metrics").status_code == 401
+    wrong = httpx.get(f"{server.base}/metrics", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert wrong.json()["error"]["code"] == "invalid_api_key"
+    right = httpx.get(f"{server.base}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert right.status_code == 200 and "folio:num_requests_running" in right.text
+
+
+def test_metrics_public_serves_them_without_the_key():
+    from fastapi.testclient import TestClient
+
+    from frontend.http_server import create_app
+
+    class Engine:   # what the routes used here read
+        observers: list = []
+        max_model_len = 64
+
+        async def stats(self, timeout: float = 1.0) -> dict:
+            return {"num_running": 3}
+
+    answers = {}
+    for public in (True, False):
+        with TestClient(create_app(Engine(), MODEL, api_key=KEY,
+                                   metrics_public=public)) as http:
+            answers[public] = http.get("/metrics")
+            assert http.get("/v1/models").status_code == 401   # the API stays guarded
+    assert answers[True].status_code == 200
+    assert "folio:num_requests_running 3.0" in answers[True].text
+    assert answers[False].status_code == 401
+
+
 def test_metrics_move(server, client):
     def scrape() -> dict:
-        text = httpx.get(f"{server.base}/metrics").text
+        text = httpx.get(f"{server.base}/metrics",
+                         headers={"Authorization": f"Bearer {KEY}"}).text
         values = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

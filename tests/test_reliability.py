@@ -15,6 +15,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -266,11 +268,10 @@ def test_streamed_http_requests_refused_by_a_full_queue_get_503(healthy):
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats
 
 
-def test_a_burst_of_client_messages_does_not_fail_running_requests(healthy):
+def _burst(healthy: "Cluster"):
     """While the frontend works through a burst of client messages (10,000 fuzzed ones and
-    20 of the largest legal size, 2**22 prompt ids, each refused as too long) it must keep
-    hearing the scheduler: a request running meanwhile finishes normally instead of failing
-    with 'the scheduler is not responding', and a request sent meanwhile is served."""
+    20 of the largest legal size, 2**22 prompt ids, each refused as too long), a request
+    running meanwhile and one sent meanwhile: what each ended with."""
 
     async def run():
         async with AsyncClient(healthy.client_addresses[0]) as client:
@@ -297,11 +298,126 @@ def test_a_burst_of_client_messages_does_not_fail_running_requests(healthy):
             running = await _value_or_error(asyncio.wait_for(job, 60))
             return running, during
 
-    running, during = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def _assert_burst_harmless(healthy: "Cluster", running, during) -> None:
+    """Both finished normally: no 'the scheduler is not reachable' while it was busy."""
     assert not isinstance(running, FolioError), f"the running request failed: {running!r}"
     assert not isinstance(during, FolioError), f"the request sent meanwhile failed: {during!r}"
     assert running.finish_reason == "length" and len(running.token_ids) == 300
     assert during.token_ids == healthy.reference
+
+
+def test_a_burst_of_client_messages_does_not_fail_running_requests(healthy):
+    _assert_burst_harmless(healthy, *_burst(healthy))
+
+
+def test_the_burst_beside_two_cpu_bound_processes_fails_nothing(healthy):
+    """The same on a machine that is busy with something else: two processes spinning."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(2)]
+    try:
+        running, during = _burst(healthy)
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait(timeout=10)
+    _assert_burst_harmless(healthy, running, during)
+    healthy.assert_serving(0)
+    healthy.assert_serving(1)
+
+
+# ---- one user cannot hurt another ------------------------------------------------------------
+
+LONG_STOPS = ["x" * 59_999 + chr(65 + i) for i in range(16)]   # 960 KB, every limit kept
+
+
+async def _bystander(client: AsyncClient):
+    return await _value_or_error(client.generate(
+        PROBE_PROMPT, SamplingParams(max_tokens=8, **GREEDY), timeout=60))
+
+
+def test_a_960_kb_stop_string_request_hurts_no_one(healthy):
+    """64 prompts, n = 3, 16 stop strings of 60,000 characters: it is served, and a
+    bystander's request beside it gets its normal answer (no plan grows with stop strings)."""
+    executor = healthy.procs["executor"]
+    body = {"prompt": [[3 + i] * 5 for i in range(64)], "n": 3, "max_tokens": 4,
+            "stop": LONG_STOPS, **GREEDY}
+
+    async def run():
+        async with AsyncClient(healthy.client_addresses[1]) as client, \
+                httpx.AsyncClient(base_url=healthy.base, timeout=120) as http:
+            big = asyncio.create_task(http.post("/v1/completions", json=body))
+            await asyncio.sleep(0.3)
+            return await big, await _bystander(client)
+
+    response, bystander = asyncio.run(run())
+    assert response.status_code == 200, response.text[:300]
+    choices = response.json()["choices"]
+    assert sorted(c["index"] for c in choices) == list(range(192))
+    assert {c["finish_reason"] for c in choices} == {"length"}
+    assert not isinstance(bystander, FolioError), bystander
+    assert bystander.token_ids == healthy.reference
+    assert executor.poll() is None and healthy.procs["executor"] is executor   # no restart
+    healthy.assert_serving(0)
+
+
+def test_a_stream_with_long_stop_strings_does_not_stall_a_bystander(healthy):
+    """Matching 16 stop strings of 60,000 characters costs each token its own characters:
+    the stream gives the same text as without them, and bystanders are served meanwhile."""
+    request = {"prompt": [9] * 20, "max_tokens": 300, **GREEDY}
+
+    async def run():
+        async with AsyncClient(healthy.client_addresses[0]) as client, \
+                httpx.AsyncClient(base_url=healthy.base, timeout=60) as http:
+            plain = (await http.post("/v1/completions", json=request)).json()
+
+            async def stream():
+                texts = []
+                async with http.stream("POST", "/v1/completions", json={
+                        **request, "stream": True, "stop": LONG_STOPS}) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: {"):
+                            texts.append(json.loads(line[6:])["choices"][0])
+                return texts
+
+            streaming = asyncio.create_task(stream())
+            await asyncio.sleep(0.5)
+            bystanders = [await _bystander(client) for _ in range(3)]
+            return plain, await asyncio.wait_for(streaming, 60), bystanders
+
+    plain, chunks, bystanders = asyncio.run(run())
+    assert "".join(c["text"] for c in chunks) == plain["choices"][0]["text"]
+    assert chunks[-1]["finish_reason"] == "length"
+    for bystander in bystanders:
+        assert not isinstance(bystander, FolioError), bystander
+        assert bystander.token_ids == healthy.reference
+
+
+def test_a_huge_chat_prompt_is_prepared_off_the_loop_while_others_are_served(healthy):
+    """A chat of one 7.5 M-character message is templated and tokenized beside the event
+    loop: a stream running meanwhile ends normally, a request sent meanwhile is served, and
+    the huge one is refused alone (longer than max_model_len)."""
+
+    async def run():
+        async with AsyncClient(healthy.client_addresses[0]) as client:
+            started = asyncio.Event()
+            running = asyncio.create_task(_value_or_error(_sdk_stream(client, started)))
+            await asyncio.wait_for(started.wait(), 20)
+            huge = asyncio.create_task(_value_or_error(client.chat(
+                [{"role": "user", "content": "The for statement. " * 390_000}],
+                SamplingParams(max_tokens=4), timeout=120)))
+            await asyncio.sleep(0.5)
+            during = await _bystander(client)
+            return await running, during, await huge
+
+    running, during, huge = asyncio.run(run())
+    assert running == LONG, f"the stream running meanwhile: {running!r}"
+    assert not isinstance(during, FolioError), during
+    assert during.token_ids == healthy.reference
+    assert isinstance(huge, FolioError) and "max_model_len" in str(huge), huge
+    healthy.assert_serving(0)
 
 
 # ---- clients that vanish ----------------------------------------------------------------------
@@ -393,6 +509,102 @@ def test_closing_an_async_client_fails_its_pending_calls(healthy):
     assert asyncio.run(run()) in ("ServerUnreachable", "EngineDead", "FolioError")
     stats = healthy.wait_idle(timeout=5)
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats
+
+
+def test_an_abandoned_sdk_stream_is_aborted_at_once_and_frees_its_blocks(healthy):
+    """break out of a stream, or aclose() it: the request is aborted on the server (its
+    blocks come back) while the client is still open and idle."""
+
+    async def run():
+        freed = {}
+        async with AsyncClient(healthy.client_addresses[0]) as client:
+            for how in ("break", "aclose"):
+                stream = client.stream([6] * 20, SamplingParams(max_tokens=900, **GREEDY))
+                if how == "break":
+                    async for _ in stream:
+                        break
+                    del stream   # what leaving the loop's scope does
+                else:
+                    await stream.__anext__()
+                    await stream.aclose()
+                freed[how] = await asyncio.to_thread(healthy.wait_idle, 0, 10.0)
+        return freed
+
+    for how, stats in asyncio.run(run()).items():
+        assert stats["num_running"] == stats["num_waiting"] == 0, (how, stats)
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"], (how, stats)
+
+
+def test_an_http_client_that_leaves_before_its_answer_frees_its_blocks(healthy):
+    """A non-streamed request whose client disconnects while it runs is aborted."""
+
+    async def run():
+        async with httpx.AsyncClient(base_url=healthy.base, timeout=30) as http:
+            post = asyncio.create_task(http.post("/v1/completions", json={
+                "prompt": [4] * 20, "max_tokens": 900, **GREEDY}))
+            deadline = time.monotonic() + 20
+            while (await asyncio.to_thread(healthy.stats))["num_running"] == 0:
+                assert time.monotonic() < deadline, "the request never ran"
+                await asyncio.sleep(0.05)
+            post.cancel()   # closes the connection
+            await asyncio.gather(post, return_exceptions=True)
+        return await asyncio.to_thread(healthy.wait_idle, 0, 10.0)
+
+    stats = asyncio.run(run())
+    assert stats["num_running"] == stats["num_waiting"] == 0, stats
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats
+
+
+def test_a_multi_prompt_request_with_a_refused_prompt_leaves_no_prompt_running(healthy):
+    """While a flood keeps the queue full, completions of 8 prompts (streamed or not) are
+    refused in part: whatever the client gets (a 503, or an error event after the first
+    bytes), none of their prompts keeps running once the flood is gone."""
+
+    async def attempt(http: httpx.AsyncClient, stream: bool) -> str:
+        body = {"prompt": [[20 + i] * 10 for i in range(8)], "max_tokens": 300,
+                "deadline": 20, "stream": stream, **GREEDY}
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            text = (await response.aread()).decode()
+        if response.status_code != 200:
+            return f"{response.status_code} {json.loads(text)['error']['code']}"
+        errors = [json.loads(line[6:])["error"]["code"] for line in text.splitlines()
+                  if line.startswith("data: {") and '"error"' in line]
+        return f"200 then {errors[0]}" if errors else "200"
+
+    async def run():
+        async with AsyncClient(healthy.client_addresses[1]) as client, \
+                httpx.AsyncClient(base_url=healthy.base, timeout=60) as http:
+            params = SamplingParams(max_tokens=200, **GREEDY)
+            flood: list[asyncio.Task] = []
+            stop = asyncio.Event()
+
+            async def keep_full():
+                while not stop.is_set() and len(flood) < 3000:
+                    flood.extend(asyncio.create_task(client.generate([7] * 30, params,
+                                                                     timeout=120))
+                                 for _ in range(25))
+                    await asyncio.sleep(0.05)
+
+            topper = asyncio.create_task(keep_full())
+            try:
+                deadline = time.monotonic() + 20
+                while not any(t.done() and isinstance(t.exception(), QueueFull)
+                              for t in flood if not t.cancelled()):
+                    assert time.monotonic() < deadline, "the queue never filled"
+                    await asyncio.sleep(0.05)
+                outcomes = [await attempt(http, stream) for stream in (True, False) * 3]
+            finally:
+                stop.set()
+                await topper
+                for task in flood:
+                    task.cancel()   # the SDK aborts them
+                await asyncio.gather(*flood, return_exceptions=True)
+        return outcomes, await asyncio.to_thread(healthy.wait_idle, 0, 20.0)
+
+    outcomes, stats = asyncio.run(run())
+    assert any(o.endswith("queue_full") for o in outcomes), outcomes
+    assert stats["num_running"] == stats["num_waiting"] == 0, (outcomes, stats)
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], (outcomes, stats)
 
 
 # ---- ZeroMQ fuzz ------------------------------------------------------------------------------
