@@ -4,6 +4,7 @@
     python bench/step_overhead.py --sizes 256 --seconds 5 --json
     python bench/step_overhead.py --breakdown           # where one step's time goes, in-process
     python bench/step_overhead.py --null-executor ipc:///run/folio-x/scheduler-executor.sock
+    python bench/step_overhead.py --step-ms 0 2 20 --scheduling serial async   # step period
 
 For each N it starts a real scheduler process (`python -m folio scheduler`) on ipc:// sockets
 in a private temporary directory, and a null executor (a spawned process running
@@ -19,6 +20,13 @@ the result it sent back. ms/step is the time between consecutive plan arrivals d
 measured window, i.e. one full round trip: executor decode + apply + encode, the result's hop,
 the scheduler's update, routing of outputs to the frontend, schedule(), the plan's hop.
 Plan bytes per running request are the real received sizes of decode plans divided by N.
+
+`--step-ms X` makes each null-executor step last X ms from the plan's arrival to its result
+(mostly asleep, standing in for a forward pass on an accelerator: the CPU is free).
+`--scheduling serial` runs the scheduler with `--no-async-scheduling` (plan N+1 only after
+result N: period = X + hop), `async` with one step in flight (plan N+1 waits at the executor
+while step N runs: period about max(X, hop)). `vs target` is the period over max(X, hop),
+hop being the serial period at X = 0 for the same N (measured in the same run).
 """
 
 from __future__ import annotations
@@ -118,6 +126,16 @@ class NullBatch:
         return {h: len(s.tokens) - s.prompt_len for h, s in self.held.items()}
 
 
+def _wait_until(deadline_ns: int) -> None:
+    """Sleep (the CPU is free, as during a forward pass on an accelerator), then spin the
+    last 0.3 ms so the step lasts what was asked however late the sleep wakes."""
+    remaining = (deadline_ns - time.monotonic_ns()) / 1e9 - 3e-4
+    if remaining > 0:
+        time.sleep(remaining)
+    while time.monotonic_ns() < deadline_ns:
+        pass
+
+
 def _heartbeat_loop(ctx: zmq.Context, address: str, stop: threading.Event) -> None:
     sock = configure(ctx.socket(zmq.DEALER))
     sock.setsockopt(zmq.IDENTITY, f"executor-heartbeat-{os.getpid()}".encode())
@@ -125,7 +143,8 @@ def _heartbeat_loop(ctx: zmq.Context, address: str, stop: threading.Event) -> No
     send_heartbeats(sock, stop, m.encode_heartbeat(os.getpid()), HEARTBEAT_S)
 
 
-def null_executor(address: str, control=None, num_kv_blocks: int = NUM_KV_BLOCKS) -> None:
+def null_executor(address: str, control=None, num_kv_blocks: int = NUM_KV_BLOCKS,
+                  step_ms: float = 0.0) -> None:
     """Serve plans until told to stop; then report what was received.
 
     `control` is a multiprocessing Connection: b"stop" (or its closing) ends the loop and the
@@ -187,6 +206,8 @@ def null_executor(address: str, control=None, num_kv_blocks: int = NUM_KV_BLOCKS
                     continue
                 try:
                     reply = m.encode_result(batch.execute(plan))
+                    if step_ms > 0 and not plan.is_empty:
+                        _wait_until(arrived + int(step_ms * 1e6))   # the rest of the step
                 except ValueError as error:
                     errors += 1
                     sock.send(m.encode_executor_error(plan.step_id, str(error)))
@@ -368,7 +389,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def measure(num_requests: int, seconds: float = 3.0, warmup: float = 0.5,
-            startup_timeout: float = 60.0) -> dict:
+            startup_timeout: float = 60.0, step_ms: float = 0.0,
+            async_scheduling: bool = True) -> dict:
     """Run scheduler + null executor + driver for one N; return the figures as a dict."""
     run_dir = make_run_dir()
     frontend_address = ipc_address(run_dir, "scheduler-frontends")
@@ -381,12 +403,14 @@ def measure(num_requests: int, seconds: float = 3.0, warmup: float = 0.5,
                 [sys.executable, "-m", "folio", "--log-level", "WARNING", "scheduler",
                  "--frontend-address", frontend_address,
                  "--executor-address", executor_address,
-                 "--max-num-seqs", str(max(256, num_requests))],
+                 "--max-num-seqs", str(max(256, num_requests)),
+                 "--async-scheduling" if async_scheduling else "--no-async-scheduling"],
                 cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=log,
                 stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         spawn = multiprocessing.get_context("spawn")
         control, child_end = spawn.Pipe()
-        executor = spawn.Process(target=null_executor, args=(executor_address, child_end),
+        executor = spawn.Process(target=null_executor,
+                                 args=(executor_address, child_end, NUM_KV_BLOCKS, step_ms),
                                  daemon=True, name="null-executor")
         executor.start()
         child_end.close()
@@ -425,8 +449,11 @@ def measure(num_requests: int, seconds: float = 3.0, warmup: float = 0.5,
             control.close()
         _stop(scheduler)
         shutil.rmtree(run_dir, ignore_errors=True)
-    return summarize(num_requests, report, start_ns, end_ns, before, after, warm_tokens,
-                     out_messages, out_bytes)
+    summary = summarize(num_requests, report, start_ns, end_ns, before, after, warm_tokens,
+                        out_messages, out_bytes)
+    summary["scheduling"] = "async" if async_scheduling else "serial"
+    summary["step_ms"] = step_ms
+    return summary
 
 
 def summarize(num_requests: int, report: dict, start_ns: int, end_ns: int, before: dict,
@@ -535,12 +562,29 @@ COLUMNS = (("running", "N", "{:d}"), ("steps", "steps", "{:d}"),
            ("outputs_bytes_per_step", "outputs B", "{:.0f}"))
 
 
-def table(results: list[dict]) -> str:
-    head = "| " + " | ".join(title for _, title, _ in COLUMNS) + " |"
-    rule = "|" + "|".join("---:" for _ in COLUMNS) + "|"
+PERIOD_COLUMNS = (("scheduling", "scheduling", "{}"), ("step_ms", "X ms", "{:g}"),
+                  ("running", "N", "{:d}"), ("steps", "steps", "{:d}"),
+                  ("ms_per_step", "period ms", "{:.3f}"), ("ms_per_step_p50", "p50", "{:.3f}"),
+                  ("ms_per_step_p99", "p99", "{:.3f}"), ("target_ms", "max(X, hop) ms", "{:.3f}"),
+                  ("vs_target", "vs target", "{:.2f}"))
+
+
+def add_targets(results: list[dict]) -> None:
+    """hop = the serial period at X = 0 for the same N; target = max(X, hop)."""
+    hops = {r["running"]: r["ms_per_step"] for r in results
+            if r["scheduling"] == "serial" and r["step_ms"] == 0}
+    for row in results:
+        hop = hops.get(row["running"])
+        row["target_ms"] = float("nan") if hop is None else max(row["step_ms"], hop)
+        row["vs_target"] = row["ms_per_step"] / row["target_ms"]
+
+
+def table(results: list[dict], columns=COLUMNS) -> str:
+    head = "| " + " | ".join(title for _, title, _ in columns) + " |"
+    rule = "|" + "|".join("---:" for _ in columns) + "|"
     lines = [head, rule]
     for row in results:
-        lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in COLUMNS) + " |")
+        lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in columns) + " |")
     return "\n".join(lines)
 
 
@@ -554,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--breakdown", action="store_true",
                         help="time each piece of a decode step in-process (no sockets)")
+    parser.add_argument("--step-ms", type=float, nargs="+", default=None, metavar="X",
+                        help="null-executor step times to measure (ms slept per plan); "
+                        "prints the step-period table")
+    parser.add_argument("--scheduling", nargs="+", choices=("serial", "async"),
+                        default=["async"], help="scheduler modes to measure")
     parser.add_argument("--null-executor", metavar="ADDRESS",
                         help="only run the null executor against a scheduler at ADDRESS")
     args = parser.parse_args(argv)
@@ -572,11 +621,16 @@ def main(argv: list[str] | None = None) -> int:
             values = [sum(r.values()) if stage == "total" else r[stage] for r in rows.values()]
             print(f"| {stage} | " + " | ".join(f"{v:.1f}" for v in values) + " |")
         return 0
-    results = [measure(n, args.seconds, args.warmup) for n in args.sizes]
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        print(table(results))
+    if args.step_ms is None:
+        results = [measure(n, args.seconds, args.warmup,
+                           async_scheduling=args.scheduling[0] == "async") for n in args.sizes]
+        print(json.dumps(results, indent=2) if args.json else table(results))
+        return 0
+    results = [measure(n, args.seconds, args.warmup, step_ms=x,
+                       async_scheduling=mode == "async")
+               for mode in args.scheduling for x in args.step_ms for n in args.sizes]
+    add_targets(results)
+    print(json.dumps(results, indent=2) if args.json else table(results, PERIOD_COLUMNS))
     return 0
 
 

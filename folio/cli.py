@@ -86,6 +86,12 @@ def add_shutdown_args(parser: argparse.ArgumentParser) -> None:
                         "before they are aborted")
 
 
+def add_scheduling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                        default=True, help="keep one step in flight: send the plan of step "
+                        "N+1 before the result of step N arrives, hiding the hop")
+
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -156,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="which cores each process may use when the executor runs on "
                        "CPU: split (frontend and scheduler on one core of their own), shared, "
                        "off; auto: split on CPU, off with a GPU")
+    add_scheduling_args(serve)
     add_shutdown_args(serve)
     add_security_args(serve)
     add_engine_args(serve)
@@ -192,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="seconds without an executor heartbeat before it is dead")
     scheduler.add_argument("--step-timeout", type=float, default=60.0,
                            help="seconds a step may take before the executor is declared hung")
+    add_scheduling_args(scheduler)
     add_shutdown_args(scheduler)
     add_security_args(scheduler)
 
@@ -267,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                                       host=args.host, port=args.port or None,
                                       served_model_name=args.served_model_name,
                                       api_key=args.api_key,
+                                      metrics_public=args.metrics_public,
                                       shutdown_timeout_s=args.shutdown_timeout,
                                       curve_keys=args.curve_keys,
                                       client_curve=args.client_curve))
@@ -275,7 +284,6 @@ def main(argv: list[str] | None = None) -> int:
 
         SchedulerService(SchedulerServiceConfig(
             frontend_address=args.frontend_address, executor_address=args.executor_address,
-                                      metrics_public=args.metrics_public,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             enable_chunked_prefill=args.enable_chunked_prefill,
             enable_prefix_caching=args.enable_prefix_caching,
@@ -284,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             max_queued_tokens=args.max_queued_tokens,
             max_logprobs=args.max_logprobs, max_n=args.max_n,
             executor_timeout_s=args.executor_timeout, step_timeout_s=args.step_timeout,
-            shutdown_timeout_s=args.shutdown_timeout, curve_keys=args.curve_keys)).run()
+            shutdown_timeout_s=args.shutdown_timeout, curve_keys=args.curve_keys,
+            async_scheduling=args.async_scheduling)).run()
     elif role == "executor":
         from executor.service import ExecutorService, ExecutorServiceConfig
 

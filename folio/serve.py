@@ -65,6 +65,8 @@ class Supervisor:
                            "--enable-prefix-caching" if self.config.enable_prefix_caching
                            else "--no-enable-prefix-caching",
                            "--preemption-mode", self.config.preemption_mode,
+                           "--async-scheduling" if self.args.async_scheduling
+                           else "--no-async-scheduling",
                            "--max-logprobs", str(self.config.max_logprobs),
                            "--max-n", str(self.config.max_n),
                            *(["--max-queued-requests", str(self.args.max_queued_requests)]
@@ -80,10 +82,10 @@ class Supervisor:
                     "--served-model-name", self.args.served_model_name or self.model]
             if self.args.api_key:
                 http += ["--api-key", self.args.api_key]
-        return base + ["--model", self.config.tokenizer_path,
-                       "--client-address", self.client_address,
             if self.args.metrics_public:
                 http += ["--metrics-public"]
+        return base + ["--model", self.config.tokenizer_path,
+                       "--client-address", self.client_address,
                        "--scheduler-address", self.frontend_address, *http]
 
     def start(self, role: str) -> None:

@@ -19,7 +19,7 @@ class RequestStatus(enum.Enum):
 class Request:
     __slots__ = ("request_id", "handle", "prompt_token_ids", "output_token_ids", "sampling",
                  "status", "num_computed_tokens", "block_ids", "block_hashes", "num_registered", "cpu_block_ids",
-                 "finish_reason", "on_executor", "admit_seq", "resumed_step",
+                 "finish_reason", "on_executor", "num_pending", "admit_seq", "resumed_step",
                  "num_preemptions", "fork_children", "prompt_logprobs_next", "arrival_time",
                  "queue_s")
 
@@ -38,6 +38,9 @@ class Request:
         self.cpu_block_ids: list[int] = []
         self.finish_reason: str | None = None
         self.on_executor = False   # whether the executor holds this request's state
+        # Tokens that steps in flight will sample, not yet reported: a step scheduled ahead
+        # computes them on the executor, which appends its own samples.
+        self.num_pending = 0
         self.admit_seq = -1        # order of first admission; kept across preemptions
         self.resumed_step = -1     # the step it last came back from a preemption
         self.num_preemptions = 0

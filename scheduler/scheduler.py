@@ -125,11 +125,21 @@ class Scheduler:
         size = self.config.block_size
         chunked = self.config.enable_chunked_prefill
         caching = self.config.enable_prefix_caching
+        max_len = self.config.max_request_len
         running = self.running
         while index < len(running) and budget > 0:
             request = running[index]
             computed = request.num_computed_tokens
-            remaining = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
+            num_output = len(request.output_token_ids)
+            known = len(request.prompt_token_ids) + num_output
+            pending = request.num_pending
+            if pending:   # one step ahead: the step in flight samples `pending` more tokens
+                max_tokens = request.sampling.max_tokens
+                if known + pending >= max_len or (
+                        max_tokens is not None and num_output + pending >= max_tokens):
+                    index += 1   # ... and they end it by length, whatever they are
+                    continue
+            remaining = known + pending - computed
             num_new = min(remaining, budget) if chunked or remaining <= budget else 0
             if num_new == 0:
                 index += 1
@@ -172,8 +182,8 @@ class Scheduler:
         running = RequestStatus.RUNNING
         for handle, start, entries in result.prompt_logprobs:
             request = by_handle.get(handle)
-            if request is None or request.status is not running:
-                continue
+            if request is None:
+                continue   # finished while its step was in flight
             # A recomputed prompt scores its positions again: report each one once.
             skip = max(0, request.prompt_logprobs_next - start)
             if skip < len(entries):
@@ -181,11 +191,19 @@ class Scheduler:
                 outputs.append(EngineOutput(request.request_id, [],
                                             prompt_logprobs=entries[skip:]))
         logprobs = result.logprobs or [None] * len(result.handles)
+        caching = self.config.enable_prefix_caching
+        size = self.config.block_size
         for handle, token_id, entry in zip(result.handles, result.token_ids, logprobs):
             request = by_handle.get(handle)
-            if request is None or request.status is not running:
-                continue  # aborted or preempted while its step was in flight
+            if request is None:
+                continue  # finished or aborted while its step was in flight
+            # A request preempted after this step was sent (one step ahead) keeps the token:
+            # the step ran before the executor forgot it.
             request.output_token_ids.append(token_id)
+            request.num_pending -= 1
+            if caching and request.num_computed_tokens >= (request.num_registered + 1) * size:
+                # A step ahead is computing the token just learned: its block is full now.
+                self._register(request, request.num_computed_tokens, self._next_step - 1)
             if request.fork_children:
                 self._fork(request)
             reason = finish_reason_after_token(request, token_id, eos, limit)
@@ -299,8 +317,10 @@ class Scheduler:
         prompt_len = len(first.prompt_token_ids)
         shared = (prompt_len - 1) // size          # full blocks before the last prompt token
         children, first.fork_children = first.fork_children, []
+        running = first.status is RequestStatus.RUNNING   # not if preempted meanwhile
         for child in children:
-            room = len(self.running) < self.config.max_num_seqs and self.pool.num_free >= 1
+            room = (running and len(self.running) < self.config.max_num_seqs
+                    and self.pool.num_free >= 1)
             if not room:
                 child.status = RequestStatus.WAITING   # falls back to computing its prompt
                 self.waiting.appendleft(child)
@@ -435,6 +455,7 @@ class Scheduler:
                 if item.new_blocks:
                     appended[request.handle] = item.new_blocks
             else:
+                assert not request.num_pending, "a request is sent with tokens still in flight"
                 plan.new_requests.append(NewRequest(
                     handle=request.handle,
                     token_ids=request.all_token_ids,
@@ -445,7 +466,10 @@ class Scheduler:
                     sampling=request.sampling,
                 ))
                 request.on_executor = True
-            request.num_computed_tokens += item.num_new_tokens
+            computed = request.num_computed_tokens + item.num_new_tokens
+            request.num_computed_tokens = computed
+            if computed == request.num_tokens + request.num_pending:
+                request.num_pending += 1   # it reaches the end of its tokens: one is sampled
         return plan
 
 

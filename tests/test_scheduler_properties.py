@@ -1,5 +1,8 @@
 """Property-based tests of the block pools and the scheduler against a fake executor.
 
+Each example steps serially (plan, result, plan...) or one step ahead, as the scheduler
+process does with async scheduling: plan N+1 is made before result N is applied, and the
+fake executor runs the plans in order, appending its own samples.
 Random arrivals (prompts built from a few shared prefixes, n in {1, 2, 3}), aborts, steps,
 under config variants drawn once per example (block size, pool sizes, chunked prefill,
 prefix caching, recompute / swap / auto preemption). After every rule each block of the GPU
@@ -11,8 +14,9 @@ pools are entirely free.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 
+import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -78,10 +82,16 @@ def expected_outputs(prompt: list[int], sampling: SamplingParams, max_request_le
 
 
 class Driver:
-    """A scheduler and a fake executor stepping together; records every output."""
+    """A scheduler and a fake executor stepping together; records every output. With
+    `ahead`, one plan is always made before the previous step's result is applied."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, ahead: bool = False) -> None:
         self.config = config
+        self.ahead = ahead
+        self.sent: deque = deque()       # plans the fake executor has not run yet
+        self.inflight: deque = deque()   # those of them whose results are due
+        self.executed: list = []          # every plan the fake executor ran, in order
+        self.seen: dict[int, object] = {}   # handle -> Request, to note its block contents
         self.scheduler = Scheduler(config)
         self.executor = FakeExecutor(config.block_size, config.num_kv_blocks,
                                      config.num_swap_blocks, VOCAB)
@@ -103,6 +113,8 @@ class Driver:
         assert ids == [child_request_id(request_id, i, sampling.n) for i in range(sampling.n)]
         expected = expected_outputs(prompt, sampling, self.config.max_request_len)
         for sample_id in ids:
+            request = self.scheduler.requests[sample_id]
+            self.seen[request.handle] = request
             self.expected[sample_id] = expected
             self.emitted[sample_id] = []
         self.groups[request_id] = ids
@@ -115,29 +127,55 @@ class Driver:
         self.aborted.update(live)   # reported by the next update
 
     def step(self, abort_in_flight=None) -> None:
-        """One iteration; `abort_in_flight(driver)` runs while the step's plan is out."""
+        """One result applied; `abort_in_flight(driver)` runs while its plan (and, ahead,
+        the next one) is out."""
+        if not self.inflight:
+            self._send()
+        if self.ahead and self.inflight:
+            self._send()
+        head = self.inflight[0] if self.inflight else None
+        result = None
+        while self.sent:
+            plan = self.sent.popleft()
+            outcome = self.executor.execute(plan)
+            self.executed.append(plan)
+            if plan is head:
+                result = outcome
+                break
+        if abort_in_flight is not None and head is not None:
+            abort_in_flight(self)
+        if head is not None:
+            self.inflight.popleft()
+            for output in self.scheduler.update(head, result):
+                self._record(output)
+        self._note_block_contents()
+
+    def _send(self) -> None:
         scheduler, config = self.scheduler, self.config
         plan = scheduler.schedule()
         assert plan.num_scheduled_tokens <= config.max_num_batched_tokens
         assert len(plan.new_requests) + len(plan.running_handles) <= config.max_num_seqs
-        result = self.executor.execute(plan)
-        self._note_block_contents()
-        if abort_in_flight is not None:
-            abort_in_flight(self)
-        for output in scheduler.update(plan, result):
+        for output in scheduler.take_pending_outputs():
             self._record(output)
+        if plan.is_empty and not plan.finished_handles:
+            return
+        self.sent.append(plan)
+        if not plan.is_empty:
+            self.inflight.append(plan)
 
     def _note_block_contents(self) -> None:
+        """The fake KV each block hash names, from the requests' own hash chains."""
         size = self.config.block_size
-        for request in self.scheduler.running:
+        for handle, request in list(self.seen.items()):
             tokens = request.all_token_ids
-            parent = None
-            for index in range(request.num_computed_tokens // size):
-                parent = chain_hash(parent, tokens[index * size:(index + 1) * size])
-                if parent not in self.block_contents:
-                    digests = extend_digests([], tokens[:(index + 1) * size])
+            digests = extend_digests([], tokens[:len(request.block_hashes) * size])
+            for index, block_hash in enumerate(request.block_hashes):
+                if block_hash not in self.block_contents:
                     positions = range(index * size, (index + 1) * size)
-                    self.block_contents[parent] = [(p, tokens[p], digests[p]) for p in positions]
+                    self.block_contents[block_hash] = [(p, tokens[p], digests[p])
+                                                       for p in positions]
+            if request.status is RequestStatus.FINISHED:
+                del self.seen[handle]
 
     def _record(self, output: EngineOutput) -> None:
         sample_id = output.request_id
@@ -156,7 +194,7 @@ class Driver:
         """Step with no new arrivals until idle; returns the steps it took."""
         limit = 100 + 4 * self.config.max_request_len * len(self.scheduler.requests)
         steps = 0
-        while self.scheduler.has_work():
+        while self.scheduler.has_work() or self.sent:
             assert steps < limit, f"not idle after {steps} steps: {self.scheduler.stats()}"
             self.step()
             steps += 1
@@ -169,6 +207,7 @@ class Driver:
         assert scheduler.pool.num_free == scheduler.pool.num_blocks
         assert scheduler.swap_pool.num_free == scheduler.swap_pool.num_blocks
         assert not self.executor.requests, "executor still holds finished requests"
+        assert not self.sent and not scheduler._unconfirmed
         assert set(self.finished) == set(self.emitted), "a request never finished"
 
 
@@ -198,6 +237,18 @@ def check_pool(pool: BlockPool, owners: Counter, name: str) -> None:
 def check_scheduler(driver: Driver) -> None:
     scheduler, config, executor = driver.scheduler, driver.config, driver.executor
     size = config.block_size
+    # What the plans not yet run will do: the fake executor lags the scheduler by them.
+    ahead_tokens: Counter = Counter()
+    ahead_blocks: dict[int, list[int]] = {}
+    ahead_new: set[int] = set()
+    ahead_swap_out: set[int] = set()
+    for plan in driver.sent:
+        ahead_tokens.update(dict(zip(plan.running_handles, plan.running_num_tokens)))
+        for handle, blocks in plan.new_block_ids.items():
+            ahead_blocks.setdefault(handle, []).extend(blocks)
+        ahead_new.update(new.handle for new in plan.new_requests)
+        ahead_swap_out.update(dst for _, dst in plan.swap_out)
+    unconfirmed = {b for _, blocks in scheduler._unconfirmed for b in blocks}
     statuses = {RequestStatus.WAITING: list(scheduler.waiting),
                 RequestStatus.SWAPPED: list(scheduler.swapped),
                 RequestStatus.RUNNING: list(scheduler.running),
@@ -232,19 +283,24 @@ def check_scheduler(driver: Driver) -> None:
             assert not request.cpu_block_ids, f"{request} holds swap blocks"
         if request.status in (RequestStatus.WAITING, RequestStatus.FORKING):
             assert request.num_computed_tokens == 0 and not request.on_executor
+        assert request.num_pending >= 0
         if request.status is RequestStatus.SWAPPED:
             assert not request.on_executor
-            executor.check_context(tokens, request.cpu_block_ids, request.num_computed_tokens,
-                                   swap=True, what=f"swapped {request}")
+            if not ahead_swap_out & set(request.cpu_block_ids):   # its swap-out has run
+                executor.check_context(tokens, request.cpu_block_ids,
+                                       request.num_computed_tokens, swap=True,
+                                       what=f"swapped {request}")
         if request.status is RequestStatus.RUNNING:
             assert request.num_computed_tokens <= len(tokens)
             assert len(request.block_ids) * size >= request.num_computed_tokens
             assert len(request.block_ids) <= -(-len(tokens) // size)
-            if request.on_executor:
+            if request.on_executor and request.handle not in ahead_new:
                 held = executor.requests[request.handle]
-                assert held.blocks == request.block_ids
-                assert held.tokens == tokens and held.computed == request.num_computed_tokens
-                executor.check_context(tokens, request.block_ids, request.num_computed_tokens,
+                assert held.blocks + ahead_blocks.get(request.handle, []) == request.block_ids
+                assert held.tokens == tokens
+                assert held.computed + ahead_tokens[request.handle] == \
+                    request.num_computed_tokens
+                executor.check_context(tokens, held.blocks, held.computed,
                                        what=f"running {request}")
     check_pool(scheduler.pool, gpu_owners, "GPU")
     check_pool(scheduler.swap_pool, swap_owners, "swap")
@@ -253,10 +309,12 @@ def check_scheduler(driver: Driver) -> None:
         assert not scheduler.pool._cached
     # A block the prefix cache names holds the KV of the tokens its hash names.
     for block_hash, block_id in scheduler.pool._cached.items():
+        if block_id in unconfirmed:
+            continue   # its step has not run yet
         assert executor.block_contents(block_id) == driver.block_contents[block_hash], (
             f"cached block {block_id} holds {executor.block_contents(block_id)}")
     on_executor = {r.handle for r in scheduler.requests.values() if r.on_executor}
-    assert on_executor <= executor.requests.keys()
+    assert on_executor - ahead_new <= executor.requests.keys()
 
 
 # ---- the state machine ------------------------------------------------------------------
@@ -268,9 +326,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.driver: Driver | None = None
         self.count = 0
 
-    @initialize(config=configs())
-    def start(self, config):
-        self.driver = Driver(config)
+    @initialize(config=configs(), ahead=st.booleans())
+    def start(self, config, ahead):
+        self.driver = Driver(config, ahead)
 
     @rule(arrivals=st.lists(st.tuples(
         st.sampled_from(range(len(PREFIXES) + 1)), st.integers(0, 24),
@@ -355,15 +413,17 @@ def _workload(driver: Driver, count: int, steps_between: int = 1) -> None:
     driver.assert_idle()
 
 
-def test_every_mechanism_fires():
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_every_mechanism_fires(ahead):
     """A fixed workload under auto preemption with a small swap pool: prefix hits, forks,
-    and preemptions both ways all happen, and outputs match runs alone."""
+    and preemptions both ways all happen, and outputs match runs alone (serially, and with
+    each plan made before the previous result is applied)."""
     config = SchedulerConfig(num_kv_blocks=12, block_size=4, max_num_seqs=6,
                              max_num_batched_tokens=16, max_model_len=MAX_MODEL_LEN,
                              eos_token_ids=(EOS,), vocab_size=VOCAB, preemption_mode="auto",
                              num_swap_blocks=6, bytes_per_block=1, swap_bytes_per_s=1.0,
                              prefill_tokens_per_s=1.0)
-    driver = Driver(config)
+    driver = Driver(config, ahead)
     _workload(driver, 24)
     stats = driver.scheduler.stats()
     assert stats["prefix_cache_hits"] > 0
@@ -395,11 +455,12 @@ def _burst_config(**changes) -> SchedulerConfig:
         max_model_len=MAX_MODEL_LEN, eos_token_ids=(EOS,), vocab_size=VOCAB), **changes})
 
 
-def test_burst_shares_blocks_scheduled_in_the_same_step():
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_burst_shares_blocks_scheduled_in_the_same_step(ahead):
     """Five requests with a 20-token common prefix, admitted in one step: the last four take
     the first one's five blocks at once (the fake executor writes every row before checking
     what each row attends to, as the real one does per layer)."""
-    driver = Driver(_burst_config())
+    driver = Driver(_burst_config(), ahead)
     for i in range(5):
         driver.add(f"b{i}", PREFIXES[0][:20] + [i, i + 1], SamplingParams(max_tokens=6))
     driver.step()
@@ -425,3 +486,34 @@ def test_a_failed_step_leaves_no_registered_block_to_find():
         assert new.num_computed_tokens == (0 if failed else 20)
         if failed:
             assert scheduler.pool.num_cached_free == 0
+
+
+def test_one_step_ahead_throws_away_the_step_after_a_stop():
+    """A request whose token in step N is EOS was already scheduled in step N+1: that work
+    is dropped, no token follows the EOS, and its blocks come back."""
+    prompt = next(p for p in ([k, 2 * k % VOCAB] for k in range(1, VOCAB))
+                  if expected_outputs(p, SamplingParams(max_tokens=30), MAX_MODEL_LEN)[1]
+                  == FinishReason.STOP)
+    expected, _ = expected_outputs(prompt, SamplingParams(max_tokens=30), MAX_MODEL_LEN)
+    driver = Driver(_burst_config(), ahead=True)
+    driver.add("s", prompt, SamplingParams(max_tokens=30))
+    driver.drain()
+    driver.assert_idle()
+    assert driver.emitted["s"] == expected and driver.finished["s"] == FinishReason.STOP
+    # One step per token, plus the one ahead of the EOS: it ran, its token was dropped.
+    computing = [p for p in driver.executed
+                 if p.running_handles == [0] or [n.handle for n in p.new_requests] == [0]]
+    assert len(computing) == len(expected) + 1
+    assert driver.executed[-1].finished_handles == [0]
+
+
+def test_one_step_ahead_skips_a_request_ending_by_length():
+    """Nothing is scheduled past max_tokens: the step in flight samples the last token."""
+    driver = Driver(_burst_config(), ahead=True)
+    driver.add("m", [1, 2, 3], SamplingParams(max_tokens=1, ignore_eos=True))
+    driver.step()   # sends the prompt; the plan ahead finds nothing to do
+    assert driver.scheduler.stats()["steps"] == 2 and len(driver.sent) == 0
+    assert driver.finished["m"] == FinishReason.LENGTH
+    driver.drain()   # the forget notice
+    driver.assert_idle()
+    assert [len(p.new_requests) + len(p.running_handles) for p in driver.executed] == [1, 0]
