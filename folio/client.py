@@ -24,14 +24,14 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from folio.errors import (EngineDead, FolioError, RequestTimeout, ServerUnreachable,
-                          error_from_code)
+from folio.errors import (EngineDead, FolioError, RequestRejected, RequestTimeout,
+                          ServerUnreachable, error_from_code)
 from shared import messages as m
 from shared.outputs import Logprob
 from shared.sampling_params import SamplingParams
 from shared.security import as_key, load_keys, make_client
 from shared.transport import DOWN_EVENTS, UP_EVENTS, configure
-from shared.wire import ProtocolError
+from shared.wire import MAX_MESSAGE_BYTES, ProtocolError
 
 Prompt = str | list[int]
 Key = str | bytes
@@ -215,10 +215,14 @@ class AsyncClient:
                    request_id: str | None, timeout: float | None, stream: bool):
         params = params or SamplingParams()
         request_id = request_id or uuid.uuid4().hex
+        payload = m.encode_generate(request_id, params, stream, **fields)
+        if len(payload) > MAX_MESSAGE_BYTES:   # the server would drop this connection
+            raise RequestRejected(f"the request ({len(payload)} bytes) exceeds the "
+                                  f"{MAX_MESSAGE_BYTES}-byte message limit")
         queue = await self._open(request_id)
         done = False
         try:
-            await self._send(m.encode_generate(request_id, params, stream, **fields))
+            await self._send(payload)
             while True:
                 kind, body = await self._next(queue, timeout, request_id)
                 if kind == "delta":

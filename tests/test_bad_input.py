@@ -82,3 +82,14 @@ def test_engine_config_errors(llama_dir):
         LLM(str(llama_dir), block_size=12)
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         LLM(str(llama_dir), attention_backend="cudnn")
+
+
+def test_an_sdk_request_over_the_message_limit_is_refused_before_it_is_sent(tmp_path):
+    """The server would drop the whole connection (every request on it) for one message
+    over 64 MiB: the SDK refuses that request alone, without sending it."""
+    from folio.client import Client
+    from folio.errors import RequestRejected
+
+    with Client(f"ipc://{tmp_path}/nobody.sock", connect_timeout=0.1) as client:
+        with pytest.raises(RequestRejected, match="exceeds the 67108864-byte message limit"):
+            client.generate("a" * (65 * 2**20))
