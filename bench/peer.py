@@ -119,6 +119,8 @@ def _environment(args) -> dict:
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
             "cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(),
+            "thread_env": {k: v for k, v in os.environ.items()
+                           if k.startswith(("OMP_", "MKL_", "VLLM_CPU_", "FOLIO_"))},
             "vllm_cpu_kvcache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE",
                                                          str(args.vllm_kv_cache_gib))}
 
@@ -190,17 +192,20 @@ def main(argv=None) -> None:
     if not args.skip_floor:
         report["floor"] = _floor_report(args, prompts, outputs)
     rounds, tokens, extras = [], {}, {}
+    consistent: dict[str, bool] = {}
     order = ["folio", "vllm"] if use_vllm else ["folio"]
     for index in range(1, args.rounds + 1):
         for engine in order:
             done = _round(engine, args, work_dir, index)
             rounds.append(done["figure"])
-            tokens.setdefault(engine, done["token_ids"])
+            first = tokens.setdefault(engine, done["token_ids"])
+            consistent[engine] = consistent.get(engine, True) and first == done["token_ids"]
             extras.setdefault(engine, done["extra"])
     if args.with_hf:
         done = _round("hf", args, work_dir, 1)
         rounds.append(done["figure"])
     report["rounds"] = rounds
+    report["same_tokens_every_round"] = consistent
     report["folio_run"] = {k: extras["folio"].get(k) for k in (
         "peak_running", "peak_kv_blocks", "kv_slot_utilization_at_peak", "max_model_len")}
     report["median_tok_per_s"] = {e: _median(rounds, e) for e in ("folio", "vllm", "hf")
@@ -208,6 +213,9 @@ def main(argv=None) -> None:
     med = report["median_tok_per_s"]
     if "vllm" in med:
         report["ratio_folio_over_vllm"] = med["folio"] / med["vllm"]
+        pairs = zip([r for r in rounds if r["engine"] == "folio"],
+                    [r for r in rounds if r["engine"] == "vllm"])
+        report["ratio_per_round"] = [a["tok_per_s"] / b["tok_per_s"] for a, b in pairs]
         report["vllm_version"] = extras["vllm"].get("vllm_version")
         report["vllm_engine_kwargs"] = extras["vllm"].get("engine_kwargs")
         report["tokens_folio_vs_vllm"] = compare_tokens(tokens["folio"], tokens["vllm"])

@@ -151,10 +151,10 @@ async def run_benchmark(base_url: str, prompts: list, output_len: int, *, model:
         tasks = []
         try:
             async with asyncio.timeout(deadline):
-                for prompt in prompts:
-                    tasks.append(asyncio.create_task(limited(prompt)))
-                    if request_rate != float("inf"):
+                for index, prompt in enumerate(prompts):
+                    if index and request_rate != float("inf"):   # Poisson arrivals
                         await asyncio.sleep(rng.expovariate(request_rate))
+                    tasks.append(asyncio.create_task(limited(prompt)))
                 results = await asyncio.gather(*tasks)
         except TimeoutError:
             for task in tasks:

@@ -111,6 +111,7 @@ def test_peer_folio_only(tmp_path):
     for figure in report["rounds"]:
         assert figure["output_tokens"] == PEER_OUTPUT and figure["tok_per_s"] > 0
         assert figure["loadavg_1m_before"] >= 0
+    assert report["same_tokens_every_round"] == {"folio": True}   # greedy, fresh processes
     assert report["floor"]["rate"]["decode_gflops"] == 100
     assert 0 < report["fraction_of_floor"]["folio"]
     assert "vllm" not in report["median_tok_per_s"]
