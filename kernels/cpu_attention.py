@@ -13,6 +13,7 @@ import functools
 import hashlib
 import os
 import platform
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,9 @@ def build(variant: str = "native", verbose: bool = False) -> Path:
                        extra_ldflags=["-fopenmp"], build_directory=str(directory),
                        is_python_module=False,
                        verbose=verbose)
+    for stale in directory.parent.glob(f"folio_cpu_ops_{variant}_*"):
+        if stale != directory:        # builds of older sources or another torch
+            shutil.rmtree(stale, ignore_errors=True)
     load.cache_clear()
     return directory / f"{name}.so"
 
