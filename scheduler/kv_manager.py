@@ -42,9 +42,8 @@ class KVCacheManager:
         always left to compute, so the request still gets logits to sample from."""
         if not self.enable_prefix_caching or request.sampling.prompt_logprobs is not None:
             return []   # prompt logprobs need every prompt position computed
-        tokens = request.all_token_ids
-        usable = (len(tokens) - 1) // self.block_size
-        self._extend_hashes(request, tokens, usable)
+        usable = (request.num_tokens - 1) // self.block_size
+        self._extend_hashes(request, usable)
         hits = []
         for block_hash in request.block_hashes[:usable]:
             block_id = self.pool.lookup(block_hash)
@@ -65,12 +64,11 @@ class KVCacheManager:
         Returns the blocks newly registered."""
         if not self.enable_prefix_caching:
             return []
-        tokens = request.all_token_ids
-        full = min(num_tokens, len(tokens)) // self.block_size
+        full = min(num_tokens, request.num_tokens) // self.block_size
         full = min(full, len(request.block_ids))
         if full <= request.num_registered:
             return []
-        self._extend_hashes(request, tokens, full)
+        self._extend_hashes(request, full)
         registered = [block_id for block_id, block_hash in zip(
             request.block_ids[request.num_registered:full],
             request.block_hashes[request.num_registered:full])
@@ -78,10 +76,23 @@ class KVCacheManager:
         request.num_registered = full
         return registered
 
-    def _extend_hashes(self, request: Request, tokens: list[int], count: int) -> None:
+    def _extend_hashes(self, request: Request, count: int) -> None:
         size = self.block_size
         hashes = request.block_hashes
         while len(hashes) < count:
             index = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(chain_hash(parent, tokens[index * size:(index + 1) * size]))
+            hashes.append(chain_hash(parent, _tokens(request, index * size, (index + 1) * size)))
+
+
+def _tokens(request: Request, start: int, end: int) -> list[int]:
+    """request.all_token_ids[start:end] without copying the whole list (decode steps hash
+    one block of a long output)."""
+    prompt = request.prompt_token_ids
+    split = len(prompt)
+    if end <= split:
+        return prompt[start:end]
+    output = request.output_token_ids
+    if start >= split:
+        return output[start - split:end - split]
+    return prompt[start:] + output[:end - split]

@@ -42,6 +42,7 @@ class _Scheduled:
     request: Request
     num_new_tokens: int
     new_blocks: list[int]
+    samples: bool   # it reaches the end of its tokens: the executor samples one more
 
 
 class Scheduler:
@@ -157,7 +158,7 @@ class Scheduler:
                 new_blocks = self.kv.grow(request, computed + num_new)
             if new_blocks is None:
                 break
-            scheduled.append(_Scheduled(request, num_new, new_blocks))
+            scheduled.append(_Scheduled(request, num_new, new_blocks, num_new == remaining))
             if caching and computed + num_new >= (request.num_registered + 1) * size:
                 self._register(request, computed + num_new, step)
             budget -= num_new
@@ -275,7 +276,8 @@ class Scheduler:
             request.cpu_block_ids = []
             request.block_ids = gpu_blocks
             self._resume(request, step)
-            scheduled.append(_Scheduled(request, num_new, gpu_blocks))
+            scheduled.append(_Scheduled(request, num_new, gpu_blocks,
+                                        num_new == request.num_uncomputed_tokens))
             self._register(request, request.num_computed_tokens + num_new, step)
             budget -= num_new
         return budget
@@ -306,7 +308,8 @@ class Scheduler:
                 self._next_admit += 1
                 request.queue_s = time.monotonic() - request.arrival_time
             self._resume(request, step)
-            scheduled.append(_Scheduled(request, num_new, new_blocks))
+            scheduled.append(_Scheduled(request, num_new, new_blocks,
+                                        num_new == request.num_uncomputed_tokens))
             # Registered now, so the next request admitted in this step shares them.
             self._register(request, request.num_computed_tokens + num_new, step)
             budget -= num_new
@@ -466,10 +469,9 @@ class Scheduler:
                     sampling=request.sampling,
                 ))
                 request.on_executor = True
-            computed = request.num_computed_tokens + item.num_new_tokens
-            request.num_computed_tokens = computed
-            if computed == request.num_tokens + request.num_pending:
-                request.num_pending += 1   # it reaches the end of its tokens: one is sampled
+            request.num_computed_tokens += item.num_new_tokens
+            if item.samples:
+                request.num_pending += 1
         return plan
 
 

@@ -1,7 +1,7 @@
 """The scheduler process one step ahead (--async-scheduling, the default) against the serial
 mode (--no-async-scheduling), as real processes: the same greedy and seeded tokens under
-forced recompute and swap preemption, stop strings, n > 1 over HTTP, aborts in flight, and
-every block free once idle."""
+forced recompute and swap preemption, prompt logprobs, stop strings, n > 1 over HTTP, aborts
+in flight, and every block free once idle."""
 
 from __future__ import annotations
 
@@ -42,6 +42,27 @@ def _http(port: int, path: str, body: dict | None = None) -> dict:
         return json.loads(response.read())
 
 
+def _scores(prompt_logprobs) -> list:
+    """Each prompt position's alternatives with their ranks and log-probabilities."""
+    return [None if entry is None else
+            sorted((token, lp.rank, lp.logprob) for token, lp in entry.items())
+            for entry in prompt_logprobs]
+
+
+def _same_scores(a: list, b: list) -> bool:
+    """Same tokens and ranks at every position; log-probabilities within 1e-4 (batches of
+    other shapes may move the last bits)."""
+    if [len(scores) for scores in a] != [len(scores) for scores in b]:
+        return False
+    for x, y in zip((e for scores in a for e in scores), (e for scores in b for e in scores)):
+        if (x is None) != (y is None):
+            return False
+        if x is not None and ([t[:2] for t in x] != [t[:2] for t in y]
+                              or any(abs(p[2] - q[2]) >= 1e-4 for p, q in zip(x, y))):
+            return False
+    return True
+
+
 def _wait_idle(client: Client) -> dict:
     deadline = time.monotonic() + 10
     while True:
@@ -50,6 +71,7 @@ def _wait_idle(client: Client) -> dict:
         if (idle and stats["kv_blocks_free"] == stats["kv_blocks_total"]) or \
                 time.monotonic() > deadline:
             return stats
+        time.sleep(0.05)
 
 
 def _run(pipe: Pipeline, port: int) -> dict:
@@ -60,7 +82,8 @@ def _run(pipe: Pipeline, port: int) -> dict:
             return await asyncio.wait_for(asyncio.gather(*(
                 client.generate(p, params_for(i)) for i, p in enumerate(PROMPTS))), 300)
 
-    greedy = asyncio.run(burst(lambda i: SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i])))
+    greedy = asyncio.run(burst(lambda i: SamplingParams(
+        temperature=0, max_tokens=MAX_TOKENS[i], prompt_logprobs=2 if i % 4 == 0 else None)))
     seeded = asyncio.run(burst(lambda i: SamplingParams(temperature=1.0, seed=i,
                                                          max_tokens=MAX_TOKENS[i])))
     with Client(address) as client:
@@ -82,6 +105,7 @@ def _run(pipe: Pipeline, port: int) -> dict:
     return {
         "greedy": [r.token_ids for r in greedy],
         "greedy_reasons": [r.finish_reason for r in greedy],
+        "prompt_logprobs": [_scores(r.prompt_logprobs) for r in greedy[::4]],
         "seeded": [r.token_ids for r in seeded],
         "stopped": (stopped.text, stopped.finish_reason, stopped.stop_reason),
         "forks": [c["text"] for c in forks["choices"]],
@@ -114,7 +138,10 @@ def test_one_step_ahead_matches_serial(runs, name):
     serial, other = runs["serial"], runs[name]
     for key in ("greedy", "greedy_reasons", "seeded", "stopped", "forks"):
         assert other[key] == serial[key], key
+    assert _same_scores(other["prompt_logprobs"], serial["prompt_logprobs"])
     assert serial["stopped"][1] == "stop" and len(set(serial["forks"])) == 1
+    assert all(len(scores) == len(PROMPTS[4 * i]) for i, scores in
+               enumerate(serial["prompt_logprobs"]))
 
 
 def test_preemption_happened_and_every_block_came_back(runs):
