@@ -312,8 +312,15 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
     const int64_t first_pos = a.seq_lens[s] - q_len;
     TORCH_CHECK(q_len >= 0 && first_pos >= 0 && a.starts[s + 1] <= query.size(0),
                 "sequence ", s, ": query_start_loc and seq_lens are inconsistent");
-    TORCH_CHECK((a.seq_lens[s] + block_size - 1) / block_size <= tables.size(1),
+    const int64_t blocks = (a.seq_lens[s] + block_size - 1) / block_size;
+    TORCH_CHECK(blocks <= tables.size(1),
                 "sequence ", s, ": seq_len needs more blocks than block_tables has columns");
+    // On the CPU the ids are at hand: a bad one is an error, not a wild read.
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int32_t id = a.tables[s * a.table_stride + b];
+      TORCH_CHECK(id >= 0 && id < key_cache.size(0), "sequence ", s, ": block id ", id,
+                  " is outside the cache's ", key_cache.size(0), " blocks");
+    }
     for (int64_t b = 0; b < q_len; b += kChunkTokens) {
       const int64_t e = std::min(q_len, b + kChunkTokens);
       items.push_back({s, static_cast<int32_t>(b), static_cast<int32_t>(e),

@@ -177,6 +177,8 @@ def test_bad_arguments_raise():
         cpu_attention.paged_attention_cpu(q, kc, vc, tables[:, :0], lens, starts, scale)
     with pytest.raises(RuntimeError, match="inconsistent"):
         cpu_attention.paged_attention_cpu(q, kc, vc, tables, lens, starts + 1, scale)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        cpu_attention.paged_attention_cpu(q, kc, vc, tables + kc.shape[0], lens, starts, scale)
 
 
 def test_load_without_a_build_says_how_to_build(tmp_path, monkeypatch):
