@@ -15,7 +15,7 @@ COLORS = {"folio": "#2b6cb0", "vllm": "#c05621", "hf": "#718096"}
 
 def plot(report: dict, path: Path) -> None:
     rounds = report["rounds"]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(rounds)), 4.2))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(rounds)), 4.6))
     names = [f"{LABELS[r['engine']].split(' ')[0]}\nround {r['round']}" for r in rounds]
     bars = ax.bar(range(len(rounds)), [r["tok_per_s"] for r in rounds],
                   color=[COLORS[r["engine"]] for r in rounds])
@@ -32,7 +32,8 @@ def plot(report: dict, path: Path) -> None:
         share = f", {100 * fractions[engine]:.0f}% of floor" if engine in fractions else ""
         handles.append(plt.Rectangle((0, 0), 1, 1, color=COLORS[engine],
                                      label=f"{LABELS[engine]}: median {median:.0f}{share}"))
-    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+              ncol=1, frameon=False)   # below the axes: never over a bar
     title = (f"{report['requests']} requests, {report['output_tokens']} output tokens, "
              f"greedy, float32")
     if "floor" in report:
@@ -42,5 +43,5 @@ def plot(report: dict, path: Path) -> None:
         title += f"\nidentical tokens: {match['exact']}/{match['requests']} requests"
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
