@@ -135,6 +135,9 @@ class ZmqGateway:
             return "generate", request, self._prepare(request)
         except ValueError as error:
             return "refused", request, error
+        except Exception as error:   # a tokenizer failure must still be answered
+            log.exception("could not prepare request %r", request.id)
+            return "refused", request, f"could not prepare the prompt: {error}"
 
     async def _on_large(self, client: bytes, job: asyncio.Future) -> None:
         try:
@@ -143,8 +146,9 @@ class ZmqGateway:
                 self._bad_message(client, what, detail)
             elif kind not in ("generate", "refused"):
                 self._dispatch(client, kind, what)
-            elif (client, what.id) in self.early_aborts:
-                self.early_aborts.discard((client, what.id))   # aborted while prepared
+            elif (client, what.id) in self.early_aborts:   # aborted while prepared
+                self.early_aborts.discard((client, what.id))
+                self.reply(client, m.encode_final(what.id, "", [], "abort", 0))
             elif not self._refused(client, what):
                 if kind == "refused":
                     self.reply(client, m.encode_error(what.id, "invalid", str(detail)))

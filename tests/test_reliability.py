@@ -328,6 +328,31 @@ def test_the_burst_beside_two_cpu_bound_processes_fails_nothing(healthy):
     healthy.assert_serving(1)
 
 
+def test_an_abort_that_overtakes_a_large_generate_being_prepared_is_applied(healthy):
+    """A generate over 16 KiB is prepared in the pool; an abort sent right after it arrives
+    first: the request ends as aborted, never runs, and nothing is left allocated."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(healthy.client_addresses[0])
+        generate = m.pack("generate", {
+            "id": "overtaken", "params": SamplingParams(max_tokens=900, **GREEDY).to_dict(),
+            "prompt_token_ids": [5] * 20, "stream": False,
+            "padding": [0] * 2**22})   # ignored (an unknown key), but slow to decode
+        sock.send(generate)
+        sock.send(m.pack("abort", {"id": "overtaken"}))
+        assert sock.poll(30_000), "no answer"
+        kind, body = m.unpack(sock.recv())
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert (kind, body["finish_reason"], body["token_ids"]) == ("final", "abort", []), body
+    stats = healthy.wait_idle(timeout=5)
+    assert stats["num_running"] == stats["num_waiting"] == 0, stats
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats
+
+
 # ---- one user cannot hurt another ------------------------------------------------------------
 
 LONG_STOPS = ["x" * 59_999 + chr(65 + i) for i in range(16)]   # 960 KB, every limit kept
