@@ -23,6 +23,7 @@ from zmq.utils.monitor import parse_monitor_message
 from frontend.liveness import SchedulerHeartbeat
 from frontend.output_text import OutputText
 from frontend.prep import Preparer
+from frontend.prompts import check_text_size, max_token_chars
 from frontend.stop_strings import StopStrings
 from shared import messages as m
 from shared.outputs import EngineOutput
@@ -90,6 +91,7 @@ class EngineClient:
     def __init__(self, tokenizer: Any, scheduler_address: str,
                  ctx: zmq.asyncio.Context, keys: CurveKeys | None = None) -> None:
         self.tokenizer = tokenizer
+        self.token_chars = max_token_chars(tokenizer)
         self.frontend_id = f"fe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.sock = make_peer(configure(ctx.socket(zmq.DEALER)), keys)
         self.sock.setsockopt(zmq.IDENTITY, self.frontend_id.encode())
@@ -132,6 +134,10 @@ class EngineClient:
     @property
     def max_model_len(self) -> int | None:
         return self.info.max_model_len if self.info else None
+
+    def check_text_size(self, chars: int) -> None:
+        """PromptError for text that cannot fit the context, before it is tokenized."""
+        check_text_size(chars, self.max_model_len, self.token_chars)
 
     def dead_reason(self) -> str:
         if not self.scheduler_alive:

@@ -75,6 +75,13 @@ def _tokenize(tokenizer: Any, prompts: list[str | list[int]]) -> list[list[int]]
     return [prompt_ids(tokenizer, prompt=p) if isinstance(p, str) else p for p in prompts]
 
 
+def _refuse_long_text(engine: EngineClient, chars: int, field: str) -> None:
+    try:
+        engine.check_text_size(chars)
+    except ValueError as error:
+        raise invalid(str(error), field) from None
+
+
 def _check(engine: EngineClient, ids: list[int], params: SamplingParams, field: str) -> None:
     try:
         check_prompt(ids, engine.vocab_size, engine.max_model_len)
@@ -162,6 +169,9 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
     if echo and options.stream:
         raise invalid("echo is not supported with stream", "echo")
     prompts = completion_prompts(body.get("prompt"))
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            _refuse_long_text(engine, len(prompt), "prompt")
     chars = sum(len(p) for p in prompts if isinstance(p, str))
     ids = await engine.prep.run(chars, _tokenize, engine.tokenizer, prompts)
     for one in ids:
@@ -252,6 +262,7 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
                              (top or 0) if want_logprobs else None)
     messages = chat_messages(body.get("messages"))
     chars = sum(len(message["content"]) for message in messages)
+    _refuse_long_text(engine, chars, "messages")
     try:
         ids = await engine.prep.run(chars, chat_prompt_ids, engine.tokenizer, messages)
     except ValueError as error:

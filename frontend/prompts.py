@@ -32,6 +32,22 @@ def prompt_ids(tokenizer: Any, *, prompt: str | None = None,
     return list(token_ids or [])
 
 
+def max_token_chars(tokenizer: Any) -> int:
+    """An upper bound on the characters one token decodes to: its longest vocabulary entry
+    (byte-level and SentencePiece entries are at least as long as what they decode to)."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
+
+
+def check_text_size(chars: int, max_model_len: int | None, token_chars: int) -> None:
+    """Refuse, before tokenizing it, text too long to fit max_model_len however it splits
+    (with a factor 2 to spare normalizers that shrink text): a megabyte prompt for a short
+    context costs no tokenizer time."""
+    if max_model_len is not None and chars > 2 * max_model_len * token_chars:
+        raise PromptError(f"prompt of {chars} characters cannot fit this model's maximum "
+                          f"context length max_model_len = {max_model_len} tokens (a token "
+                          f"here is at most {token_chars} characters)")
+
+
 def check_prompt(ids: list[int], vocab_size: int, max_model_len: int | None) -> None:
     if not ids:
         raise PromptError("prompt must contain at least one token")

@@ -183,6 +183,8 @@ class ZmqGateway:
     def _prepare(self, request: m.GenerateRequest) -> tuple[list[int], StopStrings | None]:
         """Prompt ids and stop tables of a generate (ValueError: refuse it)."""
         engine = self.engine
+        engine.check_text_size(len(request.prompt or "") + sum(
+            len(message["content"]) for message in request.messages or ()))
         ids = prompt_ids(engine.tokenizer, prompt=request.prompt,
                          token_ids=request.prompt_token_ids, messages=request.messages)
         check_prompt(ids, engine.vocab_size, engine.max_model_len)

@@ -122,3 +122,16 @@ def test_a_stream_ended_by_one_prompts_refusal_aborts_its_siblings():
     aborted, chunks = asyncio.run(run())
     assert '"Hel"' in chunks[0] and "queue_full" in chunks[-1]
     assert aborted == ["r-0", "r-1", "r-2"]
+
+
+def test_text_too_long_for_the_context_is_refused_before_tokenizing(tokenizer_dir):
+    from frontend.prompts import PromptError, check_text_size, max_token_chars
+    from frontend.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    bound = max_token_chars(tokenizer)
+    # Sound: no token decodes to more characters than the bound.
+    assert all(len(tokenizer.decode([i])) <= bound for i in range(len(tokenizer)))
+    check_text_size(2 * 1024 * bound, 1024, bound)   # might fit: left to the tokenizer
+    with pytest.raises(PromptError, match="cannot fit .* max_model_len = 1024"):
+        check_text_size(2 * 1024 * bound + 1, 1024, bound)
