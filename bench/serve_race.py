@@ -9,7 +9,10 @@ at each load, stop it (SIGTERM to its process group, then SIGKILL after 60 s). B
 the same directory: bench/throughput.py's checkpoint with a byte-level BPE tokenizer of the
 same vocabulary trained locally beside it (vLLM's server needs a tokenizer; prompts are sent
 as token ids either way). Writes OUT_DIR/folio.json, OUT_DIR/vllm.json (one result per round
-and load), OUT_DIR/serve-race.png and each server's log in OUT_DIR/logs/.
+and load), OUT_DIR/serve-race.png and each server's log in OUT_DIR/logs/. With
+`--with-vllm-bench`, vLLM's own client (`vllm bench serve`, random dataset, same lengths and
+load) also runs after ours at each load; its summary lands in the result, its files in
+OUT_DIR/vllm-bench/.
 """
 
 from __future__ import annotations
@@ -116,6 +119,31 @@ def _bench(server: Server, prompts, args, load: dict, output_len: int) -> dict:
         request_timeout=args.request_timeout, deadline=args.deadline, **load))
 
 
+def _vllm_bench(server: Server, args, load: dict, model: Path, out: Path) -> dict:
+    """vLLM's own client (`vllm bench serve`, random dataset) at the same load: its summary."""
+    command = [str(args.vllm_python), str(ROOT / "bench" / "peer_vllm_cli.py"), "bench",
+               "serve", "--backend", "vllm", "--base-url", server.base_url,
+               "--model", SERVED_NAME, "--tokenizer", str(model), "--dataset-name", "random",
+               "--random-input-len", str(args.input_len),
+               "--random-output-len", str(args.output_len),
+               "--num-prompts", str(args.num_prompts), "--ignore-eos", "--seed", str(args.seed),
+               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+               "--disable-tqdm", "--save-result", "--result-dir", str(out.parent),
+               "--result-filename", out.name]
+    if load["max_concurrency"]:
+        command += ["--max-concurrency", str(load["max_concurrency"])]
+    if load["request_rate"] != float("inf"):
+        command += ["--request-rate", str(load["request_rate"])]
+    with open(out.with_suffix(".log"), "wb") as log:
+        subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True,
+                       timeout=args.deadline)
+    saved = json.loads(out.read_text())
+    keep = ("completed", "duration", "request_throughput", "output_throughput",
+            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+            "median_itl_ms", "p99_itl_ms")
+    return {"command": command, **{k: saved.get(k) for k in keep}}
+
+
 def _loads(args) -> list[dict]:
     if args.request_rate:
         return [{"max_concurrency": args.max_concurrency, "request_rate": rate}
@@ -147,6 +175,8 @@ def parse_args(argv):
                         help="extra `vllm serve` argument (repeat; use --vllm-arg=--flag)")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--skip-folio", action="store_true")
+    parser.add_argument("--with-vllm-bench", action="store_true",
+                        help="also run `vllm bench serve` (random dataset) at each load")
     parser.add_argument("--startup-timeout", type=float, default=900)
     parser.add_argument("--out-dir", type=Path, default=ROOT / ".folio-cache" / "serve-race")
     add_workload_args(parser)
@@ -166,6 +196,7 @@ def main(argv) -> None:
     warmup = prompts[:min(8, len(prompts))]
     logs = args.out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "vllm-bench").mkdir(exist_ok=True)
     results: dict[str, list[dict]] = {kind: [] for kind in kinds}
     for index in range(1, args.rounds + 1):
         for kind in kinds:
@@ -184,6 +215,11 @@ def main(argv) -> None:
                     result.update(label=kind, round=index, input_len=args.input_len,
                                   output_len=args.output_len, seed=args.seed,
                                   command=server.command)
+                    if args.with_vllm_bench:
+                        name = f"{kind}-{index}-" + "-".join(
+                            f"{k}{v}" for k, v in load.items() if v not in (None, float("inf")))
+                        result["vllm_bench_serve"] = _vllm_bench(
+                            server, args, load, model, args.out_dir / "vllm-bench" / f"{name}.json")
                     results[kind].append(result)
                     tpot = result["tpot_ms"]["p50"] or float("nan")
                     print(f"  load {load}: {result['completed']}/{result['num_prompts']} ok, "
