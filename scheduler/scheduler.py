@@ -12,6 +12,15 @@ and its cost estimate say. Either way it keeps the tokens it has produced so far
 
 `n > 1` runs as n sibling requests: the first computes the prompt; the others then fork
 from it, sharing its full prompt blocks by reference count and copying the partial one.
+
+A full block enters the prefix cache when the step computing its last token is scheduled,
+so a request admitted later in the same step shares it; a failed step takes its
+registrations back (discard_unconfirmed).
+
+The scheduler may plan a step before the previous step's result is applied (one step in
+flight): each request counts the tokens steps in flight will sample (num_pending), and the
+next step computes them, since the executor appends its own samples. Tokens are learned, and
+stop conditions checked, when results arrive; a step planned past a stop is thrown away.
 """
 
 from __future__ import annotations
@@ -180,7 +189,6 @@ class Scheduler:
         while unconfirmed and unconfirmed[0][0] <= plan.step_id:
             unconfirmed.popleft()   # the step ran: its blocks hold what their hashes say
         by_handle = self._by_handle
-        running = RequestStatus.RUNNING
         for handle, start, entries in result.prompt_logprobs:
             request = by_handle.get(handle)
             if request is None:
