@@ -14,12 +14,13 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 constexpr int kKeyTile = 32;
-constexpr int64_t kChunkTokens = 16;     // query tokens per work item
+constexpr int64_t kChunkTokens = 32;     // query tokens per work item
 constexpr float kNoScore = -1e30f;       // running max before any key: finite, so no inf - inf
 
 inline float load(float x) { return x; }
@@ -30,21 +31,39 @@ inline float load(c10::BFloat16 x) {
   return f;
 }
 
-// exp for x <= 0 (Cephes polynomial, ~1 ulp); plain arithmetic so loops over it vectorize.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;   // round to nearest
-  float f = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * f + 1.3981999507e-3f;
+// 16 floats; the compiler splits it into the widest registers the target has.
+typedef float Vec __attribute__((vector_size(64)));
+typedef float Vec8 __attribute__((vector_size(32)));
+typedef float Vec4 __attribute__((vector_size(16)));
+constexpr int kLanes = 16;
+
+typedef int32_t Int16v __attribute__((vector_size(64)));
+
+// exp for x <= 0 (Cephes polynomial, ~1 ulp), on a float or 16 at once.
+template <typename V>
+inline V exp_nonpositive(V x) {
+  V n;
+  if constexpr (std::is_same_v<V, float>) {
+    x = std::max(x, -87.0f);
+  } else {
+    x = x < -87.0f ? V{} - 87.0f : x;
+  }
+  n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;   // round to nearest
+  const V f = x - n * 0.693359375f + n * 2.12194440e-4f;
+  V p = f * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * f + 8.3334519073e-3f;
   p = p * f + 4.1665795894e-2f;
   p = p * f + 1.6666665459e-1f;
   p = p * f + 5.0000001201e-1f;
   p = p * f * f + f + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
+  V scale;
+  if constexpr (std::is_same_v<V, float>) {
+    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    std::memcpy(&scale, &bits, sizeof scale);
+  } else {
+    const Int16v bits = (__builtin_convertvector(n, Int16v) + 127) << 23;
+    std::memcpy(&scale, &bits, sizeof scale);
+  }
   return p * scale;
 }
 
@@ -70,12 +89,6 @@ struct Rows {  // [tokens, heads, head_dim] with any strides but a packed last d
   T* row(int64_t i, int64_t j) const { return data + i * s0 + j * s1; }
 };
 
-// 16 floats; the compiler splits it into the widest registers the target has.
-typedef float Vec __attribute__((vector_size(64)));
-typedef float Vec8 __attribute__((vector_size(32)));
-typedef float Vec4 __attribute__((vector_size(16)));
-constexpr int kLanes = 16;
-
 inline Vec load_vec(const float* p) {
   Vec v;
   std::memcpy(&v, p, sizeof v);
@@ -97,6 +110,40 @@ inline float hsum(Vec v) {
   const Vec4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) +
                  __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+inline float hmax(Vec v) {
+  const Vec8 a0 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const Vec8 a1 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Vec8 a = a0 > a1 ? a0 : a1;
+  const Vec4 b0 = __builtin_shufflevector(a, a, 0, 1, 2, 3);
+  const Vec4 b1 = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  const Vec4 b = b0 > b1 ? b0 : b1;
+  return std::max(std::max(b[0], b[1]), std::max(b[2], b[3]));
+}
+
+// scores[0:n] -> exp(scores - new max) in place, updating the running max; returns the sum.
+inline float softmax_tile(float* scores, int64_t n, float& running_max) {
+  if (n == kKeyTile) {
+    Vec lo = load_vec(scores), hi = load_vec(scores + kLanes);
+    const float new_max = std::max(running_max, hmax(lo > hi ? lo : hi));
+    running_max = new_max;
+    lo = exp_nonpositive(lo - new_max);
+    hi = exp_nonpositive(hi - new_max);
+    std::memcpy(scores, &lo, sizeof lo);
+    std::memcpy(scores + kLanes, &hi, sizeof hi);
+    return hsum(lo + hi);
+  }
+  float tile_max = kNoScore;
+  for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, scores[j]);
+  const float new_max = std::max(running_max, tile_max);
+  running_max = new_max;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = exp_nonpositive(scores[j] - new_max);
+    sum += scores[j];
+  }
+  return sum;
 }
 
 // kD > 0: head_dim is that multiple of kLanes, known at compile time, so a row is a few
@@ -121,15 +168,34 @@ template <typename T, int kD>
 inline void accumulate(float* acc, const float* p, const T* const* values, int64_t offset,
                        int64_t n, int64_t D) {
   if constexpr (kD > 0) {
-    Vec local[kD / kLanes];
+    // Two accumulator sets (even and odd keys): an FMA's latency is not on the critical path.
+    constexpr int kVecs = kD / kLanes;
+    Vec even[kVecs], odd[kVecs];
 #pragma GCC unroll 8
-    for (int c = 0; c < kD / kLanes; ++c) local[c] = load_vec(acc + c * kLanes);
-    for (int64_t j = 0; j < n; ++j) {
-      const T* v = values[j] + offset;
-#pragma GCC unroll 8
-      for (int c = 0; c < kD / kLanes; ++c) local[c] += p[j] * load_vec(v + c * kLanes);
+    for (int c = 0; c < kVecs; ++c) {
+      even[c] = load_vec(acc + c * kLanes);
+      odd[c] = Vec{};
     }
-    std::memcpy(acc, local, sizeof local);
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2) {
+      const T* v0 = values[j] + offset;
+      const T* v1 = values[j + 1] + offset;
+#pragma GCC unroll 8
+      for (int c = 0; c < kVecs; ++c) {
+        even[c] += p[j] * load_vec(v0 + c * kLanes);
+        odd[c] += p[j + 1] * load_vec(v1 + c * kLanes);
+      }
+    }
+    if (j < n) {
+      const T* v0 = values[j] + offset;
+#pragma GCC unroll 8
+      for (int c = 0; c < kVecs; ++c) even[c] += p[j] * load_vec(v0 + c * kLanes);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < kVecs; ++c) {
+      const Vec sum = even[c] + odd[c];
+      std::memcpy(acc + c * kLanes, &sum, sizeof sum);
+    }
   } else {
     for (int64_t j = 0; j < n; ++j) {
       const T* v = values[j] + offset;
@@ -145,13 +211,24 @@ template <int kD>
 inline void transposed_scores(const float* q, const float* keys_t, float* scores, int64_t D) {
   static_assert(kKeyTile == 2 * kLanes, "two vectors of scores");
   if constexpr (kD > 0) D = kD;
-  Vec s0 = {}, s1 = {};
-  for (int64_t d = 0; d < D; ++d) {
-    s0 += q[d] * load_vec(keys_t + d * kKeyTile);
-    s1 += q[d] * load_vec(keys_t + d * kKeyTile + kLanes);
+  // Four independent chains per vector of scores (d mod 4), summed at the end.
+  Vec s0[4] = {}, s1[4] = {};
+  int64_t d = 0;
+  for (; d + 3 < D; d += 4) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      s0[u] += q[d + u] * load_vec(keys_t + (d + u) * kKeyTile);
+      s1[u] += q[d + u] * load_vec(keys_t + (d + u) * kKeyTile + kLanes);
+    }
   }
-  std::memcpy(scores, &s0, sizeof s0);
-  std::memcpy(scores + kLanes, &s1, sizeof s1);
+  for (; d < D; ++d) {
+    s0[0] += q[d] * load_vec(keys_t + d * kKeyTile);
+    s1[0] += q[d] * load_vec(keys_t + d * kKeyTile + kLanes);
+  }
+  const Vec lo = (s0[0] + s0[1]) + (s0[2] + s0[3]);
+  const Vec hi = (s1[0] + s1[1]) + (s1[2] + s1[3]);
+  std::memcpy(scores, &lo, sizeof lo);
+  std::memcpy(scores + kLanes, &hi, sizeof hi);
 }
 
 // Many rows per KV head (prompt chunks): transpose the key tile once, then each row's scores
@@ -227,17 +304,9 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
             for (int64_t j = 0; j < visible; ++j)
               scores[j] = dot<T, kD>(qr, keys[j] + head_offset, D);
           }
-          float tile_max = kNoScore;
-          for (int64_t j = 0; j < visible; ++j) tile_max = std::max(tile_max, scores[j]);
-          const float new_max = std::max(row_max[r], tile_max);
-          const float correction = exp_nonpositive(row_max[r] - new_max);
-          row_max[r] = new_max;
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < visible; ++j) {
-            scores[j] = exp_nonpositive(scores[j] - new_max);
-            sum += scores[j];
-          }
+          const float old_max = row_max[r];
+          const float sum = softmax_tile(scores, visible, row_max[r]);
+          const float correction = exp_nonpositive(old_max - row_max[r]);
           row_sum[r] = row_sum[r] * correction + sum;
           float* ar = acc + r * D;
 #pragma omp simd
@@ -305,7 +374,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
          starts.data_ptr<int32_t>(), block_size, head_dim, heads, kv_heads,
          key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
          static_cast<float>(scale)};
-  // Decodes: one item per sequence. Chunks: tiles of kChunkTokens tokens.
+  // Decodes: one item per sequence. Chunks: kChunkTokens tokens per item.
   std::vector<Item> items;
   for (int32_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = a.starts[s + 1] - a.starts[s];
