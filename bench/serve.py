@@ -13,7 +13,8 @@ token ids, or as text decoded from them with `--prompt-format text`), each askin
 start at a Poisson `--request-rate` (default: all at once) with at most `--max-concurrency`
 in flight. Reports request and output throughput and TTFT, TPOT, ITL and end-to-end latency
 (mean, p50, p90, p99, ms) as JSON. Loopback servers only; every request has a timeout and the
-whole run a deadline.
+whole run a deadline. Servers with prefix caching remember a run's prompts: against a live
+server, give each run its own `--seed` (`race` does).
 """
 
 from __future__ import annotations
@@ -198,10 +199,12 @@ def _vocab_size(args) -> int:
     raise SystemExit("give --vocab-size or --model-dir (its config.json has the vocabulary)")
 
 
-def build_workload(args) -> list:
-    if not 1 <= args.num_prompts <= MAX_PROMPTS:
+def build_workload(args, seed: int | None = None, num: int | None = None) -> list:
+    num = args.num_prompts if num is None else num
+    if not 1 <= num <= MAX_PROMPTS:
         raise SystemExit(f"--num-prompts must be in [1, {MAX_PROMPTS}]")
-    prompts = make_prompts(args.num_prompts, args.input_len, _vocab_size(args), args.seed)
+    seed = args.seed if seed is None else seed
+    prompts = make_prompts(num, args.input_len, _vocab_size(args), seed)
     if args.prompt_format == "text":
         if not args.model_dir:
             raise SystemExit("--prompt-format text needs --model-dir (its tokenizer.json)")

@@ -113,20 +113,20 @@ class Server:
             self.proc.wait()
 
 
-def _bench(server: Server, prompts, args, load: dict, output_len: int) -> dict:
+def _bench(server: Server, prompts, args, load: dict, output_len: int, seed: int) -> dict:
     return asyncio.run(run_benchmark(
-        server.base_url, prompts, output_len, model=SERVED_NAME, seed=args.seed,
+        server.base_url, prompts, output_len, model=SERVED_NAME, seed=seed,
         request_timeout=args.request_timeout, deadline=args.deadline, **load))
 
 
-def _vllm_bench(server: Server, args, load: dict, model: Path, out: Path) -> dict:
+def _vllm_bench(server: Server, args, load: dict, model: Path, out: Path, seed: int) -> dict:
     """vLLM's own client (`vllm bench serve`, random dataset) at the same load: its summary."""
     command = [str(args.vllm_python), str(ROOT / "bench" / "peer_vllm_cli.py"), "bench",
                "serve", "--backend", "vllm", "--base-url", server.base_url,
                "--model", SERVED_NAME, "--tokenizer", str(model), "--dataset-name", "random",
                "--random-input-len", str(args.input_len),
                "--random-output-len", str(args.output_len),
-               "--num-prompts", str(args.num_prompts), "--ignore-eos", "--seed", str(args.seed),
+               "--num-prompts", str(args.num_prompts), "--ignore-eos", "--seed", str(seed),
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
                "--disable-tqdm", "--save-result", "--result-dir", str(out.parent),
                "--result-filename", out.name]
@@ -192,8 +192,11 @@ def main(argv) -> None:
                  "--skip-vllm")
     model = args.serve_model_dir or serving_model_dir(args.cache)
     args.model_dir = model
-    prompts = build_workload(args)
-    warmup = prompts[:min(8, len(prompts))]
+    # Each load gets prompts of its own seed (the same for every server and round): the
+    # servers' prefix caches must not turn a later load's prompts into hits.
+    seeds = [args.seed + i for i in range(len(_loads(args)))]
+    prompt_sets = [build_workload(args, seed) for seed in seeds]
+    warmup = build_workload(args, args.seed + 10_000, min(8, args.num_prompts))
     logs = args.out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "vllm-bench").mkdir(exist_ok=True)
@@ -209,17 +212,19 @@ def main(argv) -> None:
                 print(f"round {index} {kind}: ready in {time.monotonic() - started:.0f} s "
                       f"at {server.base_url}", flush=True)
                 _bench(server, warmup, args, {"max_concurrency": None,
-                                              "request_rate": float("inf")}, 8)
-                for load in _loads(args):
-                    result = _bench(server, prompts, args, load, args.output_len)
+                                              "request_rate": float("inf")}, 8, args.seed)
+                for load, seed, prompts in zip(_loads(args), seeds, prompt_sets):
+                    result = _bench(server, prompts, args, load, args.output_len, seed)
                     result.update(label=kind, round=index, input_len=args.input_len,
-                                  output_len=args.output_len, seed=args.seed,
+                                  output_len=args.output_len, seed=seed,
                                   command=server.command)
                     if args.with_vllm_bench:
                         name = f"{kind}-{index}-" + "-".join(
                             f"{k}{v}" for k, v in load.items() if v not in (None, float("inf")))
+                        # Its own seed too: its prompts differ from ours, but not per load.
                         result["vllm_bench_serve"] = _vllm_bench(
-                            server, args, load, model, args.out_dir / "vllm-bench" / f"{name}.json")
+                            server, args, load, model,
+                            args.out_dir / "vllm-bench" / f"{name}.json", seed + 20_000)
                     results[kind].append(result)
                     tpot = result["tpot_ms"]["p50"] or float("nan")
                     print(f"  load {load}: {result['completed']}/{result['num_prompts']} ok, "

@@ -97,6 +97,36 @@ def test_serve_bench_against_folio_serve(llama_dir, tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(
+                    errors="replace"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_serve_race_folio_only(llama_dir, tmp_path):
+    out_dir = tmp_path / "race"
+    done = _bench("bench/serve.py", "race", "--skip-vllm", "--serve-model-dir", str(llama_dir),
+                  "--concurrency", "1", "2", "--num-prompts", "2", "--input-len", "8",
+                  "--output-len", "4", "--out-dir", str(out_dir), timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((out_dir / "folio.json").read_text())["results"]
+    assert [(r["label"], r["round"], r["max_concurrency"]) for r in results] == [
+        ("folio", 1, 1), ("folio", 1, 2)]
+    assert [r["completed"] for r in results] == [2, 2]
+    assert all(r["total_output_tokens"] == 8 for r in results)
+    assert results[0]["seed"] != results[1]["seed"]   # fresh prompts per load
+    assert not (out_dir / "vllm.json").exists()
+    assert (out_dir / "serve-race.png").exists() == HAVE_MATPLOTLIB
+    assert _processes_mentioning(str(out_dir)) == []   # the server and its children stopped
+
+
 @pytest.mark.slow
 def test_peer_folio_only(tmp_path):
     out = tmp_path / "peer"
