@@ -66,8 +66,9 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int | None = 80
     parser.add_argument("--port", type=int, default=default_port,
                         help="HTTP API port (OpenAI-compatible); 0 turns HTTP off"
                         if default_port else "HTTP API port (default: no HTTP)")
-    parser.add_argument("--served-model-name", default=None,
-                        help="the model name clients use (default: the model path)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the model name(s) clients use; answers report the first "
+                        "(default: the checkpoint directory's name)")
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on /v1 routes and /metrics")
     parser.add_argument("--metrics-public", action="store_true",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from folio.cli import engine_config, engine_flags, resolve_model
 from folio.placement import executor_runs_on_cpu, pin, plan_placement, usable_cores
+from frontend.openai_protocol import served_names
 from shared.transport import ipc_address, make_run_dir
 
 STOP_GRACE_S = 5.0
@@ -79,7 +80,8 @@ class Supervisor:
         http = []
         if self.args.port:
             http = ["--host", self.args.host, "--port", str(self.args.port),
-                    "--served-model-name", self.args.served_model_name or self.model]
+                    "--served-model-name",
+                    *served_names(self.args.served_model_name, self.model)]
             if self.args.api_key:
                 http += ["--api-key", self.args.api_key]
             if self.args.metrics_public:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI on uvicorn, in the frontend's own event loop).
 
-Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health,
-GET /metrics, and the chat page at /. Errors use OpenAI's envelope
+Routes: GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions,
+POST /tokenize, POST /detokenize, GET /health, GET /metrics, and the chat page at /. Errors use OpenAI's envelope
 {"error": {"message", "type", "param", "code"}}.
 """
 
@@ -24,17 +24,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from frontend.engine_client import EngineClient
 from frontend.metrics import Metrics
 from frontend.openai_api import create_chat_completion, create_completion
-from frontend.openai_protocol import ApiError, invalid
+from frontend.openai_protocol import ApiError, invalid, served_names
+from frontend.openai_tokenize import detokenize, tokenize
 
 log = logging.getLogger("folio.frontend")
 MAX_BODY_BYTES = 4 * 2**20
 RETRY_AFTER_S = "1"
 
 
-def create_app(engine: EngineClient, model_name: str, api_key: str | None = None,
+def create_app(engine: EngineClient, model_name: str | list[str], api_key: str | None = None,
                metrics_public: bool = False) -> FastAPI:
-    """With api_key, /v1 routes need it, and so does /metrics unless metrics_public."""
+    """With api_key, /v1 routes need it, and so does /metrics unless metrics_public.
+    Several model names: each is accepted, the first is the one answers report."""
     app = FastAPI(title="Folio", version="1", docs_url=None, redoc_url=None)
+    names = [model_name] if isinstance(model_name, str) else list(model_name)
+    model_name = names[0]
     metrics = Metrics(model_name)
     engine.observers.append(metrics.observe)
     created = int(time.time())
@@ -54,7 +58,8 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
     def needs_key(path: str) -> bool:
-        return path.startswith("/v1") or (path == "/metrics" and not metrics_public)
+        return (path.startswith("/v1") or path in ("/tokenize", "/detokenize")
+                or (path == "/metrics" and not metrics_public))
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
@@ -82,9 +87,8 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
             raise invalid("request body contains text that is not valid Unicode "
                           "(a lone surrogate)") from None
         name = body.get("model")
-        if name is not None and name != model_name:
-            raise ApiError(404, f"the model {name!r} does not exist; this server serves "
-                           f"{model_name!r}", "model", "model_not_found")
+        if name is not None and name not in names:
+            raise unknown_model(name)
         return body
 
     async def answer(handler, body: dict[str, Any]):
@@ -113,11 +117,31 @@ def create_app(engine: EngineClient, model_name: str, api_key: str | None = None
         return StreamingResponse(_guarded(job, result, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
+    def unknown_model(name: Any) -> ApiError:
+        return ApiError(404, f"the model {name!r} does not exist; this server serves "
+                        f"{', '.join(map(repr, names))}", "model", "model_not_found")
+
+    def card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "folio",
+                "max_model_len": engine.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": created, "owned_by": "folio",
-            "max_model_len": engine.max_model_len}]}
+        return {"object": "list", "data": [card(name) for name in names]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> dict[str, Any]:
+        if name not in names:
+            raise unknown_model(name)
+        return card(name)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> dict[str, Any]:
+        return await tokenize(engine, await read_json(request))
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> dict[str, Any]:
+        return await detokenize(engine, await read_json(request))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -175,13 +199,14 @@ class _Server(uvicorn.Server):
 
 
 async def serve_http(engine: EngineClient, config, stopped: asyncio.Event) -> None:
-    name = config.served_model_name or config.model
-    app = create_app(engine, name, config.api_key, config.metrics_public)
+    names = served_names(config.served_model_name, config.model)
+    app = create_app(engine, names, config.api_key, config.metrics_public)
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port,
                                     log_level="warning", access_log=False, lifespan="off",
                                     timeout_graceful_shutdown=5))
     task = asyncio.create_task(server.serve())
-    log.info("HTTP API on http://%s:%d/v1 (model %r)", config.host, config.port, name)
+    log.info("HTTP API on http://%s:%d/v1 (model %s)", config.host, config.port,
+             ", ".join(map(repr, names)))
     await stopped.wait()
     server.should_exit = True
     await task

@@ -7,12 +7,14 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from frontend.engine_client import EngineClient, FinalResult
+from frontend.engine_client import EngineClient, FinalResult, SampleResult
+from frontend.openai_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
+from frontend.openai_logprobs import completion_logprobs
 from frontend.openai_protocol import (ApiError, chat_messages, completion_prompts, invalid,
-                                      sampling_params, stream_options)
+                                      sampling_params, stream_options, too_long)
 from frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
 from shared.sampling_params import SamplingParams, check_against_model
 
@@ -79,10 +81,29 @@ def _refuse_long_text(engine: EngineClient, chars: int, field: str) -> None:
     try:
         engine.check_text_size(chars)
     except ValueError as error:
-        raise invalid(str(error), field) from None
+        raise too_long(str(error), field) from None
 
 
-def _check(engine: EngineClient, ids: list[int], params: SamplingParams, field: str) -> None:
+def _check_length(limit: int | None, ids: list[int], params: SamplingParams, field: str,
+                  score_only: bool) -> None:
+    if limit is None:
+        return
+    if len(ids) > limit:
+        raise too_long(f"prompt has {len(ids)} tokens, more than this model's maximum "
+                       f"context length max_model_len = {limit}", field)
+    if params.max_tokens is not None and len(ids) + params.max_tokens > limit:
+        if score_only:
+            raise too_long(f"prompt has {len(ids)} tokens: scoring it (max_tokens 0) needs "
+                           f"one position beyond the prompt, and max_model_len = {limit}",
+                           field)
+        raise too_long(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
+                       f"{len(ids) + params.max_tokens} tokens, more than max_model_len = "
+                       f"{limit}", field)
+
+
+def _check(engine: EngineClient, ids: list[int], params: SamplingParams, field: str,
+           score_only: bool = False) -> None:
+    _check_length(engine.max_model_len, ids, params, field, score_only)
     try:
         check_prompt(ids, engine.vocab_size, engine.max_model_len)
     except ValueError as error:
@@ -139,35 +160,63 @@ def _sse(data: Any) -> str:
 
 # ---- /v1/completions ---------------------------------------------------------------------
 
-def _completion_logprobs(entries: list[dict[str, Any]] | None, offset: int = 0
-                         ) -> dict[str, Any] | None:
-    if entries is None:
-        return None
-    tokens, token_logprobs, top, offsets = [], [], [], []
-    position = offset
-    for entry in entries:
-        tokens.append(entry["decoded_token"])
-        token_logprobs.append(entry["logprob"])
-        top.append({text: lp for _, lp, text in entry["top"]})
-        offsets.append(position)
-        position += len(entry["decoded_token"])
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
-            "text_offset": offsets}
+def _score_only(body: dict[str, Any], echo: bool) -> bool:
+    """max_tokens 0 (with echo): score the prompt, generate nothing, as vLLM does."""
+    value = body.get("max_tokens")
+    if value != 0 or isinstance(value, bool):
+        return False
+    if not echo:
+        raise invalid("max_tokens must be >= 1; 0 is allowed with echo (score the prompt "
+                      "only)", "max_tokens")
+    if body.get("min_tokens"):
+        raise invalid("min_tokens must be 0 when max_tokens is 0", "min_tokens")
+    return True
+
+
+async def _echo_text(engine: EngineClient, prompt: str | list[int], ids: list[int]) -> str:
+    """The prompt as sent (OpenAI and vLLM echo the string itself), or token ids decoded."""
+    if isinstance(prompt, str):
+        return prompt
+    return await engine.prep.run(len(ids), engine.tokenizer.decode, ids)
+
+
+def _choice(engine: EngineClient, index: int, sample: SampleResult, prefix: str,
+            ids: list[int], result: FinalResult, echo: bool, score_only: bool
+            ) -> dict[str, Any]:
+    logprobs = None
+    if sample.logprobs is not None:
+        generated = [] if score_only else sample.logprobs
+        if echo:
+            logprobs = completion_logprobs([*(result.prompt_logprobs or []), *generated],
+                                           first_token=engine.tokenizer.decode(ids[:1]))
+        else:
+            logprobs = completion_logprobs(generated)
+    return {"index": index, "text": prefix + ("" if score_only else sample.text),
+            "logprobs": logprobs,
+            "finish_reason": "length" if score_only else sample.finish_reason,
+            "stop_reason": None if score_only else sample.stop_reason}
 
 
 async def create_completion(engine: EngineClient, body: dict[str, Any], model: str):
+    check_fields(body, COMPLETION_FIELDS, "/v1/completions")
     options = stream_options(body)
     logprobs = body.get("logprobs")
     max_logprobs = engine.limits[0]
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                  or not 0 <= logprobs <= max_logprobs):
         raise invalid(f"logprobs must be an integer in [0, {max_logprobs}]", "logprobs")
-    params = sampling_params(body, "max_tokens", logprobs)
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise invalid("echo must be a boolean", "echo")
     if echo and options.stream:
         raise invalid("echo is not supported with stream", "echo")
+    score_only = _score_only(body, echo)
+    # Scoring runs as max_tokens 1 and drops the sampled token: prompt log-probs come from
+    # the prefill's raw logits, which the sampled token cannot change.
+    params = sampling_params({**body, "max_tokens": 1} if score_only else body, "max_tokens",
+                             logprobs)
+    if echo and logprobs is not None:
+        params = replace(params, prompt_logprobs=logprobs)
     prompts = completion_prompts(body.get("prompt"))
     for prompt in prompts:
         if isinstance(prompt, str):
@@ -175,7 +224,7 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
     chars = sum(len(p) for p in prompts if isinstance(p, str))
     ids = await engine.prep.run(chars, _tokenize, engine.tokenizer, prompts)
     for one in ids:
-        _check(engine, one, params, "prompt")
+        _check(engine, one, params, "prompt", score_only)
     job = await _submit(engine, ids, params, body)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -188,32 +237,34 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
         raise
     choices = []
     for prompt_index, result in enumerate(results):
-        prefix = await engine.prep.run(len(ids[prompt_index]), engine.tokenizer.decode,
-                                       ids[prompt_index]) if echo else ""
+        prefix = await _echo_text(engine, prompts[prompt_index],
+                                  ids[prompt_index]) if echo else ""
         for sample in result.samples:
-            choices.append({
-                "index": prompt_index * params.n + sample.index,
-                "text": prefix + sample.text,
-                "logprobs": _completion_logprobs(sample.logprobs, len(prefix)),
-                "finish_reason": sample.finish_reason,
-                "stop_reason": sample.stop_reason})
+            choices.append(_choice(engine, prompt_index * params.n + sample.index, sample,
+                                   prefix, ids[prompt_index], result, echo, score_only))
+    usage = _usage(results)
+    if score_only:
+        usage = {**usage, "completion_tokens": 0, "total_tokens": usage["prompt_tokens"]}
     return job, {"id": request_id, "object": "text_completion", "created": created,
-                 "model": model, "choices": choices, "usage": _usage(results)}
+                 "model": model, "choices": choices, "usage": usage}
 
 
 async def _stream_completion(job: _Job, request_id: str, created: int, model: str,
                              include_usage: bool) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
     done: list[FinalResult] = []
+    offsets: dict[int, int] = {}   # per choice: text sent so far (text_offset goes on)
     pending = await _first_event(job)
     while len(done) < len(job.request_ids):
         item, pending = (pending, None) if pending is not None else (await job.queue.get(),
                                                                      None)
         if item[0] == "delta":
             _, index, text, _, logprobs = item
+            offset = offsets.get(index, 0)
+            offsets[index] = offset + len(text)
+            entries = None if logprobs is None else completion_logprobs(logprobs, offset)
             yield _sse({**head, "choices": [{"index": index, "text": text,
-                                             "logprobs": _completion_logprobs(logprobs),
-                                             "finish_reason": None}]})
+                                             "logprobs": entries, "finish_reason": None}]})
         elif item[0] == "final":
             _, offset, result = item
             done.append(result)
@@ -246,6 +297,7 @@ def _chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | Non
 
 
 async def create_chat_completion(engine: EngineClient, body: dict[str, Any], model: str):
+    check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     options = stream_options(body)
     want_logprobs = body.get("logprobs", False)
     if not isinstance(want_logprobs, bool):

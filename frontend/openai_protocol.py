@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from shared.sampling_params import SamplingParams
 
-MAX_N = 16
-MAX_PROMPTS = 64
+MAX_PROMPTS = 64   # n is bounded by the scheduler's --max-n (engine_info), not here
 
 # OpenAI names -> SamplingParams fields, plus the vLLM extras people send.
 _PASS_THROUGH = ("temperature", "top_p", "n", "seed", "presence_penalty", "frequency_penalty",
@@ -35,6 +35,18 @@ class ApiError(Exception):
 
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param, "invalid_value" if param else None)
+
+
+def too_long(message: str, param: str) -> ApiError:
+    """OpenAI's one code for a prompt, or prompt + max_tokens, over the context length."""
+    return ApiError(400, message, param, "context_length_exceeded")
+
+
+def served_names(given: str | list[str] | None, model: str) -> list[str]:
+    """--served-model-name's names (one string, from FOLIO_SERVED_MODEL_NAME, holds
+    several separated by spaces), else the checkpoint directory's own name."""
+    names = given.split() if isinstance(given, str) else list(given or [])
+    return names or [Path(model.rstrip("/\\")).name or model]
 
 
 @dataclass
@@ -85,9 +97,6 @@ def sampling_params(body: dict[str, Any], max_tokens_key: str, logprobs: int | N
         fields["logit_bias"] = bias
     if logprobs is not None:
         fields["logprobs"] = logprobs
-    n = fields.get("n", 1)
-    if isinstance(n, int) and not isinstance(n, bool) and n > MAX_N:
-        raise invalid(f"n must be <= {MAX_N}, got {n}", "n")
     try:
         return SamplingParams(**fields)
     except (TypeError, ValueError) as error:

@@ -33,7 +33,7 @@ class FrontendConfig:
     scheduler_address: str
     host: str = "127.0.0.1"
     port: int | None = None    # HTTP API port; None: ZeroMQ only
-    served_model_name: str | None = None
+    served_model_name: str | list[str] | None = None   # None: the model directory's name
     api_key: str | None = None
     metrics_public: bool = False    # /metrics without the API key
     shutdown_timeout_s: float = 30.0

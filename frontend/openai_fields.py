@@ -1,0 +1,88 @@
+"""Which request fields each OpenAI route honours; anything else is refused by name.
+
+A field a client sends is either honoured or answered with a 400 naming it (`param`), as
+OpenAI does for unknown parameters: a caller asking for tools or JSON mode must never get
+free text back as if it had been understood.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frontend.openai_protocol import ApiError
+
+# Sampling fields both routes honour (OpenAI's, then the vLLM extras Folio implements).
+_SAMPLING = frozenset({
+    "model", "stream", "stream_options", "n", "temperature", "top_p", "seed", "stop",
+    "presence_penalty", "frequency_penalty", "logit_bias", "max_tokens",
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "skip_special_tokens",
+    "include_stop_str_in_output", "stop_token_ids", "response_format",
+    "deadline",          # Folio's own: seconds before the server aborts the request
+})
+# Honoured by definition: they only label the request for the caller's own bookkeeping,
+# or ask for what Folio does anyway.
+_LABELS = frozenset({"user", "safety_identifier", "prompt_cache_key", "metadata"})
+
+COMPLETION_FIELDS = _SAMPLING | _LABELS | {"prompt", "echo", "logprobs", "best_of"}
+CHAT_FIELDS = _SAMPLING | _LABELS | {
+    "messages", "logprobs", "top_logprobs", "max_completion_tokens", "store", "service_tier",
+    "modalities"}
+TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens",
+                             "add_generation_prompt", "return_token_strs"})
+DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
+
+_LATER = {   # refused by name until they are implemented (issue 15)
+    **dict.fromkeys(("tools", "tool_choice", "functions", "function_call",
+                     "parallel_tool_calls"), "tool calling"),
+    **dict.fromkeys(("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                     "guided_decoding_backend", "guided_whitespace_pattern",
+                     "structured_outputs"), "structured outputs"),
+}
+# Accepted only with the value that asks for nothing beyond plain behaviour.
+_PLAIN_VALUES = {"best_of": (None, 1), "store": (None, False),
+                 "service_tier": (None, "auto", "default"),
+                 "modalities": (None, ["text"])}
+
+
+def _refuse(field: str, message: str, code: str) -> ApiError:
+    return ApiError(400, message, field, code)
+
+
+def check_fields(body: dict[str, Any], accepted: frozenset[str], route: str) -> None:
+    """400 for the first field `route` does not honour, naming it in `param`."""
+    for field, value in body.items():
+        if field in _LATER:
+            if value is None:   # null asks for nothing
+                continue
+            raise _refuse(field, f"{field}: {_LATER[field]} is not supported yet by this "
+                          f"server", "unsupported_parameter")
+        if field not in accepted:
+            raise _refuse(field, f"Unrecognized request argument supplied: {field} "
+                          f"({route} does not honour it)", "unknown_parameter")
+        if field == "response_format":
+            _check_response_format(value)
+        elif field in _PLAIN_VALUES and value not in _PLAIN_VALUES[field]:
+            allowed = " or ".join(repr(v) for v in _PLAIN_VALUES[field] if v is not None)
+            raise _refuse(field, f"{field}={value!r} is not supported; only {allowed}",
+                          "unsupported_value")
+        elif field in _LABELS and value is not None and not _label_ok(field, value):
+            raise _refuse(field, f"{field} must be a string" + (
+                " map" if field == "metadata" else ""), "invalid_value")
+
+
+def _check_response_format(value: Any) -> None:
+    if value is None or value == {"type": "text"}:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind in ("json_object", "json_schema", "structural_tag", "grammar"):
+        raise _refuse("response_format", f"response_format {kind!r}: structured outputs are "
+                      "not supported yet by this server", "unsupported_parameter")
+    raise _refuse("response_format", "response_format must be an object with a 'type'; "
+                  "only {'type': 'text'} is supported", "invalid_value")
+
+
+def _label_ok(field: str, value: Any) -> bool:
+    if field == "metadata":
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    return isinstance(value, str)
