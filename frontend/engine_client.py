@@ -38,6 +38,7 @@ SCHEDULER_TYPES = frozenset({"engine_info", "outputs", "rejected", "stats", "err
                              "frontend_dropped"})
 SCHEDULER_TIMEOUT_S = 3.0   # no answer to a heartbeat for this long: the scheduler is hung
 HEARTBEAT_S = 0.5
+STALL_S = 1.0   # the watch loop turns every 0.2 s: a longer gap means this process stalled
 
 
 @dataclass
@@ -335,6 +336,8 @@ class EngineClient:
     # ---- liveness -----------------------------------------------------------------------
 
     async def _watch_scheduler(self) -> None:
+        last_turn = time.monotonic()
+        judge_after = 0.0
         while True:
             try:
                 frames = await asyncio.wait_for(self.monitor.recv_multipart(), timeout=0.2)
@@ -345,7 +348,14 @@ class EngineClient:
                     self._send(m.pack("frontend_hello", {"id": self.frontend_id}))
             except asyncio.TimeoutError:
                 pass
-            if self.requests and not self.scheduler_alive:
+            now = time.monotonic()
+            if now - last_turn > STALL_S:
+                # This process was stopped or starved (a lost connection may be its doing):
+                # give the link one timeout to show fresh life, or the scheduler's drop
+                # notice naming exactly the requests it gave up.
+                judge_after = now + SCHEDULER_TIMEOUT_S
+            last_turn = now
+            if self.requests and now >= judge_after and not self.scheduler_alive:
                 self._fail_all("the scheduler is not responding")
 
     def _send(self, payload: bytes) -> None:

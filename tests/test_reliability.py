@@ -1303,4 +1303,7 @@ def test_stopped_frontend_its_clients_see_errors_then_it_serves_again(healthy):
     assert freed["kv_blocks_free"] == freed["kv_blocks_total"], freed
     assert freed["num_running"] == 0
     _assert_clear_errors(outcome, EngineDead, "lost the connection")
+    # Resumed, the frontend learns from the scheduler which requests it gave up on.
+    assert "gave up on this frontend" in outcome["stream"][1][-1]["error"]["message"]
+    assert "gave up on this frontend" in outcome["plain"].json()["error"]["message"]
     _recovered(healthy)
