@@ -64,7 +64,7 @@ def _run(command: list[str], log: Path, env: dict, timeout: float) -> None:
         raise RuntimeError(f"{command[0]} exited {proc.returncode}; log {log}:\n{tail}")
 
 
-def _round(engine: str, args, work_dir: Path, index: int) -> dict:
+def _round(engine: str, args, work_dir: Path, index: int, expected: int) -> dict:
     out = work_dir / f"{engine}-{index}.json"
     log = work_dir / f"{engine}-{index}.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -86,6 +86,9 @@ def _round(engine: str, args, work_dir: Path, index: int) -> dict:
               "loadavg_before": list(before), "loadavg_after": list(after)}
     print(f"round {index} {engine:12s} {result['tok_per_s']:8.1f} tok/s "
           f"({result['seconds']:.1f} s)  load {before[0]:.2f} -> {after[0]:.2f}", flush=True)
+    if result["output_tokens"] != expected:   # tok/s would compare different work
+        print(f"  WARNING: {engine} made {result['output_tokens']} output tokens, the "
+              f"workload asks for {expected}", flush=True)
     return {"figure": figure, "token_ids": result.get("token_ids"),
             "extra": {k: v for k, v in result.items() if k not in ("token_ids",)}}
 
@@ -196,13 +199,13 @@ def main(argv=None) -> None:
     order = ["folio", "vllm"] if use_vllm else ["folio"]
     for index in range(1, args.rounds + 1):
         for engine in order:
-            done = _round(engine, args, work_dir, index)
+            done = _round(engine, args, work_dir, index, sum(outputs))
             rounds.append(done["figure"])
             first = tokens.setdefault(engine, done["token_ids"])
             consistent[engine] = consistent.get(engine, True) and first == done["token_ids"]
             extras.setdefault(engine, done["extra"])
     if args.with_hf:
-        done = _round("hf", args, work_dir, 1)
+        done = _round("hf", args, work_dir, 1, sum(outputs))
         rounds.append(done["figure"])
     report["rounds"] = rounds
     report["same_tokens_every_round"] = consistent
