@@ -31,15 +31,23 @@ inline float load(c10::BFloat16 x) {
   return f;
 }
 
-// 16 floats; the compiler splits it into the widest registers the target has.
-typedef float Vec __attribute__((vector_size(64)));
+// One vector register of floats: 16 with AVX-512, 8 with AVX, else 4. (Wider-than-register
+// generic vectors make GCC scalarize conversions and selects.)
+#if defined(__AVX512F__)
+#define FOLIO_LANES 16
+#elif defined(__AVX__)
+#define FOLIO_LANES 8
+#else
+#define FOLIO_LANES 4
+#endif
+constexpr int kLanes = FOLIO_LANES;
+typedef float Vec __attribute__((vector_size(kLanes * 4)));
+typedef int32_t IntVec __attribute__((vector_size(kLanes * 4)));
 typedef float Vec8 __attribute__((vector_size(32)));
 typedef float Vec4 __attribute__((vector_size(16)));
-constexpr int kLanes = 16;
+constexpr int kTileVecs = kKeyTile / kLanes;
 
-typedef int32_t Int16v __attribute__((vector_size(64)));
-
-// exp for x <= 0 (Cephes polynomial, ~1 ulp), on a float or 16 at once.
+// exp for x <= 0 (Cephes polynomial, ~1 ulp), on a float or a Vec.
 template <typename V>
 inline V exp_nonpositive(V x) {
   V n;
@@ -61,7 +69,7 @@ inline V exp_nonpositive(V x) {
     const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
     std::memcpy(&scale, &bits, sizeof scale);
   } else {
-    const Int16v bits = (__builtin_convertvector(n, Int16v) + 127) << 23;
+    const IntVec bits = (__builtin_convertvector(n, IntVec) + 127) << 23;
     std::memcpy(&scale, &bits, sizeof scale);
   }
   return p * scale;
@@ -95,44 +103,53 @@ inline Vec load_vec(const float* p) {
   return v;
 }
 inline Vec load_vec(const c10::BFloat16* p) {
-  typedef uint16_t Half16 __attribute__((vector_size(32)));
-  typedef uint32_t Word16 __attribute__((vector_size(64)));
-  Half16 h;
+  typedef uint16_t HalfVec __attribute__((vector_size(kLanes * 2)));
+  typedef uint32_t WordVec __attribute__((vector_size(kLanes * 4)));
+  HalfVec h;
   std::memcpy(&h, p, sizeof h);
-  const Word16 w = __builtin_convertvector(h, Word16) << 16;
+  const WordVec w = __builtin_convertvector(h, WordVec) << 16;
   Vec v;
   std::memcpy(&v, &w, sizeof v);
   return v;
 }
-inline float hsum(Vec v) {
-  const Vec8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const Vec4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) +
-                 __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
 
-inline float hmax(Vec v) {
-  const Vec8 a0 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  const Vec8 a1 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const Vec8 a = a0 > a1 ? a0 : a1;
-  const Vec4 b0 = __builtin_shufflevector(a, a, 0, 1, 2, 3);
-  const Vec4 b1 = __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  const Vec4 b = b0 > b1 ? b0 : b1;
-  return std::max(std::max(b[0], b[1]), std::max(b[2], b[3]));
+// Folds a Vec's lanes with op (a generic lambda, on vectors and on floats), as a tree.
+template <typename Op>
+inline float fold(Vec v, Op op) {
+#if FOLIO_LANES == 16
+  const Vec8 a = op(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+  const Vec4 b = op(__builtin_shufflevector(a, a, 0, 1, 2, 3),
+                    __builtin_shufflevector(a, a, 4, 5, 6, 7));
+#elif FOLIO_LANES == 8
+  const Vec4 b = op(__builtin_shufflevector(v, v, 0, 1, 2, 3),
+                    __builtin_shufflevector(v, v, 4, 5, 6, 7));
+#else
+  const Vec4 b = v;
+#endif
+  return op(op(b[0], b[1]), op(b[2], b[3]));
 }
+constexpr auto kAdd = [](auto x, auto y) { return x + y; };
+constexpr auto kMax = [](auto x, auto y) { return x > y ? x : y; };
+inline float hsum(Vec v) { return fold(v, kAdd); }
 
 // scores[0:n] -> exp(scores - new max) in place, updating the running max; returns the sum.
 inline float softmax_tile(float* scores, int64_t n, float& running_max) {
   if (n == kKeyTile) {
-    Vec lo = load_vec(scores), hi = load_vec(scores + kLanes);
-    const float new_max = std::max(running_max, hmax(lo > hi ? lo : hi));
-    running_max = new_max;
-    lo = exp_nonpositive(lo - new_max);
-    hi = exp_nonpositive(hi - new_max);
-    std::memcpy(scores, &lo, sizeof lo);
-    std::memcpy(scores + kLanes, &hi, sizeof hi);
-    return hsum(lo + hi);
+    Vec tile[kTileVecs];
+    Vec top = load_vec(scores);
+    for (int i = 0; i < kTileVecs; ++i) {
+      tile[i] = load_vec(scores + i * kLanes);
+      top = kMax(top, tile[i]);
+    }
+    running_max = std::max(running_max, fold(top, kMax));
+    Vec sum = {};
+    for (int i = 0; i < kTileVecs; ++i) {
+      tile[i] = exp_nonpositive(tile[i] - running_max);
+      sum += tile[i];
+    }
+    std::memcpy(scores, tile, sizeof tile);
+    return hsum(sum);
   }
   float tile_max = kNoScore;
   for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, scores[j]);
@@ -209,26 +226,26 @@ inline void accumulate(float* acc, const float* p, const T* const* values, int64
 // scores[0:kKeyTile] = q . keys_t, keys_t being [D, kKeyTile]
 template <int kD>
 inline void transposed_scores(const float* q, const float* keys_t, float* scores, int64_t D) {
-  static_assert(kKeyTile == 2 * kLanes, "two vectors of scores");
   if constexpr (kD > 0) D = kD;
-  // Four independent chains per vector of scores (d mod 4), summed at the end.
-  Vec s0[4] = {}, s1[4] = {};
+  // Two independent chains per vector of scores (even and odd d), summed at the end.
+  Vec even[kTileVecs] = {}, odd[kTileVecs] = {};
   int64_t d = 0;
-  for (; d + 3 < D; d += 4) {
+  for (; d + 1 < D; d += 2) {
+    const float* k0 = keys_t + d * kKeyTile;
 #pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u) {
-      s0[u] += q[d + u] * load_vec(keys_t + (d + u) * kKeyTile);
-      s1[u] += q[d + u] * load_vec(keys_t + (d + u) * kKeyTile + kLanes);
+    for (int i = 0; i < kTileVecs; ++i) {
+      even[i] += q[d] * load_vec(k0 + i * kLanes);
+      odd[i] += q[d + 1] * load_vec(k0 + kKeyTile + i * kLanes);
     }
   }
-  for (; d < D; ++d) {
-    s0[0] += q[d] * load_vec(keys_t + d * kKeyTile);
-    s1[0] += q[d] * load_vec(keys_t + d * kKeyTile + kLanes);
+  if (d < D) {
+    for (int i = 0; i < kTileVecs; ++i)
+      even[i] += q[d] * load_vec(keys_t + d * kKeyTile + i * kLanes);
   }
-  const Vec lo = (s0[0] + s0[1]) + (s0[2] + s0[3]);
-  const Vec hi = (s1[0] + s1[1]) + (s1[2] + s1[3]);
-  std::memcpy(scores, &lo, sizeof lo);
-  std::memcpy(scores + kLanes, &hi, sizeof hi);
+  for (int i = 0; i < kTileVecs; ++i) {
+    const Vec sum = even[i] + odd[i];
+    std::memcpy(scores + i * kLanes, &sum, sizeof sum);
+  }
 }
 
 // Many rows per KV head (prompt chunks): transpose the key tile once, then each row's scores

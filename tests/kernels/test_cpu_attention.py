@@ -188,6 +188,16 @@ def test_load_without_a_build_says_how_to_build(tmp_path, monkeypatch):
     assert str(tmp_path) in status.detail and "--build" in status.detail
 
 
+def test_portable_build_is_not_loaded_on_a_cpu_without_avx2(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOLIO_CPU_OPS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_attention, "_cpu_runs_x86_64_v3", lambda: False)
+    library = cpu_attention.library_path("portable")
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")                           # never opened: the check comes first
+    status = cpu_attention.load.__wrapped__()
+    assert not status.ok and "AVX2" in status.detail
+
+
 def test_auto_selects_the_operator_on_cpu(caplog):
     with caplog.at_level(logging.INFO, logger="folio.executor"):
         kernel_ops = ops.select_ops("auto", CPU)
