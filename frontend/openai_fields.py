@@ -61,7 +61,9 @@ def check_fields(body: dict[str, Any], accepted: frozenset[str], route: str) -> 
                           f"({route} does not honour it)", "unknown_parameter")
         if field == "response_format":
             _check_response_format(value)
-        elif field in _PLAIN_VALUES and value not in _PLAIN_VALUES[field]:
+        elif field in _PLAIN_VALUES and not any(
+                type(value) is type(plain) and value == plain
+                for plain in _PLAIN_VALUES[field]):   # type too: true is not 1
             allowed = " or ".join(repr(v) for v in _PLAIN_VALUES[field] if v is not None)
             raise _refuse(field, f"{field}={value!r} is not supported; only {allowed}",
                           "unsupported_value")

@@ -131,21 +131,30 @@ def test_batched_prompts_with_n(client, reference):
 
 @pytest.mark.parametrize("max_tokens", [0, 1])
 def test_loglikelihood_the_harness_way(client, reference, max_tokens):
-    """lm-evaluation-harness' local-completions: echo the context + continuation, sum
-    token_logprobs over the continuation (dropping the generated token when there is one)."""
+    """lm-evaluation-harness' local-completions payload (token-id lists, batched, seed,
+    logprobs 1, echo): the sum of token_logprobs over each continuation (the generated
+    token dropped when there is one) is the model's loglikelihood."""
     tokenizer, log_softmax = reference
-    context_ids = tokenizer.encode(CONTEXT)
-    whole = context_ids + tokenizer.encode(CONTINUATION)
-    rows = log_softmax(whole)
-    expected = sum(rows[i - 1, whole[i]].item() for i in range(len(context_ids), len(whole)))
-    choice = client.completions.create(model=MODEL, prompt=whole, echo=True, logprobs=1,
-                                       max_tokens=max_tokens, temperature=0).choices[0]
-    values = choice.logprobs.token_logprobs[len(context_ids):]
-    if max_tokens:
-        values = values[:-1]
-    assert len(values) == len(whole) - len(context_ids)
-    assert abs(sum(values) - expected) < TOL
-    assert expected < -1.0 and math.isfinite(expected)   # a real sum, not a zero
+    pairs = [(CONTEXT, CONTINUATION), ("A tuple is", " an immutable sequence")]
+    requests, expected = [], []
+    for context, continuation in pairs:
+        context_ids = tokenizer.encode(context)
+        whole = context_ids + tokenizer.encode(continuation)
+        rows = log_softmax(whole)
+        requests.append((len(context_ids), whole))
+        expected.append(sum(rows[i - 1, whole[i]].item()
+                            for i in range(len(context_ids), len(whole))))
+    response = client.completions.create(model=MODEL, prompt=[w for _, w in requests],
+                                         echo=True, logprobs=1, max_tokens=max_tokens,
+                                         temperature=0, seed=1234)
+    choices = sorted(response.choices, key=lambda c: c.index)
+    for choice, (ctxlen, whole), want in zip(choices, requests, expected):
+        values = choice.logprobs.token_logprobs[ctxlen:]
+        if max_tokens:
+            values = values[:-1]
+        assert len(values) == len(whole) - ctxlen
+        assert abs(sum(values) - want) < TOL
+        assert want < -1.0 and math.isfinite(want)   # a real sum, not a zero
 
 
 def test_score_only_refusals(server):
