@@ -162,8 +162,7 @@ def _sse(data: Any) -> str:
 
 def _score_only(body: dict[str, Any], echo: bool) -> bool:
     """max_tokens 0 (with echo): score the prompt, generate nothing, as vLLM does."""
-    value = body.get("max_tokens")
-    if value != 0 or isinstance(value, bool):
+    if type(body.get("max_tokens")) is not int or body["max_tokens"] != 0:
         return False
     if not echo:
         raise invalid("max_tokens must be >= 1; 0 is allowed with echo (score the prompt "

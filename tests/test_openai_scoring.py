@@ -79,6 +79,8 @@ def test_echo_string_prompt_matches_transformers(client, reference):
     first_generated = int(rows[-1].argmax())   # greedy: the model's own next token
     assert lp.tokens[len(ids)] == tokenizer.decode([first_generated])
     assert abs(lp.token_logprobs[len(ids)] - rows[-1, first_generated].item()) < TOL
+    # lm-evaluation-harness' is_greedy: the chosen logprob equals the best in top_logprobs
+    assert max(lp.top_logprobs[len(ids)].values()) == lp.token_logprobs[len(ids)]
     for i in range(1, len(lp.tokens)):
         top = lp.top_logprobs[i]
         assert len(top) in (3, 4)                       # k, plus the chosen one if not in it
