@@ -21,7 +21,7 @@ from shared import messages as m
 from shared.sampling_params import check_against_model
 from shared.security import CurveKeys, make_server
 from shared.transport import check_bind_address, configure
-from shared.wire import MAX_MESSAGE_BYTES, ProtocolError
+from shared.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
 
 log = logging.getLogger("folio.frontend")
 MAX_EARLY_ABORTS = 1024   # aborts kept for requests still being prepared
@@ -125,12 +125,23 @@ class ZmqGateway:
     def _decode_large(self, data: bytes):
         """In the pool: decode a large message and, for a generate, prepare its prompt."""
         try:
-            msg_type, body = m.decode(data, m.CLIENT_TYPES)
-            if msg_type != "generate":
-                return msg_type, body, None
-            request = m.GenerateRequest.decode(body)
+            msg_type, raw = unpack(data)
         except ProtocolError as error:
-            return "invalid", m.peek_id(data), error
+            return "invalid", "", error   # no readable id
+        client_id = raw.get("id")
+        if not (isinstance(client_id, str) and 0 < len(client_id) <= MAX_ID_LEN):
+            client_id = ""
+        try:
+            if msg_type not in m.CLIENT_TYPES:
+                raise ProtocolError(f"unexpected message type {msg_type!r} on this socket")
+            if msg_type != "generate":
+                return msg_type, Body(msg_type, raw), None
+            too_long = self._too_long(raw.get("prompt_token_ids"))
+            if too_long is not None:   # before checking millions of ids one by one
+                return "too_long", client_id, too_long
+            request = m.GenerateRequest.decode(Body(msg_type, raw))
+        except ProtocolError as error:
+            return "invalid", client_id, error
         try:
             return "generate", request, self._prepare(request)
         except ValueError as error:
@@ -139,11 +150,20 @@ class ZmqGateway:
             log.exception("could not prepare request %r", request.id)
             return "refused", request, f"could not prepare the prompt: {error}"
 
+    def _too_long(self, token_ids) -> str | None:
+        limit = self.engine.max_model_len
+        if isinstance(token_ids, list) and limit is not None and len(token_ids) > limit:
+            return (f"prompt has {len(token_ids)} tokens, more than this model's maximum "
+                    f"context length max_model_len = {limit}")
+        return None
+
     async def _on_large(self, client: bytes, job: asyncio.Future) -> None:
         try:
             kind, what, detail = await job
             if kind == "invalid":
                 self._bad_message(client, what, detail)
+            elif kind == "too_long":
+                self.reply(client, m.encode_error(what, "invalid", detail))
             elif kind not in ("generate", "refused"):
                 self._dispatch(client, kind, what)
             elif (client, what.id) in self.early_aborts:   # aborted while prepared

@@ -353,6 +353,33 @@ def test_an_abort_that_overtakes_a_large_generate_being_prepared_is_applied(heal
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats
 
 
+def test_a_large_generate_is_answered_by_its_id(healthy):
+    """Large generates are decoded in the pool: one too long for the model, and one that is
+    malformed, each get an error under their own id."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(healthy.client_addresses[0])
+        sock.send(m.pack("generate", {"id": "long-one", "params": {}, "stream": False,
+                                      "prompt_token_ids": [1] * 2**20}))
+        sock.send(m.pack("generate", {"id": "bad-one", "params": {}, "stream": False,
+                                      "prompt_token_ids": [1, 2], "prompt": "and a prompt",
+                                      "padding": [0] * 2**20}))   # large, so in the pool
+        replies = {}
+        while len(replies) < 2 and sock.poll(30_000):
+            kind, body = m.unpack(sock.recv())
+            replies[body["id"]] = (kind, body.get("code"), body.get("message", ""))
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert replies["long-one"][:2] == ("error", "invalid"), replies
+    assert "1048576 tokens" in replies["long-one"][2] and "max_model_len = 1024" in \
+        replies["long-one"][2]
+    assert replies["bad-one"][:2] == ("error", "invalid"), replies
+    assert "exactly one of" in replies["bad-one"][2]
+
+
 # ---- one user cannot hurt another ------------------------------------------------------------
 
 LONG_STOPS = ["x" * 59_999 + chr(65 + i) for i in range(16)]   # 960 KB, every limit kept
