@@ -42,7 +42,10 @@ def build_dir() -> Path:
 
 def extension_name(variant: str) -> str:
     digest = hashlib.sha256(SOURCE.read_bytes())
-    for part in (*VARIANTS[variant], torch.__version__, platform.machine()):
+    # A native build is for this CPU's features: on another CPU (a copied checkout) its
+    # name differs, so it is "not built" rather than an illegal instruction.
+    cpu = " ".join(sorted(_cpu_flags())) if variant == "native" else ""
+    for part in (*VARIANTS[variant], torch.__version__, platform.machine(), cpu):
         digest.update(b"\0" + part.encode())
     return f"folio_cpu_ops_{variant}_{digest.hexdigest()[:12]}"
 
@@ -96,16 +99,20 @@ def load() -> LoadStatus:
                              f"{build_dir()} (build it: python -m kernels.cpu_attention --build)")
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return set(next((line.split(":", 1)[1].split() for line in info
+                             if line.startswith(("flags", "Features"))), []))
+    except OSError:
+        return set()            # not Linux
+
+
 def _cpu_runs_x86_64_v3() -> bool:
     if not _X86:
         return True             # the portable build has no -march there
-    try:
-        with open("/proc/cpuinfo") as info:
-            flags = next((line.split(":", 1)[1].split() for line in info
-                          if line.startswith("flags")), [])
-    except OSError:
-        return True             # not Linux: trust the build
-    return _X86_64_V3_FLAGS <= set(flags)
+    flags = _cpu_flags()
+    return not flags or _X86_64_V3_FLAGS <= flags    # no /proc/cpuinfo: trust the build
 
 
 def paged_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor,
