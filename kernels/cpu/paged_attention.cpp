@@ -250,7 +250,7 @@ inline void transposed_scores(const float* q, const float* keys_t, float* scores
 
 // Many rows per KV head (prompt chunks): transpose the key tile once, then each row's scores
 // are a broadcast-FMA over the tile's positions instead of one horizontal sum per key.
-constexpr int64_t kTransposeRows = 4;
+constexpr int64_t kTransposeRows = 16;   // measured: dots win for decodes up to group 8
 
 template <typename T, int kD>
 void run_item(const Item& item, const Args& a, const Rows<const T>& query, const T* key_cache,
