@@ -125,10 +125,7 @@ class Executor:
                           self.config.max_num_seqs)
 
     def _max_model_len(self) -> int:
-        limit = self.model_config.max_position_embeddings
-        if self.model_config.sliding_window:
-            # Folio's attention is full attention: stay inside the window, where both agree.
-            limit = min(limit, self.model_config.sliding_window)
+        limit = self.model_config.context_limit
         wanted = self.config.max_model_len
         if wanted is None:
             return limit

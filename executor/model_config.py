@@ -41,6 +41,14 @@ class ModelConfig:
     sliding_window: int | None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
+    @property
+    def context_limit(self) -> int:
+        """The longest context served: Folio's attention is full attention, so a sliding
+        window model stays inside its window, where both agree."""
+        if self.sliding_window:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
         model_dir = Path(model_dir)

@@ -17,13 +17,14 @@ import os
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
 import zmq
 
 from scheduler.scheduler import Scheduler
 from shared import messages as m
-from shared.config import ExecutorCapacity, SchedulerConfig
+from shared.config import (CURVE_KEYS_HELP, SHUTDOWN_TIMEOUT_S, ExecutorCapacity,
+                           SchedulerConfig, SchedulingPolicy, SettingError, setting)
 from shared.outputs import EngineOutput, FinishReason
 from shared.security import load_keys, make_server, start_authenticator, stop_authenticator
 from shared.step import StepPlan
@@ -32,33 +33,56 @@ from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.scheduler")
 
-FRONTEND_TYPES = frozenset({"frontend_hello", "add", "abort", "stats_request", "heartbeat"})
+FRONTEND_TYPES = frozenset({"frontend_hello", "add", "abort", "stats_request", "heartbeat",
+                            "kv_map_request"})
 EXECUTOR_TYPES = frozenset({"executor_hello", "result", "executor_error", "heartbeat"})
 FRONTEND_HEARTBEAT_S = 0.5
 PROBE_WINDOW_S = 0.5   # after a disconnect on the executor socket, probe the executor this long
 FRONTEND_TIMEOUT_S = 10.0
 MAX_DROP_NOTICES = 64   # frontends whose drop notice waits for their next hello
 STATS_MAX_AGE_S = 0.1   # stats answers within this long of each other share one computation
+KV_MAP_MAX_AGE_S = 0.25   # the same for page maps (a walk of every block table)
 
 
 @dataclass(frozen=True)
-class SchedulerServiceConfig:
-    frontend_address: str
-    executor_address: str
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    preemption_mode: str = "recompute"
-    max_queued_requests: int | None = None   # refuse past this many waiting (queue full)
-    max_queued_tokens: int | None = None     # ... or past this many waiting prompt tokens
-    max_logprobs: int = 20
-    max_n: int = 64
-    executor_timeout_s: float = 2.0      # no heartbeat for this long: the executor is dead
-    step_timeout_s: float = 60.0         # a step unanswered this long: the executor is hung
-    shutdown_timeout_s: float = 30.0     # SIGTERM: running requests may finish this long
-    curve_keys: str | None = None        # CURVE keys directory: both sockets need the keys
-    async_scheduling: bool = True        # send plan N+1 before result N has arrived
+class SchedulerServiceConfig(SchedulingPolicy):
+    """The scheduling policy (shared with EngineConfig) plus this process's own settings;
+    `folio scheduler`'s flags are generated from these fields."""
+
+    frontend_address: str = setting(MISSING, "where frontends connect (this process binds it)")
+    executor_address: str = setting(MISSING, "where the executor connects (this process "
+                                    "binds it)")
+    max_queued_requests: int | None = setting(
+        None, "refuse new requests (queue full) past this many waiting (default: no limit)")
+    max_queued_tokens: int | None = setting(
+        None, "... or past this many prompt tokens waiting (default: no limit)")
+    executor_timeout_s: float = setting(
+        2.0, "seconds without an executor heartbeat before it is dead", "executor-timeout")
+    step_timeout_s: float = setting(
+        60.0, "seconds a step may take before the executor is declared hung", "step-timeout")
+    shutdown_timeout_s: float = setting(
+        SHUTDOWN_TIMEOUT_S, "on SIGTERM, seconds running requests may take to finish "
+        "before they are aborted", "shutdown-timeout")
+    curve_keys: str | None = setting(None, CURVE_KEYS_HELP)
+    async_scheduling: bool = setting(
+        True, "keep one step in flight: send the plan of step N+1 before the result of "
+        "step N arrives, hiding the hop")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("frontend_address", "executor_address"):
+            if not getattr(self, name):
+                raise SettingError(name, "must be an address, e.g. ipc:///run/folio/x.sock")
+        for name in ("max_queued_requests", "max_queued_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise SettingError(name, f"must be a positive integer, got {value!r}")
+        for name in ("executor_timeout_s", "step_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise SettingError(name, f"must be > 0 seconds, got {getattr(self, name)}")
+        if not self.shutdown_timeout_s >= 0:
+            raise SettingError("shutdown_timeout_s",
+                               f"must be >= 0 seconds, got {self.shutdown_timeout_s}")
 
 
 class SchedulerService:
@@ -99,6 +123,7 @@ class SchedulerService:
         self.drop_notices: dict[bytes, list[bytes]] = {}
         self.heartbeat_reply = m.encode_heartbeat(os.getpid())
         self.stats_reply: tuple[float, Scheduler | None, bytes] | None = None
+        self.kv_map_reply: tuple[float, Scheduler | None, bytes] | None = None
         self.last_broadcast = 0.0
         self.stopping = False
         self.draining_since: float | None = None   # first SIGTERM: refuse adds, let runs end
@@ -185,7 +210,7 @@ class SchedulerService:
         if frontend is not None:
             self._on_frontend_heartbeat(identity, frontend.encode())
             return
-        if msg_type != "stats_request" or identity in self.frontends:
+        if msg_type not in ("stats_request", "kv_map_request") or identity in self.frontends:
             # A health probe asking for stats is answered but not counted as a frontend.
             self.frontends[identity] = time.monotonic()
         if msg_type == "add":
@@ -201,6 +226,8 @@ class SchedulerService:
                 self._send_frontend(identity, notice)
         elif msg_type == "stats_request":
             self._send_frontend(identity, self._stats_reply())
+        elif msg_type == "kv_map_request":
+            self._send_frontend(identity, self._kv_map_reply())
 
     def _stats_reply(self) -> bytes:
         """A flood of stats requests (health checks, scrapes) costs one stats() walk per
@@ -209,6 +236,16 @@ class SchedulerService:
         cached = self.stats_reply
         if cached is None or now - cached[0] > STATS_MAX_AGE_S or cached[1] is not self.scheduler:
             cached = self.stats_reply = (now, self.scheduler, m.encode_stats(self.stats()))
+        return cached[2]
+
+    def _kv_map_reply(self) -> bytes:
+        """Like _stats_reply: one page-map walk per KV_MAP_MAX_AGE_S however many ask."""
+        now = time.monotonic()
+        cached = self.kv_map_reply
+        if (cached is None or now - cached[0] > KV_MAP_MAX_AGE_S
+                or cached[1] is not self.scheduler):
+            snapshot = self.scheduler.kv_map() if self.scheduler is not None else None
+            cached = self.kv_map_reply = (now, self.scheduler, m.encode_kv_map(snapshot))
         return cached[2]
 
     def _add(self, identity: bytes, request_id: str, prompt: list[int], params) -> None:
@@ -367,25 +404,23 @@ class SchedulerService:
             log.warning("ignored a hello from %r: executor %d is attached and alive",
                         identity, self.executor_pid)
             return
+        try:   # validated before start; a hello from elsewhere may still not fit
+            config = SchedulerConfig.from_engine(self.config, capacity)
+        except ValueError as error:
+            log.error("refused executor %d: its capacity makes an invalid configuration: %s",
+                      pid, error)
+            if identity == self.executor_id:   # the attached one reset: it is gone too
+                self._fail_all("the executor restarted with an invalid configuration")
+                self.scheduler = self.executor_id = None
+                self._broadcast_info()
+            return
         if self.scheduler is not None:
             self._fail_all("the executor restarted")
         self.executor_id, self.executor_pid = identity, pid
         self.executor_seen = time.monotonic()
         self.capacity = capacity
         self.last_sent_step = self.stale_through = -1   # a new scheduler counts from 0
-        self.scheduler = Scheduler(SchedulerConfig(
-            num_kv_blocks=capacity.num_kv_blocks, block_size=capacity.block_size,
-            max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=self.config.max_num_batched_tokens,
-            max_model_len=capacity.max_model_len,
-            enable_chunked_prefill=self.config.enable_chunked_prefill,
-            eos_token_ids=capacity.eos_token_ids, vocab_size=capacity.vocab_size,
-            enable_prefix_caching=self.config.enable_prefix_caching,
-            preemption_mode=self.config.preemption_mode,
-            num_swap_blocks=capacity.num_swap_blocks, bytes_per_block=capacity.bytes_per_block,
-            prefill_tokens_per_s=capacity.prefill_tokens_per_s,
-            swap_bytes_per_s=capacity.swap_bytes_per_s,
-            max_logprobs=self.config.max_logprobs, max_n=self.config.max_n))
+        self.scheduler = Scheduler(config)
         log.info("executor %d attached: %d KV blocks of %d tokens, max_model_len %d", pid,
                  capacity.num_kv_blocks, capacity.block_size, capacity.max_model_len)
         self._broadcast_info()

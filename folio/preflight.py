@@ -1,0 +1,95 @@
+"""Settings checked before any process starts (or any weight is read): the model directory
+(config.json, architecture, safetensors headers) and the scheduler's constraints that need
+the checkpoint's context limit. Each problem is a SettingError naming the setting."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from executor.model_config import ModelConfig
+from shared.config import EngineConfig, ExecutorCapacity, SchedulerConfig, SettingError
+
+_MAX_HEADER = 100 * 2**20   # safetensors' own limit on the JSON header
+
+
+def check_model_dir(model: str) -> ModelConfig:
+    path = Path(model)
+    if not path.is_dir():
+        raise SettingError("model", f"{model}: no such directory")
+    try:
+        config = ModelConfig.from_dir(path)
+    except FileNotFoundError as error:
+        raise SettingError("model", f"{model}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise SettingError("model", f"{model}: config.json is not valid JSON ({error})") \
+            from None
+    except KeyError as error:
+        raise SettingError("model", f"{model}: config.json lacks {error}") from None
+    except (ValueError, TypeError) as error:
+        raise SettingError("model", f"{model}: {error}") from None
+    for file in _weight_files(path):
+        _check_safetensors(model, file)
+    return config
+
+
+def check_engine(config: EngineConfig) -> ModelConfig:
+    """Everything about `config` that can be known without loading weights."""
+    model_config = check_model_dir(config.model)
+    if not config.skip_tokenizer_init and not Path(config.tokenizer_path).is_dir():
+        raise SettingError("tokenizer", f"{config.tokenizer_path}: no such directory")
+    limit = model_config.context_limit
+    if config.max_model_len is not None and config.max_model_len > limit:
+        raise SettingError("max_model_len", f"({config.max_model_len}) is larger than the "
+                           f"model supports ({limit})")
+    # The same checks the scheduler makes at the executor's hello; the pool's size is not
+    # known yet (one block stands in for it).
+    SchedulerConfig.from_engine(config, ExecutorCapacity(
+        num_kv_blocks=config.num_kv_blocks or 1, block_size=config.block_size,
+        max_model_len=config.max_model_len or limit, vocab_size=model_config.vocab_size,
+        eos_token_ids=model_config.eos_token_ids))
+    return model_config
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise SettingError("model", f"{model_dir}: unreadable {index.name} ({error})") \
+                from None
+        return [model_dir / name for name in names]
+    if (model_dir / "model.safetensors").is_file():
+        return [model_dir / "model.safetensors"]
+    raise SettingError("model", f"{model_dir}: no model.safetensors or "
+                       "model.safetensors.index.json")
+
+
+def _check_safetensors(model: str, file: Path) -> None:
+    """The header parses and every tensor's bytes lie inside the file."""
+    problem = f"{model}: {file.name} is not a readable safetensors file"
+    try:
+        size = file.stat().st_size
+        with file.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if not 2 <= length <= min(_MAX_HEADER, size - 8):
+                raise SettingError("model", f"{problem} (header length {length})")
+            header = json.loads(handle.read(length))
+    except (OSError, struct.error, ValueError) as error:
+        if isinstance(error, SettingError):
+            raise
+        raise SettingError("model", f"{problem} ({error})") from None
+    if not isinstance(header, dict):
+        raise SettingError("model", f"{problem} (header is not a JSON object)")
+    try:
+        end = max((int(entry["data_offsets"][1]) for name, entry in header.items()
+                   if name != "__metadata__"), default=0)
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise SettingError("model", f"{problem} (a tensor entry has no data_offsets)") \
+            from None
+    if 8 + length + end > size:
+        raise SettingError("model", f"{problem} (truncated: {size} bytes, tensors need "
+                           f"{8 + length + end})")
