@@ -35,7 +35,7 @@ from shared.wire import ProtocolError
 log = logging.getLogger("folio.frontend")
 
 SCHEDULER_TYPES = frozenset({"engine_info", "outputs", "rejected", "stats", "error",
-                             "frontend_dropped"})
+                             "frontend_dropped", "kv_map"})
 SCHEDULER_TIMEOUT_S = 3.0   # no answer to a heartbeat for this long: the scheduler is hung
 HEARTBEAT_S = 0.5
 STALL_S = 1.0   # the watch loop turns every 0.2 s: a longer gap means this process stalled
@@ -108,6 +108,7 @@ class EngineClient:
         self.scheduler_seen = 0.0   # last message read on the event loop
         self.link_down_at = -1.0    # last DISCONNECTED of the scheduler socket
         self.stats_waiters: list[asyncio.Future] = []
+        self.kv_map_waiters: list[asyncio.Future] = []
         self.observers: list[Any] = []   # metrics: called with (event, request, **details)
         self.draining = False            # shutting down: gateways refuse new requests
 
@@ -208,6 +209,20 @@ class EngineClient:
         except asyncio.TimeoutError:
             return {}
 
+    async def kv_map(self, timeout: float = 1.0) -> dict[str, Any] | None:
+        """The scheduler's page map (shared like stats); None: no executor or no answer."""
+        if not self.scheduler_alive:
+            return None
+        waiter = asyncio.get_running_loop().create_future()
+        if not any(not w.done() for w in self.kv_map_waiters):
+            self.kv_map_waiters = []
+            self._send(m.pack("kv_map_request", {}))
+        self.kv_map_waiters.append(waiter)
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            return None
+
     # ---- from the scheduler -------------------------------------------------------------
 
     async def _scheduler_loop(self) -> None:
@@ -225,6 +240,12 @@ class EngineClient:
                     self._fail(body.str("id"), body.str("code", 32), body.str("message", 4000))
                 elif msg_type == "frontend_dropped":
                     self._on_dropped(*m.decode_frontend_dropped(body))
+                elif msg_type == "kv_map":
+                    snapshot = m.decode_kv_map(body)
+                    waiters, self.kv_map_waiters = self.kv_map_waiters, []
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_result(snapshot)
                 elif msg_type == "stats":
                     stats = body.map("stats")
                     waiters, self.stats_waiters = self.stats_waiters, []

@@ -117,6 +117,8 @@ class ZmqGateway:
                 self.early_aborts.add((client, client_id))
         elif msg_type == "health":
             asyncio.create_task(self._on_health(client, body.str("id")))
+        elif msg_type == "kv_map":
+            asyncio.create_task(self._on_kv_map(client, body.str("id")))
 
     def _bad_message(self, client: bytes, client_id: str, error: ProtocolError) -> None:
         log.warning("bad client message: %s", error)
@@ -224,6 +226,9 @@ class ZmqGateway:
             "draining": self.engine.draining,
             "scheduler": self.engine.scheduler_alive, "executor": self.engine.engine_alive,
             "frontend_id": self.engine.frontend_id, "stats": stats}))
+
+    async def _on_kv_map(self, client: bytes, client_id: str) -> None:
+        self.reply(client, m.encode_kv_map(await self.engine.kv_map(), client_id))
 
     def forget(self, client: bytes, client_id: str) -> None:
         self.by_client.pop((client, client_id), None)

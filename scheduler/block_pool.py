@@ -55,6 +55,14 @@ class BlockPool:
     def block_hash(self, block_id: int) -> bytes | None:
         return self._hash_of[block_id]
 
+    def ref_counts(self) -> list[int]:
+        return list(self._ref_counts)
+
+    def cached_free_ids(self) -> list[int]:
+        """Unreferenced blocks whose contents the prefix cache can still find."""
+        refs = self._ref_counts
+        return [block_id for block_id in self._cached.values() if refs[block_id] == 0]
+
     # ---- allocation ---------------------------------------------------------------------
 
     def allocate(self, count: int) -> list[int]:

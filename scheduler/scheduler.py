@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from scheduler.block_pool import BlockPool
 from scheduler.kv_manager import KVCacheManager
+from scheduler.kv_map import build_kv_map
 from scheduler.preemption import should_swap
 from scheduler.request import Request, RequestStatus
 from scheduler.stop import finish_reason_after_token
@@ -254,6 +255,10 @@ class Scheduler:
             "steps": self._next_step,
             **self.counters,
         }
+
+    def kv_map(self) -> dict:
+        """Every block's state and owner, every request's table (scheduler/kv_map.py)."""
+        return build_kv_map(self)
 
     def kv_slot_utilization(self) -> float:
         """Fraction of the slots in used blocks that hold a computed token."""

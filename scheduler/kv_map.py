@@ -1,0 +1,129 @@
+"""A snapshot of the KV cache's pages, cheap enough to take every second under load.
+
+Per block: state ("F" free, "U" used, "C" cached-free), reference count, slots holding a
+token, and its owner (an index into `requests`; a shared block lists all of its owners in
+`shared`). Per request: its block table in reading order, progress and state. Block ids and
+request ids only, never token ids. The cost is a few list copies of the pool's length plus
+one pass over the block tables of the requests holding blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from scheduler.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from scheduler.scheduler import Scheduler
+
+MAX_LISTED_QUEUED = 256      # waiting (and forking) requests listed; the rest only counted
+MAX_MAP_BLOCKS = 1 << 22     # a larger pool is sent without its per-block arrays
+
+
+def _state(request: Request) -> str:
+    if request.status is RequestStatus.WAITING and request.num_preemptions:
+        return "preempted"
+    return request.status.value
+
+
+def build_kv_map(scheduler: Scheduler) -> dict[str, Any]:
+    config = scheduler.config
+    size = config.block_size
+    pool, swap_pool = scheduler.pool, scheduler.swap_pool
+    now = time.monotonic()
+    waiting = list(scheduler.waiting)[:MAX_LISTED_QUEUED]
+    forking = [child for owner in (*scheduler.running, *waiting) for child in owner.fork_children]
+    listed = [*scheduler.running, *scheduler.swapped, *waiting,
+              *forking[:MAX_LISTED_QUEUED]]
+    index = {id(request): i for i, request in enumerate(listed)}
+
+    n = pool.num_blocks
+    state = bytearray(b"F") * n
+    fill = [0] * n
+    owner = [-1] * n
+    shared: dict[int, list[int]] = {}
+    filled = 0
+    for i, request in enumerate(scheduler.running):
+        computed = request.num_computed_tokens
+        for position, block_id in enumerate(request.block_ids):
+            tokens = min(size, max(0, computed - position * size))
+            if owner[block_id] < 0:
+                owner[block_id] = i
+                state[block_id] = 85   # "U"
+                filled += tokens
+            else:
+                shared.setdefault(block_id, [owner[block_id]]).append(i)
+                filled += max(0, tokens - fill[block_id])
+            fill[block_id] = max(fill[block_id], tokens)
+    cached = pool.cached_free_ids()
+    for block_id in cached:
+        state[block_id] = 67   # "C": only full blocks are ever registered
+        fill[block_id] = size
+
+    swap_n = swap_pool.num_blocks
+    swap_state = bytearray(b"F") * swap_n
+    swap_fill = [0] * swap_n
+    swap_owner = [-1] * swap_n
+    for request in scheduler.swapped:
+        computed = request.num_computed_tokens
+        for position, block_id in enumerate(request.cpu_block_ids):
+            swap_state[block_id] = 85
+            swap_fill[block_id] = min(size, max(0, computed - position * size))
+            swap_owner[block_id] = index[id(request)]
+
+    used = pool.num_used
+    counts = {"total": n, "used": used, "cached": len(cached),
+              "free": n - used - len(cached), "shared": len(shared),
+              "slots_filled": filled,
+              "slot_utilization": filled / (used * size) if used else 1.0,
+              "swap_total": swap_n, "swap_used": swap_n - swap_pool.num_free,
+              "running": len(scheduler.running), "swapped": len(scheduler.swapped),
+              "waiting": len(scheduler.waiting) + sum(
+                  len(r.fork_children) for r in scheduler.waiting),
+              "requests": len(scheduler.requests)}
+    snapshot: dict[str, Any] = {
+        "block_size": size, "num_blocks": n, "max_model_len": config.max_model_len,
+        "step": scheduler._next_step,   # steps planned so far, as stats()["steps"]
+        "requests": [_request(r, now) for r in listed],
+        "running": list(range(len(scheduler.running))),
+        "swapped": [index[id(r)] for r in scheduler.swapped],
+        "waiting": [index[id(r)] for r in waiting],
+        "shared": [[block_id, owners] for block_id, owners in shared.items()],
+        "totals": counts,
+        "contiguous": contiguous(scheduler, listed),
+    }
+    if n <= MAX_MAP_BLOCKS:
+        snapshot["blocks"] = {"state": state.decode(), "ref": pool.ref_counts(),
+                              "fill": fill, "owner": owner}
+    if swap_n <= MAX_MAP_BLOCKS:
+        snapshot["swap"] = {"state": swap_state.decode(), "fill": swap_fill,
+                            "owner": swap_owner}
+    return snapshot
+
+
+def _request(request: Request, now: float) -> dict[str, Any]:
+    age = now - request.arrival_time
+    return {"id": request.request_id, "state": _state(request),
+            "blocks": list(request.block_ids), "swap_blocks": list(request.cpu_block_ids),
+            "computed": request.num_computed_tokens, "tokens": request.num_tokens,
+            "prompt_tokens": len(request.prompt_token_ids),
+            "max_tokens": request.sampling.max_tokens,
+            "preemptions": request.num_preemptions,
+            "wait_s": round(age if request.queue_s is None else request.queue_s, 4),
+            "age_s": round(age, 4)}
+
+
+def contiguous(scheduler: Scheduler, listed: list[Request]) -> dict[str, Any]:
+    """What reserving max_model_len slots per request, in one piece, would need for the same
+    requests: the layout the paged cache replaces."""
+    config = scheduler.config
+    size, reserve = config.block_size, config.max_model_len
+    per_request = -(-reserve // size)
+    fits = config.num_kv_blocks // per_request
+    held = [min(r.num_tokens, reserve) for r in listed[:fits]]
+    total = len(scheduler.requests)
+    return {"reserve_tokens": reserve, "blocks_per_request": per_request,
+            "requests": total, "blocks_needed": total * per_request, "fits": fits,
+            "slots_filled": sum(held),
+            "slot_utilization": sum(held) / (len(held) * reserve) if held else 1.0}
