@@ -141,7 +141,8 @@ def main() -> None:
     status = load()
     print(f"CPU attention operator: {status.detail}" if status.ok else
           f"CPU attention operator unavailable: {status.detail}")
-    raise SystemExit(0 if status.ok else 1)
+    # A portable build may be made on a machine that cannot load it (an image's builder).
+    raise SystemExit(0 if status.ok or args.build else 1)
 
 
 if __name__ == "__main__":
