@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,20 +19,49 @@ from frontend.openai_protocol import (ApiError, chat_messages, completion_prompt
 from frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
 from shared.sampling_params import SamplingParams, check_against_model
 
+log = logging.getLogger("folio.frontend")
+# Steps per sample a stream's unread events may pile up before its reader counts as gone.
+STREAM_BACKLOG_STEPS = 128
+
+
+class _Backlog:
+    """A job's queue of engine events. A stream whose reader falls more than `limit` events
+    behind is aborted (its blocks freed) and ends with a `slow_reader` error: the frontend
+    never buffers more than that for a client that does not read."""
+
+    def __init__(self, engine: EngineClient, queue: asyncio.Queue, limit: int | None) -> None:
+        self.engine, self.queue, self.limit = engine, queue, limit
+        self.request_ids: list[str] = []
+        self.overflowed = False
+
+    def put(self, item: tuple) -> None:
+        if self.overflowed:
+            return
+        if self.limit is not None and self.queue.qsize() >= self.limit:
+            self.overflowed = True
+            log.warning("aborting stream %s: its client fell %d events behind",
+                        ",".join(self.request_ids), self.limit)
+            for request_id in self.request_ids:
+                self.engine.abort(request_id)
+            item = ("error", "slow_reader", f"the client fell more than {self.limit} events "
+                    "behind the stream; the request was aborted")
+        self.queue.put_nowait(item)
+
+
 class _QueueSink:
     """Engine events for one submitted prompt, as ("delta"|"final"|"error", ...) items."""
 
-    def __init__(self, queue: asyncio.Queue, offset: int) -> None:
-        self.queue, self.offset = queue, offset
+    def __init__(self, backlog: _Backlog, offset: int) -> None:
+        self.backlog, self.offset = backlog, offset
 
     def delta(self, index, text, token_ids, logprobs) -> None:
-        self.queue.put_nowait(("delta", self.offset + index, text, token_ids, logprobs))
+        self.backlog.put(("delta", self.offset + index, text, token_ids, logprobs))
 
     def final(self, result: FinalResult) -> None:
-        self.queue.put_nowait(("final", self.offset, result))
+        self.backlog.put(("final", self.offset, result))
 
     def error(self, code: str, message: str) -> None:
-        self.queue.put_nowait(("error", code, message))
+        self.backlog.put(("error", code, message))
 
 
 @dataclass
@@ -59,7 +89,7 @@ def _deadline(body: dict[str, Any]) -> float | None:
 
 
 async def _submit(engine: EngineClient, prompts: list[list[int]], params: SamplingParams,
-                  body: dict[str, Any]) -> _Job:
+                  body: dict[str, Any], stream: bool) -> _Job:
     deadline = _deadline(body)
     stops = await engine.stop_strings(params)   # once for every prompt and sample
     if engine.draining:
@@ -68,9 +98,13 @@ async def _submit(engine: EngineClient, prompts: list[list[int]], params: Sampli
         raise ApiError(503, f"the engine is unavailable: {engine.dead_reason()}",
                        code="engine_unavailable")
     queue: asyncio.Queue = asyncio.Queue()
-    ids = [engine.submit(p, params, _QueueSink(queue, i * params.n), deadline, stops)
-           for i, p in enumerate(prompts)]
-    return _Job(engine, queue, ids, prompts, params.n)
+    # A non-streaming job's events are read as they come; a stream's wait for its client.
+    backlog = _Backlog(engine, queue,
+                       STREAM_BACKLOG_STEPS * len(prompts) * params.n if stream else None)
+    for i, p in enumerate(prompts):
+        backlog.request_ids.append(
+            engine.submit(p, params, _QueueSink(backlog, i * params.n), deadline, stops))
+    return _Job(engine, queue, backlog.request_ids, prompts, params.n)
 
 
 def _tokenize(tokenizer: Any, prompts: list[str | list[int]]) -> list[list[int]]:
@@ -123,6 +157,8 @@ def _error_from_engine(code: str, message: str) -> ApiError:
         return ApiError(408, message, code="request_timeout", error_type="timeout_error")
     if code == "shutting_down":
         return ApiError(503, message, code="shutting_down")
+    if code == "slow_reader":
+        return ApiError(429, message, code="slow_reader", error_type="rate_limit_error")
     return ApiError(400, message)
 
 
@@ -224,7 +260,7 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
     ids = await engine.prep.run(chars, _tokenize, engine.tokenizer, prompts)
     for one in ids:
         _check(engine, one, params, "prompt", score_only)
-    job = await _submit(engine, ids, params, body)
+    job = await _submit(engine, ids, params, body, options.stream)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if options.stream:
@@ -319,7 +355,7 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
     except ValueError as error:
         raise invalid(str(error), "messages") from None
     _check(engine, ids, params, "messages")
-    job = await _submit(engine, [ids], params, body)
+    job = await _submit(engine, [ids], params, body, options.stream)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if options.stream:

@@ -1,0 +1,213 @@
+"""Reliability III (issue 20): SDK routing that ids cannot cross, request bodies and SSE
+backlogs that cannot grow the frontend without bound, an API key that never shows in `ps`,
+and browser-facing refusals.
+
+One `folio serve` with the HTTP API, its key from a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from folio import SamplingParams
+from folio.client import AsyncClient, Client
+from folio.errors import RequestRejected
+from tests.http_server import HttpServer
+
+pytestmark = pytest.mark.slow
+KEY = "sk-reliability-iii-secret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, llama_dir):
+    run_dir = tmp_path_factory.mktemp("rel3")
+    key_file = run_dir / "api.key"
+    key_file.write_text(KEY + "\n")
+    srv = HttpServer(llama_dir, run_dir, "--api-key-file", str(key_file),
+                     "--num-kv-blocks", "512")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            found += [int(child), *_children(int(child))]
+    return found
+
+
+def _frontend_pid(server) -> int:
+    for pid in _children(server.proc.pid):
+        if b"frontend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError("no frontend child")
+
+
+def _idle_stats(server, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    with Client(server.zmq_address) as client:
+        while True:
+            stats = client.health()["stats"]
+            if (stats["kv_blocks_free"] == stats["kv_blocks_total"]
+                    and stats["num_running"] == stats["num_waiting"] == 0):
+                return stats
+            if time.monotonic() > deadline:
+                return stats
+            time.sleep(0.1)
+
+
+def _wait_running(server, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with Client(server.zmq_address) as client:
+        while client.health()["stats"]["num_running"] == 0:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.05)
+
+
+# ---- the SDK's routing ---------------------------------------------------------------------
+
+def test_a_reused_request_id_never_gets_the_abandoned_calls_output(server):
+    old_prompt, new_prompt = [7] * 30, [11, 22, 33, 44, 55]
+    with Client(server.zmq_address) as client:
+        expected = client.generate(new_prompt, SamplingParams(max_tokens=6, **GREEDY))
+        for _ in range(20):
+            stream = client.stream(old_prompt, SamplingParams(max_tokens=500, **GREEDY),
+                                   request_id="dup")
+            next(iter(stream))
+            stream.close()   # abandoned: its abort and final are still on their way
+            result = client.generate(new_prompt, SamplingParams(max_tokens=6, **GREEDY),
+                                     request_id="dup")
+            assert result.request_id == "dup"
+            assert (result.finish_reason, result.token_ids) == ("length", expected.token_ids)
+    assert _idle_stats(server)["kv_blocks_free"] == 512
+
+
+def test_reusing_a_running_id_is_refused_and_the_running_call_goes_on(server):
+    async def run():
+        async with AsyncClient(server.zmq_address) as client:
+            stream = client.stream([5] * 10, SamplingParams(max_tokens=40, **GREEDY),
+                                   request_id="busy")
+            first = await stream.__anext__()
+            with pytest.raises(RequestRejected, match="already running"):
+                await client.generate([1, 2], SamplingParams(max_tokens=2), request_id="busy")
+            rest = [delta async for delta in stream]
+            return len(first.token_ids) + sum(len(d.token_ids) for d in rest)
+
+    assert asyncio.run(run()) == 40
+
+
+# ---- request bodies ------------------------------------------------------------------------
+
+def _hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def _raw_post(server, head: bytes, chunks, timeout: float = 30.0) -> bytes:
+    """Send a request (stopping when the server closes), then read what it answered."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
+        try:
+            sock.sendall(head)
+            for chunk in chunks:
+                sock.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = b""
+        try:
+            while b"\r\n\r\n" not in answer:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                answer += data
+        except ConnectionResetError:
+            pass
+        return answer
+
+
+def test_a_huge_chunked_body_is_refused_without_being_read(server):
+    pid = _frontend_pid(server)
+    before = _hwm_kib(pid)
+    megabyte = b"a" * 2**20
+    body = (b"%x\r\n" % len(megabyte) + megabyte + b"\r\n" for _ in range(256))
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}"
+            "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    answer = _raw_post(server, head, body)
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert _hwm_kib(pid) - before < 128 * 1024   # the 256 MiB body was never held
+    assert httpx.get(f"{server.base}/v1/models", headers=AUTH).status_code == 200
+
+
+def test_a_content_length_over_the_limit_is_refused_before_the_body(server):
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}"
+            f"\r\nContent-Type: application/json\r\nContent-Length: {2**30}\r\n\r\n").encode()
+    answer = _raw_post(server, head, [], timeout=20)   # no body sent: no waiting for it
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"exceeds" in answer
+
+
+# ---- a stream that is never read -----------------------------------------------------------
+
+def test_a_stream_never_read_is_aborted_and_its_blocks_freed(server):
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                       "n": 16, "max_tokens": 900, "logprobs": True, "top_logprobs": 20,
+                       "ignore_eos": True}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            f"{KEY}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a small window
+        sock.settimeout(60)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(head + body)
+        _wait_running(server)
+        stats = _idle_stats(server, timeout=240)   # while nothing of the stream is read
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == 512, stats
+        received = b""
+        while not received.endswith(b"0\r\n\r\n"):
+            data = sock.recv(2**20)
+            if not data:
+                break
+            received += data
+    events = [line for line in received.split(b"\n") if line.startswith(b"data: ")]
+    assert b"[DONE]" not in received
+    assert b'"slow_reader"' in events[-1]
+    assert len(events) < 16 * 900   # it did not run to the end
+
+
+# ---- the API key and browsers --------------------------------------------------------------
+
+def test_the_api_key_is_on_no_command_line(server):
+    pids = [server.proc.pid, *_children(server.proc.pid)]
+    assert len(pids) >= 4   # serve, scheduler, executor, frontend
+    for pid in pids:
+        assert KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+    assert httpx.get(f"{server.base}/v1/models", headers=AUTH).status_code == 200
+    assert httpx.get(f"{server.base}/v1/models").status_code == 401
+
+
+def test_no_openapi_schema_and_no_text_plain_posts(server):
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        assert httpx.get(f"{server.base}{path}").status_code == 404
+    body = json.dumps({"prompt": "hi", "max_tokens": 2})
+    refused = httpx.post(f"{server.base}/v1/completions", content=body,
+                         headers={**AUTH, "Content-Type": "text/plain"})
+    assert refused.status_code == 415
+    assert refused.json()["error"]["code"] == "unsupported_media_type"
+    served = httpx.post(f"{server.base}/v1/completions", content=body,
+                        headers={**AUTH, "Content-Type": "application/json"})
+    assert served.status_code == 200
