@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from kernels import cpu_attention, reference
+from kernels import cpu_attention, cpu_fused, reference
 
 log = logging.getLogger("folio.executor")
 
@@ -31,6 +31,7 @@ class KernelOps:
     rms_norm: Callable[..., Any]
     rotary: Callable[..., Any]
     reshape_and_cache: Callable[..., Any]
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionInputs, float],
                         torch.Tensor]
     prepare: Callable[[AttentionInputs, int], AttentionInputs]
@@ -52,6 +53,7 @@ TORCH_OPS = KernelOps(
     rms_norm=reference.rms_norm_ref,
     rotary=reference.rotary_ref,
     reshape_and_cache=reference.reshape_and_cache_ref,
+    silu_and_mul=reference.silu_and_mul_ref,
     attention=_torch_attention,
     prepare=_torch_prepare,
 )
@@ -70,20 +72,23 @@ def triton_ops() -> KernelOps:
         return kernels.fused_add_rms_norm(x, residual, weight, eps)
 
     return KernelOps(name="triton", rms_norm=rms_norm, rotary=kernels.rotary_embedding,
-                     reshape_and_cache=kernels.reshape_and_cache, attention=attention,
+                     reshape_and_cache=kernels.reshape_and_cache,
+                     silu_and_mul=reference.silu_and_mul_ref, attention=attention,
                      prepare=lambda inputs, block_size: inputs)
 
 
 def cpu_ops() -> KernelOps:
-    """The C++ paged attention (reads the cache blocks in place); the rest from the references."""
+    """The C++ operators: paged attention reading the cache blocks in place, fused RMSNorm
+    (+ residual), rotary and SiLU-and-mul; the cache write from the reference."""
 
     def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale):
         return cpu_attention.paged_attention_cpu(query, key_cache, value_cache,
                                                  inputs.block_tables, inputs.seq_lens,
                                                  inputs.query_start_loc, scale)
 
-    return KernelOps(name="cpu", rms_norm=reference.rms_norm_ref, rotary=reference.rotary_ref,
-                     reshape_and_cache=reference.reshape_and_cache_ref, attention=attention,
+    return KernelOps(name="cpu", rms_norm=cpu_fused.rms_norm_cpu, rotary=cpu_fused.rotary_cpu,
+                     reshape_and_cache=reference.reshape_and_cache_ref,
+                     silu_and_mul=cpu_fused.silu_and_mul_cpu, attention=attention,
                      prepare=lambda inputs, block_size: inputs)
 
 

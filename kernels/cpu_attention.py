@@ -1,4 +1,4 @@
-"""The CPU paged-attention operator (kernels/cpu/paged_attention.cpp): build, load, call.
+"""The CPU operators (kernels/cpu/: paged attention, fused norm/rotary/SiLU): build, load, call.
 
 It is built once at setup time (`python -m kernels.cpu_attention --build`, run by
 scripts/setup.sh) into $FOLIO_CPU_OPS_DIR, else `.folio-cache/cpu-ops/` beside this package.
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
+SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp")
 # -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
 # already loaded). ISO C++ mode turns FMA contraction off; the kernel wants it.
 _FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")
@@ -41,7 +42,7 @@ def build_dir() -> Path:
 
 
 def extension_name(variant: str) -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
     # A native build is for this CPU's features: on another CPU (a copied checkout) its
     # name differs, so it is "not built" rather than an illegal instruction.
     cpu = " ".join(sorted(_cpu_flags())) if variant == "native" else ""
@@ -62,7 +63,7 @@ def build(variant: str = "native", verbose: bool = False) -> Path:
     name = extension_name(variant)
     directory = build_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(name, [str(SOURCE)], extra_cflags=list(VARIANTS[variant]),
+    cpp_extension.load(name, [str(source) for source in SOURCES], extra_cflags=list(VARIANTS[variant]),
                        extra_ldflags=["-fopenmp"], build_directory=str(directory),
                        is_python_module=False,
                        verbose=verbose)
@@ -82,8 +83,9 @@ class LoadStatus:
 @functools.cache
 def load() -> LoadStatus:
     """Load a prebuilt library for this source and torch; never compiles."""
-    if not SOURCE.exists():
-        return LoadStatus(False, f"{SOURCE} is missing")
+    missing = [str(source) for source in SOURCES if not source.exists()]
+    if missing:
+        return LoadStatus(False, f"{', '.join(missing)} missing")
     for variant in VARIANTS:
         path = library_path(variant)
         if path.exists() and variant == "portable" and not _cpu_runs_x86_64_v3():

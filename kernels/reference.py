@@ -185,6 +185,12 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return normed if residual is None else (normed, residual)
 
 
+def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """The gated MLP's activation: silu(gate) * up for gate_up = [gate | up] on the last dim."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def rotary_ref(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Neox-style rotary embedding. query [T, H, D], key [T, Hkv, D];

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from executor.model_config import ModelConfig
 from executor.ops import AttentionInputs, KernelOps
@@ -56,17 +55,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
         super().__init__()
-        self.intermediate = config.intermediate_size
+        self.ops = ops
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size,
                                       bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size,
                                    bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -75,7 +73,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.self_attn = Attention(config, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, ops)
 
     def forward(self, positions, hidden, residual, cos_sin, kv_cache, inputs):
         if residual is None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import platform
 import random
 
 import pytest
@@ -22,22 +21,7 @@ BF16_TOLERANCE = 1.6e-2      # what the Triton tests allow bf16 (about 3x its ro
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def built_operator():
-    """setup.sh builds the operator; build it here if it is missing, and fail (not skip)
-    on the platform CI runs on when it cannot be built."""
-    status = cpu_attention.load()
-    if not status.ok:
-        try:
-            cpu_attention.build()
-        except Exception as exc:  # noqa: BLE001 -- any build failure is reported the same way
-            status = cpu_attention.LoadStatus(False, f"{status.detail}; building failed: {exc}")
-        else:
-            status = cpu_attention.load()
-    if not status.ok:
-        if platform.system() == "Linux" and platform.machine() == "x86_64":
-            pytest.fail(f"the CPU attention operator is unavailable: {status.detail}")
-        pytest.skip(f"the CPU attention operator is unavailable here: {status.detail}")
+pytestmark = pytest.mark.usefixtures("cpu_ops_built")
 
 
 def random_seqs(rng: random.Random, count: int, block_size: int) -> list[tuple[int, int]]:
