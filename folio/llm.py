@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from folio.engine import InProcessEngine
+from folio.preflight import check_engine
 from frontend.tokenizer import load_tokenizer
 from shared.config import EngineConfig
 from frontend.output_text import OutputText
@@ -22,6 +23,7 @@ class LLM:
 
             model = str(default_model_path())
         self.config = EngineConfig(model=str(model), **engine_args)
+        check_engine(self.config)   # a SettingError (ValueError) before any weight is read
         self.engine = InProcessEngine(self.config)
         self.tokenizer = None if self.config.skip_tokenizer_init \
             else load_tokenizer(self.config.tokenizer_path)
