@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import resource
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +24,7 @@ import pytest
 from folio import SamplingParams
 from folio.client import AsyncClient, Client
 from folio.errors import RequestRejected
-from tests.http_server import HttpServer
+from tests.http_server import ROOT, HttpServer, free_port
 
 pytestmark = pytest.mark.slow
 KEY = "sk-reliability-iii-secret"
@@ -187,6 +192,66 @@ def test_a_stream_never_read_is_aborted_and_its_blocks_freed(server):
     assert b"[DONE]" not in received
     assert b'"slow_reader"' in events[-1]
     assert len(events) < 16 * 900   # it did not run to the end
+
+
+# ---- descriptors ---------------------------------------------------------------------------
+
+FD_LIMIT = 256
+
+
+def _low_fd_limit() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+
+def _http_health(port: int) -> int:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
+    except httpx.HTTPError:
+        return -1
+
+
+def test_silent_connections_past_the_descriptor_limit_are_refused_not_fatal(
+        server, llama_dir, tmp_path):
+    deadline = time.monotonic() + 60
+    while not (found := re.search(r"run directory:\s+(\S+)", server.log.read_text())):
+        assert time.monotonic() < deadline, "no banner"
+        time.sleep(0.2)
+    run_dir = found.group(1)
+    port, address = free_port(), f"ipc://{tmp_path}/client.sock"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(   # a second frontend on the same scheduler, few descriptors
+        [sys.executable, "-m", "folio", "frontend", "--model", str(llama_dir),
+         "--client-address", address, "--port", str(port),
+         "--scheduler-address", f"ipc://{run_dir}/scheduler-frontends.sock"],
+        cwd=ROOT, env=env, preexec_fn=_low_fd_limit,
+        stdout=open(tmp_path / "frontend.log", "wb"), stderr=subprocess.STDOUT)
+    silent: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 120
+        while _http_health(port) != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "frontend.log").read_text()[-2000:]
+            time.sleep(0.3)
+        for _ in range(FD_LIMIT + 100):   # more than the process may open
+            silent.append(socket.create_connection(("127.0.0.1", port)))
+        time.sleep(1)   # the frontend accepts (or refuses) them
+        assert _http_health(port) in (503, -1)   # refused, not served
+        for _ in range(5):   # new SDK connections: served, never an abort
+            with Client(address, connect_timeout=10) as client:
+                assert client.health()["ok"]
+        assert proc.poll() is None, (tmp_path / "frontend.log").read_text()[-2000:]
+        for sock in silent:
+            sock.close()
+        silent.clear()
+        deadline = time.monotonic() + 30
+        while _http_health(port) != 200:   # serving again once they are gone
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        for sock in silent:
+            sock.close()
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 # ---- the API key and browsers --------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""Bounds on what HTTP connections may take from the frontend process: descriptors.
+
+Every open connection holds a file descriptor, silent ones too (uvicorn times out only idle
+keep-alive connections, not one that never sends a request). Run out of descriptors and
+libzmq, which cannot take EMFILE, aborts the process. So HTTP keeps at most
+`connection_cap()` connections open and answers any more with a 503 and a close, leaving
+the rest of the descriptors to ZeroMQ, the tokenizer's files and the scheduler link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+
+log = logging.getLogger("folio.frontend")
+MAX_HTTP_CONNECTIONS = 4096
+_BODY = (b'{"error": {"message": "too many open HTTP connections; retry later", "type": '
+         b'"service_unavailable", "param": null, "code": "too_many_connections"}}')
+_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+            % len(_BODY) + _BODY)
+
+
+def connection_cap() -> int:
+    """Connections HTTP may hold: a quarter of the descriptor limit (at least 64) stays free."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_HTTP_CONNECTIONS
+    return max(8, min(MAX_HTTP_CONNECTIONS, soft - max(64, soft // 4)))
+
+
+class ConnectionGate:
+    """Counts the HTTP connections open; `admit` is False past the cap."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.open, self.refused = cap, 0, 0
+
+    def admit(self) -> bool:
+        if self.open >= self.cap:
+            self.refused += 1
+            if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+                log.warning("HTTP: %d connections open, the cap; refused %d so far",
+                            self.open, self.refused)
+            return False
+        self.open += 1
+        return True
+
+    def release(self) -> None:
+        self.open -= 1
+
+
+def gated(protocol: type[asyncio.Protocol], gate: ConnectionGate) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class, refusing connections past the gate's cap."""
+
+    class Gated(protocol):   # type: ignore[misc, valid-type]
+        admitted = False
+
+        def connection_made(self, transport) -> None:
+            if not gate.admit():
+                transport.write(_REFUSAL)
+                transport.close()   # flushes the refusal, then frees the descriptor
+                return
+            self.admitted = True
+            super().connection_made(transport)
+
+        def data_received(self, data: bytes) -> None:
+            if self.admitted:
+                super().data_received(data)
+
+        def eof_received(self):
+            return super().eof_received() if self.admitted else None
+
+        def connection_lost(self, exc) -> None:
+            if self.admitted:
+                self.admitted = False
+                gate.release()
+                super().connection_lost(exc)
+
+    return Gated
