@@ -131,7 +131,8 @@ class EngineClient:
     @property
     def limits(self) -> tuple[int, int]:
         """(max_logprobs, max_n) as the scheduler enforces them."""
-        return (self.info.max_logprobs, self.info.max_n) if self.info else (20, 64)
+        info = self.info or m.EngineInfo(1, 1, 1, 1)   # before the first: the defaults
+        return info.max_logprobs, info.max_n
 
     @property
     def max_model_len(self) -> int | None:

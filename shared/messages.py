@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.config import ExecutorCapacity
+from shared.config import ExecutorCapacity, SchedulingPolicy
 from shared.outputs import EngineOutput
 from shared.sampling_params import SamplingParams
 from shared.step import NewRequest, StepPlan, StepResult
@@ -165,8 +165,9 @@ class EngineInfo:
     block_size: int
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     executor_alive: bool = True
-    max_logprobs: int = 20      # the scheduler's limits, so frontends check the same ones
-    max_n: int = 64
+    # The scheduler's limits, so frontends check the same ones.
+    max_logprobs: int = SchedulingPolicy.max_logprobs
+    max_n: int = SchedulingPolicy.max_n
 
     def encode(self) -> bytes:
         return pack("engine_info", {
@@ -184,8 +185,8 @@ class EngineInfo:
                    eos_token_ids=tuple(body.ints("eos_token_ids", 0, MAX_TOKEN_ID, 64)),
                    executor_alive=body.bool("executor_alive", True),
                    max_logprobs=_or_default(body.int("max_logprobs", 0, 1 << 20,
-                                                     optional=True), 20),
-                   max_n=_or_default(body.int("max_n", 1, 1 << 20, optional=True), 64))
+                                                     optional=True), cls.max_logprobs),
+                   max_n=_or_default(body.int("max_n", 1, 1 << 20, optional=True), cls.max_n))
 
 
 def _or_default(value: int | None, default: int) -> int:

@@ -139,8 +139,8 @@ class SamplingParams:
         return cls(**data)
 
 
-def check_against_model(params: SamplingParams, vocab_size: int, max_logprobs: int = 20,
-                        max_n: int = 64) -> None:
+def check_against_model(params: SamplingParams, vocab_size: int, max_logprobs: int,
+                        max_n: int) -> None:
     """Checks that need the model: token ids must exist, k and n within the engine's limits."""
     if params.n > max_n:
         raise ValueError(f"n must be <= {max_n} (the engine's max_n), got {params.n}")
