@@ -21,6 +21,7 @@ import zmq.asyncio
 from frontend.engine_client import EngineClient
 from frontend.tokenizer import load_tokenizer
 from frontend.zmq_gateway import ZmqGateway
+from shared.config import SHUTDOWN_TIMEOUT_S
 from shared.security import load_keys, start_authenticator, stop_authenticator
 
 log = logging.getLogger("folio.frontend")
@@ -36,7 +37,7 @@ class FrontendConfig:
     served_model_name: str | list[str] | None = None   # None: the model directory's name
     api_key: str | None = None
     metrics_public: bool = False    # /metrics without the API key
-    shutdown_timeout_s: float = 30.0
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
     curve_keys: str | None = None   # CURVE keys directory: scheduler link and client port
     client_curve: bool = True       # with curve_keys: SDK clients need keys too
 

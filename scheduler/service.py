@@ -23,8 +23,9 @@ import zmq
 
 from scheduler.scheduler import Scheduler
 from shared import messages as m
-from shared.config import (CURVE_KEYS_HELP, SHUTDOWN_TIMEOUT_S, ExecutorCapacity,
-                           SchedulerConfig, SchedulingPolicy, SettingError, setting)
+from shared.config import (CURVE_KEYS_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S,
+                           ExecutorCapacity, SchedulerConfig, SchedulingPolicy, SettingError,
+                           setting)
 from shared.outputs import EngineOutput, FinishReason
 from shared.security import load_keys, make_server, start_authenticator, stop_authenticator
 from shared.step import StepPlan
@@ -61,8 +62,7 @@ class SchedulerServiceConfig(SchedulingPolicy):
     step_timeout_s: float = setting(
         60.0, "seconds a step may take before the executor is declared hung", "step-timeout")
     shutdown_timeout_s: float = setting(
-        SHUTDOWN_TIMEOUT_S, "on SIGTERM, seconds running requests may take to finish "
-        "before they are aborted", "shutdown-timeout")
+        SHUTDOWN_TIMEOUT_S, SHUTDOWN_HELP, "shutdown-timeout")
     curve_keys: str | None = setting(None, CURVE_KEYS_HELP)
     async_scheduling: bool = setting(
         True, "keep one step in flight: send the plan of step N+1 before the result of "

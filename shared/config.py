@@ -18,6 +18,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 LINEAR_BACKENDS = ("auto", "onednn", "torch")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain may take
+SHUTDOWN_HELP = "on SIGTERM, seconds running requests may take to finish before they are aborted"
 CURVE_KEYS_HELP = ("CURVE keys directory (`folio keys`): every ZeroMQ socket encrypts and "
                    "refuses peers without the keys (default: no CURVE)")
 
