@@ -45,9 +45,9 @@ def workload(num_requests: int, seed: int) -> tuple[list[list[int]], list[int]]:
 def run_folio(model: Path, prompts, outputs, args) -> dict:
     from folio import LLM, SamplingParams
 
-    llm = LLM(str(model), skip_tokenizer_init=True, dtype="float32", block_size=args.block_size,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              num_kv_blocks=args.num_kv_blocks)
+    llm = LLM(str(model), skip_tokenizer_init=True, dtype=getattr(args, "dtype", "float32"),
+              block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+              num_kv_blocks=args.num_kv_blocks, cpu_threads=getattr(args, "cpu_threads", None))
     llm.generate([prompts[0][:16]], SamplingParams(max_tokens=2))   # warm-up
     engine, scheduler = llm.engine, llm.engine.scheduler
     for i, (prompt, count) in enumerate(zip(prompts, outputs)):
@@ -111,6 +111,9 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--model-dir", type=Path, default=Path(".folio-cache/bench-llama-32m"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--cpu-threads", type=int, default=None,
+                        help="Folio's torch threads (default: one per usable core)")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
