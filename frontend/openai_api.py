@@ -125,6 +125,9 @@ def _check_length(limit: int | None, ids: list[int], params: SamplingParams, fie
     if len(ids) > limit:
         raise too_long(f"prompt has {len(ids)} tokens, more than this model's maximum "
                        f"context length max_model_len = {limit}", field)
+    if params.max_tokens is None and len(ids) >= limit:
+        raise too_long(f"prompt has {len(ids)} tokens, leaving no room for a generated token "
+                       f"under max_model_len = {limit}", field)
     if params.max_tokens is not None and len(ids) + params.max_tokens > limit:
         if score_only:
             raise too_long(f"prompt has {len(ids)} tokens: scoring it (max_tokens 0) needs "

@@ -210,6 +210,10 @@ class ZmqGateway:
         ids = prompt_ids(engine.tokenizer, prompt=request.prompt,
                          token_ids=request.prompt_token_ids, messages=request.messages)
         check_prompt(ids, engine.vocab_size, engine.max_model_len)
+        limit = engine.max_model_len
+        if limit is not None and request.params.max_tokens is None and len(ids) >= limit:
+            raise ValueError(f"prompt has {len(ids)} tokens, leaving no room for a generated "
+                             f"token under this model's max_model_len = {limit}")
         check_against_model(request.params, engine.vocab_size, *engine.limits)
         return ids, StopStrings(request.params.stop) if request.params.stop else None
 

@@ -114,6 +114,20 @@ def test_reusing_a_running_id_is_refused_and_the_running_call_goes_on(server):
     assert asyncio.run(run()) == 40
 
 
+def test_a_prompt_that_fills_the_context_without_max_tokens_is_refused(server):
+    limit = httpx.get(f"{server.base}/v1/models", headers=AUTH).json()["data"][0][
+        "max_model_len"]
+    with Client(server.zmq_address) as client:
+        with pytest.raises(RequestRejected, match="no room for a generated token"):
+            client.generate([5] * limit, SamplingParams(max_tokens=None))
+        fits = client.generate([5] * (limit - 1), SamplingParams(max_tokens=None, **GREEDY))
+    assert len(fits.token_ids) == 1 and fits.finish_reason == "length"
+    refused = httpx.post(f"{server.base}/v1/chat/completions", headers=AUTH, json={
+        "messages": [{"role": "user", "content": "hi " * limit}]})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+
+
 # ---- request bodies ------------------------------------------------------------------------
 
 def _hwm_kib(pid: int) -> int:
