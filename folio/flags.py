@@ -60,15 +60,19 @@ def config_flags(config: Any, skip: tuple[str, ...] = ()) -> list[str]:
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Each flag's line ends with its default (or 'required'), unless its sentence says it."""
+    """Each flag's line ends with its default (or 'required'), unless its sentence says it;
+    switches read on/off, unset values none."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "%(default)" in text or "default:" in text or not action.option_strings:
+        # Python 3.11's BooleanOptionalAction appends its own "(default: True)".
+        text = (action.help or "").removesuffix(" (default: %(default)s)")
+        if "default:" in text or not action.option_strings or action.dest == "help":
             return text
         if action.required:
             return f"{text} (required)"
-        if action.default not in (None, argparse.SUPPRESS, False) or \
-                isinstance(action, argparse.BooleanOptionalAction):
-            return f"{text} (default: %(default)s)"
-        return text
+        default = action.default
+        if default is argparse.SUPPRESS:
+            return text
+        if isinstance(default, bool):
+            return f"{text} (default: {'on' if default else 'off'})"
+        return f"{text} (default: {'none' if default in (None, []) else '%(default)s'})"

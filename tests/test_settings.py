@@ -298,12 +298,14 @@ def test_every_help_line_has_a_sentence_and_its_default():
             text = formatter._expand_help(action) if action.help else ""
             if len(text.split()) < 3:
                 silent.append(f"{role} {action.option_strings[0]}: no sentence")
-            elif action.default not in (None, False) and not action.required \
-                    and "default" not in text:
+            elif "default" not in text and "(required)" not in text:
                 silent.append(f"{role} {action.option_strings[0]}: no default in {text!r}")
     assert silent == []
     help_text = sub.choices["serve"].format_help()
-    assert "tokens per KV block (a power of two) (default: 16)" in " ".join(help_text.split())
+    words = " ".join(help_text.split())
+    assert "tokens per KV block (a power of two) (default: 16)" in words
+    assert "reuse KV blocks of identical prompt prefixes (default: on)" in words
+    assert "--num-swap-blocks NUM_SWAP_BLOCKS CPU swap blocks (default: from swap-space)" in words
 
 
 def test_readme_sdk_examples_connect_to_what_the_first_command_serves():
