@@ -5,10 +5,12 @@ the checkpoint's context limit. Each problem is a SettingError naming the settin
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
 from executor.model_config import ModelConfig
+from folio.placement import executor_runs_on_cpu
 from shared.config import EngineConfig, ExecutorCapacity, SchedulerConfig, SettingError
 
 _MAX_HEADER = 100 * 2**20   # safetensors' own limit on the JSON header
@@ -39,6 +41,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
     model_config = check_model_dir(config.model)
     if not config.skip_tokenizer_init and not Path(config.tokenizer_path).is_dir():
         raise SettingError("tokenizer", f"{config.tokenizer_path}: no such directory")
+    _check_cpu_memory(config)
     limit = model_config.context_limit
     if config.max_model_len is not None and config.max_model_len > limit:
         raise SettingError("max_model_len", f"({config.max_model_len}) is larger than the "
@@ -50,6 +53,15 @@ def check_engine(config: EngineConfig) -> ModelConfig:
         max_model_len=config.max_model_len or limit, vocab_size=model_config.vocab_size,
         eos_token_ids=model_config.eos_token_ids))
     return model_config
+
+
+def _check_cpu_memory(config: EngineConfig) -> None:
+    if config.num_kv_blocks is not None or not executor_runs_on_cpu(config.device):
+        return
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if config.cpu_kv_cache_gib * 2**30 >= total:
+        raise SettingError("cpu_kv_cache_gib", f"({config.cpu_kv_cache_gib} GiB) does not fit "
+                           f"in this machine's {total / 2**30:.1f} GiB of memory")
 
 
 def _weight_files(model_dir: Path) -> list[Path]:

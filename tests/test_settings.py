@@ -90,6 +90,8 @@ CASES = {
                                  "larger than the model supports"),
     "zero-max-num-seqs": (["--max-num-seqs", "0"], "--max-num-seqs", "positive"),
     "zero-executor-timeout": (["--executor-timeout", "0"], "--executor-timeout", "> 0"),
+    "kv-cache-beyond-memory": (["--device", "cpu", "--cpu-kv-cache-gib", "1000000"],
+                               "--cpu-kv-cache-gib", "does not fit"),
     "port-out-of-range": (["--port", "70000"], "--port", "65535"),
     "wildcard-address": (["--zmq-address", "tcp://*:5555"], "--zmq-address", "bind"),
 }
@@ -170,6 +172,7 @@ LLM_CASES = {   # the same nonsense as keyword arguments (server-only settings l
                                             max_num_batched_tokens=64),
     "impossible-max-model-len": dict(max_model_len=1_000_000),
     "zero-max-num-seqs": dict(max_num_seqs=0),
+    "kv-cache-beyond-memory": dict(device="cpu", cpu_kv_cache_gib=1_000_000),
 }
 MODEL_CASES = ("no-config-json", "config-not-json", "truncated-safetensors",
                "garbage-safetensors", "unsupported-architecture")
