@@ -1,4 +1,5 @@
-"""Bounds on what HTTP connections may take from the frontend process: descriptors.
+"""Bounds on what HTTP connections may take from the frontend process (descriptors), and
+the Host names it answers.
 
 Every open connection holds a file descriptor, silent ones too (uvicorn times out only idle
 keep-alive connections, not one that never sends a request). Run out of descriptors and
@@ -10,6 +11,7 @@ the rest of the descriptors to ZeroMQ, the tokenizer's files and the scheduler l
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import resource
 
@@ -78,3 +80,28 @@ def gated(protocol: type[asyncio.Protocol], gate: ConnectionGate) -> type[asynci
                 super().connection_lost(exc)
 
     return Gated
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def allowed_hosts(bind_host: str, flag: str | None) -> frozenset[str] | None:
+    """The Host names HTTP answers (None: any). A server on loopback answers only loopback
+    names by default: a page whose DNS name is re-pointed at 127.0.0.1 (DNS rebinding) sends
+    its own name. `flag`: comma-separated names, or "*" for any."""
+    if flag is not None and flag.strip():
+        names = {name.strip().lower().rstrip(".") for name in flag.split(",")}
+        return None if "*" in names else frozenset(names - {""})
+    try:
+        loopback = ipaddress.ip_address(bind_host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = bind_host.lower() == "localhost"
+    return LOOPBACK_NAMES | {bind_host.strip("[]").lower()} if loopback else None
+
+
+def host_name(header: str) -> str:
+    """The name of a Host header: "[::1]:8000" -> "::1", "Example.COM.:80" -> "example.com"."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0].rstrip(".") if header.count(":") == 1 else header.rstrip(".")

@@ -290,3 +290,12 @@ def test_no_openapi_schema_and_no_text_plain_posts(server):
     served = httpx.post(f"{server.base}/v1/completions", content=body,
                         headers={**AUTH, "Content-Type": "application/json"})
     assert served.status_code == 200
+
+
+def test_a_foreign_host_header_is_refused_on_loopback(server):
+    url = f"{server.base}/v1/models"
+    rebound = httpx.get(url, headers={**AUTH, "Host": f"attacker.example:{server.port}"})
+    assert rebound.status_code == 403
+    assert rebound.json()["error"]["code"] == "host_not_allowed"
+    for name in (f"localhost:{server.port}", "127.0.0.1", f"[::1]:{server.port}"):
+        assert httpx.get(url, headers={**AUTH, "Host": name}).status_code == 200, name
