@@ -106,7 +106,9 @@ def _request(request: Request, now: float) -> dict[str, Any]:
     age = now - request.arrival_time
     return {"id": request.request_id, "state": _state(request),
             "blocks": list(request.block_ids), "swap_blocks": list(request.cpu_block_ids),
-            "computed": request.num_computed_tokens, "tokens": request.num_tokens,
+            # tokens: known ones plus those the step in flight samples (computed counts them)
+            "computed": request.num_computed_tokens,
+            "tokens": request.num_tokens + request.num_pending,
             "prompt_tokens": len(request.prompt_token_ids),
             "max_tokens": request.sampling.max_tokens,
             "preemptions": request.num_preemptions,
