@@ -196,3 +196,18 @@ def test_http_and_sdk_map_against_stats(tmp_path, llama_dir):
             check_against_stats(after, sdk.health()["stats"])
     finally:
         server.stop()
+
+
+def test_forked_samples_share_their_prompt_blocks():
+    scheduler, executor = _scheduler()
+    scheduler.add_request("n", list(range(9)), SamplingParams(n=3, max_tokens=3, seed=1))
+    snapshot = scheduler.kv_map()
+    assert [r["state"] for r in snapshot["requests"]] == ["waiting", "forking", "forking"]
+    _step(scheduler, executor)   # the first sample computes the prompt; the others fork
+    snapshot = scheduler.kv_map()
+    check_against_stats(snapshot, scheduler.stats())
+    ids = [r["id"] for r in snapshot["requests"]]
+    assert sorted(ids) == ["n#0", "n#1", "n#2"]
+    # Two full prompt blocks shared by all three; each has its own copy of the third.
+    assert sorted(owners for _, owners in snapshot["shared"]) == [[0, 1, 2], [0, 1, 2]]
+    assert snapshot["totals"]["used"] == 5
