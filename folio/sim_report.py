@@ -86,14 +86,41 @@ def plot(runs: list[Run], directory: Path, block_size: int) -> list[Path]:
     return written
 
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def blocks_in_memory(model, gib: float, block_size: int, dtype: str | None = None) -> int:
+    """KV blocks of `model` (an executor ModelConfig) in `gib` GiB: K and V per layer, as
+    executor/kv_cache.py lays them out."""
+    element = DTYPE_BYTES.get(dtype or model.torch_dtype, 4)
+    per_block = 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * element
+    return int(gib * 2**30 // per_block)
+
+
+def _model_config(path: str):
+    from executor.model_config import ModelConfig   # reads config.json; no torch
+
+    try:
+        return ModelConfig.from_dir(path)
+    except (OSError, ValueError, KeyError) as error:
+        raise SystemExit(f"folio simulate: --model {path}: {error}") from None
+
+
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", nargs="?", help="JSONL trace: arrival, prompt_tokens, "
                         "output_tokens, optional prefix and prefix_tokens")
     parser.add_argument("--example", choices=sorted(EXAMPLES), help="a worked example "
                         "instead of a trace")
     parser.add_argument("--num-kv-blocks", type=int, help="KV blocks of the simulated pool")
+    parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="or: GiB for the KV "
+                        "cache, cut into blocks of --model's size")
+    parser.add_argument("--model", help="checkpoint directory (its config.json) for "
+                        "--gpu-memory, and the default --max-model-len")
+    parser.add_argument("--kv-dtype", choices=sorted(DTYPE_BYTES), help="KV element type "
+                        "(default: the model's dtype)")
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, help="default: the model's context "
+                        "limit, else 2048")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--ms-per-step", type=float, default=10.0,
@@ -111,8 +138,17 @@ def run_simulate(args: argparse.Namespace) -> int:
         runs, story = EXAMPLES[args.example]()
         block_size = runs[0].machine.block_size
     else:
+        model = _model_config(args.model) if args.model else None
+        if args.gpu_memory is not None:
+            if model is None:
+                raise SystemExit("folio simulate: --gpu-memory needs --model")
+            args.num_kv_blocks = blocks_in_memory(model, args.gpu_memory, args.block_size,
+                                                  args.kv_dtype)
         if not args.trace or not args.num_kv_blocks:
-            raise SystemExit("folio simulate: give a trace and --num-kv-blocks, or --example")
+            raise SystemExit("folio simulate: give a trace and --num-kv-blocks (or "
+                             "--gpu-memory with --model), or --example")
+        if args.max_model_len is None:
+            args.max_model_len = model.context_limit if model else 2048
         machine = Machine(args.num_kv_blocks, args.block_size, args.max_model_len,
                           args.max_num_seqs, args.max_num_batched_tokens, args.ms_per_step,
                           args.tokens_per_s, args.prefix_caching, args.preemption_mode)

@@ -102,3 +102,23 @@ def test_cli_reads_a_trace_and_writes_plots(tmp_path):
         [sys.executable, "-m", "folio", "simulate", str(bad), "--num-kv-blocks", "16",
          "--max-model-len", "32"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "longer than max_model_len" in result.stderr
+
+
+def test_gpu_memory_with_a_model_config(tmp_path):
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 256,
+              "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "intermediate_size": 512, "max_position_embeddings": 4096,
+              "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(json.dumps({"arrival": 0, "prompt_tokens": 100, "output_tokens": 10}))
+    # K and V x 4 layers x 16 slots x 2 KV heads x 32 dims x 2 bytes = 16 KiB a block.
+    result = subprocess.run(
+        [sys.executable, "-m", "folio", "simulate", str(trace), "--model", str(tmp_path),
+         "--gpu-memory", "0.0625", "--json"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 0, result.stderr
+    paged, reserve_max, _ = json.loads(result.stdout)
+    assert paged["blocks"] == 4096   # 64 MiB / 16 KiB
+    assert reserve_max["policy"] == "contiguous, reserve max_model_len=4096"   # the model's
+    assert reserve_max["blocks"] == 16   # 65 536 slots / 4096
