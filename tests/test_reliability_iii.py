@@ -293,6 +293,7 @@ def test_no_openapi_schema_and_no_text_plain_posts(server):
                          headers={**AUTH, "Content-Type": "text/plain"})
     assert refused.status_code == 415
     assert refused.json()["error"]["code"] == "unsupported_media_type"
+    assert refused.json()["error"]["type"] == "invalid_request_error"
     served = httpx.post(f"{server.base}/v1/completions", content=body,
                         headers={**AUTH, "Content-Type": "application/json"})
     assert served.status_code == 200
