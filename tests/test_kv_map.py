@@ -15,6 +15,8 @@ from shared import messages as m
 from shared.config import SchedulerConfig
 from shared.sampling_params import SamplingParams
 from shared.wire import Body, ProtocolError, unpack
+from scheduler.service import KV_MAP_MAX_AGE_S, SchedulerService, SchedulerServiceConfig
+from shared.config import ExecutorCapacity
 from tests.fake_executor import FakeExecutor
 from tests.http_server import HttpServer
 
@@ -211,3 +213,25 @@ def test_forked_samples_share_their_prompt_blocks():
     # Two full prompt blocks shared by all three; each has its own copy of the third.
     assert sorted(owners for _, owners in snapshot["shared"]) == [[0, 1, 2], [0, 1, 2]]
     assert snapshot["totals"]["used"] == 5
+
+
+def test_service_shares_one_map_per_interval(tmp_path):
+    service = SchedulerService(SchedulerServiceConfig(
+        frontend_address=f"ipc://{tmp_path}/fe.sock",
+        executor_address=f"ipc://{tmp_path}/ex.sock"))
+    try:
+        def answer() -> dict | None:
+            return m.decode_kv_map(Body("kv_map", unpack(service._kv_map_reply())[1]))
+
+        assert answer() is None   # no executor yet
+        service._on_executor_hello(b"executor-test", ExecutorCapacity(
+            num_kv_blocks=32, block_size=16, max_model_len=256, vocab_size=1024,
+            eos_token_ids=(0,)), 4242)
+        assert answer()["num_blocks"] == 32   # a new executor is seen at once
+        first = service._kv_map_reply()
+        service.scheduler.add_request("r", [1, 2, 3], SamplingParams(max_tokens=2))
+        assert service._kv_map_reply() is first   # within the interval: the same answer
+        time.sleep(KV_MAP_MAX_AGE_S + 0.05)
+        assert [r["id"] for r in answer()["requests"]] == ["r"]
+    finally:
+        service.close()
