@@ -150,7 +150,7 @@ def test_message_round_trip_and_checks():
 
 @pytest.mark.slow
 def test_http_and_sdk_map_against_stats(tmp_path, llama_dir):
-    server = HttpServer(llama_dir, tmp_path, "--api-key", KEY, "--num-kv-blocks", "256",
+    server = HttpServer(llama_dir, tmp_path, "--api-key", KEY, "--num-kv-blocks", "512",
                         "--block-size", "4", "--max-num-seqs", "4")
     try:
         server.wait_ready()
@@ -160,10 +160,10 @@ def test_http_and_sdk_map_against_stats(tmp_path, llama_dir):
         with Client(server.zmq_address) as sdk:
             idle = httpx.get(url, headers=headers, timeout=5).json()
             assert idle["object"] == "kv_map" and idle["totals"]["used"] == 0
-            assert idle["num_blocks"] == 256 and idle["block_size"] == 4
+            assert idle["num_blocks"] == 512 and idle["block_size"] == 4
             check_against_stats(idle, sdk.health()["stats"])
 
-            body = {"prompt": "the same long shared prefix " * 4, "max_tokens": 200,
+            body = {"prompt": "the same long shared prefix " * 4, "max_tokens": 800,
                     "temperature": 0.0, "ignore_eos": True}
             done = []
             workers = [threading.Thread(target=lambda: done.append(httpx.post(
@@ -171,14 +171,15 @@ def test_http_and_sdk_map_against_stats(tmp_path, llama_dir):
                 for _ in range(2)]
             for worker in workers:
                 worker.start()
-            seen = None
+            seen, counts = None, []
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and seen is None:
+            while time.monotonic() < deadline and seen is None and len(done) < 2:
                 snapshot = sdk.kv_map()
-                if len(snapshot["running"]) == 2:
+                counts.append(len(snapshot["running"]))
+                if counts[-1] == 2:
                     seen = snapshot
-                time.sleep(0.05)
-            assert seen is not None, f"never saw both requests running: {done}"
+                time.sleep(0.02)
+            assert seen is not None, f"never saw both running: {done}, running {counts}"
             assert seen["totals"]["used"] > 0 and seen["totals"]["shared"] >= 1
             assert max(seen["blocks"]["ref"]) == 2
             assert set(seen["requests"][0]) == {   # ids and counts, never token ids
