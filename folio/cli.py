@@ -12,45 +12,37 @@ import dataclasses
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from folio.placement import PLACEMENTS
-from shared.config import (ATTENTION_BACKENDS, DEVICES, DTYPES, LINEAR_BACKENDS,
-                           PREEMPTION_MODES, EngineConfig)
+from folio.flags import (HelpFormatter, add_config_args, config_flags, config_values,
+                         flag_name)
+from shared.config import (CURVE_KEYS_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S, EngineConfig,
+                           SchedulingPolicy, SettingError)
 
 ROLES = ("frontend", "scheduler", "executor")
-_CHOICES = {"dtype": DTYPES, "device": DEVICES, "attention_backend": ATTENTION_BACKENDS,
-            "linear_backend": LINEAR_BACKENDS, "preemption_mode": PREEMPTION_MODES}
-_HELP = {
-    "tokenizer": "tokenizer directory (default: the model directory)",
-    "num_kv_blocks": "KV blocks in the pool (default: sized from memory)",
-    "max_model_len": "context limit (default: the model's max_position_embeddings)",
-    "cpu_threads": "executor's torch threads on CPU (default: every core it may use, less "
-                   "one per other Folio process placed on the machine)",
-}
-
-
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Every EngineConfig field (but the model) as a --flag, with its default."""
-    for spec in dataclasses.fields(EngineConfig):
-        if spec.name == "model":
-            continue
-        flag = "--" + spec.name.replace("_", "-")
-        default = spec.default
-        if isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-            continue
-        kind = {int: int, float: float, str: str}.get(type(default), None)
-        if default is None:   # optional fields: the annotation says "int | None" or "str | None"
-            kind = int if str(spec.type).startswith("int") else str
-        parser.add_argument(flag, type=kind, default=default, choices=_CHOICES.get(spec.name),
-                            help=_HELP.get(spec.name))
+    add_config_args(parser, EngineConfig, skip=("model",))
 
 
 def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
-              if f.name != "model"}
-    return EngineConfig(model=model, **values)
+    return EngineConfig(model=model, **config_values(args, EngineConfig, skip=("model",)))
+
+
+def engine_flags(config: EngineConfig) -> list[str]:
+    """The command-line form of an EngineConfig (without --model)."""
+    return config_flags(config, skip=("model",))
+
+
+def scheduler_args_of_serve() -> tuple[str, ...]:
+    """The SchedulerServiceConfig fields `folio serve` takes from flags of its own: the
+    policy comes with the engine's flags, addresses from the run directory, CURVE keys and
+    the shutdown timeout from flags every role shares."""
+    return (*(f.name for f in dataclasses.fields(SchedulingPolicy)), "frontend_address",
+            "executor_address", "curve_keys", "shutdown_timeout_s")
 
 
 def resolve_model(model: str | None) -> str:
@@ -70,27 +62,24 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int | None = 80
                         help="the model name(s) clients use; answers report the first "
                         "(default: the checkpoint directory's name)")
     parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on /v1 routes and /metrics")
+                        help="require 'Authorization: Bearer KEY' on /v1 routes and /metrics "
+                        "(a flag shows in `ps`: prefer FOLIO_API_KEY or --api-key-file)")
+    parser.add_argument("--api-key-file", default=None, metavar="FILE",
+                        help="read the API key from FILE (its first line)")
     parser.add_argument("--metrics-public", action="store_true",
                         help="serve /metrics without the API key")
+    parser.add_argument("--allowed-hosts", default=None, metavar="NAMES",
+                        help="Host header names HTTP answers, comma-separated, or '*' for any "
+                        "(default: on a loopback --host only localhost, 127.0.0.1 and ::1)")
 
 
 def add_security_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--curve-keys", default=None, metavar="DIR",
-                        help="CURVE keys directory (`folio keys`): every ZeroMQ socket "
-                        "encrypts and refuses peers without the keys (default: no CURVE)")
+    parser.add_argument("--curve-keys", default=None, metavar="DIR", help=CURVE_KEYS_HELP)
 
 
 def add_shutdown_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
-                        help="on SIGTERM, seconds running requests may take to finish "
-                        "before they are aborted")
-
-
-def add_scheduling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
-                        default=True, help="keep one step in flight: send the plan of step "
-                        "N+1 before the result of step N arrives, hiding the hop")
+    parser.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S,
+                        help=SHUTDOWN_HELP)
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -110,8 +99,8 @@ def apply_env_defaults(parser: argparse.ArgumentParser) -> None:
     """FOLIO_<DEST> in the environment becomes the default of --<dest> (and satisfies a
     required flag); the command line still wins."""
     for action in parser._actions:
-        if not env_settable(action):
-            continue
+        if not env_settable(action) or action.default is argparse.SUPPRESS:
+            continue   # a SUPPRESS default: the flag repeats the main parser's (--log-level)
         name = env_name(action.dest)
         raw = os.environ.get(name, "")
         if raw == "":
@@ -136,16 +125,25 @@ class _EnvParser(argparse.ArgumentParser):
     """Reads FOLIO_* defaults when it parses: a bad variable is reported by the command
     that uses it (subcommands are parsers of this class too)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def parse_known_args(self, args=None, namespace=None):
         apply_env_defaults(self)
         return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):   # one line, not the whole usage
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the flags)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _EnvParser(
         prog="folio", description="Folio LLM serving engine. Every --flag can also be set "
         "as the environment variable FOLIO_<FLAG>, e.g. FOLIO_CURVE_KEYS=/keys.")
-    parser.add_argument("--log-level", default="INFO")
+    from scheduler.service import SchedulerServiceConfig
+
+    add_log_level(parser, "INFO")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="start frontend, scheduler and executor")
@@ -155,23 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--executor-restarts", type=int, default=3,
                        help="restart a crashed executor this many times, then exit non-zero")
     add_http_args(serve)
-    serve.add_argument("--max-queued-requests", type=int, default=None,
-                       help="refuse new requests (queue full) past this many waiting")
-    serve.add_argument("--max-queued-tokens", type=int, default=None,
-                       help="... or past this many prompt tokens waiting")
+    add_config_args(serve, SchedulerServiceConfig, skip=scheduler_args_of_serve())
     serve.add_argument("--cpu-placement", choices=PLACEMENTS, default="auto",
                        help="which cores each process may use when the executor runs on "
                        "CPU: split (frontend and scheduler on one core of their own), shared, "
                        "off; auto: split on CPU, off with a GPU")
-    add_scheduling_args(serve)
     add_shutdown_args(serve)
     add_security_args(serve)
     add_engine_args(serve)
 
     frontend = sub.add_parser("frontend", help="run the tokenizing frontend")
-    frontend.add_argument("--model", help="directory with the tokenizer files")
-    frontend.add_argument("--client-address", required=True)
-    frontend.add_argument("--scheduler-address", required=True)
+    frontend.add_argument("--model", help="directory with the tokenizer files (default: "
+                          "the built-in model)")
+    frontend.add_argument("--client-address", required=True,
+                          help="where SDK clients connect (this process binds it)")
+    frontend.add_argument("--scheduler-address", required=True,
+                          help="the scheduler's frontend address")
     add_http_args(frontend, default_port=None)
     add_shutdown_args(frontend)
     add_security_args(frontend)
@@ -180,33 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "(--no-client-curve leaves the client port plain)")
 
     scheduler = sub.add_parser("scheduler", help="run the CPU-only scheduler")
-    scheduler.add_argument("--frontend-address", required=True)
-    scheduler.add_argument("--executor-address", required=True)
-    scheduler.add_argument("--max-num-seqs", type=int, default=256)
-    scheduler.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    scheduler.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                           default=True)
-    scheduler.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                           default=True)
-    scheduler.add_argument("--preemption-mode", choices=PREEMPTION_MODES,
-                           default="recompute")
-    scheduler.add_argument("--max-logprobs", type=int, default=20)
-    scheduler.add_argument("--max-n", type=int, default=64)
-    scheduler.add_argument("--max-queued-requests", type=int, default=None,
-                           help="refuse new requests (queue full) past this many waiting")
-    scheduler.add_argument("--max-queued-tokens", type=int, default=None,
-                           help="... or past this many prompt tokens waiting")
-    scheduler.add_argument("--executor-timeout", type=float, default=2.0,
-                           help="seconds without an executor heartbeat before it is dead")
-    scheduler.add_argument("--step-timeout", type=float, default=60.0,
-                           help="seconds a step may take before the executor is declared hung")
-    add_scheduling_args(scheduler)
-    add_shutdown_args(scheduler)
-    add_security_args(scheduler)
+    add_config_args(scheduler, SchedulerServiceConfig)
 
     executor = sub.add_parser("executor", help="run the model executor")
     executor.add_argument("--model", help="checkpoint directory (default: the built-in model)")
-    executor.add_argument("--scheduler-address", required=True)
+    executor.add_argument("--scheduler-address", required=True,
+                          help="the scheduler's executor address")
     add_security_args(executor)
     add_engine_args(executor)
 
@@ -223,9 +199,38 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("address", help="frontend: its http://.../health URL or its client "
                        "address; scheduler and executor: the scheduler's frontend address "
                        "(the executor is healthy when the scheduler has it attached)")
-    probe.add_argument("--timeout", type=float, default=3.0)
+    probe.add_argument("--timeout", type=float, default=3.0,
+                       help="seconds to wait for an answer")
     add_security_args(probe)
+    from folio.sim_report import add_simulate_args
+
+    add_simulate_args(sub.add_parser("simulate", help="replay a request trace through the "
+                                     "real scheduler: paged vs contiguous reservation"))
+    for role_parser in sub.choices.values():
+        add_log_level(role_parser, argparse.SUPPRESS)
     return parser
+
+
+def add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=default,
+                        help="how much each process logs (default: INFO, or the level "
+                        "given before the subcommand)" if default is argparse.SUPPRESS
+                        else "how much each process logs (before or after the subcommand)")
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key (or FOLIO_API_KEY), or the first line of --api-key-file."""
+    if not args.api_key_file:
+        return args.api_key
+    if args.api_key:
+        sys.exit("folio: give --api-key (FOLIO_API_KEY) or --api-key-file, not both")
+    try:
+        key = Path(args.api_key_file).read_text(encoding="utf-8").strip().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        sys.exit(f"folio: cannot read --api-key-file: {error}")
+    if not key or not key[0].strip():
+        sys.exit(f"folio: --api-key-file {args.api_key_file} is empty")
+    return key[0].strip()
 
 
 def set_role_title(role: str) -> None:
@@ -248,8 +253,47 @@ def set_role_title(role: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     role = args.command
-    logging.basicConfig(level=args.log_level.upper(),
+    logging.basicConfig(level=args.log_level,
                         format=f"%(asctime)s folio-{role} %(levelname)s %(message)s")
+    try:
+        return run_role(role, args)
+    except SettingError as error:   # raised before any process or socket starts
+        print(f"folio {role}: error: {setting_flag(error.setting)} {error.problem}",
+              file=sys.stderr)
+        return 2
+
+
+def setting_flag(name: str) -> str:
+    """The flag of a config field (`executor_timeout_s` is --executor-timeout)."""
+    from scheduler.service import SchedulerServiceConfig
+
+    for cls in (EngineConfig, SchedulerServiceConfig):
+        for spec in dataclasses.fields(cls):
+            if spec.name == name:
+                return "--" + flag_name(spec)
+    return "--" + name.replace("_", "-")
+
+
+def check_http(args: argparse.Namespace) -> None:
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise SettingError("port", f"must be in 0..65535, got {args.port}")
+    if args.shutdown_timeout < 0:
+        raise SettingError("shutdown_timeout", f"must be >= 0 seconds, got "
+                           f"{args.shutdown_timeout}")
+
+
+def check_bind(**addresses: str) -> None:
+    """Addresses this process binds: a scheme Folio speaks, no wildcard unless allowed."""
+    from shared.transport import check_bind_address
+
+    for name, address in addresses.items():
+        try:
+            check_bind_address(address)
+        except ValueError as error:
+            raise SettingError(name, str(error)) from None
+
+
+def run_role(role: str, args: argparse.Namespace) -> int:
     if role == "serve":
         from folio.serve import serve
 
@@ -262,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         print(f"keys in {args.curve_keys}" + ("" if written else " (kept)"))
         return 0
+    if role == "simulate":
+        from folio.sim_report import run_simulate
+
+        return run_simulate(args)
     if role == "probe":
         from folio.probe import probe
 
@@ -270,53 +318,44 @@ def main(argv: list[str] | None = None) -> int:
     if role == "frontend":
         from frontend.service import FrontendConfig, serve_frontend
 
-        serve_frontend(FrontendConfig(model=resolve_model(args.model),
+        check_http(args)
+        check_bind(client_address=args.client_address)
+        model = resolve_model(args.model)
+        if not Path(model).is_dir():
+            raise SettingError("model", f"{model}: no such directory")
+        serve_frontend(FrontendConfig(model=model,
                                       client_address=args.client_address,
                                       scheduler_address=args.scheduler_address,
                                       host=args.host, port=args.port or None,
                                       served_model_name=args.served_model_name,
-                                      api_key=args.api_key,
+                                      api_key=api_key(args),
                                       metrics_public=args.metrics_public,
+                                      allowed_hosts=args.allowed_hosts,
                                       shutdown_timeout_s=args.shutdown_timeout,
                                       curve_keys=args.curve_keys,
                                       client_curve=args.client_curve))
     elif role == "scheduler":
         from scheduler.service import SchedulerService, SchedulerServiceConfig
 
-        SchedulerService(SchedulerServiceConfig(
-            frontend_address=args.frontend_address, executor_address=args.executor_address,
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-            enable_chunked_prefill=args.enable_chunked_prefill,
-            enable_prefix_caching=args.enable_prefix_caching,
-            preemption_mode=args.preemption_mode,
-            max_queued_requests=args.max_queued_requests,
-            max_queued_tokens=args.max_queued_tokens,
-            max_logprobs=args.max_logprobs, max_n=args.max_n,
-            executor_timeout_s=args.executor_timeout, step_timeout_s=args.step_timeout,
-            shutdown_timeout_s=args.shutdown_timeout, curve_keys=args.curve_keys,
-            async_scheduling=args.async_scheduling)).run()
+        config = SchedulerServiceConfig(**config_values(args, SchedulerServiceConfig))
+        check_bind(frontend_address=config.frontend_address,
+                   executor_address=config.executor_address)
+        SchedulerService(config).run()
     elif role == "executor":
-        from executor.service import ExecutorService, ExecutorServiceConfig
+        from folio.preflight import check_engine
 
         config = engine_config(args, resolve_model(args.model))
-        ExecutorService(ExecutorServiceConfig(args.scheduler_address, config,
-                                              args.curve_keys)).run()
+        check_engine(config)   # before torch is imported
+        from executor.service import ExecutorService, ExecutorServiceConfig
+
+        try:
+            service = ExecutorService(ExecutorServiceConfig(args.scheduler_address, config,
+                                                            args.curve_keys))
+        except ValueError as error:   # e.g. --device cuda without one, tensors that misfit
+            print(f"folio executor: error: {error}", file=sys.stderr)
+            return 2   # `folio serve` does not restart it: it would fail the same way
+        service.run()
     return 0
-
-
-def engine_flags(config: EngineConfig) -> list[str]:
-    """The command-line form of an EngineConfig (without --model)."""
-    flags: list[str] = []
-    for spec in dataclasses.fields(EngineConfig):
-        value: Any = getattr(config, spec.name)
-        if spec.name == "model" or value is None:
-            continue
-        flag = "--" + spec.name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
-        else:
-            flags += [flag, str(value)]
-    return flags
 
 
 if __name__ == "__main__":

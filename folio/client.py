@@ -31,7 +31,7 @@ from shared.outputs import Logprob
 from shared.sampling_params import SamplingParams
 from shared.security import as_key, load_keys, make_client
 from shared.transport import DOWN_EVENTS, UP_EVENTS, configure
-from shared.wire import MAX_MESSAGE_BYTES, ProtocolError
+from shared.wire import MAX_MESSAGE_BYTES, Body, ProtocolError
 
 Prompt = str | list[int]
 Key = str | bytes
@@ -109,7 +109,8 @@ class AsyncClient:
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, asyncio.Queue] = {}   # by wire id (one per call)
+        self._calls: dict[str, str] = {}              # caller's request id -> wire id
         self._connected: asyncio.Event | None = None
         self._lost: str | None = None
 
@@ -183,8 +184,11 @@ class AsyncClient:
                 yield delta
 
     async def abort(self, request_id: str) -> None:
+        """Abort this client's running request `request_id` (nothing if it is not running)."""
         await self._start()
-        await self._send(m.pack("abort", {"id": request_id}))
+        wire_id = self._calls.get(request_id)
+        if wire_id is not None:
+            await self._send(m.pack("abort", {"id": wire_id}))
 
     async def health(self, timeout: float = 5.0) -> dict[str, Any]:
         request_id = uuid.uuid4().hex
@@ -193,6 +197,22 @@ class AsyncClient:
             await self._send(m.pack("health", {"id": request_id}))
             kind, body = await self._next(queue, timeout, request_id)
             return {k: v for k, v in body.items() if k != "id"}
+        finally:
+            self._queues.pop(request_id, None)
+
+    async def kv_map(self, timeout: float = 5.0) -> dict[str, Any] | None:
+        """The KV cache's page map (docs/protocol.md, `kv_map`); None without an executor."""
+        request_id = uuid.uuid4().hex
+        queue = await self._open(request_id)
+        try:
+            await self._send(m.pack("kv_map", {"id": request_id}))
+            kind, body = await self._next(queue, timeout, request_id)
+            if kind == "error":
+                raise error_from_code(body.get("code", ""), body.get("message", ""))
+            try:
+                return m.decode_kv_map(Body(kind, body))
+            except ProtocolError as error:
+                raise FolioError(f"the server sent a malformed page map: {error}") from None
         finally:
             self._queues.pop(request_id, None)
 
@@ -214,14 +234,22 @@ class AsyncClient:
     async def _run(self, fields: dict[str, Any], params: SamplingParams | None,
                    request_id: str | None, timeout: float | None, stream: bool):
         params = params or SamplingParams()
-        request_id = request_id or uuid.uuid4().hex
-        payload = m.encode_generate(request_id, params, stream, **fields)
+        # On the wire every call has an id of its own: replies to an abandoned call that
+        # used the same request_id can never reach this one.
+        wire_id = uuid.uuid4().hex
+        request_id = request_id or wire_id
+        payload = m.encode_generate(wire_id, params, stream, **fields)
         if len(payload) > MAX_MESSAGE_BYTES:   # the server would drop this connection
             raise RequestRejected(f"the request ({len(payload)} bytes) exceeds the "
                                   f"{MAX_MESSAGE_BYTES}-byte message limit")
-        queue = await self._open(request_id)
-        done = False
+        if request_id in self._calls:
+            raise RequestRejected(f"request id {request_id!r} is already running on this "
+                                  "client; wait for it or abort it first")
+        self._calls[request_id] = wire_id   # before any await: a second call sees it
+        done = True   # nothing to abort until it is sent
         try:
+            queue = await self._open(wire_id)
+            done = False
             await self._send(payload)
             while True:
                 kind, body = await self._next(queue, timeout, request_id)
@@ -241,11 +269,12 @@ class AsyncClient:
                     done = True
                     raise error_from_code(body.get("code", ""), body.get("message", ""))
         finally:
-            self._queues.pop(request_id, None)
+            self._queues.pop(wire_id, None)
+            self._calls.pop(request_id, None)
             if not done and self._lost is None:
                 # Abandoned (timeout, cancel, consumer stopped): free its KV blocks.
                 try:
-                    await self._send(m.pack("abort", {"id": request_id}))
+                    await self._send(m.pack("abort", {"id": wire_id}))
                 except FolioError:
                     pass
 
@@ -351,6 +380,9 @@ class Client:
 
     def health(self, timeout: float = 5.0) -> dict[str, Any]:
         return self._call(self._async.health(timeout))
+
+    def kv_map(self, timeout: float = 5.0) -> dict[str, Any] | None:
+        return self._call(self._async.kv_map(timeout))
 
     def close(self) -> None:
         if self._loop.is_running():

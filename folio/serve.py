@@ -18,9 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from folio.cli import engine_config, engine_flags, resolve_model
+from folio.cli import (api_key, check_bind, check_http, config_flags, config_values,
+                       engine_config, engine_flags, resolve_model, scheduler_args_of_serve)
+from folio.preflight import check_engine
 from folio.placement import executor_runs_on_cpu, pin, plan_placement, usable_cores
 from frontend.openai_protocol import served_names
+from scheduler.service import SchedulerServiceConfig
+from shared.config import SettingError, policy_values
 from shared.transport import ipc_address, make_run_dir
 
 STOP_GRACE_S = 5.0
@@ -41,39 +45,42 @@ class Supervisor:
         self.args = args
         self.model = resolve_model(args.model)
         self.config = engine_config(args, self.model)
+        # Every setting is checked before the run directory or any process exists.
+        check_http(args)
+        if args.executor_restarts < 0:
+            raise SettingError("executor_restarts", f"must be >= 0, got "
+                               f"{args.executor_restarts}")
+        check_engine(self.config)
+        if args.zmq_address:
+            check_bind(zmq_address=args.zmq_address)
         self.run_dir = make_run_dir()
+        try:
+            self.scheduler_config = SchedulerServiceConfig(
+                **policy_values(self.config),
+                frontend_address=ipc_address(self.run_dir, "scheduler-frontends"),
+                executor_address=ipc_address(self.run_dir, "scheduler-executor"),
+                curve_keys=args.curve_keys, shutdown_timeout_s=args.shutdown_timeout,
+                **config_values(args, SchedulerServiceConfig, skip=scheduler_args_of_serve()))
+        except SettingError:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+        self.frontend_address = self.scheduler_config.frontend_address
+        self.executor_address = self.scheduler_config.executor_address
         self.client_address = args.zmq_address or ipc_address(self.run_dir, "client")
-        self.frontend_address = ipc_address(self.run_dir, "scheduler-frontends")
-        self.executor_address = ipc_address(self.run_dir, "scheduler-executor")
         self.placement = plan_placement(args.cpu_placement, usable_cores(),
                                         executor_runs_on_cpu(self.config.device))
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
+        self.api_key = api_key(args)
 
     def command(self, role: str) -> list[str]:
         base = [sys.executable, "-m", "folio", "--log-level", self.args.log_level, role]
+        if role == "scheduler":   # every flag generated from its config
+            return base + config_flags(self.scheduler_config)
         if self.args.curve_keys:
             base += ["--curve-keys", self.args.curve_keys]
         if role != "executor":
             base += ["--shutdown-timeout", str(self.args.shutdown_timeout)]
-        if role == "scheduler":
-            return base + ["--frontend-address", self.frontend_address,
-                           "--executor-address", self.executor_address,
-                           "--max-num-seqs", str(self.config.max_num_seqs),
-                           "--max-num-batched-tokens", str(self.config.max_num_batched_tokens),
-                           "--enable-chunked-prefill" if self.config.enable_chunked_prefill
-                           else "--no-enable-chunked-prefill",
-                           "--enable-prefix-caching" if self.config.enable_prefix_caching
-                           else "--no-enable-prefix-caching",
-                           "--preemption-mode", self.config.preemption_mode,
-                           "--async-scheduling" if self.args.async_scheduling
-                           else "--no-async-scheduling",
-                           "--max-logprobs", str(self.config.max_logprobs),
-                           "--max-n", str(self.config.max_n),
-                           *(["--max-queued-requests", str(self.args.max_queued_requests)]
-                             if self.args.max_queued_requests is not None else []),
-                           *(["--max-queued-tokens", str(self.args.max_queued_tokens)]
-                             if self.args.max_queued_tokens is not None else [])]
         if role == "executor":
             return base + ["--model", self.model, "--scheduler-address", self.executor_address,
                            *engine_flags(self.config)]
@@ -82,10 +89,10 @@ class Supervisor:
             http = ["--host", self.args.host, "--port", str(self.args.port),
                     "--served-model-name",
                     *served_names(self.args.served_model_name, self.model)]
-            if self.args.api_key:
-                http += ["--api-key", self.args.api_key]
             if self.args.metrics_public:
                 http += ["--metrics-public"]
+            if self.args.allowed_hosts:
+                http += ["--allowed-hosts", self.args.allowed_hosts]
         return base + ["--model", self.config.tokenizer_path,
                        "--client-address", self.client_address,
                        "--scheduler-address", self.frontend_address, *http]
@@ -97,7 +104,17 @@ class Supervisor:
             _die_with_parent()
             pin(cores)
 
-        self.procs[role] = subprocess.Popen(self.command(role), preexec_fn=before_exec)
+        self.procs[role] = subprocess.Popen(self.command(role), preexec_fn=before_exec,
+                                            env=self.child_env(role))
+
+    def child_env(self, role: str) -> dict[str, str]:
+        """The key reaches the frontend in its environment, never on a command line (which
+        `ps` shows to every user), and no other process."""
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("FOLIO_API_KEY", "FOLIO_API_KEY_FILE")}
+        if role == "frontend" and self.api_key:
+            env["FOLIO_API_KEY"] = self.api_key
+        return env
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -144,7 +161,9 @@ class Supervisor:
                 code = proc.poll()
                 if code is None or self.stopping:
                     continue
-                if role == "executor" and len(restarts) < self.args.executor_restarts:
+                # Exit status 2: a setting it refused; a restart would refuse it again.
+                if role == "executor" and code != 2 \
+                        and len(restarts) < self.args.executor_restarts:
                     restarts.append(time.monotonic())
                     print(f"folio serve: executor exited with {code}; restarting it "
                           f"({len(restarts)}/{self.args.executor_restarts})",

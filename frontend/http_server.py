@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API (FastAPI on uvicorn, in the frontend's own event loop).
 
 Routes: GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions,
-POST /tokenize, POST /detokenize, GET /health, GET /metrics, and the chat page at /. Errors use OpenAI's envelope
+POST /tokenize, POST /detokenize, GET /health, GET /metrics, GET /v1/kv/map (the KV cache's
+page map), the chat page at / and the page map's live view at /kv. Errors use OpenAI's envelope
 {"error": {"message", "type", "param", "code"}}.
 """
 
@@ -17,11 +18,15 @@ from importlib import resources
 from typing import Any
 
 import uvicorn
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from frontend.engine_client import EngineClient
+from frontend.http_limits import (ConnectionGate, allowed_hosts, connection_cap, gated,
+                                  host_name)
 from frontend.metrics import Metrics
 from frontend.openai_api import create_chat_completion, create_completion
 from frontend.openai_protocol import ApiError, invalid, served_names
@@ -33,10 +38,13 @@ RETRY_AFTER_S = "1"
 
 
 def create_app(engine: EngineClient, model_name: str | list[str], api_key: str | None = None,
-               metrics_public: bool = False) -> FastAPI:
+               metrics_public: bool = False, hosts: frozenset[str] | None = None) -> FastAPI:
     """With api_key, /v1 routes need it, and so does /metrics unless metrics_public.
-    Several model names: each is accepted, the first is the one answers report."""
-    app = FastAPI(title="Folio", version="1", docs_url=None, redoc_url=None)
+    Several model names: each is accepted, the first is the one answers report.
+    hosts: the Host names answered (None: any); others get a 403."""
+    # No /openapi.json: it would answer without the API key.
+    app = FastAPI(title="Folio", version="1", docs_url=None, redoc_url=None,
+                  openapi_url=None)
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     model_name = names[0]
     metrics = Metrics(model_name)
@@ -63,6 +71,11 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
+        if hosts is not None and host_name(request.headers.get("host", "")) not in hosts:
+            error = ApiError(403, "this server does not answer to the Host "
+                             f"{request.headers.get('host', '')[:100]!r} (--allowed-hosts)",
+                             code="host_not_allowed", error_type="invalid_request_error")
+            return JSONResponse(error.body(), status_code=403)
         if api_key and needs_key(request.url.path):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
@@ -72,9 +85,7 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
         return await call_next(request)
 
     async def read_json(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise invalid(f"request body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
+        raw = await _read_body(request)
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError) as error:
@@ -167,12 +178,59 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
         return Response(metrics.render(stats),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.get("/v1/kv/map")
+    async def kv_map() -> Response:
+        snapshot = await engine.kv_map(timeout=1.0)
+        if snapshot is None:
+            raise ApiError(503, "no page map: " + (engine.dead_reason() if not
+                           engine.engine_alive else "the scheduler did not answer in time"),
+                           code="engine_unavailable")
+        return JSONResponse({"object": "kv_map", **snapshot},
+                            headers={"Cache-Control": "no-store"})
+
+    @app.get("/kv", response_class=HTMLResponse)
+    async def kv_page() -> HTMLResponse:
+        page = resources.files("frontend").joinpath("static/kv.html")
+        return HTMLResponse(page.read_text(encoding="utf-8"))
+
     @app.get("/", response_class=HTMLResponse)
     async def chat_page() -> HTMLResponse:
         page = resources.files("frontend").joinpath("static/chat.html")
         return HTMLResponse(page.read_text(encoding="utf-8"))
 
     return app
+
+
+def _check_content_type(request: Request) -> None:
+    """A browser's cross-origin "simple" POST (text/plain, forms) is no JSON client: refuse
+    it (no preflight protects a local server from it). No Content-Type at all is allowed."""
+    given = request.headers.get("content-type")
+    if given is None:
+        return
+    kind = given.split(";", 1)[0].strip().lower()
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise ApiError(415, f"Content-Type {given[:100]!r} is not JSON; send "
+                       "'Content-Type: application/json'", code="unsupported_media_type",
+                       error_type="invalid_request_error")
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused (400) past MAX_BODY_BYTES without reading more than that: by its
+    Content-Length at once, or as a chunked body grows."""
+    _check_content_type(request)
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise invalid(f"Content-Length {declared[:40]!r} is not a number")
+        if int(declared) > MAX_BODY_BYTES:
+            raise invalid(f"request body of {int(declared)} bytes exceeds {MAX_BODY_BYTES}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise invalid(f"request body exceeds {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -200,13 +258,16 @@ class _Server(uvicorn.Server):
 
 async def serve_http(engine: EngineClient, config, stopped: asyncio.Event) -> None:
     names = served_names(config.served_model_name, config.model)
-    app = create_app(engine, names, config.api_key, config.metrics_public)
-    server = _Server(uvicorn.Config(app, host=config.host, port=config.port,
+    app = create_app(engine, names, config.api_key, config.metrics_public,
+                     allowed_hosts(config.host, config.allowed_hosts))
+    gate = ConnectionGate(connection_cap())
+    protocol = gated(import_from_string(HTTP_PROTOCOLS["auto"]), gate)
+    server = _Server(uvicorn.Config(app, host=config.host, port=config.port, http=protocol,
                                     log_level="warning", access_log=False, lifespan="off",
                                     timeout_graceful_shutdown=5))
     task = asyncio.create_task(server.serve())
-    log.info("HTTP API on http://%s:%d/v1 (model %s)", config.host, config.port,
-             ", ".join(map(repr, names)))
+    log.info("HTTP API on http://%s:%d/v1 (model %s; at most %d connections)", config.host,
+             config.port, ", ".join(map(repr, names)), gate.cap)
     await stopped.wait()
     server.should_exit = True
     await task
