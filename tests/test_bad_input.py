@@ -52,7 +52,7 @@ def test_unsupported_architecture(llama_dir, tmp_path):
 
 
 def test_missing_checkpoint(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(ValueError, match=r"^model .*no config\.json"):
         LLM(str(tmp_path), tokenizer=str(tmp_path))
 
 
