@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,3 +56,20 @@ class HttpServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@contextmanager
+def serving(model_dir: Path, run_dir: Path, *extra: str) -> Iterator[HttpServer]:
+    """A ready `folio serve` for the block, stopped after it (a module fixture's body)."""
+    server = HttpServer(model_dir, run_dir, *extra)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def openai_client(server: HttpServer, api_key: str):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key=api_key, max_retries=0)

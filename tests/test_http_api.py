@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from folio import SamplingParams
 from folio.client import Client
-from tests.http_server import ROOT, HttpServer, free_port
+from tests.http_server import ROOT, free_port, openai_client, serving
 
 pytestmark = pytest.mark.slow
 KEY = "sk-folio-test"
@@ -24,19 +24,15 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, llama_dir):
-    srv = HttpServer(llama_dir, tmp_path_factory.mktemp("http"), "--api-key", KEY,
-                     "--served-model-name", MODEL, "--num-kv-blocks", "512",
-                     "--max-num-seqs", "4", "--max-queued-requests", "6")
-    try:
-        srv.wait_ready()
+    with serving(llama_dir, tmp_path_factory.mktemp("http"), "--api-key", KEY,
+                 "--served-model-name", MODEL, "--num-kv-blocks", "512",
+                 "--max-num-seqs", "4", "--max-queued-requests", "6") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
+    return openai_client(server, KEY)
 
 
 def _stats(server) -> dict:

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from frontend.openai_protocol import served_names
-from tests.http_server import ROOT, HttpServer, free_port
+from tests.http_server import ROOT, free_port, openai_client, serving
 
 pytestmark = pytest.mark.slow
 KEY = "sk-folio-fields"
@@ -25,19 +25,15 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, llama_dir):
-    srv = HttpServer(llama_dir, tmp_path_factory.mktemp("fields"), "--api-key", KEY,
-                     "--served-model-name", MODEL, ALIAS, "--max-n", "20",
-                     "--num-kv-blocks", "256", "--max-num-seqs", "24")
-    try:
-        srv.wait_ready()
+    with serving(llama_dir, tmp_path_factory.mktemp("fields"), "--api-key", KEY,
+                 "--served-model-name", MODEL, ALIAS, "--max-n", "20",
+                 "--num-kv-blocks", "256", "--max-num-seqs", "24") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
+    return openai_client(server, KEY)
 
 
 def _post(server, path: str, body: dict, key: str | None = KEY) -> httpx.Response:

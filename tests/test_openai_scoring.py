@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 
 import httpx
-import openai
 import pytest
 
-from tests.http_server import HttpServer
+from tests.http_server import openai_client, serving
 
 pytestmark = pytest.mark.slow
 KEY = "sk-folio-scoring"
@@ -21,19 +20,15 @@ CONTINUATION = " in C or Pascal."
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, llama_dir):
-    srv = HttpServer(llama_dir, tmp_path_factory.mktemp("scoring"), "--api-key", KEY,
-                     "--served-model-name", MODEL, "--num-kv-blocks", "256",
-                     "--max-num-seqs", "8")
-    try:
-        srv.wait_ready()
+    with serving(llama_dir, tmp_path_factory.mktemp("scoring"), "--api-key", KEY,
+                 "--served-model-name", MODEL, "--num-kv-blocks", "256",
+                 "--max-num-seqs", "8") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
+    return openai_client(server, KEY)
 
 
 @pytest.fixture(scope="module")

@@ -1345,5 +1345,6 @@ def test_stopped_frontend_its_clients_see_errors_then_it_serves_again(healthy):
                 and not isinstance(plain, str)
                 and "gave up on this frontend" in plain.json()["error"]["message"])
     if not answered:
-        pytest.xfail(f"HTTP clients of a resumed frontend: stream {str(stream)[-200:]!r}, "
+        pytest.xfail(f"known gap (README, Not yet): HTTP clients of a resumed frontend: "
+                     f"stream {str(stream)[-200:]!r}, "
                      f"plain {str(plain)[:100]!r}")
