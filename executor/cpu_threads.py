@@ -9,24 +9,17 @@ thread of the step).
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
+
+from shared.cpus import usable_cores
 
 log = logging.getLogger("folio.executor")
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):   # no affinity API on this platform
-        return max(1, os.cpu_count() or 1)
-
-
 def apply_cpu_threads(requested: int | None) -> int:
     """Set torch's intra-op thread count: `requested`, or one per usable core."""
-    threads = requested if requested is not None else usable_cores()
+    threads = requested if requested is not None else max(1, len(usable_cores()))
     torch.set_num_threads(threads)
     log.info("CPU threads: %d (%s)", threads,
              "--cpu-threads" if requested is not None else "one per usable core")

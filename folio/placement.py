@@ -18,6 +18,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
+
 PLACEMENTS = ("auto", "split", "shared", "off")
 
 
@@ -50,13 +51,6 @@ def plan_placement(policy: str, cores: list[int], executor_on_cpu: bool) -> Plac
     if policy == "shared" or len(cores) < 2:
         return Placement(policy, tuple(cores), None)
     return Placement("split", tuple(cores[:-1]), (cores[-1],))
-
-
-def usable_cores() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return list(range(os.cpu_count() or 1))
 
 
 def executor_runs_on_cpu(device: str) -> bool:

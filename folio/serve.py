@@ -21,7 +21,8 @@ from pathlib import Path
 from folio.cli import (api_key, check_bind, check_http, config_flags, config_values,
                        engine_config, engine_flags, resolve_model, scheduler_args_of_serve)
 from folio.preflight import check_engine
-from folio.placement import executor_runs_on_cpu, pin, plan_placement, usable_cores
+from folio.placement import executor_runs_on_cpu, pin, plan_placement
+from shared.cpus import usable_cores
 from frontend.openai_protocol import served_names
 from scheduler.service import SchedulerServiceConfig
 from shared.config import SettingError, policy_values

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from executor.cpu_threads import apply_cpu_threads, usable_cores
+from executor.cpu_threads import apply_cpu_threads
+from shared.cpus import usable_cores
 from executor.linear import PackedLinear, onednn_unavailable_reason, pack_linears
 from folio import LLM, SamplingParams
 from tests.hf_oracle import hf_greedy, random_prompts
@@ -66,7 +67,7 @@ def test_thread_policy_follows_the_request_or_the_affinity():
     before = torch.get_num_threads()
     try:
         assert apply_cpu_threads(1) == 1 and torch.get_num_threads() == 1
-        assert apply_cpu_threads(None) == usable_cores() == torch.get_num_threads()
+        assert apply_cpu_threads(None) == len(usable_cores()) == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 

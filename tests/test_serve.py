@@ -15,7 +15,8 @@ import pytest
 from folio import SamplingParams
 from folio.client import Client
 from folio.errors import ServerUnreachable
-from folio.placement import executor_runs_on_cpu, plan_placement, usable_cores
+from folio.placement import executor_runs_on_cpu, plan_placement
+from shared.cpus import usable_cores
 from tests.http_server import free_port
 
 pytestmark = pytest.mark.slow
