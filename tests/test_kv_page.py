@@ -48,11 +48,11 @@ def _blocks(driver) -> list[tuple[str, str, str]]:
 
 
 def test_grid_follows_a_running_request(server, browser, tmp_path):  # noqa: F811
-    browser.get(server + "/kv")
+    browser.get(server + "/kv?every=100")   # a fast machine ends the answers in ~1 s
     _wait(browser, lambda d: len(_blocks(d)) == 256, "the grid of 256 blocks", timeout=15)
     assert {state for state, _, _ in _blocks(browser)} <= {"F", "C"}
     body = {"prompt": "a prompt the two answers share, long enough for blocks " * 2,
-            "max_tokens": 400, "temperature": 0.0, "ignore_eos": True}
+            "max_tokens": 900, "temperature": 0.0, "ignore_eos": True}
     answers = []
     workers = [threading.Thread(target=lambda: answers.append(httpx.post(
         f"{server}/v1/completions", json=body, timeout=120).status_code)) for _ in range(2)]
