@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from kernels import cpu_attention, cpu_fused, reference
+from kernels import cpu_attention, cpu_fused, moe_reference, reference
 
 log = logging.getLogger("folio.executor")
 
@@ -35,6 +35,8 @@ class KernelOps:
     attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionInputs, float],
                         torch.Tensor]
     prepare: Callable[[AttentionInputs, int], AttentionInputs]
+    # MoE experts: (hidden [T,H], w13 [E,2I,H], w2 [E,H,I], topk_weights [T,k], topk_ids [T,k])
+    fused_moe: Callable[..., torch.Tensor] = moe_reference.fused_moe_ref
 
 
 def _torch_attention(query, key_cache, value_cache, inputs: AttentionInputs, scale):
@@ -56,6 +58,7 @@ TORCH_OPS = KernelOps(
     silu_and_mul=reference.silu_and_mul_ref,
     attention=_torch_attention,
     prepare=_torch_prepare,
+    fused_moe=moe_reference.fused_moe_ref,
 )
 
 
@@ -74,7 +77,8 @@ def triton_ops() -> KernelOps:
     return KernelOps(name="triton", rms_norm=rms_norm, rotary=kernels.rotary_embedding,
                      reshape_and_cache=kernels.reshape_and_cache,
                      silu_and_mul=reference.silu_and_mul_ref, attention=attention,
-                     prepare=lambda inputs, block_size: inputs)
+                     prepare=lambda inputs, block_size: inputs,
+                     fused_moe=moe_reference.fused_moe_ref)  # until the Triton kernel lands
 
 
 def cpu_ops() -> KernelOps:
@@ -89,7 +93,8 @@ def cpu_ops() -> KernelOps:
     return KernelOps(name="cpu", rms_norm=cpu_fused.rms_norm_cpu, rotary=cpu_fused.rotary_cpu,
                      reshape_and_cache=reference.reshape_and_cache_ref,
                      silu_and_mul=cpu_fused.silu_and_mul_cpu, attention=attention,
-                     prepare=lambda inputs, block_size: inputs)
+                     prepare=lambda inputs, block_size: inputs,
+                     fused_moe=moe_reference.fused_moe_ref)
 
 
 def select_ops(backend: str, device: torch.device) -> KernelOps:
