@@ -32,15 +32,27 @@ class KernelOps:
     rotary: Callable[..., Any]
     reshape_and_cache: Callable[..., Any]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
-    attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionInputs, float],
-                        torch.Tensor]
+    # attention(query, key_cache, value_cache, inputs, scale, window=None, softcap=None):
+    # window W (per layer): a query at position p sees keys p - W < j <= p; softcap c:
+    # scores = c * tanh(scores / c) before the softmax.
+    attention: Callable[..., torch.Tensor]
     prepare: Callable[[AttentionInputs, int], AttentionInputs]
     # MoE experts: (hidden [T,H], w13 [E,2I,H], w2 [E,H,I], topk_weights [T,k], topk_ids [T,k])
     fused_moe: Callable[..., torch.Tensor] = moe_reference.fused_moe_ref
 
 
-def _torch_attention(query, key_cache, value_cache, inputs: AttentionInputs, scale):
-    return reference.paged_attention_planned(query, key_cache, value_cache, inputs.plan, scale)
+def _torch_attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
+                     window: int | None = None, softcap: float | None = None):
+    return reference.paged_attention_planned(query, key_cache, value_cache, inputs.plan, scale,
+                                             window=window, softcap=softcap)
+
+
+def _unsupported(backend: str, window: int | None, softcap: float | None) -> None:
+    """A backend without an option refuses it by name rather than ignoring it."""
+    for option, value in (("window", window), ("softcap", softcap)):
+        if value is not None:
+            raise ValueError(f"attention backend {backend!r} does not support "
+                             f"{option}={value!r} yet; use attention_backend='torch'")
 
 
 def _torch_prepare(inputs: AttentionInputs, block_size: int) -> AttentionInputs:
@@ -65,7 +77,9 @@ TORCH_OPS = KernelOps(
 def triton_ops() -> KernelOps:
     import kernels  # the Triton kernels load lazily, only here
 
-    def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale):
+    def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
+                  window: int | None = None, softcap: float | None = None):
+        _unsupported("triton", window, softcap)
         return kernels.paged_attention(query, key_cache, value_cache, inputs.block_tables,
                                        inputs.seq_lens, inputs.query_start_loc, scale)
 
@@ -85,7 +99,9 @@ def cpu_ops() -> KernelOps:
     """The C++ operators: paged attention reading the cache blocks in place, fused RMSNorm
     (+ residual), rotary and SiLU-and-mul; the cache write from the reference."""
 
-    def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale):
+    def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
+                  window: int | None = None, softcap: float | None = None):
+        _unsupported("cpu", window, softcap)
         return cpu_attention.paged_attention_cpu(query, key_cache, value_cache,
                                                  inputs.block_tables, inputs.seq_lens,
                                                  inputs.query_start_loc, scale)

@@ -32,6 +32,9 @@ class DecodeGroup:
     tokens: torch.Tensor      # [G] row of each query in `query`
     slots: torch.Tensor       # [G, L] flat cache slot of every context position
     mask: torch.Tensor        # [G, 1, 1, L] True where a key is visible
+    lens: torch.Tensor        # [G] context length of each row
+    tables: torch.Tensor      # [G, M] block table of each row (windowed layers re-index)
+    block_size: int
 
 
 @dataclass(frozen=True)
@@ -77,71 +80,141 @@ def _decode_group(block_tables, rows, starts, lens, longest, block_size) -> Deco
     row_index = torch.tensor(rows, device=device)
     row_lens = torch.tensor([lens[i] for i in rows], device=device)
     visible = torch.arange(longest, device=device)[None, :] < row_lens[:, None]
+    tables = block_tables[row_index]
     return DecodeGroup(
         tokens=torch.tensor([starts[i] for i in rows], device=device),
-        slots=_context_slots(block_tables[row_index], block_size, visible),
+        slots=_context_slots(tables, block_size, visible),
         mask=visible[:, None, None, :],
+        lens=row_lens,
+        tables=tables,
+        block_size=block_size,
     )
 
 
-def _context_slots(tables: torch.Tensor, block_size: int, visible: torch.Tensor
-                   ) -> torch.Tensor:
-    """[G, M] block tables -> [G, L] flat slots. Positions past a sequence's end point at
-    its position 0: those slots may hold stale or never-written memory (even NaN bit
-    patterns, which a mask would not stop); position 0 always holds a real key."""
-    positions = torch.arange(visible.shape[1], device=tables.device)
-    slots = tables.long()[:, positions // block_size] * block_size + positions % block_size
+def _context_slots(tables: torch.Tensor, block_size: int, visible: torch.Tensor,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:
+    """[G, M] block tables -> [G, L] flat slots of `positions` ([L] or [G, L], default
+    0..L-1). Invisible positions point at each row's first position: those slots may hold
+    stale or never-written memory (even NaN bit patterns, which a mask would not stop, or a
+    block freed once it left the window); the first position always holds a real key."""
+    if positions is None:
+        positions = torch.arange(visible.shape[1], device=tables.device)
+    positions = positions.expand(visible.shape).clamp(min=0)
+    blocks = torch.gather(tables.long(), 1, torch.div(positions, block_size,
+                                                      rounding_mode="floor"))
+    slots = blocks * block_size + positions % block_size
     return torch.where(visible, slots, slots[:, :1])
+
+
+def _windowed_group(group: DecodeGroup, window: int) -> DecodeGroup:
+    """The same rows reading only their last `window` positions: a query at position p sees
+    keys j with p - window < j <= p (transformers' sliding-window mask)."""
+    width = min(window, group.slots.shape[1])
+    first = (group.lens - window).clamp(min=0)                          # [G]
+    positions = first[:, None] + torch.arange(width, device=first.device)[None, :]
+    visible = positions < group.lens[:, None]
+    return DecodeGroup(group.tokens, _context_slots(group.tables, group.block_size, visible,
+                                                    positions),
+                       visible[:, None, None, :], group.lens, group.tables, group.block_size)
 
 
 def paged_attention_ref(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
                         query_start_loc: torch.Tensor, scale: float,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of each sequence's new tokens over its whole paged context.
+                        out: torch.Tensor | None = None, *, window: int | None = None,
+                        softcap: float | None = None) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its paged context.
 
     query [T, H, D]; caches [N, B, Hkv, D]; block_tables [S, M]; seq_lens [S] (context
     including the new tokens); query_start_loc [S + 1]. Returns [T, H, D] in query's dtype.
+    window W: a query at position p sees only keys j with p - W < j <= p, and cache blocks
+    wholly before its window are never read (they may have been freed). softcap c: scores
+    become c * tanh(scores / c) before the softmax (Gemma 2).
     """
     plan = plan_attention(block_tables, seq_lens, query_start_loc, key_cache.shape[1])
-    return paged_attention_planned(query, key_cache, value_cache, plan, scale, out)
+    return paged_attention_planned(query, key_cache, value_cache, plan, scale, out,
+                                   window=window, softcap=softcap)
+
+
+def check_attention_options(window: int | None, softcap: float | None) -> None:
+    """A bad per-layer option is the caller's bug: say which one."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):
+        raise ValueError(f"attention window must be a positive int or None, got {window!r}")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+        raise ValueError(f"attention softcap must be a positive float or None, got {softcap!r}")
 
 
 def paged_attention_planned(query: torch.Tensor, key_cache: torch.Tensor,
                             value_cache: torch.Tensor, plan: AttentionPlan, scale: float,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+                            out: torch.Tensor | None = None, *, window: int | None = None,
+                            softcap: float | None = None) -> torch.Tensor:
+    check_attention_options(window, softcap)
     if out is None:
         out = torch.empty_like(query)
     for group in plan.decode_groups:
-        _decode_attention(query, key_cache, value_cache, group, scale, out)
+        if window is not None and group.slots.shape[1] > window:
+            group = _windowed_group(group, window)
+        _decode_attention(query, key_cache, value_cache, group, scale, softcap, out)
     for (seq, start, q_len, seq_len), mask in zip(plan.chunks, plan.chunk_masks):
+        first_key = 0
+        if window is not None and seq_len - q_len + 1 > window:
+            # Keys before the first query's window are never read, not just masked.
+            first_key = seq_len - q_len + 1 - window
+        if window is not None and window < seq_len:
+            mask = _chunk_mask(q_len, seq_len, key_cache.device, window, first_key)
         _chunk_attention(query, key_cache, value_cache, plan.block_tables[seq], start, q_len,
-                         seq_len, mask, scale, out)
+                         seq_len, first_key, mask, scale, softcap, out)
     return out
 
 
-def _chunk_mask(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor | None:
-    if q_len == seq_len:
+def _chunk_mask(q_len: int, seq_len: int, device: torch.device, window: int | None = None,
+                first_key: int = 0) -> torch.Tensor | None:
+    if q_len == seq_len and window is None:
         return None
-    # New tokens sit at the end of the context: token j sees positions <= offset + j.
-    key_pos = torch.arange(seq_len, device=device)
+    # New tokens sit at the end of the context: token j sees positions <= offset + j
+    # (and, windowed, > offset + j - window).
+    key_pos = torch.arange(first_key, seq_len, device=device)
     query_pos = torch.arange(seq_len - q_len, seq_len, device=device)
-    return key_pos[None, :] <= query_pos[:, None]
+    visible = key_pos[None, :] <= query_pos[:, None]
+    if window is not None:
+        visible &= key_pos[None, :] > query_pos[:, None] - window
+    return visible
 
 
-def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """[..., M] block ids -> [..., length, Hkv, D] contiguous context."""
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int,
+                    first: int = 0) -> torch.Tensor:
+    """[..., M] block ids -> [..., length - first, Hkv, D]: positions first..length-1."""
     block_size = cache.shape[1]
-    num_blocks = -(-length // block_size)
-    blocks = cache[block_table[..., :num_blocks].long()]          # [..., nb, B, Hkv, D]
+    first_block = first // block_size
+    num_blocks = -(-length // block_size) - first_block
+    blocks = cache[block_table[..., first_block:first_block + num_blocks].long()]
     shape = (*blocks.shape[:-4], num_blocks * block_size, *blocks.shape[-2:])
-    return blocks.reshape(shape)[..., :length, :, :]
+    skip = first - first_block * block_size
+    return blocks.reshape(shape)[..., skip:length - first_block * block_size, :, :]
 
 
-def _decode_attention(query, key_cache, value_cache, group: DecodeGroup, scale, out) -> None:
+def _attend(q, k, v, mask, scale, softcap, is_causal=False) -> torch.Tensor:
+    """softmax(q k^T * scale [soft-capped], masked) v in float32; SDPA when not capped."""
+    q, k, v = q.float(), k.float(), v.float()
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                              scale=scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if is_causal:
+        q_len, k_len = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v)
+
+
+def _decode_attention(query, key_cache, value_cache, group: DecodeGroup, scale, softcap,
+                      out) -> None:
     _, _, num_kv_heads, head_dim = key_cache.shape
     shape = (*group.slots.shape, num_kv_heads, head_dim)
-    flat_slots = group.slots.view(-1)
+    flat_slots = group.slots.reshape(-1)
     # index_select copies whole rows and is several times faster than advanced indexing.
     k = key_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots)
     v = value_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots)
@@ -152,22 +225,20 @@ def _decode_attention(query, key_cache, value_cache, group: DecodeGroup, scale, 
     # Fold the query heads of one KV head into the "query length" axis: GQA without
     # copying K/V, and every row stays an independent softmax.
     q = q.view(rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    result = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                            attn_mask=group.mask, scale=scale)
+    result = _attend(q, k, v, group.mask, scale, softcap)
     out.index_copy_(0, group.tokens, result.reshape(rows, num_heads, head_dim).to(out.dtype))
 
 
-def _chunk_attention(query, key_cache, value_cache, block_table, start, q_len, seq_len, mask,
-                     scale, out) -> None:
-    k = _gather_context(key_cache, block_table, seq_len).transpose(0, 1)[None]   # [1,Hkv,L,D]
-    v = _gather_context(value_cache, block_table, seq_len).transpose(0, 1)[None]
+def _chunk_attention(query, key_cache, value_cache, block_table, start, q_len, seq_len,
+                     first_key, mask, scale, softcap, out) -> None:
+    k = _gather_context(key_cache, block_table, seq_len, first_key).transpose(0, 1)[None]
+    v = _gather_context(value_cache, block_table, seq_len, first_key).transpose(0, 1)[None]
     q = query[start:start + q_len].transpose(0, 1)[None]                          # [1,H,Q,D]
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-    result = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                            is_causal=mask is None, scale=scale)
+    result = _attend(q, k, v, mask, scale, softcap, is_causal=mask is None)
     out[start:start + q_len] = result[0].transpose(0, 1).to(out.dtype)
 
 

@@ -25,9 +25,12 @@ class PagedBatch:
 def make_batch(seqs: list[tuple[int, int]], *, block_size: int, head_dim: int, num_heads: int,
                num_kv_heads: int, dtype: torch.dtype, device: torch.device, seed: int,
                spare_blocks: int = 3, table_dtype: torch.dtype = torch.int32,
-               len_dtype: torch.dtype = torch.int32) -> PagedBatch:
+               len_dtype: torch.dtype = torch.int32, window: int | None = None) -> PagedBatch:
     """seqs: (context already cached, new tokens) per sequence; the new tokens' K/V are in
-    the cache too (reshape_and_cache runs before attention), at the end of the context."""
+    the cache too (reshape_and_cache runs before attention), at the end of the context.
+    window: blocks wholly before every new token's window are "freed" afterwards, their
+    table entries pointing at a block of NaN (as the scheduler's null block may hold), so a
+    kernel that reads them rather than skipping them fails."""
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [context + new for context, new in seqs]
     blocks_needed = [-(-n // block_size) for n in seq_lens]
@@ -55,6 +58,11 @@ def make_batch(seqs: list[tuple[int, int]], *, block_size: int, head_dim: int, n
     for n in new_tokens:
         starts.append(starts[-1] + n)
     query = torch.randn(starts[-1], num_heads, head_dim, generator=gen).to(dtype)
+    if window is not None:
+        null_block = int(ids[used])            # a spare block, never written: all NaN
+        for i, (context, _) in enumerate(seqs):
+            dead = max(0, context + 1 - window) // block_size
+            tables[i, :dead] = null_block
     return PagedBatch(
         query=query.to(device), key_cache=key_cache.to(device),
         value_cache=value_cache.to(device),
@@ -64,8 +72,10 @@ def make_batch(seqs: list[tuple[int, int]], *, block_size: int, head_dim: int, n
         scale=head_dim ** -0.5)
 
 
-def oracle(batch: PagedBatch) -> torch.Tensor:
-    """Float64 attention, one sequence at a time, gathering exactly the context positions."""
+def oracle(batch: PagedBatch, window: int | None = None,
+           softcap: float | None = None) -> torch.Tensor:
+    """Float64 attention, one sequence at a time, gathering exactly the context positions
+    each query sees (p - window < j <= p); softcap: scores = c * tanh(scores / c)."""
     query = batch.query.cpu().double()
     key_cache, value_cache = batch.key_cache.cpu().double(), batch.value_cache.cpu().double()
     tables = batch.block_tables.cpu().long()
@@ -77,14 +87,19 @@ def oracle(batch: PagedBatch) -> torch.Tensor:
         start, end = starts[i], starts[i + 1]
         if end == start:
             continue
-        positions = torch.arange(seq_len)
+        query_positions = torch.arange(seq_len - (end - start), seq_len)
+        first = 0 if window is None else max(0, int(query_positions[0]) + 1 - window)
+        positions = torch.arange(first, seq_len)
         blocks, slots = tables[i, positions // block_size], positions % block_size
         k = key_cache[blocks, slots].repeat_interleave(groups, dim=1)    # [L, H, D]
         v = value_cache[blocks, slots].repeat_interleave(groups, dim=1)
         q = query[start:end]                                              # [Q, H, D]
         scores = torch.einsum("qhd,khd->hqk", q, k) * batch.scale
-        query_positions = torch.arange(seq_len - (end - start), seq_len)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         visible = positions[None, :] <= query_positions[:, None]          # [Q, L]
+        if window is not None:
+            visible &= positions[None, :] > query_positions[:, None] - window
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v)
     return out

@@ -154,3 +154,44 @@ def test_reference_agrees_with_oracle(device):
                        num_heads=4, num_kv_heads=2, dtype=torch.float32, device="cpu", seed=6)
     expected = kernels.paged_attention_ref(*batch.args())
     assert relative_error(expected, oracle(batch)) < FP32_TOLERANCE
+
+
+# Sliding window and soft-capping: (seed, block size, sequences, window, softcap). Windows
+# smaller than the contexts (blocks wholly before them point at NaN), equal to the longest
+# context, and larger than every context; decodes, prompts and chunks after context.
+WINDOWED_SEQS = [(40, 1), (0, 23), (20, 9), (0, 1), (31, 1), (3, 30), (70, 1)]
+WINDOW_CASES = [
+    pytest.param(0, 16, WINDOWED_SEQS, 8, None, id="window8-b16"),
+    pytest.param(1, 16, WINDOWED_SEQS, 17, 5.0, id="window17-b16-softcap"),
+    pytest.param(2, 4, WINDOWED_SEQS, 5, None, id="window5-b4"),
+    pytest.param(3, 16, WINDOWED_SEQS, 71, None, id="window-equals-longest"),
+    pytest.param(4, 16, WINDOWED_SEQS, 500, 2.0, id="window-larger-softcap"),
+    pytest.param(5, 16, WINDOWED_SEQS, None, 3.0, id="softcap-only"),
+    pytest.param(6, 16, [(0, 33), (5, 1)], 1, None, id="window1"),
+]
+
+
+@pytest.mark.parametrize("seed, block_size, seqs, window, softcap", WINDOW_CASES)
+def test_reference_window_softcap(seed, block_size, seqs, window, softcap):
+    batch = make_batch(seqs, block_size=block_size, head_dim=32, num_heads=4, num_kv_heads=2,
+                       dtype=torch.float32, device="cpu", seed=seed, window=window)
+    out = kernels.paged_attention_ref(*batch.args(), window=window, softcap=softcap)
+    assert relative_error(out, oracle(batch, window, softcap)) < FP32_TOLERANCE, seqs
+
+
+def test_window_and_softcap_change_the_result():
+    """The options are not ignored: a window and a cap each give a different answer."""
+    batch = make_batch(WINDOWED_SEQS, block_size=16, head_dim=32, num_heads=4, num_kv_heads=2,
+                       dtype=torch.float32, device="cpu", seed=9)
+    full = oracle(batch)
+    assert relative_error(oracle(batch, 8), full) > 1e-2
+    assert relative_error(oracle(batch, softcap=0.5), full) > 1e-2
+
+
+@pytest.mark.parametrize("bad", [{"window": 0}, {"window": 2.5}, {"softcap": -1.0},
+                                 {"window": True}])
+def test_reference_refuses_bad_options(bad):
+    batch = make_batch([(3, 1)], block_size=16, head_dim=32, num_heads=2, num_kv_heads=1,
+                       dtype=torch.float32, device="cpu", seed=0)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        kernels.paged_attention_ref(*batch.args(), **bad)
