@@ -92,7 +92,7 @@ def triton_ops() -> KernelOps:
                      reshape_and_cache=kernels.reshape_and_cache,
                      silu_and_mul=reference.silu_and_mul_ref, attention=attention,
                      prepare=lambda inputs, block_size: inputs,
-                     fused_moe=moe_reference.fused_moe_ref)  # until the Triton kernel lands
+                     fused_moe=kernels.fused_moe)
 
 
 def cpu_ops() -> KernelOps:
@@ -101,10 +101,10 @@ def cpu_ops() -> KernelOps:
 
     def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
                   window: int | None = None, softcap: float | None = None):
-        _unsupported("cpu", window, softcap)
         return cpu_attention.paged_attention_cpu(query, key_cache, value_cache,
                                                  inputs.block_tables, inputs.seq_lens,
-                                                 inputs.query_start_loc, scale)
+                                                 inputs.query_start_loc, scale,
+                                                 window=window, softcap=softcap)
 
     return KernelOps(name="cpu", rms_norm=cpu_fused.rms_norm_cpu, rotary=cpu_fused.rotary_cpu,
                      reshape_and_cache=reference.reshape_and_cache_ref,

@@ -120,15 +120,22 @@ def _cpu_runs_x86_64_v3() -> bool:
 def paged_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
-    """Same meaning as reference.paged_attention_ref; float32 or bfloat16 CPU tensors."""
+                        out: torch.Tensor | None = None, *, window: int | None = None,
+                        softcap: float | None = None) -> torch.Tensor:
+    """Same meaning as reference.paged_attention_ref (window and softcap included; blocks
+    wholly before a query's window are skipped, not read); float32 or bfloat16 CPU tensors."""
+    from kernels.reference import check_attention_options
+
+    check_attention_options(window, softcap)
     status = load()
     if not status.ok:
         raise RuntimeError(f"the CPU attention operator is unavailable: {status.detail}")
     if out is None:
         out = torch.empty_like(query)
+    # The operator's 0 means "none" for both.
     torch.ops.folio.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
-                                    query_start_loc, float(scale))
+                                    query_start_loc, float(scale), int(window or 0),
+                                    float(softcap or 0.0))
     return out
 
 

@@ -1,5 +1,7 @@
 // Paged attention on CPU, reading K/V through the block table in place.
-// Semantics: kernels/reference.py paged_attention_ref (layout in docs/kernels.md).
+// Semantics: kernels/reference.py paged_attention_ref (layout in docs/kernels.md), with its
+// sliding window (window > 0: a query at position p sees keys p - window < j <= p; key tiles
+// before an item's first window are never read) and soft-capping (softcap > 0).
 //
 // Work item = (sequence, tile of up to kChunkTokens query tokens), every head: the item
 // streams each cache block once, all KV heads of a position being contiguous, and each K/V
@@ -11,6 +13,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -88,6 +91,8 @@ struct Args {
   int64_t block_size, head_dim, heads, kv_heads;
   int64_t cache_s0, cache_s1, cache_s2;
   float scale;
+  int64_t window;    // 0: full causal attention
+  float softcap;     // 0: none
 };
 
 template <typename T>
@@ -278,13 +283,16 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   }
   const int32_t* table = a.tables + item.seq * a.table_stride;
   const int64_t context = first_pos + item.q_end;   // positions this item's last row sees
+  // The first position the item's first row sees: earlier blocks may have been freed.
+  const int64_t first_key =
+      a.window > 0 ? std::max<int64_t>(0, first_pos + item.q_begin + 1 - a.window) : 0;
   const int64_t position_bytes = a.kv_heads * D * static_cast<int64_t>(sizeof(T));
   auto position_offset = [&](int64_t p) {
     return table[p / a.block_size] * a.cache_s0 + (p % a.block_size) * a.cache_s1;
   };
   const T* keys[kKeyTile];
   const T* values[kKeyTile];
-  for (int64_t p0 = 0; p0 < context; p0 += kKeyTile) {
+  for (int64_t p0 = first_key; p0 < context; p0 += kKeyTile) {
     const int64_t n = std::min<int64_t>(kKeyTile, context - p0);
     for (int64_t j = 0; j < n; ++j) {
       const int64_t offset = position_offset(p0 + j);
@@ -309,26 +317,34 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
         }
       }
       for (int64_t t = 0; t < tokens; ++t) {
-        // Causal: token t of the item sits at position first_pos + q_begin + t.
-        const int64_t visible = std::min<int64_t>(n, first_pos + item.q_begin + t + 1 - p0);
-        if (visible <= 0) continue;
+        // Causal: token t of the item sits at position first_pos + q_begin + t; it sees
+        // tile columns [lo, hi).
+        const int64_t position = first_pos + item.q_begin + t;
+        const int64_t hi = std::min<int64_t>(n, position + 1 - p0);
+        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, position + 1 - a.window - p0) : 0;
+        if (hi <= lo) continue;
+        const int64_t visible = hi - lo;
         for (int64_t g = 0; g < G; ++g) {
           const int64_t r = t * H + kv * G + g;
           const float* qr = q + r * D;
           if (transpose) {
             transposed_scores<kD>(qr, keys_t, scores, D);
           } else {
-            for (int64_t j = 0; j < visible; ++j)
+            for (int64_t j = lo; j < hi; ++j)
               scores[j] = dot<T, kD>(qr, keys[j] + head_offset, D);
           }
+          if (a.softcap > 0.0f) {
+            const float inv_cap = 1.0f / a.softcap;
+            for (int64_t j = lo; j < hi; ++j) scores[j] = a.softcap * std::tanh(scores[j] * inv_cap);
+          }
           const float old_max = row_max[r];
-          const float sum = softmax_tile(scores, visible, row_max[r]);
+          const float sum = softmax_tile(scores + lo, visible, row_max[r]);
           const float correction = exp_nonpositive(old_max - row_max[r]);
           row_sum[r] = row_sum[r] * correction + sum;
           float* ar = acc + r * D;
 #pragma omp simd
           for (int64_t d = 0; d < D; ++d) ar[d] *= correction;
-          accumulate<T, kD>(ar, scores, values, head_offset, visible, D);
+          accumulate<T, kD>(ar, scores + lo, values + lo, head_offset, visible, D);
         }
       }
     }
@@ -359,7 +375,9 @@ void check_rows(const at::Tensor& t, const char* name, int64_t heads, int64_t he
 void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables_in,
                      const at::Tensor& seq_lens_in, const at::Tensor& query_start_loc_in,
-                     double scale) {
+                     double scale, int64_t window, double softcap) {
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: none), got ", window);
+  TORCH_CHECK(softcap >= 0.0, "softcap must be >= 0 (0: none), got ", softcap);
   for (const at::Tensor* t : {&out, &query, &key_cache, &value_cache})
     TORCH_CHECK(t->device().is_cpu(), "paged_attention_cpu needs CPU tensors");
   const auto dtype = query.scalar_type();
@@ -390,7 +408,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   Args a{tables.data_ptr<int32_t>(), tables.size(1), seq_lens.data_ptr<int32_t>(),
          starts.data_ptr<int32_t>(), block_size, head_dim, heads, kv_heads,
          key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-         static_cast<float>(scale)};
+         static_cast<float>(scale), window, static_cast<float>(softcap)};
   // Decodes: one item per sequence. Chunks: kChunkTokens tokens per item.
   std::vector<Item> items;
   for (int32_t s = 0; s < num_seqs; ++s) {
@@ -401,16 +419,20 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
     const int64_t blocks = (a.seq_lens[s] + block_size - 1) / block_size;
     TORCH_CHECK(blocks <= tables.size(1),
                 "sequence ", s, ": seq_len needs more blocks than block_tables has columns");
-    // On the CPU the ids are at hand: a bad one is an error, not a wild read.
-    for (int64_t b = 0; b < blocks; ++b) {
+    // On the CPU the ids are at hand: a bad one is an error, not a wild read. Blocks
+    // before the first query's window are never read (a freed one may hold anything).
+    const int64_t first_block =
+        window > 0 ? std::max<int64_t>(0, first_pos + 1 - window) / block_size : 0;
+    for (int64_t b = first_block; b < blocks; ++b) {
       const int32_t id = a.tables[s * a.table_stride + b];
       TORCH_CHECK(id >= 0 && id < key_cache.size(0), "sequence ", s, ": block id ", id,
                   " is outside the cache's ", key_cache.size(0), " blocks");
     }
     for (int64_t b = 0; b < q_len; b += kChunkTokens) {
       const int64_t e = std::min(q_len, b + kChunkTokens);
-      items.push_back({s, static_cast<int32_t>(b), static_cast<int32_t>(e),
-                       (e - b) * (first_pos + e)});
+      const int64_t keys = window > 0 ? std::min<int64_t>(first_pos + e, window + e - b)
+                                      : first_pos + e;
+      items.push_back({s, static_cast<int32_t>(b), static_cast<int32_t>(e), (e - b) * keys});
     }
   }
   if (items.empty()) return;
@@ -450,7 +472,8 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
 
 TORCH_LIBRARY(folio, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
-        "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
+        "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, "
+        "int window=0, float softcap=0.0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(folio, CPU, m) { m.impl("paged_attention", &paged_attention); }

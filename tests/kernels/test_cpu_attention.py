@@ -100,6 +100,47 @@ def test_random_batches(data):
     assert relative_error(run(batch), oracle(batch)) < FP32_TOLERANCE
 
 
+# Sliding window and soft-capping, as in tests/kernels/test_paged_attention.py: windows
+# below, equal to and above the contexts, blocks wholly before every window pointing at NaN;
+# head_dim 64 takes the compile-time loops, 40 the generic ones; long chunks span several
+# query tiles (each with its own first key tile) and many key tiles.
+WINDOWED_SEQS = [(40, 1), (0, 23), (20, 9), (0, 1), (31, 1), (3, 30), (70, 1), (100, 70),
+                 (0, 131)]
+
+
+@pytest.mark.parametrize("block_size, head_dim, window, softcap", [
+    (16, 64, 8, None), (16, 64, 33, 5.0), (4, 40, 5, None), (4, 40, 1, 2.0),
+    (16, 64, 171, None), (32, 64, 1000, 3.0), (16, 40, None, 3.0), (16, 64, 64, None)])
+def test_window_and_softcap_match_oracle(block_size, head_dim, window, softcap):
+    batch = make_batch(WINDOWED_SEQS, block_size=block_size, head_dim=head_dim, num_heads=6,
+                       num_kv_heads=2, dtype=torch.float32, device=CPU, seed=head_dim,
+                       window=window)
+    out = torch.full_like(batch.query, float("nan"))
+    cpu_attention.paged_attention_cpu(*batch.args(), out=out, window=window, softcap=softcap)
+    assert relative_error(out, oracle(batch, window, softcap)) < FP32_TOLERANCE
+
+
+def test_window_bfloat16():
+    batch = make_batch(WINDOWED_SEQS[:7], block_size=16, head_dim=64, num_heads=4,
+                       num_kv_heads=2, dtype=torch.bfloat16, device=CPU, seed=1, window=12)
+    out = cpu_attention.paged_attention_cpu(*batch.args(), window=12, softcap=4.0)
+    assert relative_error(out, oracle(batch, 12, 4.0)) < BF16_TOLERANCE
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_random_windowed_batches(data):
+    block_size = data.draw(st.sampled_from([4, 16]))
+    seqs = data.draw(st.lists(
+        st.tuples(st.integers(0, 80), st.integers(1, 40)), min_size=1, max_size=5))
+    window = data.draw(st.integers(1, 90))
+    softcap = data.draw(st.sampled_from([None, 1.5, 20.0]))
+    batch = make_batch(seqs, block_size=block_size, head_dim=32, num_heads=4, num_kv_heads=1,
+                       dtype=torch.float32, device=CPU, seed=0, window=window)
+    out = cpu_attention.paged_attention_cpu(*batch.args(), window=window, softcap=softcap)
+    assert relative_error(out, oracle(batch, window, softcap)) < FP32_TOLERANCE
+
+
 def test_threads_split_work_without_changing_results():
     """Work items are independent, so one thread and two give the same bits."""
     gen = random.Random(3)
