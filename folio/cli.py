@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "in a private run directory), e.g. tcp://127.0.0.1:5555")
     serve.add_argument("--executor-restarts", type=int, default=3,
                        help="restart a crashed executor this many times, then exit non-zero")
+    serve.add_argument("--data-parallel-size", type=int, default=1,
+                       help="replicas: scheduler+executor pairs, each with its own KV pool, "
+                       "that the frontend routes requests to (by prefix, then load)")
     add_http_args(serve)
     add_config_args(serve, SchedulerServiceConfig, skip=scheduler_args_of_serve())
     serve.add_argument("--cpu-placement", choices=PLACEMENTS, default="auto",

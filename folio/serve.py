@@ -3,7 +3,10 @@
 Sockets live in a private run directory (mode 0700) unless a client address is given.
 A crashed executor is restarted (the scheduler fails its in-flight requests and accepts the
 new one); a crashed scheduler or frontend, or too many executor crashes, stop everything
-and `folio serve` exits 1. Ctrl-C or SIGTERM drains the frontend first (running requests
+and `folio serve` exits 1. With --data-parallel-size M it runs M scheduler+executor pairs
+(replicas, each its own KV pool and sockets) behind the frontend, which routes each request
+to one; there a crashed scheduler is restarted too (its replica's requests fail, the others
+serve on), and on CPU each replica's executor gets its own share of the cores. Ctrl-C or SIGTERM drains the frontend first (running requests
 may finish within --shutdown-timeout), then stops the others and removes the run directory.
 """
 
@@ -54,36 +57,56 @@ class Supervisor:
         check_engine(self.config)
         if args.zmq_address:
             check_bind(zmq_address=args.zmq_address)
+        self.replicas = getattr(args, "data_parallel_size", 1)
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
+                or self.replicas < 1:
+            raise SettingError("data_parallel_size", f"must be a positive integer, got "
+                               f"{self.replicas!r}")
         self.run_dir = make_run_dir()
         try:
-            self.scheduler_config = SchedulerServiceConfig(
+            self.scheduler_configs = [SchedulerServiceConfig(
                 **policy_values(self.config),
-                frontend_address=ipc_address(self.run_dir, "scheduler-frontends"),
-                executor_address=ipc_address(self.run_dir, "scheduler-executor"),
+                frontend_address=ipc_address(self.run_dir, "scheduler-frontends" + suffix),
+                executor_address=ipc_address(self.run_dir, "scheduler-executor" + suffix),
                 curve_keys=args.curve_keys, shutdown_timeout_s=args.shutdown_timeout,
                 **config_values(args, SchedulerServiceConfig, skip=scheduler_args_of_serve()))
+                for suffix in self._suffixes()]
         except SettingError:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
-        self.frontend_address = self.scheduler_config.frontend_address
-        self.executor_address = self.scheduler_config.executor_address
+        self.scheduler_config = self.scheduler_configs[0]
+        self.frontend_address = ",".join(c.frontend_address for c in self.scheduler_configs)
         self.client_address = args.zmq_address or ipc_address(self.run_dir, "client")
-        self.placement = plan_placement(args.cpu_placement, usable_cores(),
-                                        executor_runs_on_cpu(self.config.device))
+        on_cpu = executor_runs_on_cpu(self.config.device)
+        self.placement = plan_placement(args.cpu_placement, usable_cores(), on_cpu)
+        self.replica_cores = replica_cores(args.cpu_placement, usable_cores(), on_cpu,
+                                           self.replicas)
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
         self.api_key = api_key(args)
 
-    def command(self, role: str) -> list[str]:
+    def _suffixes(self) -> list[str]:
+        """Process and socket name suffixes: none with one replica, -0, -1, ... with more."""
+        return [""] if self.replicas == 1 else [f"-{i}" for i in range(self.replicas)]
+
+    def names(self) -> list[str]:
+        """Every process in start order: schedulers and executors, then the frontend."""
+        return [f"{role}{suffix}" for suffix in self._suffixes()
+                for role in ("scheduler", "executor")] + ["frontend"]
+
+    def command(self, name: str) -> list[str]:
+        role, _, index = name.partition("-")
+        replica = int(index or 0)
         base = [sys.executable, "-m", "folio", "--log-level", self.args.log_level, role]
         if role == "scheduler":   # every flag generated from its config
-            return base + config_flags(self.scheduler_config)
+            return base + config_flags(self.scheduler_configs[replica])
         if self.args.curve_keys:
             base += ["--curve-keys", self.args.curve_keys]
         if role != "executor":
             base += ["--shutdown-timeout", str(self.args.shutdown_timeout)]
         if role == "executor":
-            return base + ["--model", self.model, "--scheduler-address", self.executor_address,
+            return base + ["--model", self.model, "--scheduler-address",
+                           self.scheduler_configs[replica].executor_address,
                            *engine_flags(self.config)]
         http = []
         if self.args.port:
@@ -98,14 +121,18 @@ class Supervisor:
                        "--client-address", self.client_address,
                        "--scheduler-address", self.frontend_address, *http]
 
-    def start(self, role: str) -> None:
-        cores = self.placement.cores_for(role)
+    def start(self, name: str) -> None:
+        role, _, index = name.partition("-")
+        if self.replica_cores is None:
+            cores = self.placement.cores_for(role)
+        else:
+            cores = self.replica_cores[int(index)] if role == "executor" else None
 
         def before_exec() -> None:
             _die_with_parent()
             pin(cores)
 
-        self.procs[role] = subprocess.Popen(self.command(role), preexec_fn=before_exec,
+        self.procs[name] = subprocess.Popen(self.command(name), preexec_fn=before_exec,
                                             env=self.child_env(role))
 
     def child_env(self, role: str) -> dict[str, str]:
@@ -121,8 +148,8 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         try:
-            for role in ("scheduler", "executor", "frontend"):
-                self.start(role)
+            for name in self.names():
+                self.start(name)
             self._announce()
             return self._supervise()
         finally:
@@ -144,7 +171,7 @@ class Supervisor:
                     print(f"Folio is serving {self.model}\n"
                           f"  clients connect to: {self.client_address}\n{http}"
                           f"  run directory:      {self.run_dir}\n"
-                          f"  CPU placement:      {self.placement.describe()}\n"
+                          f"  CPU placement:      {self._describe_placement()}\n"
                           f"  pids: " + ", ".join(f"{r}={p.pid}" for r, p in self.procs.items()),
                           flush=True)
                     return
@@ -154,24 +181,34 @@ class Supervisor:
                 client.close()
             time.sleep(0.5)
 
+    def _describe_placement(self) -> str:
+        if self.replica_cores is None:
+            return self.placement.describe()
+        return "replicas: " + ", ".join(
+            f"executor-{i} on {'any core' if c is None else 'cores ' + ','.join(map(str, c))}"
+            for i, c in enumerate(self.replica_cores))
+
     def _supervise(self) -> int:
-        restarts: list[float] = []
+        restarts: dict[str, int] = {}   # per replica
         while not self.stopping:
             time.sleep(0.2)
-            for role, proc in list(self.procs.items()):
+            for name, proc in list(self.procs.items()):
                 code = proc.poll()
                 if code is None or self.stopping:
                     continue
+                role, _, index = name.partition("-")
                 # Exit status 2: a setting it refused; a restart would refuse it again.
-                if role == "executor" and code != 2 \
-                        and len(restarts) < self.args.executor_restarts:
-                    restarts.append(time.monotonic())
-                    print(f"folio serve: executor exited with {code}; restarting it "
-                          f"({len(restarts)}/{self.args.executor_restarts})",
+                # With replicas a scheduler is restarted too: the others serve meanwhile.
+                restartable = role == "executor" or (role == "scheduler" and self.replicas > 1)
+                done = restarts.get(index, 0)
+                if restartable and code != 2 and done < self.args.executor_restarts:
+                    restarts[index] = done + 1
+                    print(f"folio serve: {name} exited with {code}; restarting it "
+                          f"({done + 1}/{self.args.executor_restarts})",
                           file=sys.stderr, flush=True)
-                    self.start("executor")
+                    self.start(name)
                     continue
-                print(f"folio serve: {role} exited with {code}; stopping", file=sys.stderr,
+                print(f"folio serve: {name} exited with {code}; stopping", file=sys.stderr,
                       flush=True)
                 time.sleep(0.5)   # let the survivors tell clients why their requests failed
                 return 1
@@ -201,6 +238,21 @@ class Supervisor:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if self.client_address.startswith("ipc://"):
             Path(self.client_address.removeprefix("ipc://")).unlink(missing_ok=True)
+
+
+def replica_cores(policy: str, cores: list[int], executor_on_cpu: bool, replicas: int
+                  ) -> list[tuple[int, ...] | None] | None:
+    """Each replica's executor cores when replicas compute on the CPU: an equal share each
+    (one core each on two cores: their OpenMP threads never meet); cores past an even split
+    are left to the frontend and schedulers, which run unpinned. None: one replica, or
+    placement off or on a GPU (then `plan_placement` decides)."""
+    if replicas == 1 or policy == "off" or (policy == "auto" and not executor_on_cpu):
+        return None
+    cores = sorted(cores)
+    if len(cores) < replicas:   # fewer cores than replicas: they share round the cores
+        return [(cores[i % len(cores)],) for i in range(replicas)]
+    share = len(cores) // replicas
+    return [tuple(cores[i * share:(i + 1) * share]) for i in range(replicas)]
 
 
 def serve(args: argparse.Namespace) -> int:

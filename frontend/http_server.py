@@ -167,9 +167,13 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
         if engine.draining:
             return JSONResponse({"status": "draining", "reason": "the server is shutting down"},
                                 status_code=503, headers={"Retry-After": RETRY_AFTER_S})
+        # Data-parallel replicas: healthy while one serves; the body lists each.
+        replicas = ({"replicas": engine.replica_health()}
+                    if hasattr(engine, "replica_health") else {})
         if engine.engine_alive:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unhealthy", "reason": engine.dead_reason()},
+            return JSONResponse({"status": "ok", **replicas})
+        return JSONResponse({"status": "unhealthy", "reason": engine.dead_reason(),
+                             **replicas},
                             status_code=503, headers={"Retry-After": RETRY_AFTER_S})
 
     @app.get("/metrics")

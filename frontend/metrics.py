@@ -44,6 +44,30 @@ class _EngineStatsCollector:
         preemptions.add_metric(["recompute"], float(stats.get("preemptions_recompute", 0)))
         preemptions.add_metric(["swap"], float(stats.get("preemptions_swap", 0)))
         yield preemptions
+        yield from _per_replica(stats.get("replicas") or [])
+
+
+def _per_replica(replicas: list[dict[str, Any]]):
+    """Data-parallel replicas: each one's gauges and prefix counters, labelled by index
+    (the unlabelled families above are their sums)."""
+    if not replicas:
+        return
+    up = GaugeMetricFamily("folio:replica_up", "1 while the replica's executor serves",
+                           labels=["replica"])
+    families = {key: GaugeMetricFamily(f"folio:replica_{name}", doc, labels=["replica"])
+                for key, name, doc in (
+                    ("num_running", "num_requests_running", "Requests running on the replica"),
+                    ("num_waiting", "num_requests_waiting", "Requests waiting on the replica"),
+                    ("kv_blocks_free", "kv_blocks_free", "Free KV blocks of the replica"),
+                    ("prefix_cache_hits", "prefix_cache_hits",
+                     "Prompt tokens found in the replica's prefix cache"))}
+    for entry in replicas:
+        label = [str(entry.get("replica", 0))]
+        up.add_metric(label, 1.0 if entry.get("executor_alive") else 0.0)
+        for key, family in families.items():
+            family.add_metric(label, float(entry.get(key, 0)))
+    yield up
+    yield from families.values()
 
 
 class Metrics:

@@ -31,7 +31,7 @@ log = logging.getLogger("folio.frontend")
 class FrontendConfig:
     model: str                 # directory holding the tokenizer files
     client_address: str
-    scheduler_address: str
+    scheduler_address: str     # several, comma-separated: data-parallel replicas
     host: str = "127.0.0.1"
     port: int | None = None    # HTTP API port; None: ZeroMQ only
     served_model_name: str | list[str] | None = None   # None: the model directory's name
@@ -41,6 +41,14 @@ class FrontendConfig:
     shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
     curve_keys: str | None = None   # CURVE keys directory: scheduler link and client port
     client_curve: bool = True       # with curve_keys: SDK clients need keys too
+
+
+def scheduler_addresses(value: str) -> list[str]:
+    """--scheduler-address: one scheduler, or data-parallel replicas' separated by commas."""
+    addresses = [a.strip() for a in value.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError("scheduler_address must name at least one scheduler")
+    return addresses
 
 
 class FrontendService:
@@ -53,7 +61,13 @@ class FrontendService:
         self.ctx = zmq.asyncio.Context()
         client_keys = keys if config.client_curve else None
         self.auth = start_authenticator(self.ctx, client_keys)   # before the gateway binds
-        self.engine = EngineClient(self.tokenizer, config.scheduler_address, self.ctx, keys)
+        addresses = scheduler_addresses(config.scheduler_address)
+        if len(addresses) > 1:   # data-parallel replicas: one engine client each
+            from frontend.replicas import Replicas
+
+            self.engine = Replicas(self.tokenizer, addresses, self.ctx, keys)
+        else:
+            self.engine = EngineClient(self.tokenizer, addresses[0], self.ctx, keys)
         self.gateway = ZmqGateway(self.engine, config.client_address, self.ctx, client_keys)
         self.stopped = asyncio.Event()     # first signal: drain
         self.hurry = asyncio.Event()       # second signal: stop waiting for running requests

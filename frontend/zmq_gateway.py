@@ -229,7 +229,9 @@ class ZmqGateway:
             "id": client_id, "ok": self.engine.engine_alive and not self.engine.draining,
             "draining": self.engine.draining,
             "scheduler": self.engine.scheduler_alive, "executor": self.engine.engine_alive,
-            "frontend_id": self.engine.frontend_id, "stats": stats}))
+            "frontend_id": self.engine.frontend_id, "stats": stats,
+            **({"replicas": self.engine.replica_health()}
+               if hasattr(self.engine, "replica_health") else {})}))
 
     async def _on_kv_map(self, client: bytes, client_id: str) -> None:
         self.reply(client, m.encode_kv_map(await self.engine.kv_map(), client_id))

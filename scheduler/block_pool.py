@@ -8,20 +8,15 @@ least recently released block is taken first, and taking a cached-free block evi
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections import OrderedDict
+
+from shared.prefix_hash import chain_hash
+
+__all__ = ["BlockPool", "OutOfBlocks", "chain_hash"]   # chain_hash: shared with the router
 
 
 class OutOfBlocks(RuntimeError):
     pass
-
-
-def chain_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
-    """SHA-256 over the parent block's hash and this block's token ids."""
-    digest = hashlib.sha256(parent or b"\x00" * 32)
-    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    return digest.digest()
 
 
 class BlockPool:
