@@ -9,7 +9,8 @@ The Triton launchers are loaded on first use, so importing `kernels` never impor
     rms_norm(x, weight, eps, residual=None) -> normed | (normed, x + residual)
     fused_add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)
     rotary_embedding(positions, query, key, cos_sin_cache, *, inplace=False) -> (query, key)
-    AttentionConfig: optional launch parameters of paged_attention
+    fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, config=None) -> out  (MoE experts)
+    AttentionConfig, MoEConfig: optional launch parameters of paged_attention, fused_moe
 
 They run on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before triton was
 first imported (tests). `triton_available(device)` says whether they can run there.
@@ -32,6 +33,8 @@ _TRITON_EXPORTS = {
     "rms_norm": "kernels.triton_norm",
     "fused_add_rms_norm": "kernels.triton_norm",
     "rotary_embedding": "kernels.triton_rotary",
+    "fused_moe": "kernels.triton_moe",
+    "MoEConfig": "kernels.triton_moe",
 }
 
 # The Triton names stay out of __all__ so that `from kernels import *` never needs triton.
