@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shared.structured_output import check_spec
+
 _GREEDY_EPS = 1e-5
 _INT32_MAX = 2**31 - 1        # token ids, counts and lengths all fit; msgpack and torch too
 _MAX_TEMPERATURE = 1e4
@@ -38,6 +40,9 @@ class SamplingParams:
     logprobs: int | None = None            # top-k log-probabilities per generated token
     prompt_logprobs: int | None = None     # the same for every prompt token
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # One vLLM structured_outputs key, e.g. {"json": schema} (shared/structured_output.py):
+    # the executor masks every sampled token to the spec's grammar.
+    structured_output: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # Accept lists from callers and the wire, keep the frozen value hashable.
@@ -47,6 +52,7 @@ class SamplingParams:
             stop = (stop,)
         object.__setattr__(self, "stop", tuple(stop or ()))
         object.__setattr__(self, "logit_bias", _bias_map(self.logit_bias))
+        object.__setattr__(self, "structured_output", check_spec(self.structured_output))
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check_number(name, value, rule="in [-2, 2]")

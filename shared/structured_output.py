@@ -1,0 +1,111 @@
+"""Structured-output specs (vLLM's `structured_outputs` keys) and the llguidance grammar each
+one compiles to.
+
+A spec is a one-key mapping that travels inside SamplingParams:
+    {"json": <JSON schema, an object or its text>}   output validates against the schema
+    {"json_object": true}                              any JSON object
+    {"regex": <pattern>}                               output matches the pattern (fully)
+    {"choice": [<string>, ...]}                        output is exactly one of the strings
+    {"grammar": <Lark or GBNF text>}                   output is in the grammar's language
+
+The frontend compiles a spec once to refuse a bad one (400 naming the field); the executor
+compiles it again, once per distinct spec, to build its token matchers. Both use
+`to_grammar`, so they agree on what a spec means.
+
+JSON is always compact: no whitespace between tokens (llguidance's `whitespace_flexible`
+off, forced over any `x-guidance` in the schema). Free whitespace lets a random-weight
+model spend hundreds of tokens on newlines before the first key; llguidance's JSON strings
+never admit raw control characters, so every result parses with a strict `json.loads`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+MAX_SPEC_CHARS = 65_536    # the spec as JSON text: bounds what a plan carries per request
+MAX_CHOICES = 1024
+# Forced over the schema's own "x-guidance" options: compact, bounded output.
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+def check_spec(spec: Any) -> dict[str, Any] | None:
+    """The spec's shape (one known key, values of the right types, bounded size); the
+    grammar itself is checked by `grammar_error`. Raises ValueError / TypeError."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise TypeError("structured_output must be a mapping with exactly one of "
+                        f"{', '.join(KINDS)}")
+    (kind, value), = spec.items()
+    if kind not in KINDS:
+        raise ValueError(f"structured_output has unknown kind {kind!r}; expected one of "
+                         f"{', '.join(KINDS)}")
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as error:
+                raise ValueError(f"structured_output json schema is not valid JSON: "
+                                 f"{error}") from None
+        if not isinstance(value, (dict, bool)):
+            raise TypeError("structured_output json must be a JSON schema (an object)")
+    elif kind == "json_object":
+        if value is not True:
+            raise ValueError("structured_output json_object must be true")
+    elif kind == "choice":
+        if (not isinstance(value, (list, tuple)) or not value or len(value) > MAX_CHOICES
+                or not all(isinstance(c, str) and c for c in value)):
+            raise ValueError(f"structured_output choice must be a list of 1 to {MAX_CHOICES} "
+                             "non-empty strings")
+        value = list(value)
+    elif not isinstance(value, str) or not value:
+        raise TypeError(f"structured_output {kind} must be a non-empty string")
+    if len(json.dumps(value)) > MAX_SPEC_CHARS:
+        raise ValueError(f"structured_output {kind} is longer than {MAX_SPEC_CHARS} "
+                         "characters")
+    return {kind: value}
+
+
+def compact_schema(schema: dict[str, Any] | bool) -> dict[str, Any] | bool:
+    """The schema with Folio's compact-JSON options forced over its own."""
+    if not isinstance(schema, dict):
+        return schema
+    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **_JSON_OPTIONS}}
+
+
+def to_grammar(spec: dict[str, Any]) -> str:
+    """The llguidance grammar (its JSON text) of a spec checked by `check_spec`."""
+    from llguidance import LLMatcher
+
+    (kind, value), = spec.items()
+    if kind == "json":
+        return LLMatcher.grammar_from_json_schema(compact_schema(value),
+                                                  overrides=_JSON_OPTIONS)
+    if kind == "json_object":
+        return LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=_JSON_OPTIONS)
+    if kind == "regex":
+        return LLMatcher.grammar_from_regex(value)
+    if kind == "choice":
+        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c)
+                                                                  for c in value))
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        lark = any_to_lark(value)   # GBNF (llama.cpp's) becomes Lark; Lark stays as it is
+    except Exception as error:   # its converter raises several types for bad text
+        raise ValueError(f"grammar is neither Lark nor GBNF: {error}") from None
+    return LLMatcher.grammar_from_lark(lark)
+
+
+def grammar_error(spec: dict[str, Any]) -> str | None:
+    """Why the spec's grammar cannot be compiled, or None when it can."""
+    from llguidance import LLMatcher
+
+    try:
+        grammar = to_grammar(spec)
+    except ValueError as error:
+        return str(error)
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    return messages[0] if is_error else None
