@@ -3,6 +3,7 @@
 #   1. the kernel tests natively on CUDA          (pytest tests/kernels)
 #   2. the HF-parity tests on CUDA                (FOLIO_TEST_DEVICE=cuda pytest -m parity tests)
 #   3. attention timings and bandwidth table      (bench/gpu_attention.py)
+#   4. fused-MoE timings vs the torch path        (bench/moe_gpu.py; its parity tests ran in 1)
 # Installs nothing from the network: the host's own torch and triton are used, and the
 # editable install of this repo is done without dependencies (no constraints.txt there).
 # Logs and a JSON of the timings go to $OUT (the device tool's folder) or /tmp/folio-gpu-check.
@@ -48,6 +49,7 @@ stage kernel_tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/kernels
 stage parity_tests 150 env FOLIO_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider \
     -m parity tests
 stage bench 150 "$PY" bench/gpu_attention.py --budget-s 120 --json "$LOG_DIR/gpu_attention.json"
+stage moe_bench 110 "$PY" bench/moe_gpu.py --budget-s 60 --json "$LOG_DIR/moe_gpu.json"
 
 echo "=== summary ($(( $(date +%s) - began ))s in all)"
 printf '%s\n' "${summary[@]}"
