@@ -8,6 +8,7 @@ import time
 import torch
 
 from executor.block_mover import BlockMover, allocate_swap_pool, measure_swap_bytes_per_s
+from executor.grammar import GrammarMasks
 from executor.input_batch import InputBatch
 from executor.cpu_threads import apply_cpu_threads
 from executor.kv_cache import allocate_kv_cache, bytes_per_block
@@ -68,6 +69,7 @@ class Executor:
         self.cost_model = self._measure_costs() if config.preemption_mode == "auto" else (0, 0)
         self.batch = self._new_batch()
         self.sampler = Sampler(self.device, config.seed, self.model_config.eos_token_ids)
+        self.grammar = self._new_grammar()
         log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens, %s kernels, "
                  "%s linear layers%s", self.model_config.architecture, self.device, self.dtype,
                  self.num_kv_blocks, config.block_size, self.ops.name, self.linear_backend,
@@ -90,22 +92,29 @@ class Executor:
     def reset(self) -> None:
         """Forget every request (a new scheduler starts from nothing)."""
         self.batch = self._new_batch()
+        self.grammar.close()
+        self.grammar = self._new_grammar()
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
         start = time.perf_counter()
+        self.grammar.apply(plan)
         scheduled = self.batch.apply(plan)
         self.mover.apply(plan.copies, plan.swap_out, plan.swap_in)
         result = StepResult(step_id=plan.step_id)
         if scheduled:
             inputs = self.batch.prepare(scheduled)
+            # Structured outputs' masks, on a worker thread while the forward pass runs.
+            pending_masks = self.grammar.start(inputs.sampled)
             attention = self.ops.prepare(inputs.attention, self.config.block_size)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attention)
+            masks = pending_masks.result() if pending_masks is not None else None
             if inputs.sampled:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
-                tokens, logprobs = self.sampler(logits, inputs.sampled)
+                tokens, logprobs = self.sampler(logits, inputs.sampled, masks)
                 for request, token in zip(inputs.sampled, tokens):
                     self.batch.append_token(request, token)
+                self.grammar.accepted(inputs.sampled, tokens)
                 result.handles = [r.handle for r in inputs.sampled]
                 result.token_ids = tokens
                 if any(entry is not None for entry in logprobs):
@@ -119,6 +128,10 @@ class Executor:
                 result.prompt_logprobs.append((request.handle, position, entries))
         result.forward_ms = (time.perf_counter() - start) * 1e3
         return result
+
+    def _new_grammar(self) -> GrammarMasks:
+        return GrammarMasks(self.config.tokenizer_path, self.model_config.vocab_size,
+                            self.model_config.eos_token_ids)
 
     def _new_batch(self) -> InputBatch:
         return InputBatch(self.config.block_size, self.device, self.max_model_len,

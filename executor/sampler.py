@@ -1,8 +1,9 @@
 """Batched next-token selection over the whole batch, as tensor operations.
 
-Order, as vLLM applies it: logit bias, the min_tokens ban on stop tokens, repetition /
-frequency / presence penalties, then greedy argmax, or temperature, top-k, top-p, min-p and
-a draw with the exponential-race trick (argmax of p / Exp(1) noise). Rows without a setting
+Order, as vLLM applies it: a structured-output grammar's token mask (its rows only), logit
+bias, the min_tokens ban on stop tokens, repetition / frequency / presence penalties, then
+greedy argmax, or temperature, top-k, top-p, min-p and a draw with the exponential-race
+trick (argmax of p / Exp(1) noise). Rows without a setting
 pay nothing for it. Log-probabilities are taken from the raw logits.
 
 A seeded request draws its noise from a generator seeded by (seed, output index), so its
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from executor.grammar import apply_masks
 from executor.input_batch import CachedRequest
 
 _MIX_A = 6364136223846793005
@@ -44,10 +46,15 @@ class Sampler:
         self.generator.manual_seed(seed)
         self._seeded = torch.Generator(device=device)
 
-    def __call__(self, logits: torch.Tensor, requests: list[CachedRequest]
+    def __call__(self, logits: torch.Tensor, requests: list[CachedRequest],
+                 masks: tuple[list[int], torch.Tensor] | None = None
                  ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """`masks`: (rows, int32 bitmask) of the rows a grammar constrains
+        (executor/grammar.py); applied first, to those rows only."""
         raw = logits
-        logits = self._process(logits, requests)
+        if masks is not None:
+            logits = apply_masks(logits.clone(), *masks)
+        logits = self._process(logits, requests, cloned=masks is not None)
         tokens = logits.argmax(dim=-1)
         rows = [i for i, r in enumerate(requests) if not r.sampling.greedy]
         if rows:
@@ -57,7 +64,8 @@ class Sampler:
 
     # ---- logit processing ---------------------------------------------------------------
 
-    def _process(self, logits: torch.Tensor, requests: list[CachedRequest]) -> torch.Tensor:
+    def _process(self, logits: torch.Tensor, requests: list[CachedRequest],
+                 cloned: bool = False) -> torch.Tensor:
         biased = [(i, r.sampling.logit_bias) for i, r in enumerate(requests)
                   if r.sampling.logit_bias]
         banned = [(i, r) for i, r in enumerate(requests)
@@ -65,7 +73,8 @@ class Sampler:
         penalized = [i for i, r in enumerate(requests) if r.sampling.needs_penalties()]
         if not (biased or banned or penalized):
             return logits
-        logits = logits.clone()
+        if not cloned:
+            logits = logits.clone()
         if biased:
             rows = [i for i, bias in biased for _ in bias]
             cols = [t for _, bias in biased for t in bias]

@@ -79,6 +79,12 @@ class LLM:
         if sampling.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this LLM was made with "
                              "skip_tokenizer_init=True")
+        if sampling.structured_output is not None:
+            from shared.structured_output import grammar_error
+
+            error = grammar_error(sampling.structured_output)
+            if error is not None:
+                raise ValueError(f"structured_output: {error}")
 
     def stats(self) -> dict[str, int | float]:
         return self.engine.stats()

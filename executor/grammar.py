@@ -1,0 +1,176 @@
+"""Token masks for structured outputs, kept where the sampled tokens are known.
+
+With one step in flight the scheduler plans step N+1 before it has seen step N's tokens,
+but the executor samples them and feeds them back itself; so the grammar matchers live
+here and advance on the executor's own tokens, and a mask is always computed from every
+token before it (vLLM instead keeps them in the engine core and sends a bitmask after
+the forward of the step has started: docs/protocol.md, "Structured outputs").
+
+Per step the work runs on one worker thread while the forward pass runs: first the
+matchers of new requests are made (a grammar is compiled once per distinct spec and
+copied per request; a recomputed request replays its earlier output), then each matcher
+consumes the tokens sampled last step, then the masks of this step's constrained rows
+are filled. The sampler waits for that at the end of the forward pass; rows without a
+grammar are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor.input_batch import CachedRequest
+from shared.step import StepPlan
+from shared.structured_output import to_grammar
+
+log = logging.getLogger("folio.executor")
+MAX_COMPILED = 256   # distinct specs kept compiled; the oldest is dropped past this
+
+
+class GrammarMasks:
+    def __init__(self, model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...]
+                 ) -> None:
+        self.model_dir = model_dir
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.words = (vocab_size + 31) // 32
+        self._tokenizer: Any = None
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
+        self._matchers: dict[int, Any] = {}
+        self._new: dict[int, tuple[dict[str, Any], list[int]]] = {}   # handle -> spec, replay
+        self._sampled: dict[int, list[int]] = {}                      # not yet consumed
+        self._pool: ThreadPoolExecutor | None = None
+        self._parallel: Any = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self._matchers or self._new)
+
+    def apply(self, plan: StepPlan) -> None:
+        """Track the plan's request changes (before the batch forgets finished ones)."""
+        for handle in plan.finished_handles:
+            self._forget(handle)
+        for new in plan.new_requests:
+            self._forget(new.handle)   # a handle may be reused, or a request recomputed
+            spec = new.sampling.structured_output
+            if spec is not None:
+                self._new[new.handle] = (spec, list(new.token_ids[new.prompt_len:]))
+
+    def start(self, sampled: list[CachedRequest]) -> Future | None:
+        """Begin this step's masks for the constrained rows of `sampled`, on the worker."""
+        if not self.active:
+            return None
+        rows = [i for i, r in enumerate(sampled)
+                if r.handle in self._matchers or r.handle in self._new]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="folio-grammar")
+        handles = [sampled[i].handle for i in rows]
+        return self._pool.submit(self._masks, rows, handles)
+
+    def accepted(self, requests: list[CachedRequest], tokens: list[int]) -> None:
+        """Tokens just sampled; the matchers consume them at the start of the next step."""
+        for request, token in zip(requests, tokens):
+            queue = self._sampled.get(request.handle)
+            if queue is not None:
+                queue.append(token)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    # ---- on the worker thread -------------------------------------------------------------
+
+    def _masks(self, rows: list[int], handles: list[int]
+               ) -> tuple[list[int], torch.Tensor] | None:
+        for handle, (spec, replay) in list(self._new.items()):
+            matcher = self._compile(spec).deep_copy()
+            if replay:
+                matcher.consume_tokens(replay)
+            self._matchers[handle] = matcher
+            self._sampled[handle] = []
+            del self._new[handle]
+        for handle, tokens in self._sampled.items():
+            if tokens:
+                matcher = self._matchers[handle]
+                if not matcher.is_stopped():   # a stopped one is thrown away next step
+                    matcher.consume_tokens(tokens)
+                tokens.clear()
+        if not rows:
+            return None
+        mask = torch.zeros((len(rows), self.words), dtype=torch.int32)
+        self._parallel.unsafe_compute_mask_ptr(
+            [(self._matchers[h], k) for k, h in enumerate(handles)], mask.data_ptr(),
+            self.words * 4, len(rows))
+        empty = ~(mask != 0).any(dim=1)
+        if bool(empty.any()):
+            # A matcher in error (a grammar the frontend let through but that failed here):
+            # only end-of-sequence is left, so the request ends instead of running free.
+            for k in torch.nonzero(empty).flatten().tolist():
+                log.warning("grammar matcher of request %d: %s", handles[k],
+                            self._matchers[handles[k]].get_error() or "no token allowed")
+                for eos in self.eos_token_ids:
+                    mask[k, eos // 32] |= _bit(eos % 32)
+        return rows, mask
+
+    def _compile(self, spec: dict[str, Any]) -> Any:
+        import llguidance
+
+        key = json.dumps(spec, sort_keys=True)
+        matcher = self._compiled.get(key)
+        if matcher is not None:
+            self._compiled.move_to_end(key)
+            return matcher
+        if self._tokenizer is None:
+            self._tokenizer = _ll_tokenizer(self.model_dir, self.vocab_size,
+                                            self.eos_token_ids)
+            self._parallel = llguidance.LLExecutor(num_threads=1)
+        matcher = llguidance.LLMatcher(self._tokenizer, to_grammar(spec), log_level=0)
+        self._compiled[key] = matcher
+        if len(self._compiled) > MAX_COMPILED:
+            self._compiled.popitem(last=False)
+        return matcher
+
+    def _forget(self, handle: int) -> None:
+        self._matchers.pop(handle, None)
+        self._new.pop(handle, None)
+        self._sampled.pop(handle, None)
+
+
+def _bit(index: int) -> int:
+    """Bit `index` of an int32 word, as a Python int that fits int32 (bit 31 is negative)."""
+    return -(1 << 31) if index == 31 else 1 << index
+
+
+def _ll_tokenizer(model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> Any:
+    """llguidance's view of the checkpoint's tokenizer: its tokenizer.json read directly
+    (no transformers import in the executor), else through transformers."""
+    import llguidance
+
+    path = Path(model_dir) / "tokenizer.json"
+    eos = list(eos_token_ids) or None
+    if path.is_file():
+        return llguidance.LLTokenizer(str(path), n_vocab=vocab_size, eos_token=eos)
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
+
+
+def apply_masks(logits: torch.Tensor, rows: list[int], mask: torch.Tensor) -> torch.Tensor:
+    """-inf on every token a row's bitmask (32 tokens per int32 word) does not allow."""
+    vocab = logits.shape[1]
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    shifts = torch.arange(32, dtype=torch.int32)
+    allowed = ((mask[:, :, None] >> shifts) & 1).bool().reshape(len(rows), -1)
+    if allowed.shape[1] < vocab:   # logits padded past the tokenizer: never allowed
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    allowed = allowed[:, :vocab].to(logits.device, non_blocking=True)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    return logits
