@@ -47,14 +47,6 @@ def _torch_attention(query, key_cache, value_cache, inputs: AttentionInputs, sca
                                              window=window, softcap=softcap)
 
 
-def _unsupported(backend: str, window: int | None, softcap: float | None) -> None:
-    """A backend without an option refuses it by name rather than ignoring it."""
-    for option, value in (("window", window), ("softcap", softcap)):
-        if value is not None:
-            raise ValueError(f"attention backend {backend!r} does not support "
-                             f"{option}={value!r} yet; use attention_backend='torch'")
-
-
 def _torch_prepare(inputs: AttentionInputs, block_size: int) -> AttentionInputs:
     plan = reference.plan_attention(inputs.block_tables, inputs.seq_lens, inputs.query_start_loc,
                                     block_size)
@@ -79,9 +71,9 @@ def triton_ops() -> KernelOps:
 
     def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
                   window: int | None = None, softcap: float | None = None):
-        _unsupported("triton", window, softcap)
         return kernels.paged_attention(query, key_cache, value_cache, inputs.block_tables,
-                                       inputs.seq_lens, inputs.query_start_loc, scale)
+                                       inputs.seq_lens, inputs.query_start_loc, scale,
+                                       window=window, softcap=softcap)
 
     def rms_norm(x, weight, eps, residual=None):
         if residual is None:

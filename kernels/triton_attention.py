@@ -18,6 +18,12 @@ Split-K (flash-decoding). When the grid would not fill the GPU (small batch, lon
 the context of every query block is cut into NUM_SPLITS ranges of whole tiles handled by
 separate programs. Each writes its unnormalized partial output with its running max and sum
 to a float32 scratch buffer, and a second kernel merges the splits of each (token, head).
+
+Sliding window (window W > 0): a query at position p sees keys p - W < j <= p. A query block
+walks only the tiles from its first token's window start on, and splits share only those, so
+blocks wholly before the window are never read (the scheduler may have freed them); in the
+first tile, positions before the window are masked out of the loads, not just the scores.
+Soft-capping (SOFTCAP): scores = c * tanh(scores / c) before the softmax (Gemma 2).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_contiguous,
                              check_tensor)
 from kernels._launch import (check_launch_device, is_interpreted, multiprocessor_count,
                              next_power_of_2, on_device)
+from kernels.reference import check_attention_options
 
 _LOG2_E = 1.4426950408889634
 _MAX_HEAD_DIM = 256
@@ -86,7 +93,7 @@ def _paged_attention_kernel(
     out_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     part_acc_ptr, part_max_ptr, part_sum_ptr,
-    scale_log2, num_seqs, num_heads, num_splits,
+    scale_log2, softcap_log2, window, num_seqs, num_heads, num_splits,
     stride_q_token, stride_q_head, stride_o_token, stride_o_head,
     stride_k_block, stride_k_slot, stride_k_head,
     stride_v_block, stride_v_slot, stride_v_head,
@@ -96,6 +103,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -123,13 +131,17 @@ def _paged_attention_kernel(
     query = tl.load(query_ptr + q_offsets + dims[None, :],
                     mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
 
-    # Keys this query block needs: [0, position of its last token].
+    # Keys this query block needs: [first_key, position of its last token].
     last_token = tl.minimum(first_token + BLOCK_Q, q_end) - 1
     kv_len = context_len + (last_token - q_start) + 1
-    num_tiles = tl.cdiv(kv_len, TILE_N)
+    first_key = kv_len * 0
+    if WINDOWED:
+        first_key = tl.maximum(context_len + (first_token - q_start) + 1 - window, 0)
+    first_tile = first_key // TILE_N
+    num_tiles = tl.cdiv(kv_len, TILE_N) - first_tile
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
-    tile_begin = split * tiles_per_split
-    tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
+    tile_begin = first_tile + split * tiles_per_split
+    tile_end = tl.minimum(tile_begin + tiles_per_split, first_tile + num_tiles)
 
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -137,7 +149,7 @@ def _paged_attention_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_table
     for tile in range(tile_begin, tile_end):
         positions = tile * TILE_N + tl.arange(0, TILE_N)
-        position_valid = positions < kv_len
+        position_valid = (positions < kv_len) & (positions >= first_key)
         blocks = tl.load(table + positions // BLOCK_SIZE, mask=position_valid, other=0)
         blocks = blocks.to(tl.int64)
         slots = positions % BLOCK_SIZE
@@ -147,7 +159,14 @@ def _paged_attention_kernel(
         key_t = tl.load(key_cache_ptr + k_offsets[None, :] + dims[:, None],
                         mask=position_valid[None, :] & dim_valid[:, None], other=0.0)
         scores = _dot(query, key_t, DOT_PRECISION, DOT_UPCAST) * scale_log2
+        if SOFTCAP:
+            # c*log2(e) * tanh(s / (c*log2(e))) is the cap of s = scores / log2(e), times
+            # log2(e); tanh(x) = 1 - 2 / (exp(2x) + 1) saturates cleanly at +-1.
+            capped = 1.0 - 2.0 / (tl.math.exp(2.0 * scores / softcap_log2) + 1.0)
+            scores = softcap_log2 * capped
         allowed = position_valid[None, :] & (positions[None, :] <= row_position[:, None])
+        if WINDOWED:
+            allowed = allowed & (positions[None, :] > row_position[:, None] - window)
         scores = tl.where(allowed, scores, float("-inf"))
 
         new_max = tl.maximum(row_max, tl.max(scores, 1))
@@ -171,7 +190,8 @@ def _paged_attention_kernel(
                  mask=store_mask)
     else:
         o_offsets = (row_token.to(tl.int64) * stride_o_token + row_head * stride_o_head)[:, None]
-        result = acc / row_sum[:, None]
+        # Padding rows past a window see no key (sum 0); they are not stored.
+        result = acc / tl.where(row_sum > 0, row_sum, 1.0)[:, None]
         tl.store(out_ptr + o_offsets + dims[None, :], result.to(out_ptr.dtype.element_ty),
                  mask=store_mask)
 
@@ -256,7 +276,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
                     out: torch.Tensor | None = None, *, max_seq_len: int | None = None,
-                    config: AttentionConfig | None = None) -> torch.Tensor:
+                    config: AttentionConfig | None = None, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
     query [T, H, D]; key_cache/value_cache [N, B, Hkv, D] with H % Hkv == 0, same dtype as
@@ -266,6 +287,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     Returns `out` ([T, H, D], query's dtype); rows of no sequence are left untouched.
 
     max_seq_len: optional bound on seq_lens, only to size split-K (default: M * B).
+    window W: a query at position p sees keys p - W < j <= p; blocks wholly before that are
+    not read. softcap c: scores = c * tanh(scores / c) before the softmax.
     Block ids, seq_lens and query_start_loc values are not checked (that needs a device sync).
     """
     check_tensor("query", query, ndim=3, dtypes=FLOAT_DTYPES)
@@ -276,6 +299,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise TypeError(f"scale must be a finite float, got {scale!r}")
+    check_attention_options(window, softcap)
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     num_seqs = seq_lens.shape[0]
@@ -314,6 +338,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         return out
 
     context_bound = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
+    if window is not None:       # a query block reads about a window of keys, not more
+        context_bound = min(context_bound, window + 64)
     launch = _choose_launch(config, num_tokens=num_tokens, num_seqs=num_seqs,
                             num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                             context_bound=context_bound, device=query.device)
@@ -333,7 +359,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         _paged_attention_kernel[grid](
             out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
             part_acc, part_max, part_sum,
-            float(scale) * _LOG2_E, num_seqs, num_heads, launch.num_splits,
+            float(scale) * _LOG2_E, float(softcap or 1.0) * _LOG2_E, int(window or 0),
+            num_seqs, num_heads, launch.num_splits,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
             value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -344,6 +371,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             TILE_N=launch.tile_size, BLOCK_SIZE=block_size,
             SPLIT=split, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
             DOT_UPCAST=query.dtype == torch.bfloat16 and is_interpreted(_paged_attention_kernel),
+            WINDOWED=window is not None, SOFTCAP=softcap is not None,
             num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
         if split:

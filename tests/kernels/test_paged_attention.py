@@ -168,6 +168,7 @@ WINDOW_CASES = [
     pytest.param(4, 16, WINDOWED_SEQS, 500, 2.0, id="window-larger-softcap"),
     pytest.param(5, 16, WINDOWED_SEQS, None, 3.0, id="softcap-only"),
     pytest.param(6, 16, [(0, 33), (5, 1)], 1, None, id="window1"),
+    pytest.param(7, 4, [(0, 33), (50, 1), (21, 12)], 6, 1.5, id="window6-b4-softcap"),
 ]
 
 
@@ -195,3 +196,24 @@ def test_reference_refuses_bad_options(bad):
                        dtype=torch.float32, device="cpu", seed=0)
     with pytest.raises(ValueError, match=next(iter(bad))):
         kernels.paged_attention_ref(*batch.args(), **bad)
+
+
+# Triton with the same windowed batches: default launch, split-K over the window's tiles
+# (tiles of 16 over cache blocks of 4 or 16: a first tile that straddles the window start).
+@pytest.mark.parametrize("seed, block_size, seqs, window, softcap", WINDOW_CASES)
+def test_triton_window_softcap(device, seed, block_size, seqs, window, softcap):
+    # Odd seeds split; the interpreter is slow, so not every case runs both ways.
+    config = AttentionConfig(num_splits=3, tile_size=16) if seed % 2 else None
+    batch = make_batch(seqs, block_size=block_size, head_dim=32, num_heads=4, num_kv_heads=2,
+                       dtype=torch.float32, device=device, seed=seed, window=window)
+    out = torch.full_like(batch.query, float("nan"))
+    paged_attention(*batch.args(), out=out, config=config, window=window, softcap=softcap)
+    assert relative_error(out, oracle(batch, window, softcap)) < FP32_TOLERANCE, seqs
+
+
+def test_triton_window_bfloat16(device):
+    batch = make_batch(WINDOWED_SEQS, block_size=16, head_dim=64, num_heads=4, num_kv_heads=2,
+                       dtype=torch.bfloat16, device=device, seed=12, window=12)
+    out = paged_attention(*batch.args(), window=12, softcap=4.0,
+                          config=AttentionConfig(num_splits=2, tile_size=16))
+    assert relative_error(out, oracle(batch, 12, 4.0)) < LOW_PRECISION_TOLERANCE[torch.bfloat16]
