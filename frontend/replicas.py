@@ -166,7 +166,11 @@ class Replicas:
     async def stats(self, timeout: float = 1.0) -> dict[str, Any]:
         """The replicas' counts summed (what one engine of their size would report), and
         each replica's own under "replicas" (an empty map: that replica did not answer)."""
-        per = await asyncio.gather(*(c.stats(timeout) for c in self.clients))
+        answers = await asyncio.gather(*(c.stats(timeout) for c in self.clients))
+        # A replica too busy to answer in time reports its last polled counts (at most
+        # LOAD_POLL_S old), not zeros: its counters must not fall back between scrapes.
+        per = [answer or (self.polled[i] if c.scheduler_alive else {})
+               for i, (c, answer) in enumerate(zip(self.clients, answers))]
         total: dict[str, Any] = {key: sum(s.get(key, 0) for s in per) for key in _SUMMED}
         total["executor_alive"] = any(s.get("executor_alive") for s in per)
         total["replicas"] = [{"replica": i, **s} for i, s in enumerate(per)]
@@ -187,7 +191,8 @@ class Replicas:
         while True:
             per = await asyncio.gather(*(c.stats(LOAD_POLL_S) for c in self.clients))
             for index, (client, stats) in enumerate(zip(self.clients, per)):
-                self.polled[index] = stats
+                if stats or not client.scheduler_alive:   # keep the last on a late answer
+                    self.polled[index] = stats
                 serving = client.engine_alive
                 if serving and not self.serving[index]:
                     if self.routed[index]:

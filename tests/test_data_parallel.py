@@ -1,0 +1,234 @@
+"""Data-parallel replicas behind one frontend (issue 19).
+
+Two scheduler+executor pairs on loopback TCP with CURVE, each role its own process as on
+separate hosts, and one frontend given both schedulers' addresses: requests spread over
+both, a shared-prefix burst lands on one replica and hits its prefix cache there, and a
+replica whose executor is killed fails only its own requests, then serves again. Then
+`folio serve --data-parallel-size 2` itself: a replica's scheduler killed is restarted while
+the other serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.http_server import free_port, serving
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = ("--dtype", "float32", "--num-kv-blocks", "256", "--max-model-len", "512",
+          "--cpu-threads", "1")
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "folio", *args], cwd=ROOT, env=env,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+
+class TcpReplicas:
+    """Two replicas on TCP + CURVE and one frontend with the HTTP API."""
+
+    def __init__(self, run_dir: Path, model_dir: Path) -> None:
+        self.run_dir, self.model_dir = run_dir, model_dir
+        self.keys = run_dir / "keys"
+        subprocess.run([sys.executable, "-m", "folio", "keys", "--dir", str(self.keys)],
+                       cwd=ROOT, check=True, capture_output=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.executor_addresses = []
+        frontend_addresses = []
+        for i in range(2):
+            fe, ex = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+            frontend_addresses.append(fe)
+            self.executor_addresses.append(ex)
+            self.procs[f"scheduler-{i}"] = _spawn(
+                ["scheduler", "--frontend-address", fe, "--executor-address", ex,
+                 "--curve-keys", str(self.keys)], run_dir / f"scheduler-{i}.log")
+            self.start_executor(i)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.procs["frontend"] = _spawn(
+            ["frontend", "--model", str(model_dir), "--client-address",
+             f"ipc://{run_dir}/client.sock", "--scheduler-address", ",".join(frontend_addresses),
+             "--curve-keys", str(self.keys), "--port", str(self.port),
+             "--served-model-name", "x"],
+            run_dir / "frontend.log")
+
+    def start_executor(self, i: int) -> None:
+        self.procs[f"executor-{i}"] = _spawn(
+            ["executor", "--model", str(self.model_dir), "--scheduler-address",
+             self.executor_addresses[i], "--curve-keys", str(self.keys), *ENGINE],
+            self.run_dir / f"executor-{i}.log")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                         for p in sorted(self.run_dir.glob("*.log")))
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def health(base: str) -> dict:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as error:
+        return json.load(error)
+
+
+def wait_serving(base: str, replicas: int = 2, timeout: float = 120.0, logs=lambda: ""
+                 ) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            body = health(base)
+            if sum(r["status"] == "ok" for r in body.get("replicas", [])) == replicas:
+                return body
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{replicas} replicas not serving: {logs()}")
+
+
+def complete(base: str, prompt: list[int], max_tokens: int = 8) -> tuple[int, dict]:
+    body = json.dumps({"model": "x", "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"{base}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def replica_stats(base: str) -> list[dict]:
+    """Each replica's scheduler counters, read through /metrics' per-replica families."""
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+    stats: dict[int, dict] = {}
+    for name, replica, value in re.findall(
+            r'^folio:replica_(\w+)\{replica="(\d+)"\} (\S+)$', text, re.M):
+        stats.setdefault(int(replica), {})[name] = float(value)
+    assert sorted(stats) == [0, 1] and all(s["kv_blocks_free"] > 0 for s in stats.values()), \
+        text
+    return [stats[i] for i in sorted(stats)]
+
+
+def routed(base: str) -> list[int]:
+    return [r["routed"] for r in health(base)["replicas"]]
+
+
+@pytest.fixture(scope="module")
+def tcp_replicas(tmp_path_factory, llama_dir):
+    replicas = TcpReplicas(tmp_path_factory.mktemp("dp-tcp"), llama_dir)
+    try:
+        wait_serving(replicas.base, logs=replicas.logs)
+        yield replicas
+    finally:
+        replicas.stop()
+
+
+def test_requests_spread_over_both_replicas(tcp_replicas):
+    base = tcp_replicas.base
+    before = routed(base)
+    prompts = [[7 + i, 300 + 11 * i, 40 + i] for i in range(8)]   # no shared block
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: complete(base, p), prompts))
+    assert all(status == 200 for status, _ in answers), answers
+    assert all(body["usage"]["completion_tokens"] == 8 for _, body in answers)
+    spread = [after - then for after, then in zip(routed(base), before)]
+    assert sum(spread) == 8 and min(spread) >= 2, spread
+
+
+def test_shared_prefix_burst_lands_on_one_replica_with_prefix_hits(tcp_replicas):
+    base = tcp_replicas.base
+    prefix = [(5 + 37 * i) % 1000 + 3 for i in range(96)]   # six full blocks of 16
+    hits_before = [s["prefix_cache_hits"] for s in replica_stats(base)]
+    routed_before = routed(base)
+    assert complete(base, prefix + [900])[0] == 200   # warms one replica's cache
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda i: complete(base, prefix + [901 + i]), range(6)))
+    assert all(status == 200 for status, _ in answers), answers
+    spread = [after - then for after, then in zip(routed(base), routed_before)]
+    assert sorted(spread) == [0, 7], spread
+    holder = spread.index(7)
+    hits = [s["prefix_cache_hits"] - h for s, h in zip(replica_stats(base), hits_before)]
+    assert hits[holder] >= 6 * 96 and hits[1 - holder] == 0, hits
+
+
+def test_killed_replica_fails_only_its_requests_and_serves_again(tcp_replicas):
+    base = tcp_replicas.base
+    prompts = [[11 + i, 500 + 7 * i] for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(complete, base, p, 300) for p in prompts]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:   # both replicas are running some
+            in_flight = [r["in_flight"] for r in health(base)["replicas"]]
+            if min(in_flight) > 0 and sum(in_flight) == 6:
+                break
+            time.sleep(0.05)
+        assert min(in_flight) > 0, in_flight
+        killed_at = time.monotonic()
+        tcp_replicas.procs["executor-1"].kill()
+        failed_by = None
+        answers = []
+        for future in futures:
+            answers.append(future.result(timeout=60))
+            if answers[-1][0] != 200 and failed_by is None:
+                failed_by = time.monotonic() - killed_at
+    failed = [body for status, body in answers if status != 200]
+    assert len(failed) == in_flight[1], (in_flight, answers)
+    assert failed_by is not None and failed_by < 10
+    assert all("executor" in body["error"]["message"] for body in failed), failed
+    assert all(body["usage"]["completion_tokens"] == 300
+               for status, body in answers if status == 200)
+    body = health(base)
+    assert body["status"] == "ok" and body["replicas"][1]["status"] == "unhealthy", body
+    before = routed(base)
+    assert all(complete(base, [60 + i, 61])[0] == 200 for i in range(3))   # replica 0 only
+    assert routed(base)[1] == before[1]   # (its return: the folio serve test below)
+
+
+def test_folio_serve_restarts_a_replicas_scheduler_while_the_other_serves(tmp_path,
+                                                                         llama_dir):
+    with serving(llama_dir, tmp_path, "--data-parallel-size", "2", "--served-model-name", "x",
+                 *ENGINE[:-2]) as server:
+        body = wait_serving(server.base)
+        assert [r["replica"] for r in body["replicas"]] == [0, 1]
+        log = server.log.read_text()
+        assert re.search(r"executor-0 on cores? \S+, executor-1 on", log), log
+        pid = int(re.search(r"scheduler-1=(\d+)", log).group(1))
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while health(server.base)["replicas"][1]["status"] == "ok":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        before = routed(server.base)
+        assert all(complete(server.base, [20 + i, 4])[0] == 200 for i in range(3))
+        assert routed(server.base)[1] == before[1]   # no new requests while it is gone
+        wait_serving(server.base, timeout=60)
+        assert "scheduler-1 exited with -9; restarting it" in server.log.read_text()
+        assert server.proc.poll() is None
+        with ThreadPoolExecutor(4) as pool:   # back: it takes requests again
+            assert all(s == 200 for s, _ in pool.map(
+                lambda i: complete(server.base, [70 + i, 3]), range(4)))
+        assert routed(server.base)[1] > before[1]
