@@ -5,7 +5,7 @@ from __future__ import annotations
 from executor.executor import Executor
 from scheduler.scheduler import Scheduler
 from shared.config import EngineConfig, SchedulerConfig
-from shared.outputs import EngineOutput
+from shared.outputs import EngineOutput, StepOutputs
 from shared.sampling_params import SamplingParams
 
 
@@ -25,7 +25,7 @@ class InProcessEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def step(self) -> list[EngineOutput]:
+    def step(self) -> StepOutputs | list[EngineOutput]:
         plan = self.scheduler.schedule()
         if plan.is_empty and not plan.finished_handles:
             return self.scheduler.take_pending_outputs()

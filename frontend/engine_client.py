@@ -233,8 +233,11 @@ class EngineClient:
                 msg_type, body = m.decode(data, SCHEDULER_TYPES)
                 self.scheduler_seen = time.monotonic()
                 if msg_type == "outputs":
-                    for output in m.decode_outputs(body):
+                    outputs = m.decode_outputs(body)
+                    for output in outputs.entries:
                         self._on_output(output)
+                    for request_id, token_id in zip(outputs.ids, outputs.tokens):
+                        self._on_plain_token(request_id, token_id)
                 elif msg_type == "engine_info":
                     self._on_engine_info(m.EngineInfo.decode(body))
                 elif msg_type == "rejected":
@@ -271,17 +274,13 @@ class EngineClient:
                        f"({reason}) and aborted the request; retry it")
 
     def _on_output(self, output: EngineOutput) -> None:
-        base, _, index_text = output.request_id.partition("#")
-        request = self.requests.get(base)
-        if request is None:
+        found = self._sample_of(output.request_id)
+        if found is None:
             return
+        base, index, request, sample = found
         if output.error is not None:
             self._fail(base, "engine_dead", output.error)
             return
-        index = int(index_text) if index_text else 0
-        if not 0 <= index < len(request.samples):
-            return
-        sample = request.samples[index]
         if sample.result is not None:
             return   # already ended by a stop string
         if output.prompt_logprobs is not None and request.prompt_logprobs is not None:
@@ -291,7 +290,31 @@ class EngineClient:
                 for i, entry in enumerate(output.prompt_logprobs))
         if output.queued_s is not None:
             self._notify("queued", request, seconds=output.queued_s)
-        new_ids = output.new_token_ids
+        entries = None
+        if request.params.logprobs is not None and output.logprobs is not None:
+            entries = [self._logprob_entry(t, e)
+                       for t, e in zip(output.new_token_ids, output.logprobs)]
+        self._advance(output.request_id, base, index, request, sample, output.new_token_ids,
+                      entries, output.finish_reason)
+
+    def _on_plain_token(self, request_id: str, token_id: int) -> None:
+        """The columnar fast path: one token, no finish, no logprobs."""
+        found = self._sample_of(request_id)
+        if found is not None and found[3].result is None:
+            self._advance(request_id, *found, [token_id], None, None)
+
+    def _sample_of(self, request_id: str):
+        base, _, index_text = request_id.partition("#")
+        request = self.requests.get(base)
+        if request is None:
+            return None
+        index = int(index_text) if index_text else 0
+        if not 0 <= index < len(request.samples):
+            return None
+        return base, index, request, request.samples[index]
+
+    def _advance(self, request_id: str, base: str, index: int, request, sample,
+                 new_ids: list[int], entries, finish_reason: str | None) -> None:
         if new_ids:
             now = time.monotonic()
             if request.first_token is None:
@@ -302,20 +325,19 @@ class EngineClient:
                              count=len(new_ids))
             request.last_token = now
         sample.token_ids.extend(new_ids)
-        entries = None
-        if request.params.logprobs is not None and output.logprobs is not None:
-            entries = [self._logprob_entry(t, e) for t, e in zip(new_ids, output.logprobs)]
+        if entries is not None:
             sample.logprobs.extend(entries)
-        delta = sample.text.add(new_ids, final=output.finished)
+        finished = finish_reason is not None
+        delta = sample.text.add(new_ids, final=finished)
         stopped = sample.text.stopped
         if delta or new_ids:
             request.sink.delta(index, delta, new_ids, entries)
-        if stopped or output.finished:
-            if stopped and not output.finished:
-                self._send(m.encode_abort(output.request_id))   # free its blocks now
+        if stopped or finished:
+            if stopped and not finished:
+                self._send(m.encode_abort(request_id))   # free its blocks now
             sample.result = SampleResult(
                 index, sample.text.text, sample.token_ids,
-                "stop" if stopped else output.finish_reason, sample.text.stop_string,
+                "stop" if stopped else finish_reason, sample.text.stop_string,
                 sample.logprobs if request.params.logprobs is not None else None)
             if all(s.result is not None for s in request.samples):
                 del self.requests[base]

@@ -37,7 +37,7 @@ from scheduler.preemption import should_swap
 from scheduler.request import Request, RequestStatus
 from scheduler.stop import finish_reason_after_token
 from shared.config import SchedulerConfig
-from shared.outputs import EngineOutput, FinishReason
+from shared.outputs import EngineOutput, FinishReason, StepOutputs
 from shared.sampling_params import SamplingParams, check_against_model
 from shared.step import NewRequest, StepPlan, StepResult
 
@@ -138,6 +138,8 @@ class Scheduler:
         caching = self.config.enable_prefix_caching
         max_len = self.config.max_request_len
         running = self.running
+        handles, counts = plan.running_handles, plan.running_num_tokens
+        appended = plan.new_block_ids
         while index < len(running) and budget > 0:
             request = running[index]
             computed = request.num_computed_tokens
@@ -168,7 +170,16 @@ class Scheduler:
                 new_blocks = self.kv.grow(request, computed + num_new)
             if new_blocks is None:
                 break
-            scheduled.append(_Scheduled(request, num_new, new_blocks, num_new == remaining))
+            if request.on_executor:   # the common case goes into the plan at once
+                handles.append(request.handle)
+                counts.append(num_new)
+                if new_blocks:
+                    appended[request.handle] = new_blocks
+                request.num_computed_tokens = computed + num_new
+                if num_new == remaining:
+                    request.num_pending += 1
+            else:
+                scheduled.append(_Scheduled(request, num_new, new_blocks, num_new == remaining))
             if caching and computed + num_new >= (request.num_registered + 1) * size:
                 self._register(request, computed + num_new, step)
             budget -= num_new
@@ -181,9 +192,12 @@ class Scheduler:
             self._admit(scheduled, budget, step)
         return self._build_plan(plan, scheduled)
 
-    def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
-        """Apply a step's sampled tokens; return what each request produced or how it ended."""
+    def update(self, plan: StepPlan, result: StepResult) -> StepOutputs:
+        """Apply a step's sampled tokens; return what each request produced or how it ended
+        (columnar: plain tokens apart from the entries that carry more)."""
         outputs, self._pending_outputs = self._pending_outputs, []
+        plain_ids: list[str] = []
+        plain_tokens: list[int] = []
         limit = self.config.max_request_len
         eos = self.config.eos_token_ids
         unconfirmed = self._unconfirmed
@@ -217,13 +231,17 @@ class Scheduler:
             if request.fork_children:
                 self._fork(request)
             reason = finish_reason_after_token(request, token_id, eos, limit)
+            if reason is None and entry is None and len(request.output_token_ids) > 1:
+                plain_ids.append(request.request_id)
+                plain_tokens.append(token_id)
+                continue
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(EngineOutput(
                 request.request_id, [token_id], reason,
                 logprobs=None if entry is None else [entry],
                 queued_s=request.queue_s if len(request.output_token_ids) == 1 else None))
-        return outputs
+        return StepOutputs(plain_ids, plain_tokens, outputs)
 
     def discard_unconfirmed(self) -> None:
         """A step failed: blocks registered for steps that never returned may hold garbage,

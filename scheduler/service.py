@@ -26,7 +26,7 @@ from shared import messages as m
 from shared.config import (CURVE_KEYS_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S,
                            ExecutorCapacity, SchedulerConfig, SchedulingPolicy, SettingError,
                            setting)
-from shared.outputs import EngineOutput, FinishReason
+from shared.outputs import EngineOutput, FinishReason, StepOutputs
 from shared.security import load_keys, make_server, start_authenticator, stop_authenticator
 from shared.step import StepPlan
 from shared.transport import DOWN_EVENTS, check_bind_address, configure, read_monitor_event
@@ -298,19 +298,35 @@ class SchedulerService:
                         f"{token_limit}); retry later", "queue_full")
         return None
 
-    def _route_outputs(self, outputs: list[EngineOutput]) -> None:
-        by_frontend: dict[bytes, list[EngineOutput]] = {}
-        for output in outputs:
+    def _route_outputs(self, outputs: StepOutputs | list[EngineOutput]) -> None:
+        """Each frontend gets one columnar `outputs` message with its own requests' news."""
+        columnar = isinstance(outputs, StepOutputs)
+        by_frontend: dict[bytes, StepOutputs] = {}
+        owners = self.owners
+        for output in outputs.entries if columnar else outputs:
             base = output.request_id.split("#", 1)[0]   # samples of n > 1 report as id#i
-            owner = self.owners.get(base)
+            owner = owners.get(base)
             if owner is None:
                 continue
-            by_frontend.setdefault(owner[0], []).append(output)
+            batch = by_frontend.get(owner[0])
+            if batch is None:
+                batch = by_frontend[owner[0]] = StepOutputs()
+            batch.entries.append(output)
             if output.finished:
                 if owner[1] == 1:
-                    del self.owners[base]
+                    del owners[base]
                 else:
-                    self.owners[base] = (owner[0], owner[1] - 1)
+                    owners[base] = (owner[0], owner[1] - 1)
+        if columnar:
+            for request_id, token_id in zip(outputs.ids, outputs.tokens):
+                owner = owners.get(request_id.split("#", 1)[0])
+                if owner is None:
+                    continue
+                batch = by_frontend.get(owner[0])
+                if batch is None:
+                    batch = by_frontend[owner[0]] = StepOutputs()
+                batch.ids.append(request_id)
+                batch.tokens.append(token_id)
         for identity, batch in by_frontend.items():
             self._send_frontend(identity, m.encode_outputs(batch))
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.config import ExecutorCapacity, SchedulingPolicy
-from shared.outputs import EngineOutput
+from shared.outputs import EngineOutput, StepOutputs
 from shared.sampling_params import SamplingParams
 from shared.step import NewRequest, StepPlan, StepResult
-from shared.wire import Body, ProtocolError, pack, unpack
+from shared.wire import MAX_ID_LEN, Body, ProtocolError, pack, unpack
 
 MAX_BLOCK_ID = 2**31 - 1
 MAX_TOKEN_ID = 2**31 - 1
@@ -211,9 +211,12 @@ def encode_rejected(request_id: str, message: str, code: str = "rejected") -> by
     return pack("rejected", {"id": request_id, "message": message[:2000], "code": code})
 
 
-def encode_outputs(outputs: list[EngineOutput]) -> bytes:
+def encode_outputs(outputs: StepOutputs | list[EngineOutput]) -> bytes:
+    """Columnar: plain tokens as "i" (request ids) and "t" (one token each), the rest as "o"."""
+    plain = isinstance(outputs, StepOutputs)
+    entries = outputs.entries if plain else outputs
     items = []
-    for o in outputs:
+    for o in entries:
         item = [o.request_id, o.new_token_ids, o.finish_reason, o.error]
         if o.logprobs is not None or o.prompt_logprobs is not None:
             item.append(None if o.logprobs is None else [list(e) for e in o.logprobs])
@@ -221,14 +224,16 @@ def encode_outputs(outputs: list[EngineOutput]) -> bytes:
             item.append([list(e) for e in o.prompt_logprobs])
         items.append(item)
     body: dict[str, Any] = {"o": items}
-    queued = {o.request_id: o.queued_s for o in outputs if o.queued_s is not None}
+    if plain and outputs.ids:
+        body["i"], body["t"] = outputs.ids, outputs.tokens
+    queued = {o.request_id: o.queued_s for o in entries if o.queued_s is not None}
     if queued:
         body["q"] = queued
     return pack("outputs", body)
 
 
-def decode_outputs(body: Body) -> list[EngineOutput]:
-    outputs = []
+def decode_outputs(body: Body) -> StepOutputs:
+    decoded: list[EngineOutput] = []
     queued = body.map("q", optional=True)
     for item in body.list("o", max_len=1 << 20):
         if not isinstance(item, list) or len(item) not in (4, 5, 6):
@@ -253,8 +258,12 @@ def decode_outputs(body: Body) -> list[EngineOutput]:
         seconds = queued.pop(output.request_id, None)   # with the first item of that id
         if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
             output.queued_s = float(seconds)
-        outputs.append(output)
-    return outputs
+        decoded.append(output)
+    ids = body.list("i", max_len=1 << 20, optional=True)
+    tokens = body.ints("t", 0, MAX_TOKEN_ID, max_len=1 << 20, optional=True)
+    if len(ids) != len(tokens) or not all(type(i) is str and len(i) <= MAX_ID_LEN for i in ids):
+        raise ProtocolError("outputs: 'i' must be request ids, one per token of 't'")
+    return StepOutputs(ids, tokens, decoded)
 
 
 def encode_stats(stats: dict[str, Any]) -> bytes:

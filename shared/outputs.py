@@ -34,6 +34,27 @@ class EngineOutput:
         return self.finish_reason is not None
 
 
+@dataclass(slots=True)
+class StepOutputs:
+    """One step's news, columnar: the common case -- one plain token for a request that goes
+    on -- as two parallel lists (no object per token), and everything else (a finish, an
+    error, logprobs, prompt logprobs, the first token's queue time) as entries apart.
+    Iterating yields EngineOutput objects, entries first: a request's prompt logprobs always
+    precede its token, and a request has at most one token per step."""
+
+    ids: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    entries: list[EngineOutput] = field(default_factory=list)
+
+    def __iter__(self):
+        yield from self.entries
+        for request_id, token_id in zip(self.ids, self.tokens):
+            yield EngineOutput(request_id, [token_id])
+
+    def __len__(self) -> int:
+        return len(self.entries) + len(self.ids)
+
+
 @dataclass
 class Logprob:
     logprob: float

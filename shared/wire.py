@@ -126,11 +126,14 @@ class Body:
         return list(zip(flat[0::2], flat[1::2]))
 
 
+_INT_ONLY = frozenset({int})
+
+
 def check_ints(value: Any, low: int, high: int, max_len: int, fail) -> list[int]:
     if not isinstance(value, list) or len(value) > max_len:
         raise fail(f"a list of at most {max_len} integers")
-    # type() is int excludes bools; min/max run in C, which matters on the per-step path.
-    if value and not (all(type(item) is int for item in value)
+    # type() is int excludes bools; map/min/max run in C, which matters on the per-step path.
+    if value and not (_INT_ONLY.issuperset(map(type, value))
                       and low <= min(value) and max(value) <= high):
         raise fail(f"a list of integers in [{low}, {high}]")
     return value
