@@ -68,6 +68,9 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int | None = 80
                         help="read the API key from FILE (its first line)")
     parser.add_argument("--metrics-public", action="store_true",
                         help="serve /metrics without the API key")
+    parser.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json"),
+                        help="read tool calls out of answers in this format, for chat "
+                        "requests with tools and tool_choice auto (default: auto refused)")
     parser.add_argument("--allowed-hosts", default=None, metavar="NAMES",
                         help="Host header names HTTP answers, comma-separated, or '*' for any "
                         "(default: on a loopback --host only localhost, 127.0.0.1 and ::1)")
@@ -333,6 +336,7 @@ def run_role(role: str, args: argparse.Namespace) -> int:
                                       served_model_name=args.served_model_name,
                                       api_key=api_key(args),
                                       metrics_public=args.metrics_public,
+                                      tool_call_parser=args.tool_call_parser,
                                       allowed_hosts=args.allowed_hosts,
                                       shutdown_timeout_s=args.shutdown_timeout,
                                       curve_keys=args.curve_keys,

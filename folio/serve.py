@@ -115,6 +115,8 @@ class Supervisor:
                     *served_names(self.args.served_model_name, self.model)]
             if self.args.metrics_public:
                 http += ["--metrics-public"]
+            if self.args.tool_call_parser:
+                http += ["--tool-call-parser", self.args.tool_call_parser]
             if self.args.allowed_hosts:
                 http += ["--allowed-hosts", self.args.allowed_hosts]
         return base + ["--model", self.config.tokenizer_path,

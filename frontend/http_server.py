@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -38,7 +39,8 @@ RETRY_AFTER_S = "1"
 
 
 def create_app(engine: EngineClient, model_name: str | list[str], api_key: str | None = None,
-               metrics_public: bool = False, hosts: frozenset[str] | None = None) -> FastAPI:
+               metrics_public: bool = False, hosts: frozenset[str] | None = None,
+               tool_call_parser: str | None = None) -> FastAPI:
     """With api_key, /v1 routes need it, and so does /metrics unless metrics_public.
     Several model names: each is accepted, the first is the one answers report.
     hosts: the Host names answered (None: any); others get a 403."""
@@ -160,7 +162,8 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await respond(request, create_chat_completion, await read_json(request))
+        return await respond(request, functools.partial(
+            create_chat_completion, tool_parser=tool_call_parser), await read_json(request))
 
     @app.get("/health")
     async def health() -> Response:
@@ -263,7 +266,8 @@ class _Server(uvicorn.Server):
 async def serve_http(engine: EngineClient, config, stopped: asyncio.Event) -> None:
     names = served_names(config.served_model_name, config.model)
     app = create_app(engine, names, config.api_key, config.metrics_public,
-                     allowed_hosts(config.host, config.allowed_hosts))
+                     allowed_hosts(config.host, config.allowed_hosts),
+                     getattr(config, "tool_call_parser", None))
     gate = ConnectionGate(connection_cap())
     protocol = gated(import_from_string(HTTP_PROTOCOLS["auto"]), gate)
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port, http=protocol,

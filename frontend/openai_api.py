@@ -17,6 +17,9 @@ from frontend.openai_logprobs import completion_logprobs
 from frontend.openai_protocol import (ApiError, chat_messages, completion_prompts, invalid,
                                       sampling_params, stream_options, too_long)
 from frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
+from frontend.structured_request import structured_spec
+from frontend.tool_calls import ToolPlan, openai_calls, tool_plan
+from frontend.tool_parsers import stream_holdback
 from shared.sampling_params import SamplingParams, check_against_model
 
 log = logging.getLogger("folio.frontend")
@@ -255,6 +258,12 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
                              logprobs)
     if echo and logprobs is not None:
         params = replace(params, prompt_logprobs=logprobs)
+    structured = structured_spec(body)
+    if structured is not None:
+        if score_only:
+            raise invalid("max_tokens 0 generates nothing to constrain; drop "
+                          f"{structured[1]} or ask for tokens", structured[1])
+        params = replace(params, structured_output=structured[0])
     prompts = completion_prompts(body.get("prompt"))
     for prompt in prompts:
         if isinstance(prompt, str):
@@ -334,7 +343,8 @@ def _chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | Non
     return {"content": content}
 
 
-async def create_chat_completion(engine: EngineClient, body: dict[str, Any], model: str):
+async def create_chat_completion(engine: EngineClient, body: dict[str, Any], model: str,
+                                 tool_parser: str | None = None):
     check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     options = stream_options(body)
     want_logprobs = body.get("logprobs", False)
@@ -350,11 +360,22 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
             raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     params = sampling_params(body, "max_completion_tokens",
                              (top or 0) if want_logprobs else None)
+    tools = tool_plan(body, tool_parser)
+    structured = structured_spec(body)
+    if tools.spec is not None and structured is not None:
+        raise invalid(f"{structured[1]}: tool_choice {tools.mode} already constrains the "
+                      "answer (to tool calls); send one or the other", structured[1])
+    spec = tools.spec or (structured[0] if structured else None)
+    if spec is not None:
+        params = replace(params, structured_output=spec)
     messages = chat_messages(body.get("messages"))
     chars = sum(len(message["content"]) for message in messages)
     _refuse_long_text(engine, chars, "messages")
+    if tools.tools and "tools" not in str(getattr(engine.tokenizer, "chat_template", "")):
+        raise invalid("tools: this model's chat template does not render tools", "tools")
     try:
-        ids = await engine.prep.run(chars, chat_prompt_ids, engine.tokenizer, messages)
+        ids = await engine.prep.run(chars, chat_prompt_ids, engine.tokenizer, messages,
+                                    tools.tools)
     except ValueError as error:
         raise invalid(str(error), "messages") from None
     _check(engine, ids, params, "messages")
@@ -362,23 +383,72 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if options.stream:
-        return job, _stream_chat(job, request_id, created, model, options.include_usage)
+        return job, _stream_chat(job, request_id, created, model, options.include_usage,
+                                 tools)
     try:
         (result,) = await _collect(job)
     except BaseException:
         job.abort()
         raise
-    choices = [{"index": s.index, "message": {"role": "assistant", "content": s.text},
-                "logprobs": _chat_logprobs(s.logprobs), "finish_reason": s.finish_reason,
-                "stop_reason": s.stop_reason} for s in result.samples]
+    choices = []
+    for s in result.samples:
+        message, finish = _chat_message(tools, s.text, s.finish_reason)
+        choices.append({"index": s.index, "message": message,
+                        "logprobs": _chat_logprobs(s.logprobs), "finish_reason": finish,
+                        "stop_reason": s.stop_reason})
     return job, {"id": request_id, "object": "chat.completion", "created": created,
                  "model": model, "choices": choices, "usage": _usage([result])}
 
 
+def _finish_reason(tools: ToolPlan, calls: list, finish: str | None) -> str | None:
+    # OpenAI: "tool_calls" when the model chose to call; a forced named call ends "stop".
+    if calls and finish == "stop" and tools.mode != "named":
+        return "tool_calls"
+    return finish
+
+
+def _chat_message(tools: ToolPlan, text: str, finish: str | None
+                  ) -> tuple[dict[str, Any], str | None]:
+    if tools.mode == "none":
+        return {"role": "assistant", "content": text}, finish
+    content, calls = tools.read(text)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = openai_calls(calls)
+    return message, _finish_reason(tools, calls, finish)
+
+
+class _ToolStream:
+    """One streamed choice's text under tool calling: content is sent as it comes, up to
+    where a tool call may begin; the calls go out whole once the answer is complete."""
+
+    def __init__(self, tools: ToolPlan) -> None:
+        self.tools, self.text, self.sent = tools, "", 0
+
+    def feed(self, text: str) -> str:
+        self.text += text
+        if self.tools.buffers:
+            return ""
+        end = max(self.sent, stream_holdback(self.tools.parser, self.text))
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+    def finish(self) -> tuple[str, list]:
+        """(content not yet sent, calls)."""
+        content, calls = self.tools.read(self.text)
+        if not calls:
+            return self.text[self.sent:], []
+        if self.tools.buffers:
+            return "", calls
+        end = max(self.sent, stream_holdback(self.tools.parser, self.text))
+        return self.text[self.sent:end], calls
+
+
 async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
-                       include_usage: bool) -> AsyncIterator[str]:
+                       include_usage: bool, tools: ToolPlan) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created,
             "model": model}
+    streams = None if tools.mode == "none" else {i: _ToolStream(tools) for i in range(job.n)}
     pending = await _first_event(job)
     for index in range(job.n):
         yield _sse({**head, "choices": [{"index": index, "delta": {"role": "assistant",
@@ -389,15 +459,33 @@ async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
                                                                      None)
         if item[0] == "delta":
             _, index, text, _, logprobs = item
+            if streams is not None:
+                text = streams[index].feed(text)
+                if not text and logprobs is None:
+                    continue
             yield _sse({**head, "choices": [{"index": index, "delta": {"content": text},
                                              "logprobs": _chat_logprobs(logprobs),
                                              "finish_reason": None}]})
         elif item[0] == "final":
             result = item[2]
             for sample in result.samples:
+                finish = sample.finish_reason
+                if streams is not None:
+                    rest, calls = streams[sample.index].finish()
+                    if rest:
+                        yield _sse({**head, "choices": [{
+                            "index": sample.index, "delta": {"content": rest},
+                            "logprobs": None, "finish_reason": None}]})
+                    if calls:
+                        deltas = [{"index": i, **call}
+                                  for i, call in enumerate(openai_calls(calls))]
+                        yield _sse({**head, "choices": [{
+                            "index": sample.index, "delta": {"tool_calls": deltas},
+                            "logprobs": None, "finish_reason": None}]})
+                    finish = _finish_reason(tools, calls, finish)
                 yield _sse({**head, "choices": [{"index": sample.index, "delta": {},
                                                  "logprobs": None,
-                                                 "finish_reason": sample.finish_reason,
+                                                 "finish_reason": finish,
                                                  "stop_reason": sample.stop_reason}]})
             if include_usage:
                 yield _sse({**head, "choices": [], "usage": _usage([result])})

@@ -17,6 +17,9 @@ _SAMPLING = frozenset({
     "presence_penalty", "frequency_penalty", "logit_bias", "max_tokens",
     "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "skip_special_tokens",
     "include_stop_str_in_output", "stop_token_ids", "response_format",
+    # Structured outputs (frontend/structured_request.py): vLLM's current and older names.
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "guided_decoding_backend", "guided_whitespace_pattern",
     "deadline",          # Folio's own: seconds before the server aborts the request
 })
 # Honoured by definition: they only label the request for the caller's own bookkeeping,
@@ -26,18 +29,13 @@ _LABELS = frozenset({"user", "safety_identifier", "prompt_cache_key", "metadata"
 COMPLETION_FIELDS = _SAMPLING | _LABELS | {"prompt", "echo", "logprobs", "best_of"}
 CHAT_FIELDS = _SAMPLING | _LABELS | {
     "messages", "logprobs", "top_logprobs", "max_completion_tokens", "store", "service_tier",
-    "modalities"}
+    "modalities",
+    # Tool calling (frontend/tool_calls.py); the deprecated two are refused there by name.
+    "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"}
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens",
                              "add_generation_prompt", "return_token_strs"})
 DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 
-_LATER = {   # refused by name until they are implemented (issue 15)
-    **dict.fromkeys(("tools", "tool_choice", "functions", "function_call",
-                     "parallel_tool_calls"), "tool calling"),
-    **dict.fromkeys(("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                     "guided_decoding_backend", "guided_whitespace_pattern",
-                     "structured_outputs"), "structured outputs"),
-}
 # Accepted only with the value that asks for nothing beyond plain behaviour.
 _PLAIN_VALUES = {"best_of": (None, 1), "store": (None, False),
                  "service_tier": (None, "auto", "default"),
@@ -51,17 +49,10 @@ def _refuse(field: str, message: str, code: str) -> ApiError:
 def check_fields(body: dict[str, Any], accepted: frozenset[str], route: str) -> None:
     """400 for the first field `route` does not honour, naming it in `param`."""
     for field, value in body.items():
-        if field in _LATER:
-            if value is None:   # null asks for nothing
-                continue
-            raise _refuse(field, f"{field}: {_LATER[field]} is not supported yet by this "
-                          f"server", "unsupported_parameter")
         if field not in accepted:
             raise _refuse(field, f"Unrecognized request argument supplied: {field} "
                           f"({route} does not honour it)", "unknown_parameter")
-        if field == "response_format":
-            _check_response_format(value)
-        elif field in _PLAIN_VALUES and not any(
+        if field in _PLAIN_VALUES and not any(
                 type(value) is type(plain) and value == plain
                 for plain in _PLAIN_VALUES[field]):   # type too: true is not 1
             allowed = " or ".join(repr(v) for v in _PLAIN_VALUES[field] if v is not None)
@@ -70,17 +61,6 @@ def check_fields(body: dict[str, Any], accepted: frozenset[str], route: str) -> 
         elif field in _LABELS and value is not None and not _label_ok(field, value):
             raise _refuse(field, f"{field} must be a string" + (
                 " map" if field == "metadata" else ""), "invalid_value")
-
-
-def _check_response_format(value: Any) -> None:
-    if value is None or value == {"type": "text"}:
-        return
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind in ("json_object", "json_schema", "structural_tag", "grammar"):
-        raise _refuse("response_format", f"response_format {kind!r}: structured outputs are "
-                      "not supported yet by this server", "unsupported_parameter")
-    raise _refuse("response_format", "response_format must be an object with a 'type'; "
-                  "only {'type': 'text'} is supported", "invalid_value")
 
 
 def _label_ok(field: str, value: Any) -> bool:

@@ -126,8 +126,12 @@ def completion_prompts(prompt: Any) -> list[str | list[int]]:
     raise invalid("prompt must be a non-empty string or list", "prompt")
 
 
-def chat_messages(messages: Any) -> list[dict[str, str]]:
-    """Messages with string content or text parts; roles are passed to the chat template."""
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """Messages with string content or text parts; roles are passed to the chat template.
+    An assistant message's tool_calls and a tool message's tool_call_id (and name) are
+    kept for templates that render them."""
+    from frontend.tool_calls import message_tool_calls
+
     if not isinstance(messages, list) or not messages:
         raise invalid("messages must be a non-empty list", "messages")
     result = []
@@ -151,5 +155,16 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(content, str):
             raise invalid("message content must be a string or a list of text parts",
                           "messages")
-        result.append({"role": role, "content": content})
+        entry: dict[str, Any] = {"role": role, "content": content}
+        if message.get("tool_calls") is not None:
+            if role != "assistant":
+                raise invalid("messages: only assistant messages carry tool_calls",
+                              "messages")
+            entry["tool_calls"] = message_tool_calls(message["tool_calls"])
+        for key in ("tool_call_id", "name"):
+            if message.get(key) is not None:
+                if not isinstance(message[key], str) or len(message[key]) > 256:
+                    raise invalid(f"messages: {key} must be a short string", "messages")
+                entry[key] = message[key]
+        result.append(entry)
     return result

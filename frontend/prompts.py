@@ -9,12 +9,18 @@ class PromptError(ValueError):
     """A prompt that cannot be served; the message names the problem and the limit."""
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    if not getattr(tokenizer, "chat_template", None):
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """`tools` (OpenAI's tool objects) go to the template's `tools` variable; a template that
+    never reads it would drop them silently, so that is refused."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
         raise PromptError("this model's tokenizer has no chat template; send a prompt")
+    if tools and "tools" not in (template if isinstance(template, str) else str(template)):
+        raise PromptError("this model's chat template does not render tools")
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                            tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, tools=tools or None,
+                                            add_generation_prompt=True, tokenize=True)
     except Exception as error:   # template errors come from jinja as many types
         raise PromptError(f"chat template failed: {error}") from None
     if hasattr(ids, "keys"):

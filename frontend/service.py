@@ -37,6 +37,7 @@ class FrontendConfig:
     served_model_name: str | list[str] | None = None   # None: the model directory's name
     api_key: str | None = None
     metrics_public: bool = False    # /metrics without the API key
+    tool_call_parser: str | None = None   # hermes | llama3_json (frontend/tool_parsers.py)
     allowed_hosts: str | None = None   # Host names HTTP answers ("a,b" or "*"); None: default
     shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
     curve_keys: str | None = None   # CURVE keys directory: scheduler link and client port
