@@ -19,6 +19,7 @@ from frontend.prompts import check_prompt, prompt_ids
 from frontend.stop_strings import StopStrings
 from shared import messages as m
 from shared.sampling_params import check_against_model
+from shared.structured_output import grammar_error
 from shared.security import CurveKeys, make_server
 from shared.transport import check_bind_address, configure
 from shared.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
@@ -215,6 +216,11 @@ class ZmqGateway:
             raise ValueError(f"prompt has {len(ids)} tokens, leaving no room for a generated "
                              f"token under this model's max_model_len = {limit}")
         check_against_model(request.params, engine.vocab_size, *engine.limits)
+        if request.params.structured_output is not None:   # refused here, not in the engine
+            error = grammar_error(request.params.structured_output)
+            if error is not None:
+                raise ValueError("structured_output cannot be compiled: "
+                                 + " ".join(error.split())[:500])
         return ids, StopStrings(request.params.stop) if request.params.stop else None
 
     def _start(self, client: bytes, request: m.GenerateRequest, ids: list[int],

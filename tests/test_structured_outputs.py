@@ -192,3 +192,18 @@ def test_bad_specs_are_refused_by_name(client, server, route, extra, field, word
         else:
             client.completions.create(model=MODEL, prompt="x", max_tokens=4,
                                       extra_body=extra)
+
+
+def test_the_sdk_takes_a_structured_output_spec(server):
+    from folio.client import Client
+    from folio.errors import FolioError
+    from shared.sampling_params import SamplingParams
+
+    with Client(server.zmq_address) as sdk:
+        out = sdk.generate("A colour:", SamplingParams(
+            max_tokens=8, temperature=1.0, seed=3,
+            structured_output={"choice": ["red", "green"]}))
+        assert out.text in ("red", "green")
+        with pytest.raises(FolioError, match="cannot be compiled"):
+            sdk.generate("x", SamplingParams(max_tokens=4,
+                                             structured_output={"regex": "(open"}))
