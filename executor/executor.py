@@ -44,9 +44,18 @@ def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> tor
 
 
 class Executor:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp=None) -> None:
+        """`tp`: this process's rank of a tensor-parallel group (executor/parallel.py); it
+        builds and caches its share of the model, and every count of blocks is the
+        smallest rank's."""
+        if config.tensor_parallel_size > 1 and tp is None:
+            raise ValueError("tensor_parallel_size > 1 runs in `folio executor` (or `folio "
+                             "serve`), which starts the ranks")
         self.config = config
+        self.tp = tp
         self.model_config = ModelConfig.from_dir(config.model)
+        if tp is not None:
+            self.model_config = tp.shard_config(self.model_config)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.model_config.torch_dtype, self.device)
         self.max_model_len = self._max_model_len()
@@ -54,15 +63,20 @@ class Executor:
             else None
         self.ops = select_ops(config.attention_backend, self.device)
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
-                                self.device, self.max_model_len)
+                                self.device, self.max_model_len,
+                                **({} if tp is None else {"tp": tp}))
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.linear_backend = pack_linears(self.model, self.device, self.dtype,
                                            config.linear_backend)
         self.num_kv_blocks = self._num_kv_blocks()
+        if tp is not None:
+            self.num_kv_blocks = tp.agree(self.num_kv_blocks)
         self.kv_caches = allocate_kv_cache(self.model_config, self.num_kv_blocks,
                                            config.block_size, self.dtype, self.device)
         self.bytes_per_block = bytes_per_block(self.model_config, config.block_size, self.dtype)
         self.num_swap_blocks = self._num_swap_blocks()
+        if tp is not None:
+            self.num_swap_blocks = tp.agree(self.num_swap_blocks)
         self.swap_caches = allocate_swap_pool(self.model_config, self.num_swap_blocks,
                                               config.block_size, self.dtype, self.device)
         self.mover = BlockMover(self.kv_caches, self.swap_caches)

@@ -41,7 +41,19 @@ class ExecutorService:
     def __init__(self, config: ExecutorServiceConfig) -> None:
         self.config = config
         self.keys = load_keys(config.curve_keys) if config.curve_keys else None   # fail fast
-        self.executor = Executor(config.engine)
+        # Tensor parallelism: this process is rank 0 and starts the others (tp_group.py).
+        self.ranks = None
+        if config.engine.tensor_parallel_size > 1:
+            from executor.tp_group import RankGroup
+
+            self.ranks = RankGroup(config.engine)
+        try:
+            self.executor = Executor(self.ranks.engine if self.ranks else config.engine,
+                                     self.ranks.tp if self.ranks else None)
+        except BaseException:
+            if self.ranks is not None:
+                self.ranks.stop()
+            raise
         self.ctx = zmq.Context()
         self.sock = make_peer(configure(self.ctx.socket(zmq.DEALER)), self.keys)
         # The suffix keeps a restarted container (often the same pid) a distinct peer.
@@ -65,8 +77,11 @@ class ExecutorService:
         try:
             while not self.stop.is_set():
                 events = dict(poller.poll(100))
+                if self.ranks is not None:
+                    self.ranks.check()   # a dead rank: exit, and the scheduler fails steps
                 if monitor in events and read_monitor_event(monitor) & UP_EVENTS:
                     # A (re)connected scheduler knows nothing of us: start clean, say hello.
+                    self._to_ranks(m.pack("reset", {}))
                     self.executor.reset()
                     self.sock.send(m.encode_hello_executor(self.executor.capacity, pid))
                 if self.sock not in events:
@@ -80,13 +95,23 @@ class ExecutorService:
                     continue
                 if msg_type == "ping":
                     continue   # the scheduler checking that we are still connected
+                self._to_ranks(data)   # the plan or reset, to every other rank
                 if plan is None:   # reset: the scheduler gave up on our state
                     self.executor.reset()
                     self.sock.send(m.encode_hello_executor(self.executor.capacity, pid))
                     continue
                 self._apply(plan)
+        except Exception as error:
+            if self.ranks is None:
+                raise
+            # A rank died or a collective failed: the group is broken. Exit; the scheduler
+            # fails the in-flight requests, `folio serve` starts a new group.
+            log.error("tensor-parallel group failed (%s); stopping every rank", error)
+            raise SystemExit(1) from None
         finally:
             self.stop.set()
+            if self.ranks is not None:
+                self.ranks.stop()
             self.heartbeat.join(timeout=1)
             monitor.close(0)
             self.sock.close(0)
@@ -97,11 +122,17 @@ class ExecutorService:
             result = self.executor.execute(plan)
         except Exception as error:   # report, stay alive: the scheduler fails the step
             log.error("step %d failed: %s", plan.step_id, traceback.format_exc())
+            if self.ranks is not None:   # the ranks are out of step: the group must restart
+                raise
             self.sock.send(m.encode_executor_error(plan.step_id,
                                                    f"{type(error).__name__}: {error}"))
             return
         if not plan.is_empty:
             self.sock.send(m.encode_result(result))
+
+    def _to_ranks(self, data: bytes) -> None:
+        if self.ranks is not None:
+            self.ranks.tp.broadcast(data)
 
     def _heartbeat_loop(self) -> None:
         sock = make_peer(configure(self.ctx.socket(zmq.DEALER)), self.keys)

@@ -97,6 +97,9 @@ class EngineConfig(SchedulingPolicy):
                                       "every core it may use, less one per other Folio "
                                       "process placed on the machine)")
     seed: int = setting(0, "seed of requests that do not set their own")
+    tensor_parallel_size: int = setting(
+        1, "executor ranks the model is split across (one per GPU; on CPU, processes "
+        "sharing its cores)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -112,6 +115,7 @@ class EngineConfig(SchedulingPolicy):
             raise SettingError("num_swap_blocks", f"must be >= 0, got {self.num_swap_blocks}")
         if self.swap_space < 0:
             raise SettingError("swap_space", f"must be >= 0 GiB, got {self.swap_space}")
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
         _positive("block_size", self.block_size)
         if self.block_size & (self.block_size - 1):
             raise SettingError("block_size", f"must be a power of two, got {self.block_size}")
