@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from kernels import cpu_attention, cpu_fused, moe_reference, reference
+from kernels.moe_cpu import CpuFusedMoe
 
 log = logging.getLogger("folio.executor")
 
@@ -89,7 +90,8 @@ def triton_ops() -> KernelOps:
 
 def cpu_ops() -> KernelOps:
     """The C++ operators: paged attention reading the cache blocks in place, fused RMSNorm
-    (+ residual), rotary and SiLU-and-mul; the cache write from the reference."""
+    (+ residual), rotary and SiLU-and-mul; the cache write from the reference; MoE experts
+    grouped on oneDNN with prepacked weights (kernels.moe_cpu)."""
 
     def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
                   window: int | None = None, softcap: float | None = None):
@@ -102,7 +104,7 @@ def cpu_ops() -> KernelOps:
                      reshape_and_cache=reference.reshape_and_cache_ref,
                      silu_and_mul=cpu_fused.silu_and_mul_cpu, attention=attention,
                      prepare=lambda inputs, block_size: inputs,
-                     fused_moe=moe_reference.fused_moe_ref)
+                     fused_moe=CpuFusedMoe())
 
 
 def select_ops(backend: str, device: torch.device) -> KernelOps:

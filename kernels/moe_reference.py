@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_shape, \
     check_tensor
+from kernels.reference import silu_and_mul_ref
 
 
 def check_moe_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
@@ -70,7 +71,7 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int
 def fused_moe_ref(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
     """The MoE feed-forward of the module docstring, grouped by expert."""
-    experts, inter, top_k = check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
+    experts, _, top_k = check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     if hidden.shape[0] == 0:
         return out.to(hidden.dtype)
@@ -83,8 +84,7 @@ def fused_moe_ref(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             continue
         rows = token_of_pair[start:start + count]
         gate_up = F.linear(hidden[rows], w13[expert])
-        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        down = F.linear(act, w2[expert])
+        down = F.linear(silu_and_mul_ref(gate_up), w2[expert])
         out.index_add_(0, rows, down.to(torch.float32) * weight_of_pair[start:start + count, None])
         start += count
     return out.to(hidden.dtype)

@@ -1,0 +1,63 @@
+"""The cpu kernel set's fused_moe (kernels.moe_cpu): oneDNN on prepacked expert weights."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from executor.ops import cpu_ops
+from kernels.moe_cpu import CpuFusedMoe, onednn_available
+from tests.kernels.test_fused_moe import assert_matches, make_case, oracle
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="torch without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [(1, 64, 48, 8, 2), (40, 64, 32, 4, 2), (6, 48, 40, 6, 6)],
+                         ids=lambda c: "T{}-H{}-I{}-E{}-k{}".format(*c))
+def test_packed_path_matches_oracle(case, dtype):
+    args = make_case(*case, dtype, seed=sum(case) + 1)
+    moe = CpuFusedMoe(min_pack_elements=0)
+    assert moe.uses_onednn(args[1])
+    assert_matches(moe(*args), oracle(*args), dtype)
+    assert moe.num_packed == 1
+
+
+def test_small_experts_and_fp16_take_the_grouped_path():
+    moe = CpuFusedMoe()                       # default threshold: these weights are tiny
+    for dtype in (torch.float32, torch.float16):
+        args = make_case(5, 32, 16, 4, 2, dtype, seed=5)
+        assert not moe.uses_onednn(args[1])
+        assert_matches(moe(*args), oracle(*args), dtype)
+    assert moe.num_packed == 0
+    empty = make_case(0, 32, 16, 4, 2, torch.float32, seed=5)
+    assert moe(*empty).shape == (0, 32)
+
+
+@needs_onednn
+def test_packs_once_repacks_changed_weights_and_forgets_freed_ones():
+    moe = CpuFusedMoe(min_pack_elements=0)
+    x, w13, w2, weights, ids = make_case(7, 32, 32, 4, 2, torch.float32, seed=9)
+    assert_matches(moe(x, w13, w2, weights, ids), oracle(x, w13, w2, weights, ids),
+                   torch.float32)
+    first = moe._packed[id(w13)]
+    moe(x, w13, w2, weights, ids)
+    assert moe._packed[id(w13)] is first                  # reused, not packed again
+    with torch.no_grad():
+        w2.mul_(-2.0)                                     # e.g. weights loaded after a call
+    assert_matches(moe(x, w13, w2, weights, ids), oracle(x, w13, w2, weights, ids),
+                   torch.float32)
+    assert moe._packed[id(w13)] is not first and moe.num_packed == 1
+    del w13, first
+    gc.collect()
+    assert moe.num_packed == 0
+
+
+def test_cpu_kernel_set_uses_it(cpu_ops_built):
+    assert isinstance(cpu_ops().fused_moe, CpuFusedMoe)
+    moe = cpu_ops().fused_moe
+    args = make_case(3, 32, 16, 4, 2, torch.bfloat16, seed=4)
+    assert_matches(moe(*args), oracle(*args), torch.bfloat16)
