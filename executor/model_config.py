@@ -1,4 +1,7 @@
-"""The parts of a Hugging Face config.json that Folio's model needs, parsed and checked."""
+"""The parts of a Hugging Face config.json that Folio's model needs, parsed and checked.
+
+The per-architecture reading lives in executor/models/hf_config.py (no torch there: the
+command line's checks read configs before any process starts)."""
 
 from __future__ import annotations
 
@@ -7,17 +10,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-
+# Every architecture Folio builds (executor/models/registry.py holds one entry for each).
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+)
 
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    rope_type: str = "default"               # "default", "linear" or "llama3"
+    rope_type: str = "default"               # "default", "linear", "llama3" or "longrope"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # longrope (Phi-3): per-frequency divisors below / above the original length, and the
+    # factor transformers multiplies cos and sin by.
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    renormalize: bool                        # top-k weights divided by their sum
+    sparse_layers: tuple[bool, ...]          # per layer: experts (True) or the dense MLP
+    round_weights: bool = False              # top-k weights rounded to the model dtype first
 
 
 @dataclass(frozen=True)
@@ -40,14 +62,41 @@ class ModelConfig:
     torch_dtype: str
     sliding_window: int | None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    hidden_act: str = "silu"                 # "silu" or "gelu_tanh" (the gated MLP's gate)
+    qk_norm: bool = False                    # per-head RMSNorm on q and k before rotary
+    gemma: bool = False                      # (1 + w) norms, sandwich norms, scaled embedding
+    query_scale: float | None = None         # attention scale; None: head_dim ** -0.5
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    layer_windows: tuple[int | None, ...] = ()   # per layer; () means no layer is windowed
+    local_rope: RopeConfig | None = None     # rope of the windowed layers when it differs
+    rotary_dim: int | None = None            # partial rotary; None: the whole head
+    moe: MoeConfig | None = None
 
     @property
     def context_limit(self) -> int:
-        """The longest context served: Folio's attention is full attention, so a sliding
-        window model stays inside its window, where both agree."""
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
+        """The longest context served. A sliding-window model is not capped at its window:
+        every attention backend masks (and skips) keys outside each layer's window."""
         return self.max_position_embeddings
+
+    @property
+    def attention_scale(self) -> float:
+        return self.query_scale if self.query_scale is not None else self.head_dim ** -0.5
+
+    def layer_window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        if self.local_rope is not None and self.layer_window(layer) is not None:
+            return self.local_rope
+        return self.rope
+
+    def describe(self) -> str:
+        """One start-up line, e.g. 'Gemma3ForCausalLM: 26 layers, GQA 8/4, sliding window
+        512 on 22 of 26 layers, rope 1e6/1e4'."""
+        from executor.models.hf_config import describe
+
+        return describe(self)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
@@ -63,71 +112,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None
                   ) -> "ModelConfig":
-        architectures = raw.get("architectures") or []
-        architecture = architectures[0] if architectures else "<none>"
-        if architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {architecture!r}; Folio supports "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; Folio supports silu")
-        num_heads = raw["num_attention_heads"]
-        num_kv_heads = raw.get("num_key_value_heads") or num_heads
-        if num_heads % num_kv_heads:
-            raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
-                             f"num_key_value_heads ({num_kv_heads})")
-        is_qwen2 = architecture == "Qwen2ForCausalLM"
-        attention_bias = bool(raw.get("attention_bias", False))
-        sliding = raw.get("sliding_window")
-        if is_qwen2 and not raw.get("use_sliding_window", False):
-            sliding = None
-        eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
-        return cls(
-            architecture=architecture,
-            vocab_size=raw["vocab_size"],
-            hidden_size=raw["hidden_size"],
-            num_layers=raw["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
-            intermediate_size=raw["intermediate_size"],
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=True if is_qwen2 else attention_bias,
-            o_bias=False if is_qwen2 else attention_bias,
-            mlp_bias=bool(raw.get("mlp_bias", False)),
-            rope=_rope_config(raw),
-            torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
-            sliding_window=sliding,
-            eos_token_ids=_as_id_tuple(eos),
-        )
+        from executor.models.hf_config import parse_config
 
+        return parse_config(cls, raw, generation or {})
 
-def _rope_config(raw: dict[str, Any]) -> RopeConfig:
-    # transformers >= 5 writes "rope_parameters" (theta inside); older configs write
-    # "rope_theta" plus an optional "rope_scaling".
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", "linear", "llama3"):
-        raise ValueError(f"unsupported rope type {rope_type!r}; Folio supports default, linear "
-                         "and llama3")
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError("partial_rotary_factor != 1 is not supported")
-    return RopeConfig(
-        theta=float(theta),
-        rope_type=rope_type,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(params.get(
-            "original_max_position_embeddings", raw.get("max_position_embeddings", 8192))),
-    )
-
-
-def _as_id_tuple(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)

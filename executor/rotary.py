@@ -9,8 +9,14 @@ import torch
 from executor.model_config import RopeConfig
 
 
-def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> torch.Tensor:
+    """`head_dim` is the rotated width (the whole head, or the partial rotary dimension)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim
+    if rope.rope_type == "longrope":
+        factors = torch.tensor(rope.long_factor if long else rope.short_factor,
+                               dtype=torch.float)
+        return 1.0 / (factors * rope.theta ** exponents)
+    inv_freq = 1.0 / (rope.theta ** exponents)
     if rope.rope_type == "linear":
         return inv_freq / rope.factor
     if rope.rope_type == "llama3":
@@ -35,8 +41,31 @@ def _llama3_frequencies(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tenso
 
 def rotary_cos_sin_cache(rope: RopeConfig, head_dim: int, max_positions: int,
                          device: torch.device) -> torch.Tensor:
-    """[max_positions, head_dim]: cos of each frequency in the first half, sin in the second."""
-    inv_freq = inverse_frequencies(rope, head_dim)
+    """[max_positions, head_dim]: cos of each frequency in the first half, sin in the second.
+
+    longrope: [2 * max_positions, head_dim], the short-factor rows, then the long-factor
+    rows (see `longrope_positions`), both scaled by the attention factor as transformers
+    scales cos and sin."""
+    if rope.rope_type == "longrope":
+        return torch.cat([_table(inverse_frequencies(rope, head_dim, long), max_positions,
+                                 rope.attention_factor) for long in (False, True)]).to(device)
+    return _table(inverse_frequencies(rope, head_dim), max_positions, 1.0).to(device)
+
+
+def _table(inv_freq: torch.Tensor, max_positions: int, scale: float) -> torch.Tensor:
     positions = torch.arange(max_positions, dtype=torch.float)
     freqs = positions[:, None] * inv_freq[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+    if scale == 1.0:
+        return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    return torch.cat((freqs.cos() * scale, freqs.sin() * scale), dim=-1)
+
+
+def longrope_positions(positions: torch.Tensor, seq_lens: torch.Tensor,
+                       query_start_loc: torch.Tensor, original: int, max_positions: int
+                       ) -> torch.Tensor:
+    """Rows of the longrope table: a sequence whose context (this step included) is longer
+    than `original` reads the long-factor rows, as transformers switches to the long factors
+    once the sequence it is given passes the original length."""
+    counts = (query_start_loc[1:] - query_start_loc[:-1]).long()
+    is_long = torch.repeat_interleave(seq_lens > original, counts, output_size=len(positions))
+    return positions + is_long.to(positions.dtype) * max_positions

@@ -50,7 +50,25 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
     fast.save_pretrained(str(out_dir))
 
 
-ARCHITECTURES = ("llama", "mistral", "qwen2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3",
+                 "gemma2", "gemma3")
+# Architectures newer than the first three: their norm weights are perturbed after init
+# (transformers initialises them to a constant), so a norm loaded into the wrong place shows.
+_PERTURBED = ("qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "gemma3")
+# Their configs default head_dim to a large constant (128, 256): derive it instead.
+_OWN_HEAD_DIM = ("qwen3", "qwen3_moe", "gemma2", "gemma3")
+
+
+def _classes(arch: str):
+    import transformers as hf
+
+    names = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+             "qwen3_moe": "Qwen3Moe", "mixtral": "Mixtral", "phi3": "Phi3",
+             "gemma2": "Gemma2", "gemma3": "Gemma3"}
+    if arch not in names:
+        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
+    config = "Gemma3TextConfig" if arch == "gemma3" else f"{names[arch]}Config"
+    return getattr(hf, config), getattr(hf, f"{names[arch]}ForCausalLM")
 
 
 def make_random_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size: int = 1024,
@@ -59,17 +77,13 @@ def make_random_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size:
                            max_position_embeddings: int = 1024, tie_word_embeddings: bool = False,
                            initializer_range: float = 0.1, seed: int = 0,
                            dtype: str = "float32", **extra: Any) -> None:
-    """Save a randomly initialised Llama / Mistral / Qwen2 checkpoint (safetensors)."""
+    """Save a randomly initialised checkpoint of `arch` (one of ARCHITECTURES) in
+    safetensors; `extra` goes to the transformers config (e.g. num_local_experts)."""
     import torch
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              Qwen2Config, Qwen2ForCausalLM)
 
-    classes = {"llama": (LlamaConfig, LlamaForCausalLM),
-               "mistral": (MistralConfig, MistralForCausalLM),
-               "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
-    if arch not in classes:
-        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
-    config_cls, model_cls = classes[arch]
+    config_cls, model_cls = _classes(arch)
+    if arch in _OWN_HEAD_DIM:
+        extra.setdefault("head_dim", hidden_size // num_heads)
     eos = 0  # "<|endoftext|>" is the first special token of train_tokenizer
     config = config_cls(vocab_size=vocab_size, hidden_size=hidden_size,
                         num_hidden_layers=num_layers, num_attention_heads=num_heads,
@@ -79,7 +93,13 @@ def make_random_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size:
                         initializer_range=initializer_range, bos_token_id=None,
                         eos_token_id=eos, pad_token_id=eos, **extra)
     torch.manual_seed(seed)
-    model = model_cls(config).to(getattr(torch, dtype))
+    model = model_cls(config)
+    if arch in _PERTURBED:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.add_(torch.randn_like(param) * 0.2)
+    model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
 

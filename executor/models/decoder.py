@@ -1,0 +1,98 @@
+"""The decoder every supported architecture is built from, over a paged KV cache.
+
+Tokens of all scheduled requests are flattened into one [T, hidden] batch; attention reads
+each request's context from the paged cache through its block table. The residual stream
+travels beside the hidden state, so each norm can fuse "add the residual, then norm".
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from executor.model_config import ModelConfig
+from executor.models.layers import Attention, GatedMLP, make_norm
+from executor.models.moe import SparseMoe
+from executor.ops import AttentionInputs, KernelOps
+from executor.rotary import longrope_positions, rotary_cos_sin_cache
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, ops: KernelOps,
+                 max_positions: int) -> None:
+        super().__init__()
+        size = config.hidden_size
+        self.input_layernorm = make_norm(config, size, ops)
+        self.self_attn = Attention(config, layer, ops, max_positions)
+        # Llama: post_attention_layernorm is the norm before the MLP. Gemma: it norms the
+        # attention output, and pre/post_feedforward_layernorm wrap the MLP.
+        self.post_attention_layernorm = make_norm(config, size, ops)
+        self.sandwich = config.gemma
+        if self.sandwich:
+            self.pre_feedforward_layernorm = make_norm(config, size, ops)
+            self.post_feedforward_layernorm = make_norm(config, size, ops)
+        sparse = config.moe is not None and config.moe.sparse_layers[layer]
+        self.mlp = SparseMoe(config, ops) if sparse else GatedMLP(config, ops)
+
+    def forward(self, positions, hidden, residual, cos_sin, kv_cache, inputs):
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, cos_sin, kv_cache, inputs)
+        if not self.sandwich:
+            hidden, residual = self.post_attention_layernorm(hidden, residual)
+            return self.mlp(hidden), residual
+        hidden = self.post_attention_layernorm(hidden)
+        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, ops: KernelOps, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, ops, max_positions)
+                                    for i in range(config.num_layers))
+        self.norm = make_norm(config, config.hidden_size, ops)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.max_positions = max_positions
+        # One cos/sin table per distinct rope (Gemma 3: global and local layers differ).
+        ropes = [config.layer_rope(i) for i in range(config.num_layers)]
+        self.ropes = list(dict.fromkeys(ropes))
+        self.layer_table = [self.ropes.index(r) for r in ropes]
+        self.tables: list[torch.Tensor] = []
+
+    def init_rotary(self) -> None:
+        """Fill the cos/sin tables (after weights are on their device)."""
+        dim = self.config.rotary_dim or self.config.head_dim
+        device = self.embed_tokens.weight.device
+        self.tables = [rotary_cos_sin_cache(rope, dim, self.max_positions, device)
+                       for rope in self.ropes]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                inputs: AttentionInputs) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        if self.config.gemma:   # scaled by sqrt(hidden) in the model dtype, as Gemma does
+            hidden = hidden * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden.dtype)
+        rope = self.config.rope
+        if rope.rope_type == "longrope":   # rows of the long-factor half where needed
+            positions = longrope_positions(positions, inputs.seq_lens, inputs.query_start_loc,
+                                           rope.original_max_position_embeddings,
+                                           self.max_positions)
+        residual = None
+        for layer, table, kv_cache in zip(self.layers, self.layer_table, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, self.tables[table],
+                                     kv_cache, inputs)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        cap = self.config.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()

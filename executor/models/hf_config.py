@@ -1,0 +1,259 @@
+"""config.json -> ModelConfig for every supported architecture (no torch import here).
+
+Each architecture differs from Llama in a few switches (Traits); everything else is read
+the same way. Where transformers derives a value (windowed layers, the longrope attention
+factor, Gemma's layer pattern), it is derived here the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from executor.model_config import (SUPPORTED_ARCHITECTURES, ModelConfig, MoeConfig,
+                                   RopeConfig)
+
+
+@dataclass(frozen=True)
+class Traits:
+    qkv_bias: bool | None = None        # None: the config's attention_bias
+    o_bias: bool | None = None
+    qk_norm: bool = False
+    gemma: bool = False
+    windows: str = "all"                # "all", "qwen" (use_sliding_window) or "gemma2"/"gemma3"
+    moe: str | None = None              # "mixtral" or "qwen3_moe"
+    partial_rotary: bool = False
+
+
+TRAITS = {
+    "LlamaForCausalLM": Traits(windows="none"),
+    "MistralForCausalLM": Traits(),
+    "Qwen2ForCausalLM": Traits(qkv_bias=True, o_bias=False, windows="qwen"),
+    "Qwen3ForCausalLM": Traits(qk_norm=True, windows="qwen"),
+    "Qwen3MoeForCausalLM": Traits(qk_norm=True, windows="qwen", moe="qwen3_moe"),
+    "MixtralForCausalLM": Traits(moe="mixtral"),
+    "Phi3ForCausalLM": Traits(qkv_bias=False, o_bias=False, partial_rotary=True),
+    "Gemma2ForCausalLM": Traits(gemma=True, windows="gemma2"),
+    "Gemma3ForCausalLM": Traits(gemma=True, qk_norm=True, windows="gemma3"),
+}
+assert tuple(TRAITS) == SUPPORTED_ARCHITECTURES
+
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def parse_config(cls: type[ModelConfig], raw: dict[str, Any], generation: dict[str, Any]
+                 ) -> ModelConfig:
+    architectures = raw.get("architectures") or []
+    architecture = architectures[0] if architectures else "<none>"
+    if architecture not in TRAITS:
+        raise ValueError(f"unsupported architecture {architecture!r}; Folio supports "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    traits = TRAITS[architecture]
+    act_key = "hidden_activation" if traits.gemma else "hidden_act"
+    act = raw.get(act_key) or ("gelu_pytorch_tanh" if traits.gemma else "silu")
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"unsupported {act_key} {act!r} for {architecture}; Folio supports "
+                         f"{', '.join(_ACTIVATIONS)}")
+    num_heads = raw["num_attention_heads"]
+    num_kv_heads = raw.get("num_key_value_heads") or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
+                         f"num_key_value_heads ({num_kv_heads})")
+    num_layers = raw["num_hidden_layers"]
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
+    bias = bool(raw.get("attention_bias", False))
+    windows = _layer_windows(raw, traits, num_layers)
+    rope, local_rope, rotary_dim = _ropes(raw, traits, head_dim)
+    eos = generation.get("eos_token_id", raw.get("eos_token_id"))
+    scalar = raw.get("query_pre_attn_scalar") if traits.gemma else None
+    return cls(
+        architecture=architecture,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=raw["intermediate_size"],
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", traits.gemma)),
+        qkv_bias=bias if traits.qkv_bias is None else traits.qkv_bias,
+        o_bias=bias if traits.o_bias is None else traits.o_bias,
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        rope=rope,
+        torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
+        sliding_window=max((w for w in windows if w), default=None),
+        eos_token_ids=_as_id_tuple(eos),
+        hidden_act=_ACTIVATIONS[act],
+        qk_norm=traits.qk_norm,
+        gemma=traits.gemma,
+        query_scale=None if scalar is None else float(scalar) ** -0.5,
+        attn_softcap=_positive(raw, "attn_logit_softcapping") if traits.gemma else None,
+        final_softcap=_positive(raw, "final_logit_softcapping") if traits.gemma else None,
+        layer_windows=windows if any(windows) else (),
+        local_rope=local_rope,
+        rotary_dim=rotary_dim,
+        moe=_moe(raw, traits, num_layers),
+    )
+
+
+def _layer_windows(raw: dict[str, Any], traits: Traits, num_layers: int
+                   ) -> tuple[int | None, ...]:
+    window = raw.get("sliding_window")
+    if not window or traits.windows == "none":
+        return ()
+    if traits.windows == "qwen" and not raw.get("use_sliding_window", False):
+        return ()
+    types = raw.get("layer_types")
+    if types:
+        if len(types) != num_layers:
+            raise ValueError(f"layer_types has {len(types)} entries for {num_layers} layers")
+        return tuple(window if kind == "sliding_attention" else None for kind in types)
+    if traits.windows == "gemma2":      # even layers local, odd layers global
+        return tuple(window if i % 2 == 0 else None for i in range(num_layers))
+    if traits.windows == "gemma3":      # every pattern-th layer global
+        pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+        return tuple(window if (i + 1) % pattern else None for i in range(num_layers))
+    if traits.windows == "qwen":        # the first max_window_layers layers are global
+        first = raw.get("max_window_layers", num_layers)
+        return tuple(window if i >= first else None for i in range(num_layers))
+    return (window,) * num_layers
+
+
+def _ropes(raw: dict[str, Any], traits: Traits, head_dim: int
+           ) -> tuple[RopeConfig, RopeConfig | None, int | None]:
+    # transformers >= 5 writes "rope_parameters" (theta inside; Gemma 3: one per layer
+    # type); older configs write "rope_theta" plus an optional "rope_scaling".
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    local = None
+    if "full_attention" in params:
+        local_params = params.get("sliding_attention")
+        params = dict(params["full_attention"])
+        if local_params:
+            local = _rope(dict(local_params), raw, head_dim)
+    elif raw.get("rope_local_base_freq"):
+        local = RopeConfig(theta=float(raw["rope_local_base_freq"]))
+    partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    rotary_dim = None
+    if partial != 1.0:
+        if not traits.partial_rotary:
+            raise ValueError("partial_rotary_factor != 1 is supported for Phi3ForCausalLM only")
+        rotary_dim = int(head_dim * partial)
+        if rotary_dim < 2 or rotary_dim % 2:
+            raise ValueError(f"partial_rotary_factor {partial} gives an odd or empty rotary "
+                             f"dimension ({rotary_dim}) for head_dim {head_dim}")
+    rope = _rope(params, raw, rotary_dim or head_dim)
+    return rope, local, rotary_dim
+
+
+def _rope(params: dict[str, Any], raw: dict[str, Any], rotary_dim: int) -> RopeConfig:
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "su":               # the first Phi-3 configs' name for longrope
+        rope_type = "longrope"
+    if rope_type not in ("default", "linear", "llama3", "longrope"):
+        raise ValueError(f"unsupported rope type {rope_type!r}; Folio supports default, "
+                         "linear, llama3 and longrope")
+    original = int(params.get("original_max_position_embeddings")
+                   or raw.get("original_max_position_embeddings")
+                   or raw.get("max_position_embeddings", 8192))
+    rope = RopeConfig(
+        theta=float(theta),
+        rope_type=rope_type,
+        factor=float(params.get("factor") or 1.0),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=original,
+    )
+    return _longrope(rope, params, raw, rotary_dim) if rope_type == "longrope" else rope
+
+
+def _longrope(rope: RopeConfig, params: dict[str, Any], raw: dict[str, Any],
+              rotary_dim: int) -> RopeConfig:
+    short, long = params.get("short_factor"), params.get("long_factor")
+    for name, factors in (("short_factor", short), ("long_factor", long)):
+        if not isinstance(factors, list) or len(factors) != rotary_dim // 2:
+            raise ValueError(f"longrope {name} must be a list of {rotary_dim // 2} numbers")
+    original = rope.original_max_position_embeddings
+    # As transformers: without an explicit factor, the ratio of the two lengths.
+    factor = params.get("factor") or raw.get("max_position_embeddings", original) / original
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor)
+                                                        / math.log(original))
+    return replace(rope, factor=float(factor), short_factor=tuple(map(float, short)),
+                   long_factor=tuple(map(float, long)), attention_factor=float(attention))
+
+
+def _moe(raw: dict[str, Any], traits: Traits, num_layers: int) -> MoeConfig | None:
+    if traits.moe is None:
+        return None
+    experts = raw.get("num_local_experts") or raw.get("num_experts")
+    top_k = raw.get("num_experts_per_tok")
+    if not experts or not top_k or not 1 <= top_k <= experts:
+        raise ValueError(f"num_experts_per_tok ({top_k}) must be between 1 and the number "
+                         f"of experts ({experts})")
+    if traits.moe == "mixtral":
+        return MoeConfig(experts, top_k, raw["intermediate_size"], True, (True,) * num_layers)
+    step = raw.get("decoder_sparse_step") or 1
+    dense = set(raw.get("mlp_only_layers") or ())
+    sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+    return MoeConfig(experts, top_k, raw["moe_intermediate_size"],
+                     bool(raw.get("norm_topk_prob", False)), sparse, round_weights=True)
+
+
+def _positive(raw: dict[str, Any], key: str) -> float | None:
+    value = raw.get(key)
+    return float(value) if value else None
+
+
+def _as_id_tuple(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def describe(config: ModelConfig) -> str:
+    """The architecture and what sets it apart, in one line for the start-up log."""
+    heads, kv = config.num_heads, config.num_kv_heads
+    kind = "MHA" if heads == kv else "MQA" if kv == 1 else "GQA"
+    parts = [f"{config.num_layers} layers", f"{kind} {heads}/{kv}",
+             f"head_dim {config.head_dim}"]
+    if config.qk_norm:
+        parts.append("q/k norm")
+    windowed = [w for w in config.layer_windows if w]
+    if windowed:
+        sizes = "/".join(str(w) for w in sorted(set(windowed)))
+        parts.append(f"sliding window {sizes} on {len(windowed)} of {config.num_layers} "
+                     "layers")
+    rope = f"rope {_num(config.rope.theta)}"
+    if config.local_rope is not None and windowed:
+        rope += f"/{_num(config.local_rope.theta)}"
+    if config.rope.rope_type != "default":
+        rope += f" {config.rope.rope_type}"
+    if config.rotary_dim:
+        rope += f" on {config.rotary_dim} of {config.head_dim} dims"
+    parts.append(rope)
+    if config.moe is not None:
+        moe = config.moe
+        sparse = sum(moe.sparse_layers)
+        parts.append(f"MoE {moe.num_experts} experts top-{moe.top_k}"
+                     f"{' renormalised' if moe.renormalize else ''}"
+                     + ("" if sparse == config.num_layers else
+                        f" on {sparse} of {config.num_layers} layers"))
+    if config.attn_softcap:
+        parts.append(f"attention softcap {config.attn_softcap:g}")
+    if config.final_softcap:
+        parts.append(f"final softcap {config.final_softcap:g}")
+    return f"{config.architecture}: {', '.join(parts)}"
+
+
+def _num(value: float) -> str:
+    exponent = round(math.log10(value)) if value > 0 else 0
+    if value >= 1e4 and value == 10 ** exponent:
+        return f"1e{exponent}"
+    return f"{value:g}"

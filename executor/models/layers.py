@@ -1,0 +1,125 @@
+"""Building blocks every architecture shares: norms, attention over the paged cache with
+its per-architecture options, and the gated MLP.
+
+Layer names (qkv_proj, o_proj, gate_up_proj, down_proj) are the same in every architecture,
+so weight loading and any later per-rank slicing treat them alike.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from executor.model_config import ModelConfig
+from executor.ops import AttentionInputs, KernelOps
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm (weight times the normed input, rounded to its dtype first)."""
+
+    def __init__(self, size: int, eps: float, ops: KernelOps) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return self.ops.rms_norm(x, self.weight, self.eps, residual)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: scaled by (1 + weight), all in float32, rounded once at the end."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is not None:
+            x = x + residual
+            residual = x
+        hidden = x.float()
+        hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+        normed = (hidden * (1.0 + self.weight.float())).to(x.dtype)
+        return normed if residual is None else (normed, residual)
+
+
+def make_norm(config: ModelConfig, size: int, ops: KernelOps) -> nn.Module:
+    if config.gemma:
+        return GemmaRMSNorm(size, config.rms_norm_eps)
+    return RMSNorm(size, config.rms_norm_eps, ops)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, ops: KernelOps,
+                 max_positions: int) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = config.attention_scale
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.q_norm = make_norm(config, config.head_dim, ops) if config.qk_norm else None
+        self.k_norm = make_norm(config, config.head_dim, ops) if config.qk_norm else None
+        self.rotary_dim = config.rotary_dim
+        window = config.layer_window(layer)
+        # A window as long as the longest context served excludes nothing: full attention.
+        self.window = window if window is not None and window < max_positions else None
+        self.softcap = config.attn_softcap
+        self.ops = ops
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], inputs: AttentionInputs
+                ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:   # per head, before rotary
+            q = self.q_norm(q.reshape(-1, self.head_dim))
+            k = self.k_norm(k.reshape(-1, self.head_dim))
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        q, k = self._rotary(positions, q, k, cos_sin)
+        key_cache, value_cache = kv_cache
+        self.ops.reshape_and_cache(k, v, key_cache, value_cache, inputs.slot_mapping)
+        if self.window is None and self.softcap is None:
+            out = self.ops.attention(q, key_cache, value_cache, inputs, self.scale)
+        else:
+            out = self.ops.attention(q, key_cache, value_cache, inputs, self.scale,
+                                     window=self.window, softcap=self.softcap)
+        return self.o_proj(out.reshape(tokens, self.q_size))
+
+    def _rotary(self, positions, q, k, cos_sin):
+        if self.rotary_dim is None:
+            return self.ops.rotary(positions, q, k, cos_sin)
+        # Partial rotary (Phi-3 family): only the first rotary_dim of each head turns.
+        dim = self.rotary_dim
+        q_rot, k_rot = self.ops.rotary(positions, q[..., :dim].contiguous(),
+                                       k[..., :dim].contiguous(), cos_sin)
+        return torch.cat((q_rot, q[..., dim:]), dim=-1), torch.cat((k_rot, k[..., dim:]), dim=-1)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up in one gate_up_proj."""
+
+    def __init__(self, config: ModelConfig, ops: KernelOps,
+                 intermediate_size: int | None = None) -> None:
+        super().__init__()
+        inter = intermediate_size or config.intermediate_size
+        self.ops = ops
+        self.act = config.hidden_act
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * inter, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(inter, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if self.act == "silu":
+            return self.down_proj(self.ops.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)

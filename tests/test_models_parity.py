@@ -1,0 +1,66 @@
+"""Qwen3, Qwen3-MoE, Mixtral, Phi-3, Gemma 2 and Gemma 3: greedy output token-identical to
+transformers on tiny random checkpoints that transformers itself made, with a roomy pool and
+with one small enough to preempt."""
+
+from __future__ import annotations
+
+import pytest
+
+from folio import LLM, SamplingParams
+from tests.conftest import TEST_DEVICE, _model_dir
+from tests.hf_oracle import hf_greedy, random_prompts
+
+pytestmark = pytest.mark.parity
+
+PROMPTS, MAX_TOKENS = random_prompts(16, 1, 300, vocab=1024, seed=1234)
+
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+# Longrope factors for a rotary dimension of 8 (head_dim 16, partial_rotary_factor 0.5).
+_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+             "short_factor": [1.0, 1.3, 2.0, 1.5], "long_factor": [1.0, 4.0, 8.0, 6.0]}
+
+# Tiny shapes; each exercises what sets its architecture apart. Windows stay longer than the
+# prompts while the context limit still caps sliding-window models at their window.
+ARCHS = {
+    "qwen3": dict(arch="qwen3", num_kv_heads=1),
+    # bfloat16 on disk: the loader upcasts it; transformers reads the same file.
+    "qwen3_moe": dict(arch="qwen3_moe", num_experts=8, num_experts_per_tok=3,
+                      moe_intermediate_size=32, norm_topk_prob=False, mlp_only_layers=[1],
+                      dtype="bfloat16"),
+    "mixtral": dict(arch="mixtral", num_local_experts=4, num_experts_per_tok=2,
+                    intermediate_size=64),
+    # Longer than every context: the short factors and the attention factor (twice the
+    # original length) are used throughout; the long regime is checked in test_models_units.
+    "phi3": dict(arch="phi3", original_max_position_embeddings=512, rope_parameters=_LONGROPE),
+    "gemma2": dict(arch="gemma2", sliding_window=512, attn_logit_softcapping=5.0,
+                   final_logit_softcapping=3.0, query_pre_attn_scalar=24,
+                   tie_word_embeddings=True),
+    "gemma3": dict(arch="gemma3", num_layers=3, sliding_window=512,
+                   layer_types=[_SLIDING, _FULL, _SLIDING], query_pre_attn_scalar=16,
+                   tie_word_embeddings=True,
+                   rope_parameters={_FULL: {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 1e6},
+                                    _SLIDING: {"rope_type": "default", "rope_theta": 1e4}}),
+}
+
+
+def _greedy(model_dir, **engine_args) -> tuple[list[list[int]], dict]:
+    llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, **engine_args)
+    params = [SamplingParams(temperature=0.0, max_tokens=n) for n in MAX_TOKENS]
+    results = llm.generate(PROMPTS, params)
+    return [r.outputs[0].token_ids for r in results], llm.stats()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_matches_transformers(arch, tmp_path_factory, tokenizer_dir):
+    model_dir = _model_dir(tmp_path_factory, tokenizer_dir, arch, **ARCHS[arch])
+    expected = hf_greedy(model_dir, PROMPTS, MAX_TOKENS, TEST_DEVICE)
+    outputs, stats = _greedy(model_dir, num_kv_blocks=2048)
+    assert outputs == expected
+    assert stats["preemptions_recompute"] == 0
+    # 24 blocks of 16 tokens: the longest request just fits alone, so requests queue for
+    # memory and running ones are preempted and recomputed.
+    outputs, stats = _greedy(model_dir, num_kv_blocks=24, max_num_batched_tokens=128)
+    assert outputs == expected
+    assert stats["preemptions_recompute"] > 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == 24
