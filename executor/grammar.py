@@ -164,13 +164,17 @@ def _ll_tokenizer(model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...
 
 
 def apply_masks(logits: torch.Tensor, rows: list[int], mask: torch.Tensor) -> torch.Tensor:
-    """-inf on every token a row's bitmask (32 tokens per int32 word) does not allow."""
+    """-inf, in place, on every token a row's bitmask (32 tokens per int32 word) does not
+    allow. index_select / index_copy_, not `logits[index]`: on a loaded CPU the advanced
+    indexing kernel took 20-30 ms for a 4 x 1024 batch, these a few microseconds."""
     vocab = logits.shape[1]
-    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
     shifts = torch.arange(32, dtype=torch.int32)
     allowed = ((mask[:, :, None] >> shifts) & 1).bool().reshape(len(rows), -1)
     if allowed.shape[1] < vocab:   # logits padded past the tokenizer: never allowed
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
-    allowed = allowed[:, :vocab].to(logits.device, non_blocking=True)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
-    return logits
+    banned = ~allowed[:, :vocab].to(logits.device, non_blocking=True)
+    if rows == list(range(logits.shape[0])):
+        return logits.masked_fill_(banned, float("-inf"))
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    return logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(
+        banned, float("-inf")))

@@ -207,3 +207,29 @@ def test_the_sdk_takes_a_structured_output_spec(server):
         with pytest.raises(FolioError, match="cannot be compiled"):
             sdk.generate("x", SamplingParams(max_tokens=4,
                                              structured_output={"regex": "(open"}))
+
+
+def test_offline_llm_constrained_greedy_survives_recompute_preemption(llama_dir):
+    """folio.LLM steps serially; with a pool too small for the batch, requests are
+    preempted and recomputed, and their matchers replay the output they already had:
+    the answers are the ones an unpreempted run gives."""
+    from folio import LLM
+    from shared.sampling_params import SamplingParams
+
+    schema = {"type": "object", "properties": {
+        "items": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                             "maximum": 99}, "minItems": 8, "maxItems": 12},
+        "note": {"type": "string", "maxLength": 30}},
+        "required": ["items", "note"], "additionalProperties": False}
+    params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=False,
+                            structured_output={"json": schema})
+    prompts = [f"Record {i}:" for i in range(4)]
+    roomy = LLM(str(llama_dir), num_kv_blocks=256, block_size=16)
+    expected = [o.outputs[0].text for o in roomy.generate(prompts, params)]
+    tight = LLM(str(llama_dir), num_kv_blocks=8, block_size=16,
+                preemption_mode="recompute")
+    got = [o.outputs[0].text for o in tight.generate(prompts, params)]
+    assert tight.stats()["preemptions_recompute"] > 0
+    assert got == expected
+    for text in got:
+        _valid(text, schema)
