@@ -4,6 +4,10 @@ Every block is in exactly one state: free (no references, no cached contents), c
 (no references, contents registered under a prefix hash, reusable until evicted) or used
 (one or more references). Unreferenced blocks wait in one queue in eviction order: the
 least recently released block is taken first, and taking a cached-free block evicts it.
+
+With `reserve_null` (sliding-window models) block 0 is the null block, in none of those
+states: a block table entry whose block left every layer's window points at it, no query
+reads it, and it is never allocated, shared, released or registered (calls skip it).
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, reserve_null: bool = False) -> None:
         self.num_blocks = num_blocks
+        self.null_block: int | None = 0 if reserve_null else None
         self._ref_counts = [0] * num_blocks
         self._hash_of: list[bytes | None] = [None] * num_blocks
         self._cached: dict[bytes, int] = {}
         self._num_cached_free = 0
         # Unreferenced blocks, oldest first; values unused.
-        self._unreferenced: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._unreferenced: OrderedDict[int, None] = OrderedDict.fromkeys(
+            range(1 if reserve_null else 0, num_blocks))
 
     # ---- counts -------------------------------------------------------------------------
 
@@ -37,8 +43,13 @@ class BlockPool:
         return len(self._unreferenced)
 
     @property
+    def num_usable(self) -> int:
+        """Blocks requests can hold: all but the null block."""
+        return self.num_blocks - (self.null_block is not None)
+
+    @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._unreferenced)
+        return self.num_usable - len(self._unreferenced)
 
     @property
     def num_cached_free(self) -> int:
@@ -73,6 +84,8 @@ class BlockPool:
 
     def share(self, block_id: int) -> None:
         """One more reference to a block that is used or cached-free."""
+        if block_id == self.null_block:
+            return
         if self._ref_counts[block_id] == 0:
             if self._hash_of[block_id] is None:
                 raise ValueError(f"block {block_id} is free and holds nothing to share")
@@ -83,7 +96,10 @@ class BlockPool:
     def release(self, blocks: list[int]) -> None:
         # Reverse order: a request's tail blocks are the least likely to be shared again,
         # so they are queued to be evicted first.
+        null = self.null_block
         for block_id in reversed(blocks):
+            if block_id == null:
+                continue   # a table entry freed once it left the window
             count = self._ref_counts[block_id]
             if count < 1:
                 raise ValueError(f"block {block_id} released while free")
@@ -101,8 +117,10 @@ class BlockPool:
     def register(self, block_id: int, block_hash: bytes) -> bool:
         """Record that a used, full block holds (or, once its step runs, will hold) the
         tokens `block_hash` names. False if nothing changed."""
-        if self._hash_of[block_id] is not None or block_hash in self._cached:
-            return False   # already registered, or the same contents live in another block
+        if (self._hash_of[block_id] is not None or block_hash in self._cached
+                or block_id == self.null_block):
+            return False   # already registered, the same contents live in another block, or
+            # the entry was freed (it left the window) before its tokens were known
         self._hash_of[block_id] = block_hash
         self._cached[block_hash] = block_id
         return True

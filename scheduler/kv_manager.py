@@ -1,5 +1,12 @@
 """Per-request block tables over a BlockPool: a block is taken only when a token needs a
-slot; full blocks are registered in the prefix cache and found again by later requests."""
+slot; full blocks are registered in the prefix cache and found again by later requests.
+
+Sliding window (every layer windowed, the largest window W): a token at position p reads
+keys p - W < j <= p, so once a request's next token is at p, its blocks wholly before
+p - W + 1 are read by no layer again. They are released (a registered one stays findable
+as cached-free) and their table entries name the pool's null block: the table keeps its
+length, so positions still map to entries, and the freed entries are always the leading
+ones (request.num_freed_blocks)."""
 
 from __future__ import annotations
 
@@ -8,10 +15,41 @@ from scheduler.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, pool: BlockPool, block_size: int, enable_prefix_caching: bool,
+                 sliding_window: int | None = None) -> None:
+        if sliding_window is not None and pool.null_block is None:
+            raise ValueError("a sliding window needs a pool with a null block")
         self.pool = pool
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
+
+    # ---- sliding window -----------------------------------------------------------------
+
+    def dead_blocks(self, first_position: int) -> int:
+        """Leading blocks no layer reads once the next token computed is at first_position."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, first_position - self.sliding_window + 1) // self.block_size
+
+    def free_outside_window(self, request: Request, first_position: int) -> int:
+        """Release the request's blocks wholly before the window of first_position (the
+        position of the next token it computes); returns how many were released."""
+        dead = min(self.dead_blocks(first_position), len(request.block_ids))
+        start = request.num_freed_blocks
+        if dead <= start:
+            return 0
+        table = request.block_ids
+        self.pool.release(table[start:dead])
+        null = self.pool.null_block
+        for index in range(start, dead):
+            table[index] = null
+        request.num_freed_blocks = dead
+        return dead - start
+
+    def live_blocks(self, request: Request) -> list[int]:
+        """The request's table without its freed entries."""
+        return request.block_ids[request.num_freed_blocks:]
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -31,9 +69,10 @@ class KVCacheManager:
         return new_blocks
 
     def free(self, request: Request) -> None:
-        self.pool.release(request.block_ids)
+        self.pool.release(request.block_ids)   # the null entries are skipped
         request.block_ids = []
         request.num_registered = 0
+        request.num_freed_blocks = 0
 
     # ---- prefix cache -------------------------------------------------------------------
 

@@ -46,7 +46,8 @@ def build_kv_map(scheduler: Scheduler) -> dict[str, Any]:
     filled = 0
     for i, request in enumerate(scheduler.running):
         computed = request.num_computed_tokens
-        for position, block_id in enumerate(request.block_ids):
+        first = request.num_freed_blocks   # entries freed behind a sliding window: null
+        for position, block_id in enumerate(request.block_ids[first:], first):
             tokens = min(size, max(0, computed - position * size))
             if owner[block_id] < 0:
                 owner[block_id] = i
@@ -74,7 +75,7 @@ def build_kv_map(scheduler: Scheduler) -> dict[str, Any]:
 
     used = pool.num_used
     counts = {"total": n, "used": used, "cached": len(cached),
-              "free": n - used - len(cached), "shared": len(shared),
+              "free": pool.num_usable - used - len(cached), "shared": len(shared),
               "slots_filled": filled,
               "slot_utilization": filled / (used * size) if used else 1.0,
               "swap_total": swap_n, "swap_used": swap_n - swap_pool.num_free,

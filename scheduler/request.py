@@ -21,7 +21,7 @@ class Request:
                  "status", "num_computed_tokens", "block_ids", "block_hashes", "num_registered", "cpu_block_ids",
                  "finish_reason", "on_executor", "num_pending", "admit_seq", "resumed_step",
                  "num_preemptions", "fork_children", "prompt_logprobs_next", "arrival_time",
-                 "queue_s")
+                 "queue_s", "num_freed_blocks")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
@@ -35,6 +35,9 @@ class Request:
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []    # prefix hashes of the full blocks, in order
         self.num_registered = 0                # leading blocks already in the prefix cache
+        # Leading table entries freed once they left every layer's window (sliding-window
+        # models): they name the null block. Kept while swapped out.
+        self.num_freed_blocks = 0
         self.cpu_block_ids: list[int] = []
         self.finish_reason: str | None = None
         self.on_executor = False   # whether the executor holds this request's state

@@ -17,6 +17,13 @@ A full block enters the prefix cache when the step computing its last token is s
 so a request admitted later in the same step shares it; a failed step takes its
 registrations back (discard_unconfirmed).
 
+Sliding-window models (the executor's hello says so only when EVERY layer is windowed):
+each time a request is scheduled, its blocks wholly before its next token's window are
+released and their entries name the null block (scheduler/kv_manager.py). A request then
+holds at most config.window_peak_blocks blocks; admission asks only for that many, and when
+the pool holds that peak a prompt may be longer than the pool (max_request_len). Swapping
+moves only the live blocks; a fork shares only the blocks its first token's window reads.
+
 The scheduler may plan a step before the previous step's result is applied (one step in
 flight): each request counts the tokens steps in flight will sample (num_pending), and the
 next step computes them, since the executor appends its own samples. Tokens are learned, and
@@ -58,9 +65,11 @@ class _Scheduled:
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.pool = BlockPool(config.num_kv_blocks)
+        window = config.sliding_window
+        self.pool = BlockPool(config.num_kv_blocks, reserve_null=window is not None)
         self.swap_pool = BlockPool(config.num_swap_blocks)
-        self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching,
+                                 window)
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
         self.running: list[Request] = []          # by admit_seq: last = newest
@@ -140,6 +149,7 @@ class Scheduler:
         running = self.running
         handles, counts = plan.running_handles, plan.running_num_tokens
         appended = plan.new_block_ids
+        windowed = self.config.sliding_window is not None
         while index < len(running) and budget > 0:
             request = running[index]
             computed = request.num_computed_tokens
@@ -157,6 +167,8 @@ class Scheduler:
             if num_new == 0:
                 index += 1
                 continue
+            if windowed:   # blocks behind this step's window go back before it grows
+                self.kv.free_outside_window(request, computed)
             if computed + num_new <= len(request.block_ids) * size:
                 new_blocks: list[int] | None = []   # decode fast path: the block has room
             else:
@@ -260,7 +272,7 @@ class Scheduler:
 
     def stats(self) -> dict[str, int | float]:
         return {
-            "kv_blocks_total": self.pool.num_blocks,
+            "kv_blocks_total": self.pool.num_usable,
             "kv_blocks_free": self.pool.num_free,
             "kv_blocks_used": self.pool.num_used,
             "kv_blocks_cached": self.pool.num_cached_free,
@@ -284,7 +296,8 @@ class Scheduler:
         filled: dict[int, int] = {}
         for request in self.running:
             computed = request.num_computed_tokens
-            for index, block_id in enumerate(request.block_ids):
+            first = request.num_freed_blocks
+            for index, block_id in enumerate(request.block_ids[first:], first):
                 tokens = min(size, max(0, computed - index * size))
                 filled[block_id] = max(filled.get(block_id, 0), tokens)
         slots = len(filled) * size
@@ -297,7 +310,8 @@ class Scheduler:
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.swapped[0]
             num_new = self._tokens_to_schedule(request, budget)
-            needed = self.kv.blocks_for(request.num_computed_tokens + num_new)
+            freed = request.num_freed_blocks   # entries that left the window stay null
+            needed = self.kv.blocks_for(request.num_computed_tokens + num_new) - freed
             if num_new == 0 or needed > self.pool.num_free:
                 break
             self.swapped.popleft()
@@ -305,7 +319,8 @@ class Scheduler:
             plan.swap_in.extend(zip(request.cpu_block_ids, gpu_blocks))
             self.swap_pool.release(request.cpu_block_ids)
             request.cpu_block_ids = []
-            request.block_ids = gpu_blocks
+            request.block_ids = [self.pool.null_block] * freed + gpu_blocks if freed \
+                else gpu_blocks
             self._resume(request, step)
             scheduled.append(_Scheduled(request, num_new, gpu_blocks,
                                         num_new == request.num_uncomputed_tokens))
@@ -318,7 +333,13 @@ class Scheduler:
             request = self.waiting[0]
             hits = self.kv.cached_prefix(request)
             needed = self.kv.blocks_for(request.num_tokens) - len(hits)
-            if needed > self.pool.num_free - self.kv.num_reclaimable(hits):
+            kept = hits
+            if self.config.sliding_window is not None:
+                # Hits behind the first new token's window are released right after
+                # sharing; the request never holds more than the window's peak.
+                kept = hits[self.kv.dead_blocks(len(hits) * self.config.block_size):]
+                needed = min(needed, self.config.window_peak_blocks - len(kept))
+            if needed > self.pool.num_free - self.kv.num_reclaimable(kept):
                 break
             request.num_computed_tokens = len(hits) * self.config.block_size
             num_new = self._tokens_to_schedule(request, budget)
@@ -329,6 +350,7 @@ class Scheduler:
                 self.pool.share(block_id)
             request.block_ids = list(hits)
             request.num_registered = len(hits)
+            self.kv.free_outside_window(request, request.num_computed_tokens)
             self.counters["prefix_cache_queries"] += request.num_tokens
             self.counters["prefix_cache_hits"] += request.num_computed_tokens
             new_blocks = self.kv.grow(request, request.num_computed_tokens + num_new)
@@ -350,20 +372,25 @@ class Scheduler:
         size = self.config.block_size
         prompt_len = len(first.prompt_token_ids)
         shared = (prompt_len - 1) // size          # full blocks before the last prompt token
+        # Sliding window: the child's last prompt token reads only blocks from `dead` on;
+        # if the first sample already freed one of those (a step ahead), it cannot fork.
+        dead = self.kv.dead_blocks(prompt_len - 1)
         children, first.fork_children = first.fork_children, []
         running = first.status is RequestStatus.RUNNING   # not if preempted meanwhile
         for child in children:
             room = (running and len(self.running) < self.config.max_num_seqs
-                    and self.pool.num_free >= 1)
+                    and self.pool.num_free >= 1 and first.num_freed_blocks <= dead)
             if not room:
                 child.status = RequestStatus.WAITING   # falls back to computing its prompt
                 self.waiting.appendleft(child)
                 continue
-            for block_id in first.block_ids[:shared]:
+            for block_id in first.block_ids[dead:shared]:
                 self.pool.share(block_id)
             (copy,) = self.pool.allocate(1)
             self._copies.append((first.block_ids[shared], copy))
-            child.block_ids = first.block_ids[:shared] + [copy]
+            child.block_ids = ([self.pool.null_block] * dead + first.block_ids[dead:shared]
+                               + [copy])
+            child.num_freed_blocks = dead
             child.block_hashes = list(first.block_hashes[:shared])
             child.num_registered = shared
             child.num_computed_tokens = prompt_len - 1   # recomputes only the last token
@@ -417,11 +444,14 @@ class Scheduler:
         self.running.remove(request)
         self._forget_on_executor(request)
         request.num_preemptions += 1
-        if should_swap(self.config, request.num_computed_tokens, len(request.block_ids),
+        live = self.kv.live_blocks(request)   # freed (null) entries are not copied
+        if should_swap(self.config, request.num_computed_tokens, len(live),
                        self.swap_pool.num_free):
-            cpu_blocks = self.swap_pool.allocate(len(request.block_ids))
-            plan.swap_out.extend(zip(request.block_ids, cpu_blocks))
+            cpu_blocks = self.swap_pool.allocate(len(live))
+            plan.swap_out.extend(zip(live, cpu_blocks))
+            freed = request.num_freed_blocks
             self.kv.free(request)
+            request.num_freed_blocks = freed   # swap-in restores the table's null entries
             request.cpu_block_ids = cpu_blocks
             request.status = RequestStatus.SWAPPED
             self.swapped.append(request)

@@ -151,6 +151,9 @@ class ExecutorCapacity:
     bytes_per_block: int = 0
     prefill_tokens_per_s: float = 0.0
     swap_bytes_per_s: float = 0.0
+    # The largest attention window when EVERY layer is windowed (a query at p reads keys
+    # p - W < j <= p), else None: the scheduler may then free blocks that left the window.
+    sliding_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -164,11 +167,17 @@ class SchedulerConfig(SchedulingPolicy):
     bytes_per_block: int = 0
     prefill_tokens_per_s: float = 0.0
     swap_bytes_per_s: float = 0.0
+    sliding_window: int | None = None     # as ExecutorCapacity.sliding_window
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("num_kv_blocks", "block_size", "max_model_len"):
             _positive(name, getattr(self, name))
+        if self.sliding_window is not None:
+            _positive("sliding_window", self.sliding_window)
+            if self.num_kv_blocks < 2:
+                raise SettingError("num_kv_blocks", "must be >= 2 for a sliding-window model "
+                                   "(one block is the null block freed table entries name)")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise SettingError(
                 "max_num_batched_tokens",
@@ -177,9 +186,29 @@ class SchedulerConfig(SchedulingPolicy):
                 "max_model_len or enable chunked prefill")
 
     @property
+    def usable_kv_blocks(self) -> int:
+        """Blocks requests can hold: a sliding-window model reserves one null block."""
+        return self.num_kv_blocks - (self.sliding_window is not None)
+
+    @property
+    def window_peak_blocks(self) -> int | None:
+        """With every layer windowed, the most blocks one request holds at once: a step's
+        new tokens (at most max_num_batched_tokens) and the window before them, plus one
+        for a window start inside a block. None without a window."""
+        if self.sliding_window is None:
+            return None
+        size = self.block_size
+        return -(-(self.sliding_window - 1 + self.max_num_batched_tokens) // size) + 1
+
+    @property
     def max_request_len(self) -> int:
-        """Tokens one request may hold: the context limit, or the whole pool if smaller."""
-        return min(self.max_model_len, self.num_kv_blocks * self.block_size)
+        """Tokens one request may hold: the context limit, or the whole pool if smaller.
+        A sliding-window model whose peak per-request footprint fits the pool is bounded
+        by the context limit only: blocks behind the window are freed as it moves."""
+        peak = self.window_peak_blocks
+        if peak is not None and peak <= self.usable_kv_blocks:
+            return self.max_model_len
+        return min(self.max_model_len, self.usable_kv_blocks * self.block_size)
 
     @classmethod
     def from_engine(cls, engine: SchedulingPolicy, capacity: ExecutorCapacity
@@ -197,6 +226,7 @@ class SchedulerConfig(SchedulingPolicy):
             bytes_per_block=capacity.bytes_per_block,
             prefill_tokens_per_s=capacity.prefill_tokens_per_s,
             swap_bytes_per_s=capacity.swap_bytes_per_s,
+            sliding_window=capacity.sliding_window,
         )
 
 

@@ -37,7 +37,8 @@ def encode_hello_executor(capacity: ExecutorCapacity, pid: int) -> bytes:
         "eos_token_ids": list(capacity.eos_token_ids), "pid": pid,
         "num_swap_blocks": capacity.num_swap_blocks, "bytes_per_block": capacity.bytes_per_block,
         "prefill_tokens_per_s": capacity.prefill_tokens_per_s,
-        "swap_bytes_per_s": capacity.swap_bytes_per_s})
+        "swap_bytes_per_s": capacity.swap_bytes_per_s,
+        "sliding_window": capacity.sliding_window or 0})
 
 
 def decode_hello_executor(body: Body) -> tuple[ExecutorCapacity, int]:
@@ -50,7 +51,9 @@ def decode_hello_executor(body: Body) -> tuple[ExecutorCapacity, int]:
         num_swap_blocks=body.int("num_swap_blocks", 0, MAX_BLOCK_ID),
         bytes_per_block=body.int("bytes_per_block", 0),
         prefill_tokens_per_s=max(0.0, body.float("prefill_tokens_per_s")),
-        swap_bytes_per_s=max(0.0, body.float("swap_bytes_per_s")))
+        swap_bytes_per_s=max(0.0, body.float("swap_bytes_per_s")),
+        # Optional (0 or absent: some layer attends to the whole context).
+        sliding_window=body.int("sliding_window", 0, 1 << 30, optional=True) or None)
     return capacity, body.int("pid", 0)
 
 

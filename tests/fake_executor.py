@@ -15,6 +15,10 @@ same step writes, which is how a prefix registered when it was scheduled is shar
 
 The sampled token is a function of the request's token ids so far: two requests with the
 same history produce the same token, whatever else happened (preemption, swap, chunking...).
+
+With a sliding window W, a token at position p attends only positions p - W < j <= p: only
+those are checked (the scheduler may have freed and reused the blocks before them, and its
+table entries for them name the null block, which nothing may ever write).
 """
 
 from __future__ import annotations
@@ -52,9 +56,11 @@ class _Held:
 
 class FakeExecutor:
     def __init__(self, block_size: int, num_kv_blocks: int, num_swap_blocks: int = 0,
-                 vocab_size: int = 1000) -> None:
+                 vocab_size: int = 1000, sliding_window: int | None = None) -> None:
         self.block_size = block_size
         self.vocab_size = vocab_size
+        self.sliding_window = sliding_window
+        self.null_block = 0 if sliding_window is not None else None
         self.requests: dict[int, _Held] = {}
         self.gpu: list[list[Slot | None]] = [[None] * block_size for _ in range(num_kv_blocks)]
         self.cpu: list[list[Slot | None]] = [[None] * block_size
@@ -96,19 +102,25 @@ class FakeExecutor:
     # ---- the fake KV cache --------------------------------------------------------------
 
     def check_context(self, tokens: list[int], blocks: list[int], count: int,
-                      swap: bool = False, what: str = "request") -> None:
-        """Assert that positions [0, count) of `tokens` hold their KV in `blocks` (GPU
-        blocks, or swap blocks when `swap`)."""
+                      swap: bool = False, what: str = "request", first: int = 0,
+                      first_block: int = 0) -> None:
+        """Assert that positions [first, count) of `tokens` hold their KV in `blocks` (GPU
+        blocks, or swap blocks when `swap`), blocks[0] being table entry `first_block`."""
         pool = self.cpu if swap else self.gpu
         size = self.block_size
-        assert len(blocks) * size >= count, f"{what}: {count} tokens in {len(blocks)} blocks"
+        assert (first_block + len(blocks)) * size >= count, \
+            f"{what}: {count} tokens in {len(blocks)} blocks from {first_block}"
+        assert first >= first_block * size, f"{what}: position {first} before its blocks"
         digests = extend_digests([], tokens[:count])
-        for position in range(count):
+        for position in range(first, count):
             expected = (position, tokens[position], digests[position])
-            found = pool[blocks[position // size]][position % size]
+            block = blocks[position // size - first_block]
+            assert swap or block != self.null_block, \
+                f"{what}: position {position} is read from the null block"
+            found = pool[block][position % size]
             assert found == expected, (
                 f"{what}: position {position} in {'swap' if swap else 'GPU'} block "
-                f"{blocks[position // size]} holds {found}, expected {expected}")
+                f"{block} holds {found}, expected {expected}")
 
     def block_contents(self, block_id: int) -> list[Slot | None]:
         return list(self.gpu[block_id])
@@ -137,13 +149,22 @@ class FakeExecutor:
             start, end = held.computed, held.computed + count
             assert end <= len(held.tokens), "computing unknown tokens"
             assert len(held.blocks) * size >= end, "no slot"
-            assert len(held.blocks) == len(set(held.blocks)), f"block twice in {held.blocks}"
+            read = held.blocks[self.first_read(start) // size:]
+            assert len(read) == len(set(read)), f"block twice in {held.blocks}"
             for position in range(start, end):
                 slot = (held.blocks[position // size], position % size)
+                assert slot[0] != self.null_block, f"handle {handle} writes the null block"
                 assert slot not in writes, f"handles {writes[slot]} and {handle} write {slot}"
                 writes[slot] = handle
                 self.gpu[slot[0]][slot[1]] = held.kv(position)
             starts.append(start)
         for (handle, held, count), start in zip(scheduled, starts):
-            self.check_context(held.tokens, held.blocks, start + count, what=f"handle {handle}")
+            self.check_context(held.tokens, held.blocks, start + count, what=f"handle {handle}",
+                               first=self.first_read(start))
             held.computed += count
+
+    def first_read(self, position: int) -> int:
+        """The first position a token at `position` attends to."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, position - self.sliding_window + 1)

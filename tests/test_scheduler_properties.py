@@ -5,9 +5,10 @@ process does with async scheduling: plan N+1 is made before result N is applied,
 fake executor runs the plans in order, appending its own samples.
 Random arrivals (prompts built from a few shared prefixes, n in {1, 2, 3}), aborts, steps,
 under config variants drawn once per example (block size, pool sizes, chunked prefill,
-prefix caching, recompute / swap / auto preemption). After every rule each block of the GPU
-pool and of the swap pool is in exactly one state with the right reference count, and the
-fake executor's KV contents agree with what the scheduler believes. At the end every request
+prefix caching, recompute / swap / auto preemption, a sliding window or none). After every
+rule each block of the GPU pool and of the swap pool is in exactly one state with the right
+reference count (the null block of a sliding-window pool in none), and the fake executor's
+KV contents agree with what the scheduler believes for every position still in a window. At the end every request
 finishes within a bounded number of steps with the tokens it would have had alone, and both
 pools are entirely free.
 """
@@ -46,6 +47,8 @@ def configs(draw) -> SchedulerConfig:
     # victim swaps (when the swap pool has room) if its blocks are on average more than
     # 1/4, 1/2 or 3/4 full.
     prefill_tokens_per_s = block_size / draw(st.sampled_from([8, 4, 8 / 3]))
+    # Every layer windowed (the scheduler frees blocks behind the window), or not.
+    sliding_window = draw(st.sampled_from([None, None, 1, 3, 6, 13, 39]))
     return SchedulerConfig(
         num_kv_blocks=draw(st.integers(24, 64)) // block_size,
         block_size=block_size,
@@ -61,6 +64,7 @@ def configs(draw) -> SchedulerConfig:
         bytes_per_block=1,
         prefill_tokens_per_s=prefill_tokens_per_s,
         swap_bytes_per_s=1.0,
+        sliding_window=sliding_window,
     )
 
 
@@ -94,7 +98,7 @@ class Driver:
         self.seen: dict[int, object] = {}   # handle -> Request, to note its block contents
         self.scheduler = Scheduler(config)
         self.executor = FakeExecutor(config.block_size, config.num_kv_blocks,
-                                     config.num_swap_blocks, VOCAB)
+                                     config.num_swap_blocks, VOCAB, config.sliding_window)
         self.expected: dict[str, tuple[list[int], str]] = {}   # by sample id
         self.emitted: dict[str, list[int]] = {}
         self.finished: dict[str, str] = {}
@@ -204,7 +208,8 @@ class Driver:
         scheduler = self.scheduler
         assert not scheduler.requests
         assert not (scheduler.running or scheduler.waiting or scheduler.swapped)
-        assert scheduler.pool.num_free == scheduler.pool.num_blocks
+        assert scheduler.pool.num_free == scheduler.pool.num_usable
+        assert scheduler.stats()["kv_blocks_free"] == scheduler.stats()["kv_blocks_total"]
         assert scheduler.swap_pool.num_free == scheduler.swap_pool.num_blocks
         assert not self.executor.requests, "executor still holds finished requests"
         assert not self.sent and not scheduler._unconfirmed
@@ -215,10 +220,17 @@ class Driver:
 
 
 def check_pool(pool: BlockPool, owners: Counter, name: str) -> None:
-    """Each block free, cached-free or used, with as many references as holders."""
+    """Each block free, cached-free or used, with as many references as holders; the null
+    block (if any) in none of those states."""
     unreferenced = set(pool._unreferenced)
     cached_free = 0
+    null = pool.null_block
+    if null is not None:
+        assert pool.ref_count(null) == 0 and pool.block_hash(null) is None
+        assert null not in unreferenced and owners[null] == 0, f"{name} null block in use"
     for block_id in range(pool.num_blocks):
+        if block_id == null:
+            continue
         refs = pool.ref_count(block_id)
         assert refs == owners[block_id], f"{name} block {block_id}: {refs} refs, " \
             f"{owners[block_id]} holders"
@@ -230,8 +242,9 @@ def check_pool(pool: BlockPool, owners: Counter, name: str) -> None:
     assert len(pool._unreferenced) == len(unreferenced)
     assert all(pool.block_hash(b) == h for h, b in pool._cached.items())
     assert pool.num_cached_free == cached_free
-    assert pool.num_free + pool.num_used == pool.num_blocks
-    assert pool.num_free == sum(1 for b in range(pool.num_blocks) if pool.ref_count(b) == 0)
+    assert pool.num_free + pool.num_used == pool.num_usable
+    assert pool.num_free == sum(1 for b in range(pool.num_blocks)
+                                if pool.ref_count(b) == 0 and b != null)
 
 
 def check_scheduler(driver: Driver) -> None:
@@ -266,10 +279,21 @@ def check_scheduler(driver: Driver) -> None:
     assert [r.admit_seq for r in scheduler.running] == sorted(
         r.admit_seq for r in scheduler.running)
     gpu_owners, swap_owners = Counter(), Counter()
+    null = scheduler.pool.null_block
     for request in scheduler.requests.values():
         tokens = request.all_token_ids
-        assert len(request.block_ids) == len(set(request.block_ids))
-        gpu_owners.update(request.block_ids)
+        freed = request.num_freed_blocks
+        live = request.block_ids[freed:]
+        # Freed entries are the leading ones and name the null block; the rest are distinct.
+        # (A swapped request keeps its count for swap-in, without a table.)
+        if request.status is not RequestStatus.SWAPPED:
+            assert request.block_ids[:freed] == [null] * freed, request
+        assert null not in live and len(live) == len(set(live)), request
+        if config.sliding_window is None:
+            assert freed == 0
+        else:
+            assert len(live) <= config.window_peak_blocks, request
+        gpu_owners.update(live)
         swap_owners.update(request.cpu_block_ids)
         assert request.fork_children == [] or request.output_token_ids == []
         # Prefix hashes name this request's own tokens, block by block.
@@ -289,19 +313,24 @@ def check_scheduler(driver: Driver) -> None:
             if not ahead_swap_out & set(request.cpu_block_ids):   # its swap-out has run
                 executor.check_context(tokens, request.cpu_block_ids,
                                        request.num_computed_tokens, swap=True,
-                                       what=f"swapped {request}")
+                                       what=f"swapped {request}", first=freed * size,
+                                       first_block=freed)
         if request.status is RequestStatus.RUNNING:
             assert request.num_computed_tokens <= len(tokens)
             assert len(request.block_ids) * size >= request.num_computed_tokens
             assert len(request.block_ids) <= -(-len(tokens) // size)
             if request.on_executor and request.handle not in ahead_new:
                 held = executor.requests[request.handle]
-                assert held.blocks + ahead_blocks.get(request.handle, []) == request.block_ids
+                # The executor's table is append-only: entries freed since it was sent still
+                # name their old blocks there, and no query reads them.
+                table = held.blocks + ahead_blocks.get(request.handle, [])
+                assert table[freed:] == live and len(table) == len(request.block_ids)
                 assert held.tokens == tokens
                 assert held.computed + ahead_tokens[request.handle] == \
                     request.num_computed_tokens
                 executor.check_context(tokens, held.blocks, held.computed,
-                                       what=f"running {request}")
+                                       what=f"running {request}",
+                                       first=executor.first_read(held.computed))
     check_pool(scheduler.pool, gpu_owners, "GPU")
     check_pool(scheduler.swap_pool, swap_owners, "swap")
     assert scheduler.swap_pool.num_cached_free == 0 and not scheduler.swap_pool._cached
@@ -517,3 +546,79 @@ def test_one_step_ahead_skips_a_request_ending_by_length():
     driver.drain()   # the forget notice
     driver.assert_idle()
     assert [len(p.new_requests) + len(p.running_handles) for p in driver.executed] == [1, 0]
+
+
+# ---- sliding window ---------------------------------------------------------------------
+
+
+def _window_config(**changes) -> SchedulerConfig:
+    return SchedulerConfig(**{**dict(
+        num_kv_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=8,
+        max_model_len=MAX_MODEL_LEN, eos_token_ids=(EOS,), vocab_size=VOCAB,
+        sliding_window=6), **changes})
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_window_serves_prompts_longer_than_the_pool(ahead):
+    """7 usable blocks (28 tokens) and a window of 6: a request never holds more than
+    window_peak_blocks = 5, so 36-token prompts run with the tokens they would have had
+    alone, and the pool is all free when idle."""
+    config = _window_config()
+    assert config.window_peak_blocks == 5 and config.max_request_len == MAX_MODEL_LEN
+    driver = Driver(config, ahead)
+    freed = 0
+    for i in range(4):
+        prompt = [(11 * i + 3 * k) % VOCAB for k in range(30 + 2 * i)]
+        assert len(prompt) > config.usable_kv_blocks * config.block_size or i < 2
+        assert driver.add(f"long{i}", prompt, SamplingParams(max_tokens=4 + i,
+                                                             ignore_eos=True))
+    while driver.scheduler.has_work() or driver.sent:
+        driver.step()
+        check_scheduler(driver)
+        freed = max([freed] + [r.num_freed_blocks for r in driver.scheduler.running])
+    driver.assert_idle()
+    assert freed >= 6                      # blocks behind the window went back as it moved
+    stats = driver.scheduler.stats()
+    assert stats["kv_blocks_total"] == 7 and stats["num_finished"] == 4
+
+
+def test_window_peak_above_the_pool_keeps_the_cap():
+    """Where one request's window and step could not fit the pool, the pool stays the cap."""
+    config = _window_config(sliding_window=30, max_num_batched_tokens=16)
+    assert config.window_peak_blocks == 13 > config.usable_kv_blocks
+    assert config.max_request_len == 7 * 4
+    scheduler = Scheduler(config)
+    with pytest.raises(ValueError, match="capacity"):
+        scheduler.add_request("x", [1] * 29, SamplingParams())
+
+
+def test_a_model_with_a_global_layer_frees_nothing():
+    """No sliding_window from the executor (some layer attends to everything): the table
+    keeps every block, none is null, and the pool has no reserved block."""
+    driver = Driver(_window_config(sliding_window=None, num_kv_blocks=16))
+    driver.add("g", list(range(1, 30)), SamplingParams(max_tokens=6, ignore_eos=True))
+    for _ in range(4):
+        driver.step()
+        check_scheduler(driver)
+    (request,) = driver.scheduler.running
+    assert request.num_freed_blocks == 0 and driver.scheduler.pool.null_block is None
+    assert len(request.block_ids) == len(set(request.block_ids)) == 8
+    driver.drain()
+    driver.assert_idle()
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_window_with_prefix_hits_forks_and_swaps(ahead):
+    """The fixed workload of test_every_mechanism_fires with a window of 5: prefix hits
+    (their blocks behind the window released at once), forks sharing only what the window
+    reads, swaps moving only live blocks."""
+    config = SchedulerConfig(num_kv_blocks=10, block_size=4, max_num_seqs=6,
+                             max_num_batched_tokens=8, max_model_len=MAX_MODEL_LEN,
+                             eos_token_ids=(EOS,), vocab_size=VOCAB, preemption_mode="auto",
+                             num_swap_blocks=6, bytes_per_block=1, swap_bytes_per_s=1.0,
+                             prefill_tokens_per_s=1.0, sliding_window=5)
+    driver = Driver(config, ahead)
+    _workload(driver, 24)
+    stats = driver.scheduler.stats()
+    assert stats["prefix_cache_hits"] > 0 and stats["forks"] > 0
+    assert stats["preemptions_swap"] > 0
