@@ -1,6 +1,7 @@
 """MoE experts on CPU: ways to compute fused_moe's result, timed against each other.
 
-    python -m bench.moe_cpu [--reps 20] [--threads 1] [--dtype float32] [--quick]
+    python -m bench.moe_cpu [--reps 20] [--threads 1 2] [--dtype float32] [--clock wall|cpu]
+                            [--quick] [--variants ...]
 
 Variants (each checked against the grouped reference before it is timed):
   dense     token by token, expert by expert: two F.linear on one row per (token, slot)
@@ -13,7 +14,7 @@ Variants (each checked against the grouped reference before it is timed):
             over the experts that have tokens (their weights gathered each call)
   all       every expert on every token (two bmm over all E), then the k results picked
   cpu       what the cpu kernel set runs: CpuFusedMoe's defaults (oneDNN for experts of at
-            least 256K weights in w13[e], else grouped)
+            least 128K weights in w13[e] when there is more than one token, else grouped)
 Shapes: `tiny` (what the tests' checkpoints look like), `mixtral-ish` (8 experts, top-2) and
 `qwen3moe-ish` (64 small experts, top-8); T = 1, 8, 64 (decode batches) and 512 (a prompt).
 Times: best of --reps, in ms per layer call (the machine is shared: best-of is the steady one).
@@ -95,13 +96,13 @@ def variants() -> dict[str, Callable[..., torch.Tensor]]:
 VARIANT_NAMES = ("dense", "grouped", "onednn", "bmm", "all", "cpu")
 
 
-def best_ms(fn: Callable[[], Any], reps: int) -> float:
+def best_ms(fn: Callable[[], Any], reps: int, clock: Callable[[], float]) -> float:
     fn()
     best = float("inf")
     for _ in range(reps):
-        began = time.perf_counter()
+        began = clock()
         fn()
-        best = min(best, time.perf_counter() - began)
+        best = min(best, clock() - began)
     return best * 1e3
 
 
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: process CPU time, steadier on a shared machine (one thread)")
     parser.add_argument("--quick", action="store_true",
                         help="the tiny shape at T = 1 and 64, 2 reps (checks the script runs)")
     parser.add_argument("--variants", nargs="+", choices=VARIANT_NAMES,
@@ -129,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1 or any(t < 1 for t in args.threads):
         parser.error("--reps and --threads must be >= 1")
     dtype = getattr(torch, args.dtype)
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     shapes = {"tiny": SHAPES["tiny"]} if args.quick else SHAPES
     tokens_list = (1, 64) if args.quick else TOKENS
     reps = 2 if args.quick else args.reps
     print(f"# load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}, {args.dtype}, "
-          f"best of {reps}, ms per call")
+          f"best of {reps}, ms per call ({args.clock} clock)")
     print(f"{'shape':<14}{'T':>5}{'thr':>4}" + "".join(f"{v:>10}" for v in args.variants)
           + "   fastest")
     for threads in args.threads:
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 if variant == "dense" and tokens > 64:
                     times[variant] = float("nan")      # minutes of Python loop: not worth it
                     continue
-                times[variant] = best_ms(lambda: fn(x, w13, w2, weights, ids), reps)
+                times[variant] = best_ms(lambda: fn(x, w13, w2, weights, ids), reps, clock)
             fastest = min((t, v) for v, t in times.items() if t == t)[1]
             print(f"{name:<14}{tokens:>5}{threads:>4}"
                   + "".join(f"{times[v]:>10.3f}" for v in args.variants) + f"   {fastest}",

@@ -5,8 +5,8 @@ matmul pair per expert with tokens, a float32 weighted sum back). What differs i
 each expert's w13[e] and w2[e] are reordered once into oneDNN's blocked layout (as
 executor/linear.py does for the dense layers), which ran 1.3-2.9x faster than F.linear (MKL)
 at expert shapes with 2-32 rows on this project's AMD CPU (docs/benchmarks.md, "MoE experts on
-CPU"). Small experts (under `min_pack_elements` weights in w13[e]) keep F.linear: there
-oneDNN's fixed cost per call is larger than the whole product.
+CPU"). Small experts (under `min_pack_elements` weights in w13[e]) and single tokens keep
+F.linear (the reference path): there oneDNN's fixed cost per call outweighs its gain.
 
 The packed copies are made on the first call with a given (w13, w2) pair and kept by this
 object, keyed by the tensors' identity, storage and version counter, so weights loaded or
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from kernels import reference
-from kernels.moe_reference import check_moe_args, fused_moe_ref, sort_by_expert
+from kernels.moe_reference import check_moe_args, grouped_moe, sort_by_expert
 
 _PACKABLE = (torch.float32, torch.bfloat16)
-DEFAULT_MIN_PACK_ELEMENTS = 1 << 18     # w13[e] of 256K weights, e.g. H 512 x 2I 512
+DEFAULT_MIN_PACK_ELEMENTS = 1 << 17     # w13[e] of 128K weights, e.g. H 256 x 2I 512
 
 
 def onednn_available() -> bool:
@@ -66,8 +66,12 @@ class CpuFusedMoe:
         """How many (w13, w2) pairs this object holds packed copies of."""
         return len(self._packed)
 
-    def uses_onednn(self, w13: torch.Tensor) -> bool:
-        return (self._onednn and w13.device.type == "cpu" and w13.dtype in _PACKABLE
+    def uses_onednn(self, w13: torch.Tensor, tokens: int) -> bool:
+        """oneDNN for experts big enough, and more than one token (one row per expert: the
+        product is bound by reading the weights, where both matmuls are alike, and F.linear
+        has the smaller fixed cost)."""
+        return (self._onednn and tokens > 1 and w13.device.type == "cpu"
+                and w13.dtype in _PACKABLE
                 and w13.shape[1] * w13.shape[2] >= self._min_pack_elements)
 
     def _packs(self, w13: torch.Tensor, w2: torch.Tensor) -> _Packed:
@@ -89,9 +93,9 @@ class CpuFusedMoe:
 
     def __call__(self, hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        if not self.uses_onednn(w13):
-            return fused_moe_ref(hidden, w13, w2, topk_weights, topk_ids)
         experts, _, top_k = check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
+        if not self.uses_onednn(w13, hidden.shape[0]):
+            return grouped_moe(hidden, w13, w2, topk_weights, topk_ids, experts, top_k)
         out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         if hidden.shape[0] == 0:
             return out.to(hidden.dtype)
@@ -99,18 +103,20 @@ class CpuFusedMoe:
         linear = torch.ops.mkldnn._linear_pointwise
         order, counts = sort_by_expert(topk_ids, experts)
         token_of_pair = order // top_k
-        weight_of_pair = topk_weights.reshape(-1).to(torch.float32)[order]
+        rows = hidden[token_of_pair]                 # every pair's input, grouped by expert
+        downs = []
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
-            rows = token_of_pair[start:start + count]
-            gate_up = linear(hidden[rows], packed[expert][0], None, "none", [], "")
+            end = start + count
+            gate_up = linear(rows[start:end], packed[expert][0], None, "none", [], "")
             act = reference.silu_and_mul_ref(gate_up)
-            down = linear(act, packed[expert][1], None, "none", [], "")
-            out.index_add_(0, rows,
-                           down.to(torch.float32) * weight_of_pair[start:start + count, None])
-            start += count
+            downs.append(linear(act, packed[expert][1], None, "none", [], ""))
+            start = end
+        down = torch.cat(downs) if len(downs) > 1 else downs[0]
+        weight_of_pair = topk_weights.reshape(-1).to(torch.float32)[order]
+        out.index_add_(0, token_of_pair, down.to(torch.float32) * weight_of_pair[:, None])
         return out.to(hidden.dtype)
 
 

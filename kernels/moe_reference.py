@@ -17,7 +17,6 @@ accumulates in float32, rounded to the input dtype once at the end.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_shape, \
     check_tensor
@@ -72,19 +71,28 @@ def fused_moe_ref(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
     """The MoE feed-forward of the module docstring, grouped by expert."""
     experts, _, top_k = check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
+    return grouped_moe(hidden, w13, w2, topk_weights, topk_ids, experts, top_k)
+
+
+def grouped_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: int, top_k: int
+                ) -> torch.Tensor:
+    """fused_moe_ref after its argument checks (for callers that made them)."""
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     if hidden.shape[0] == 0:
         return out.to(hidden.dtype)
     order, counts = sort_by_expert(topk_ids, experts)
     token_of_pair = order // top_k
-    weight_of_pair = topk_weights.reshape(-1).to(torch.float32)[order]
+    rows = hidden[token_of_pair]                     # every pair's input, grouped by expert
+    down = torch.empty_like(rows)
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
-        rows = token_of_pair[start:start + count]
-        gate_up = F.linear(hidden[rows], w13[expert])
-        down = F.linear(silu_and_mul_ref(gate_up), w2[expert])
-        out.index_add_(0, rows, down.to(torch.float32) * weight_of_pair[start:start + count, None])
-        start += count
+        end = start + count
+        gate_up = torch.mm(rows[start:end], w13[expert].t())
+        torch.mm(silu_and_mul_ref(gate_up), w2[expert].t(), out=down[start:end])
+        start = end
+    weight_of_pair = topk_weights.reshape(-1).to(torch.float32)[order]
+    out.index_add_(0, token_of_pair, down.to(torch.float32) * weight_of_pair[:, None])
     return out.to(hidden.dtype)

@@ -16,23 +16,28 @@ needs_onednn = pytest.mark.skipif(not onednn_available(), reason="torch without 
 
 @needs_onednn
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", [(1, 64, 48, 8, 2), (40, 64, 32, 4, 2), (6, 48, 40, 6, 6)],
+@pytest.mark.parametrize("case", [(2, 64, 48, 8, 2), (40, 64, 32, 4, 2), (6, 48, 40, 6, 6)],
                          ids=lambda c: "T{}-H{}-I{}-E{}-k{}".format(*c))
 def test_packed_path_matches_oracle(case, dtype):
     args = make_case(*case, dtype, seed=sum(case) + 1)
     moe = CpuFusedMoe(min_pack_elements=0)
-    assert moe.uses_onednn(args[1])
+    assert moe.uses_onednn(args[1], case[0])
     assert_matches(moe(*args), oracle(*args), dtype)
     assert moe.num_packed == 1
 
 
-def test_small_experts_and_fp16_take_the_grouped_path():
+def test_small_experts_single_tokens_and_fp16_take_the_grouped_path():
     moe = CpuFusedMoe()                       # default threshold: these weights are tiny
     for dtype in (torch.float32, torch.float16):
         args = make_case(5, 32, 16, 4, 2, dtype, seed=5)
-        assert not moe.uses_onednn(args[1])
+        assert not moe.uses_onednn(args[1], 5)
         assert_matches(moe(*args), oracle(*args), dtype)
+    one_token = make_case(1, 64, 48, 8, 2, torch.float32, seed=6)
+    assert not CpuFusedMoe(min_pack_elements=0).uses_onednn(one_token[1], 1)
+    assert_matches(moe(*one_token), oracle(*one_token), torch.float32)
     assert moe.num_packed == 0
+    with pytest.raises(TypeError, match="w13"):
+        moe(args[0], "w13", args[2], args[3], args[4])
     empty = make_case(0, 32, 16, 4, 2, torch.float32, seed=5)
     assert moe(*empty).shape == (0, 32)
 
