@@ -106,7 +106,8 @@ class ExecutorService:
                 raise
             # A rank died or a collective failed: the group is broken. Exit; the scheduler
             # fails the in-flight requests, `folio serve` starts a new group.
-            log.error("tensor-parallel group failed (%s); stopping every rank", error)
+            reason = self.ranks.dead_rank(wait_s=1.0) or error   # a collective's error
+            log.error("tensor-parallel group failed (%s); stopping every rank", reason)
             raise SystemExit(1) from None
         finally:
             self.stop.set()
@@ -121,9 +122,9 @@ class ExecutorService:
         try:
             result = self.executor.execute(plan)
         except Exception as error:   # report, stay alive: the scheduler fails the step
-            log.error("step %d failed: %s", plan.step_id, traceback.format_exc())
             if self.ranks is not None:   # the ranks are out of step: the group must restart
                 raise
+            log.error("step %d failed: %s", plan.step_id, traceback.format_exc())
             self.sock.send(m.encode_executor_error(plan.step_id,
                                                    f"{type(error).__name__}: {error}"))
             return

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from shared.config import EngineConfig
 from shared.cpus import usable_cores
@@ -86,6 +87,18 @@ class RankGroup:
             code = proc.poll()
             if code is not None:
                 raise RankDied(f"tensor-parallel rank {rank} exited with {code}")
+
+    def dead_rank(self, wait_s: float) -> str | None:
+        """Which child rank exited (waiting up to `wait_s` for one to), or None."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.check()
+            except RankDied as error:
+                return str(error)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def stop(self) -> None:
         for proc in self.children.values():
