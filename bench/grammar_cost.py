@@ -57,10 +57,11 @@ class Llguidance:
     name = "llguidance"
     prefix = '{"name":"'     # compact separators, as configured below
 
-    def __init__(self, hf_tokenizer, vocab: int) -> None:
+    def __init__(self, hf_tokenizer, vocab: int, flexible: bool = False) -> None:
         import llguidance
         import llguidance.hf
 
+        self.flexible = flexible
         self.ll = llguidance
         self.vocab = vocab
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab)
@@ -68,7 +69,7 @@ class Llguidance:
 
     def compile(self, schema: dict[str, Any], cached: bool):
         grammar = self.ll.LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_flexible": False})
+            schema, defaults={"whitespace_flexible": self.flexible})
         if cached and grammar in self.cache:
             return self.cache[grammar].deep_copy()
         matcher = self.ll.LLMatcher(self.tokenizer, grammar)
@@ -93,9 +94,10 @@ class Xgrammar:
     name = "xgrammar"
     prefix = '{"name": "'    # its any_whitespace=False separators
 
-    def __init__(self, hf_tokenizer, vocab: int) -> None:
+    def __init__(self, hf_tokenizer, vocab: int, flexible: bool = False) -> None:
         import xgrammar
 
+        self.flexible = flexible
         self.xgr = xgrammar
         self.vocab = vocab
         info = xgrammar.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=vocab)
@@ -105,7 +107,7 @@ class Xgrammar:
     def compile(self, schema: dict[str, Any], cached: bool):
         if not cached:
             self.compiler.clear_cache()
-        compiled = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
+        compiled = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=self.flexible,
                                                      strict_mode=True)
         return self.xgr.GrammarMatcher(compiled)
 
@@ -139,6 +141,8 @@ def measure(lib, hf_tokenizer, walks: int, seed: int) -> dict[str, Any]:
 
     # Per-token mask cost along a compact instance.
     separators = (",", ":") if lib.prefix == '{"name":"' else (", ", ": ")
+    if lib.flexible:
+        separators = (", ", ": ")
     ids = hf_tokenizer.encode(json.dumps(INSTANCE, separators=separators),
                               add_special_tokens=False)
     matcher, mask = lib.compile(SCHEMA, cached=True), lib.new_mask()
@@ -201,6 +205,9 @@ def main() -> None:
     parser.add_argument("--walks", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--library", action="append", choices=("llguidance", "xgrammar"))
+    parser.add_argument("--whitespace", choices=("compact", "flexible"), default="compact",
+                        help="flexible: each library's free-whitespace JSON (the default of "
+                        "both), to see what it costs a random walk")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -211,8 +218,9 @@ def main() -> None:
         for cls in (Llguidance, Xgrammar):
             if args.library and cls.name not in args.library:
                 continue
-            print(json.dumps({"tokenizer": path, **measure(cls(hf, vocab), hf, args.walks,
-                                                           args.seed)}), flush=True)
+            lib = cls(hf, vocab, flexible=args.whitespace == "flexible")
+            print(json.dumps({"tokenizer": path, "whitespace": args.whitespace,
+                              **measure(lib, hf, args.walks, args.seed)}), flush=True)
 
 
 if __name__ == "__main__":
