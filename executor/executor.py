@@ -25,6 +25,16 @@ log = logging.getLogger("folio.executor")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def kv_window(model_config: ModelConfig, max_model_len: int) -> int | None:
+    """The window the scheduler may free blocks behind: the largest layer window, when every
+    layer has one shorter than the context served (a longer one excludes nothing, and the
+    layer runs as full attention); None when any layer reads the whole context."""
+    windows = model_config.layer_windows
+    if not windows or any(w is None or w >= max_model_len for w in windows):
+        return None
+    return max(windows)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -101,6 +111,7 @@ class Executor:
             bytes_per_block=self.bytes_per_block,
             prefill_tokens_per_s=self.cost_model[0],
             swap_bytes_per_s=self.cost_model[1],
+            sliding_window=kv_window(self.model_config, self.max_model_len),
         )
 
     def reset(self) -> None:
