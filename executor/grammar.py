@@ -89,8 +89,12 @@ class GrammarMasks:
     def _masks(self, rows: list[int], handles: list[int]
                ) -> tuple[list[int], torch.Tensor] | None:
         for handle, (spec, replay) in list(self._new.items()):
-            matcher = self._compile(spec).deep_copy()
-            if replay:
+            try:
+                matcher = self._compile(spec).deep_copy()
+            except Exception as error:   # a spec the frontend let through: end the request
+                log.warning("grammar of request %d does not compile here: %s", handle, error)
+                matcher = None
+            if matcher is not None and replay:
                 matcher.consume_tokens(replay)
             self._matchers[handle] = matcher
             self._sampled[handle] = []
@@ -98,22 +102,26 @@ class GrammarMasks:
         for handle, tokens in self._sampled.items():
             if tokens:
                 matcher = self._matchers[handle]
-                if not matcher.is_stopped():   # a stopped one is thrown away next step
+                if matcher is not None and not matcher.is_stopped():   # stopped: thrown away
                     matcher.consume_tokens(tokens)
                 tokens.clear()
         if not rows:
             return None
         mask = torch.zeros((len(rows), self.words), dtype=torch.int32)
-        self._parallel.unsafe_compute_mask_ptr(
-            [(self._matchers[h], k) for k, h in enumerate(handles)], mask.data_ptr(),
-            self.words * 4, len(rows))
+        live = [(self._matchers[h], k) for k, h in enumerate(handles)
+                if self._matchers[h] is not None]
+        if live:
+            self._parallel.unsafe_compute_mask_ptr(live, mask.data_ptr(), self.words * 4,
+                                                   len(rows))
         empty = ~(mask != 0).any(dim=1)
         if bool(empty.any()):
-            # A matcher in error (a grammar the frontend let through but that failed here):
-            # only end-of-sequence is left, so the request ends instead of running free.
+            # No matcher, or one with no token left: only end-of-sequence is allowed, so
+            # the request ends instead of running free.
             for k in torch.nonzero(empty).flatten().tolist():
-                log.warning("grammar matcher of request %d: %s", handles[k],
-                            self._matchers[handles[k]].get_error() or "no token allowed")
+                matcher = self._matchers[handles[k]]
+                if matcher is not None:
+                    log.warning("grammar matcher of request %d: %s", handles[k],
+                                matcher.get_error() or "no token allowed")
                 for eos in self.eos_token_ids:
                     mask[k, eos // 32] |= _bit(eos % 32)
         return rows, mask

@@ -233,3 +233,33 @@ def test_offline_llm_constrained_greedy_survives_recompute_preemption(llama_dir)
     assert got == expected
     for text in got:
         _valid(text, schema)
+
+
+def test_executor_masks_a_bad_grammar_down_to_eos_and_leaves_other_rows(llama_dir):
+    import torch
+
+    from executor.grammar import GrammarMasks
+    from executor.input_batch import CachedRequest
+    from executor.sampler import Sampler
+    from shared.sampling_params import SamplingParams
+    from shared.step import NewRequest, StepPlan
+
+    vocab, eos = 1024, 0
+    masks = GrammarMasks(str(llama_dir), vocab, (eos,))
+    specs = [{"regex": "(unclosed"}, {"choice": ["yes", "no"]}, None]
+    params = [SamplingParams(temperature=0, structured_output=s) for s in specs]
+    masks.apply(StepPlan(step_id=0, new_requests=[
+        NewRequest(h, [5, 6], 2, 0, 2, [0], p) for h, p in enumerate(params)]))
+    requests = [CachedRequest(h, h, [5, 6], 2, 2, [0], p) for h, p in enumerate(params)]
+    rows, mask = masks.start(requests).result()
+    assert rows == [0, 1]
+    logits = torch.randn(3, vocab)
+    tokens, _ = Sampler(torch.device("cpu"), 0, (eos,))(logits.clone(), requests,
+                                                         (rows, mask))
+    assert tokens[0] == eos                             # no grammar here: only EOS is left
+    assert tokens[2] == int(logits[2].argmax())         # the unconstrained row: untouched
+    from transformers import AutoTokenizer
+
+    text = AutoTokenizer.from_pretrained(llama_dir).decode([tokens[1]])
+    assert "yes".startswith(text) or "no".startswith(text), text
+    masks.close()
