@@ -19,8 +19,8 @@ _SLIDING, _FULL = "sliding_attention", "full_attention"
 _LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
              "short_factor": [1.0, 1.3, 2.0, 1.5], "long_factor": [1.0, 4.0, 8.0, 6.0]}
 
-# Tiny shapes; each exercises what sets its architecture apart. Windows stay longer than the
-# prompts while the context limit still caps sliding-window models at their window.
+# Tiny shapes; each exercises what sets its architecture apart. Windows here are longer than
+# the prompts (tests/test_sliding_window.py runs a model past its window).
 ARCHS = {
     "qwen3": dict(arch="qwen3", num_kv_heads=1),
     # bfloat16 on disk: the loader upcasts it; transformers reads the same file.
