@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared run for a lent NVIDIA GPU (an H200), well under 8 minutes:
+# One prepared run for a lent NVIDIA GPU (an H200), under 9 minutes:
 #   1. the kernel tests natively on CUDA          (pytest tests/kernels)
 #   2. the HF-parity tests on CUDA                (FOLIO_TEST_DEVICE=cuda pytest -m parity tests)
 #   3. attention timings and bandwidth table      (bench/gpu_attention.py)

@@ -159,13 +159,18 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int
     return sorted_pairs, block_expert, ends[-1:]
 
 
+def default_block_m(pairs_per_expert: float) -> int:
+    """Rows per block on a GPU: small for decode (few pairs per expert pad less), else larger."""
+    return 16 if pairs_per_expert <= 16 else 32 if pairs_per_expert <= 64 else 64
+
+
 def _pick(config: MoEConfig, pairs_per_expert: float, n: int, k: int, interpreted: bool
           ) -> tuple[int, int, int, int, int]:
     """(block_m, block_n, block_k, num_warps, num_stages) for an [*, k] x [k, n] GEMM."""
     if interpreted:      # the interpreter pays per element of each tile: the smallest tiles
         block_m, cap_n, cap_k = 16, 32, 32
     else:
-        block_m = 16 if pairs_per_expert <= 16 else 32 if pairs_per_expert <= 64 else 64
+        block_m = default_block_m(pairs_per_expert)
         cap_n, cap_k = (64, 64) if block_m < 64 else (128, 64)
     block_m = config.block_m or block_m
     block_n = config.block_n or max(16, min(cap_n, next_power_of_2(n)))

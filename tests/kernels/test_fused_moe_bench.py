@@ -16,7 +16,7 @@ def test_moe_gpu_dry_run(tmp_path):
                     "--json", str(report)], cwd=tmp_path, timeout=120, check=True,
                    capture_output=True)
     rows = json.loads(report.read_text())
-    assert [(r["kind"], r["tokens"]) for r in rows] == [("case", 1), ("case", 9)]
+    assert [(r["kind"], r["tokens"]) for r in rows] == [("case", 1), ("case", 9), ("sweep", 1)]
     assert all(r["max_rel_err"] < 1e-5 and r["kernel_us"] > 0 for r in rows)
 
 
