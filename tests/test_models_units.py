@@ -156,3 +156,14 @@ def test_window_shorter_than_the_prompt_matches_transformers(arch, extra, tmp_pa
         expected = hf(ids[None]).logits[0].float()
     assert any(w and w < tokens for w in config.layer_windows)
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_transformers_defaults_when_the_config_is_silent():
+    gemma2 = _config("Gemma2ForCausalLM")
+    assert (gemma2.attn_softcap, gemma2.final_softcap, gemma2.head_dim) == (50.0, 30.0, 256)
+    assert gemma2.attention_scale == 256 ** -0.5
+    assert gemma2.layer_windows == (4096, None, 4096, None)
+    off = _config("Gemma2ForCausalLM", attn_logit_softcapping=None, final_logit_softcapping=None)
+    assert (off.attn_softcap, off.final_softcap) == (None, None)
+    assert _config("Qwen3ForCausalLM").head_dim == 128
+    assert _config("LlamaForCausalLM", attn_logit_softcapping=50.0).attn_softcap is None

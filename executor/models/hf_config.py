@@ -24,18 +24,23 @@ class Traits:
     windows: str = "all"                # "all", "qwen" (use_sliding_window) or "gemma2"/"gemma3"
     moe: str | None = None              # "mixtral" or "qwen3_moe"
     partial_rotary: bool = False
+    head_dim: int | None = None         # transformers' default when the config has none
+    softcaps: tuple[float | None, float | None] = (None, None)   # defaults: attention, final
+    window: int | None = None           # sliding_window when the config has none
 
 
 TRAITS = {
     "LlamaForCausalLM": Traits(windows="none"),
     "MistralForCausalLM": Traits(),
     "Qwen2ForCausalLM": Traits(qkv_bias=True, o_bias=False, windows="qwen"),
-    "Qwen3ForCausalLM": Traits(qk_norm=True, windows="qwen"),
-    "Qwen3MoeForCausalLM": Traits(qk_norm=True, windows="qwen", moe="qwen3_moe"),
+    "Qwen3ForCausalLM": Traits(qk_norm=True, windows="qwen", head_dim=128),
+    "Qwen3MoeForCausalLM": Traits(qk_norm=True, windows="qwen", moe="qwen3_moe", head_dim=128),
     "MixtralForCausalLM": Traits(moe="mixtral"),
     "Phi3ForCausalLM": Traits(qkv_bias=False, o_bias=False, partial_rotary=True),
-    "Gemma2ForCausalLM": Traits(gemma=True, windows="gemma2"),
-    "Gemma3ForCausalLM": Traits(gemma=True, qk_norm=True, windows="gemma3"),
+    "Gemma2ForCausalLM": Traits(gemma=True, windows="gemma2", head_dim=256,
+                                softcaps=(50.0, 30.0), window=4096),
+    "Gemma3ForCausalLM": Traits(gemma=True, qk_norm=True, windows="gemma3", head_dim=256,
+                                window=4096),
 }
 assert tuple(TRAITS) == SUPPORTED_ARCHITECTURES
 
@@ -61,12 +66,12 @@ def parse_config(cls: type[ModelConfig], raw: dict[str, Any], generation: dict[s
         raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
                          f"num_key_value_heads ({num_kv_heads})")
     num_layers = raw["num_hidden_layers"]
-    head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
+    head_dim = raw.get("head_dim") or traits.head_dim or raw["hidden_size"] // num_heads
     bias = bool(raw.get("attention_bias", False))
     windows = _layer_windows(raw, traits, num_layers)
     rope, local_rope, rotary_dim = _ropes(raw, traits, head_dim)
     eos = generation.get("eos_token_id", raw.get("eos_token_id"))
-    scalar = raw.get("query_pre_attn_scalar") if traits.gemma else None
+    scalar = raw.get("query_pre_attn_scalar", 256) if traits.gemma else None
     return cls(
         architecture=architecture,
         vocab_size=raw["vocab_size"],
@@ -90,8 +95,10 @@ def parse_config(cls: type[ModelConfig], raw: dict[str, Any], generation: dict[s
         qk_norm=traits.qk_norm,
         gemma=traits.gemma,
         query_scale=None if scalar is None else float(scalar) ** -0.5,
-        attn_softcap=_positive(raw, "attn_logit_softcapping") if traits.gemma else None,
-        final_softcap=_positive(raw, "final_logit_softcapping") if traits.gemma else None,
+        attn_softcap=_positive(raw, "attn_logit_softcapping", traits.softcaps[0])
+        if traits.gemma else None,
+        final_softcap=_positive(raw, "final_logit_softcapping", traits.softcaps[1])
+        if traits.gemma else None,
         layer_windows=windows if any(windows) else (),
         local_rope=local_rope,
         rotary_dim=rotary_dim,
@@ -101,7 +108,7 @@ def parse_config(cls: type[ModelConfig], raw: dict[str, Any], generation: dict[s
 
 def _layer_windows(raw: dict[str, Any], traits: Traits, num_layers: int
                    ) -> tuple[int | None, ...]:
-    window = raw.get("sliding_window")
+    window = raw.get("sliding_window", traits.window)
     if not window or traits.windows == "none":
         return ()
     if traits.windows == "qwen" and not raw.get("use_sliding_window", False):
@@ -204,8 +211,9 @@ def _moe(raw: dict[str, Any], traits: Traits, num_layers: int) -> MoeConfig | No
                      bool(raw.get("norm_topk_prob", False)), sparse, round_weights=True)
 
 
-def _positive(raw: dict[str, Any], key: str) -> float | None:
-    value = raw.get(key)
+def _positive(raw: dict[str, Any], key: str, default: float | None) -> float | None:
+    # Absent: transformers' default for the architecture; null or 0: off.
+    value = raw.get(key, default)
     return float(value) if value else None
 
 
