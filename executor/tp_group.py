@@ -65,6 +65,12 @@ class RankGroup:
         cores = usable_cores()
         address = f"tcp://127.0.0.1:{_free_port()}"
         backend = _backend(engine)
+        if backend == "nccl":
+            import torch
+
+            if torch.cuda.device_count() < size:
+                raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; this host "
+                                 f"has {torch.cuda.device_count()}")
         self.children: dict[int, subprocess.Popen] = {}
         for rank in range(1, size):
             self.children[rank] = _spawn(rank, size, address, backend,

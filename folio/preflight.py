@@ -39,6 +39,13 @@ def check_model_dir(model: str) -> ModelConfig:
 def check_engine(config: EngineConfig) -> ModelConfig:
     """Everything about `config` that can be known without loading weights."""
     model_config = check_model_dir(config.model)
+    if config.tensor_parallel_size > 1:   # heads and MLP must split evenly across the ranks
+        from executor.tp_rules import check_shardable
+
+        try:
+            check_shardable(model_config, config.tensor_parallel_size)
+        except ValueError as error:
+            raise SettingError("tensor_parallel_size", str(error).split(" ", 1)[1]) from None
     if not config.skip_tokenizer_init and not Path(config.tokenizer_path).is_dir():
         raise SettingError("tokenizer", f"{config.tokenizer_path}: no such directory")
     _check_cpu_memory(config)

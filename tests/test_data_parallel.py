@@ -232,3 +232,19 @@ def test_folio_serve_restarts_a_replicas_scheduler_while_the_other_serves(tmp_pa
             assert all(s == 200 for s, _ in pool.map(
                 lambda i: complete(server.base, [70 + i, 3]), range(4)))
         assert routed(server.base)[1] > before[1]
+
+
+def test_compose_replicas_file_adds_a_second_pair_and_routes_to_both():
+    from tests.test_deploy_files import _raw, _validate
+
+    replicas = _raw("compose.replicas.yaml")
+    assert _validate(replicas) == []
+    services = replicas["services"]
+    assert services["scheduler-1"]["extends"] == {"file": "compose.yaml",
+                                                  "service": "scheduler"}
+    assert "tcp://scheduler-1:5557" in services["executor-1"]["command"]
+    frontend = services["frontend"]["command"]
+    address = frontend[frontend.index("--scheduler-address") + 1]
+    assert address.split(",") == ["tcp://scheduler:5556", "tcp://scheduler-1:5556"]
+    base = _raw("compose.yaml")["services"]
+    assert set(services["frontend"]["command"]) - set(base["frontend"]["command"]) == {address}

@@ -108,7 +108,8 @@ def test_roles_commands_and_settings(compose):
 def test_gpu_ports_model_and_drain(compose):
     services = compose["services"]
     devices = services["executor"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    # One GPU per tensor-parallel rank (FOLIO_TENSOR_PARALLEL_SIZE, default 1).
+    assert devices == [{"driver": "nvidia", "count": "1", "capabilities": ["gpu"]}]
     # Only the frontend publishes, and only 8000 and 5555, on loopback unless asked.
     assert [p for name, s in services.items() if name != "frontend"
             for p in s.get("ports", [])] == []

@@ -146,3 +146,25 @@ def hf_greedy_cached(server: HttpServer) -> list[list[int]]:
     if model_dir not in _REFERENCE:
         _REFERENCE[model_dir] = hf_greedy(model_dir, PROMPTS[:1], MAX_TOKENS[:1])
     return _REFERENCE[model_dir]
+
+
+def test_kv_heads_split_or_replicated_and_vocab_padded():
+    from executor.tp_rules import kv_heads_of, vocab_rows
+
+    assert [kv_heads_of(r, 2, 4) for r in range(2)] == [range(0, 2), range(2, 4)]
+    assert [kv_heads_of(r, 4, 2) for r in range(4)] == [range(0, 1)] * 2 + [range(1, 2)] * 2
+    assert [kv_heads_of(r, 2, 1) for r in range(2)] == [range(0, 1)] * 2   # MQA
+    assert [vocab_rows(r, 2, 1001) for r in range(2)] == [(0, 501, 501), (501, 500, 501)]
+
+
+def test_a_size_that_does_not_split_the_model_is_refused_in_one_line(llama_dir):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "folio", "serve", "--model", str(llama_dir),
+                          "--tensor-parallel-size", "3"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "folio serve: error: --tensor-parallel-size 3 cannot split LlamaForCausalLM's 4 "
+        "attention heads, 2 KV heads (neither a multiple nor a divisor of 3), an MLP of 128")

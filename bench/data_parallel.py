@@ -1,0 +1,119 @@
+"""Data-parallel scaling on one machine: `folio serve --data-parallel-size 2` (one core per
+replica's executor) against one replica whose executor has one core, both under the
+serving benchmark (bench/serve.py's workload and measurement), alternated.
+
+    python bench/data_parallel.py --rounds 2 -o dp.json            # the built-in model
+    python bench/data_parallel.py --model DIR --num-prompts 128 --max-concurrency 64
+
+One replica runs with --cpu-placement split on two cores (executor on one core, frontend and
+scheduler on the other); two replicas put executor i on core i, the frontend and the
+schedulers unpinned. Reports output tokens/s of each run, the best of each side, and their
+ratio, with the load average before each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.serve import add_workload_args, build_workload, run_benchmark  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(replicas: int, model: str | None, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "folio", "--log-level", "WARNING", "serve", "--port",
+           str(port), "--data-parallel-size", str(replicas), *extra]
+    if model:
+        cmd += ["--model", model]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"folio serve --data-parallel-size {replicas} exited")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=1) as response:
+                body = json.load(response)
+            if all(r["status"] == "ok" for r in body.get("replicas", [{"status": "ok"}])):
+                return proc, base
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("server not ready")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def one_run(replicas: int, args, seed: int) -> dict:
+    proc, base = start(replicas, args.model, args.serve_arg)
+    try:
+        prompts = build_workload(args, seed=seed)
+        report = asyncio.run(run_benchmark(
+            base, prompts, args.output_len, model=None, max_concurrency=args.max_concurrency,
+            request_rate=float("inf"), seed=seed, request_timeout=args.request_timeout,
+            deadline=args.deadline))
+        return {"replicas": replicas, **report}
+    finally:
+        stop(proc)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="checkpoint (default: the built-in)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-concurrency", type=int, default=32)
+    parser.add_argument("--serve-arg", action="append", default=[],
+                        help="extra `folio serve` flag (repeatable), e.g. --serve-arg=--seed=1")
+    parser.add_argument("-o", "--out", type=Path, default=None)
+    add_workload_args(parser)
+    args = parser.parse_args(argv)
+    if args.model_dir is None and args.vocab_size is None:   # the served model's vocabulary
+        from folio.cli import resolve_model
+
+        args.model_dir = Path(resolve_model(args.model))
+    runs = []
+    for round_ in range(args.rounds):
+        for replicas in (1, 2):
+            report = one_run(replicas, args, seed=args.seed + round_)
+            runs.append(report)
+            print(f"round {round_} replicas={replicas}: "
+                  f"{report['output_throughput']:.1f} output tok/s "
+                  f"(load {report['loadavg_1m_before']:.2f} before, "
+                  f"{report['loadavg_1m_after']:.2f} after)", flush=True)
+    best = {n: max(r["output_throughput"] for r in runs if r["replicas"] == n) for n in (1, 2)}
+    summary = {"runs": runs, "best_output_throughput": best, "speedup": best[2] / best[1]}
+    print(f"best: 1 replica {best[1]:.1f}, 2 replicas {best[2]:.1f} output tok/s: "
+          f"{summary['speedup']:.2f}x")
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
