@@ -36,9 +36,10 @@ def onednn_available() -> bool:
 
 
 def _stamp(tensor: torch.Tensor) -> tuple:
-    """What must not change for a packed copy of `tensor` to stay valid."""
-    return (tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.stride(),
-            tensor.dtype)
+    """What must not change for a packed copy of `tensor` to stay valid. (Inference tensors
+    keep no version counter: for them an in-place change is not seen.)"""
+    version = None if tensor.is_inference() else tensor._version
+    return (tensor.data_ptr(), version, tuple(tensor.shape), tensor.stride(), tensor.dtype)
 
 
 @dataclass(frozen=True)

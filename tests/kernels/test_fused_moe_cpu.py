@@ -66,3 +66,13 @@ def test_cpu_kernel_set_uses_it(cpu_ops_built):
     moe = cpu_ops().fused_moe
     args = make_case(3, 32, 16, 4, 2, torch.bfloat16, seed=4)
     assert_matches(moe(*args), oracle(*args), torch.bfloat16)
+
+
+@needs_onednn
+def test_weights_made_in_inference_mode():
+    moe = CpuFusedMoe(min_pack_elements=0)
+    with torch.inference_mode():
+        args = make_case(4, 32, 32, 4, 2, torch.float32, seed=12)
+        out = moe(*args)
+    assert_matches(out, oracle(*args), torch.float32)
+    assert moe.num_packed == 1
