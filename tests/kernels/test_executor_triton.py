@@ -24,3 +24,23 @@ def test_triton_backend_matches_transformers(fixture, request):
                                      for n in max_tokens])
     assert [r.outputs[0].token_ids for r in results] == hf_greedy(model_dir, prompts,
                                                                   max_tokens, TEST_DEVICE)
+
+
+def test_triton_backend_past_a_sliding_window(tmp_path_factory, tokenizer_dir):
+    """A Mistral with a 6-token window and prompts past it: the windowed kernel, and the
+    scheduler freeing blocks behind the window (12 blocks of 4, one the null block)."""
+    from tests.conftest import _model_dir
+
+    model_dir = _model_dir(tmp_path_factory, tokenizer_dir, "mistral_w6", arch="mistral",
+                           num_heads=4, num_kv_heads=2, head_dim=16, hidden_size=64,
+                           num_layers=2, sliding_window=6, max_position_embeddings=128)
+    prompts = [[5, 9, 200, 31, 7, 7, 64, 8, 19, 44], [100] * 21, [3]]
+    max_tokens = [6, 4, 5]
+    llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, attention_backend="triton",
+              block_size=4, num_kv_blocks=12, max_num_batched_tokens=9)
+    assert llm.engine.scheduler.config.sliding_window == 6
+    results = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n)
+                                     for n in max_tokens])
+    assert [r.outputs[0].token_ids for r in results] == hf_greedy(model_dir, prompts,
+                                                                  max_tokens, TEST_DEVICE)
+    assert llm.stats()["kv_blocks_free"] == 11
