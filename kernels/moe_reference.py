@@ -81,6 +81,8 @@ def grouped_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     if hidden.shape[0] == 0:
         return out.to(hidden.dtype)
+    if hidden.shape[0] == 1:
+        return _one_token(hidden, w13, w2, topk_weights, topk_ids, experts)
     order, counts = sort_by_expert(topk_ids, experts)
     token_of_pair = order // top_k
     rows = hidden[token_of_pair]                     # every pair's input, grouped by expert
@@ -95,4 +97,21 @@ def grouped_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         start = end
     weight_of_pair = topk_weights.reshape(-1).to(torch.float32)[order]
     out.index_add_(0, token_of_pair, down.to(torch.float32) * weight_of_pair[:, None])
+    return out.to(hidden.dtype)
+
+
+def _one_token(hidden, w13, w2, topk_weights, topk_ids, experts: int) -> torch.Tensor:
+    """A decode of one sequence: its k experts directly, without the sort, gather and scatter
+    (a third of the time at small expert sizes), rounding as the grouped path does and summing
+    in its order (by expert id)."""
+    ids = topk_ids[0].tolist()
+    if min(ids) < 0 or max(ids) >= experts:
+        raise ValueError(f"topk_ids must be expert ids in [0, {experts}), got "
+                         f"{min(ids)}..{max(ids)}")
+    weights = topk_weights[0].to(torch.float32)
+    out = None
+    for j in sorted(range(len(ids)), key=ids.__getitem__):
+        gate_up = torch.mm(hidden, w13[ids[j]].t())
+        term = torch.mm(silu_and_mul_ref(gate_up), w2[ids[j]].t()).to(torch.float32) * weights[j]
+        out = term if out is None else out.add_(term)
     return out.to(hidden.dtype)

@@ -148,6 +148,8 @@ def test_reference_refuses_out_of_range_ids():
     x, w13, w2, weights, _ = make_case(2, 32, 16, 4, 1, torch.float32, seed=2)
     with pytest.raises(ValueError, match="topk_ids"):
         fused_moe_ref(x, w13, w2, weights, torch.tensor([[1], [4]]))
+    with pytest.raises(ValueError, match="topk_ids"):              # the one-token path
+        fused_moe_ref(x[:1], w13, w2, weights[:1], torch.tensor([[-1]]))
 
 
 def test_torch_and_triton_backends_have_fused_moe():
