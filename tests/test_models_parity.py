@@ -19,8 +19,8 @@ _SLIDING, _FULL = "sliding_attention", "full_attention"
 _LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
              "short_factor": [1.0, 1.3, 2.0, 1.5], "long_factor": [1.0, 4.0, 8.0, 6.0]}
 
-# Tiny shapes; each exercises what sets its architecture apart. Windows here are longer than
-# the prompts (tests/test_sliding_window.py runs a model past its window).
+# Tiny shapes; each exercises what sets its architecture apart. The Gemma windows (64, 48)
+# are shorter than most prompts, so local layers attend only the window's keys.
 ARCHS = {
     "qwen3": dict(arch="qwen3", num_kv_heads=1),
     # bfloat16 on disk: the loader upcasts it; transformers reads the same file.
@@ -32,10 +32,10 @@ ARCHS = {
     # Longer than every context: the short factors and the attention factor (twice the
     # original length) are used throughout; the long regime is checked in test_models_units.
     "phi3": dict(arch="phi3", original_max_position_embeddings=512, rope_parameters=_LONGROPE),
-    "gemma2": dict(arch="gemma2", sliding_window=512, attn_logit_softcapping=5.0,
+    "gemma2": dict(arch="gemma2", sliding_window=64, attn_logit_softcapping=5.0,
                    final_logit_softcapping=3.0, query_pre_attn_scalar=24,
                    tie_word_embeddings=True),
-    "gemma3": dict(arch="gemma3", num_layers=3, sliding_window=512,
+    "gemma3": dict(arch="gemma3", num_layers=3, sliding_window=48,
                    layer_types=[_SLIDING, _FULL, _SLIDING], query_pre_attn_scalar=16,
                    tie_word_embeddings=True,
                    rope_parameters={_FULL: {"rope_type": "linear", "factor": 2.0,
