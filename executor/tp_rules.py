@@ -20,7 +20,7 @@ def check_shardable(config: ModelConfig, size: int) -> None:
         return
     problems = []
     if config.moe is not None:
-        problems.append("its experts (mixture-of-experts layers are not split yet)")
+        problems.append("experts (mixture-of-experts layers are not split yet)")
     if config.num_heads % size:
         problems.append(f"{config.num_heads} attention heads")
     kv = config.num_kv_heads
