@@ -6,7 +6,8 @@ to constrain, and how to read the answer back; OpenAI's message shapes both ways
              is parsed with the server's --tool-call-parser (frontend/tool_parsers.py).
   required   the grammar forces a JSON array of one or more {"name", "parameters"} calls
              (exactly one when parallel_tool_calls is false), as vLLM does: every answer
-             is a valid call of a declared tool, whatever the model or the parser.
+             is a valid call of a declared tool, whatever the model or the parser. An array
+             cut short by max_tokens still gives its complete calls.
   {"type": "function", "function": {"name": N}}   the grammar forces N's parameters
              object; the answer is that call's arguments.
 """
@@ -41,12 +42,8 @@ class ToolPlan:
         if self.mode == "named":
             return None, [(self.named, text)]
         if self.mode == "required":
-            try:
-                calls = [(c["name"], json.dumps(c["parameters"], ensure_ascii=False))
-                         for c in json.loads(text)]
-            except (ValueError, TypeError, KeyError):
-                return text, []   # cut off by max_tokens: what there is, as text
-            return None, calls
+            calls = _complete_calls(text)
+            return (None, calls) if calls else (text, [])
         if self.mode == "auto":
             content, calls = parse(self.parser, text)
             return content, calls if self.parallel else calls[:1]
@@ -56,6 +53,25 @@ class ToolPlan:
     def buffers(self) -> bool:
         """Whether streamed text is held until the answer is read whole."""
         return self.mode in ("named", "required")
+
+
+def _complete_calls(text: str) -> list[Call]:
+    """The calls of a `required` answer (a JSON array the grammar shaped): every complete
+    one, also when max_tokens cut the array short (a model that keeps adding calls)."""
+    decoder, calls = json.JSONDecoder(), []
+    at = 1 if text.startswith("[") else len(text)
+    while at < len(text):
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except ValueError:
+            break
+        if not isinstance(value, dict) or "name" not in value or "parameters" not in value:
+            break
+        calls.append((value["name"], json.dumps(value["parameters"], ensure_ascii=False)))
+        if text[at:at + 1] != ",":
+            break
+        at += 1
+    return calls
 
 
 def _tool(value: Any) -> dict[str, Any]:

@@ -13,7 +13,9 @@ compiles it again, once per distinct spec, to build its token matchers. Both use
 `to_grammar`, so they agree on what a spec means.
 
 JSON is always compact: no whitespace between tokens (llguidance's `whitespace_flexible`
-off, forced over any `x-guidance` in the schema). Free whitespace lets a random-weight
+off, forced over any `x-guidance` in the schema); an object schema that lists `properties`
+and says nothing of `additionalProperties` admits no other keys (as xgrammar's strict mode,
+vLLM's default, does). Free whitespace lets a random-weight
 model spend hundreds of tokens on newlines before the first key; llguidance's JSON strings
 never admit raw control characters, so every result parses with a strict `json.loads`.
 """
@@ -69,10 +71,40 @@ def check_spec(spec: Any) -> dict[str, Any] | None:
 
 
 def compact_schema(schema: dict[str, Any] | bool) -> dict[str, Any] | bool:
-    """The schema with Folio's compact-JSON options forced over its own."""
+    """The schema with Folio's compact-JSON options forced over its own, and objects that
+    list their properties closed to others unless they say otherwise."""
     if not isinstance(schema, dict):
         return schema
+    schema = _closed(schema)
     return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **_JSON_OPTIONS}}
+
+
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")   # not allOf: its parts combine
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
+
+
+def _closed(schema: Any) -> Any:
+    """`additionalProperties: false` on every object schema with `properties` and no
+    `additionalProperties` of its own: what xgrammar's strict mode (vLLM's default backend)
+    and OpenAI's strict schemas do. Without it a model may add keys of its own, and a
+    random one fills them until max_tokens."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(sub) for sub in out[key]]
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key])
+    if "properties" in out and "additionalProperties" not in out \
+            and "patternProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def to_grammar(spec: dict[str, Any]) -> str:

@@ -96,6 +96,18 @@ def test_required_and_named_calls_are_always_valid(client):
     (call,) = named.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and named.choices[0].finish_reason == "stop"
     _check_call(call)
+    # LangChain's schema of a pydantic tool: no additionalProperties. Unlisted keys are
+    # closed off (as xgrammar's strict mode does), so the call ends with the listed ones.
+    open_schema = {"type": "object", "required": ["zone"], "properties": {
+        "zone": {"enum": ["UTC", "CET"], "type": "string"}}}
+    langchain_tool = [{"type": "function", "function": {"name": "Clock", "description": "",
+                                                        "parameters": open_schema}}]
+    clock = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=langchain_tool, max_tokens=60, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "Clock"}})
+    assert clock.choices[0].finish_reason == "stop"
+    assert json.loads(clock.choices[0].message.tool_calls[0].function.arguments) in (
+        {"zone": "UTC"}, {"zone": "CET"})
 
 
 @pytest.mark.slow
@@ -225,3 +237,10 @@ def test_auto_keeps_one_call_without_parallel_tool_calls():
     plan = ToolPlan("auto", [], None, parser="hermes", parallel=False)
     text = '<tool_call>{"name": "a", "arguments": {}}</tool_call>' * 2
     assert plan.read(text) == (None, [("a", "{}")])
+
+
+def test_required_answer_cut_short_keeps_its_complete_calls():
+    plan = ToolPlan("required", [], {"json": {}})
+    text = '[{"name": "a", "parameters": {"x": 1}},{"name": "b", "parameters": {"y'
+    assert plan.read(text) == (None, [("a", '{"x": 1}')])
+    assert plan.read('[{"name": "a", "param') == ('[{"name": "a", "param', [])
