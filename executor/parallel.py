@@ -9,9 +9,10 @@ embedding (each rank looks up its rows, one all-reduce) and a vocab-parallel lm_
 rank computes its logits, one all-gather). Row-parallel biases are added once: rank 0
 holds them, the others zeros.
 
-Every rank runs the same step on the same plan and gets the same full logits, so each
-samples the same tokens (the sampler's generators are seeded alike) and their persistent
-batches stay in step without a token broadcast; rank 0 alone replies to the scheduler.
+Every rank runs the same step on the same plan (executor/tp_group.py hands rank 0's plans
+to the others) and gets the same full logits, so each samples the same tokens (the
+sampler's generators are seeded alike) and their persistent batches stay in step without a
+token broadcast; rank 0 alone replies to the scheduler.
 """
 
 from __future__ import annotations
@@ -49,11 +50,10 @@ class TensorParallel:
         dist.init_process_group(config.backend, init_method=config.init_address,
                                 rank=config.rank, world_size=config.size,
                                 timeout=IDLE_TIMEOUT)
-        # Plans travel as bytes on the CPU: a gloo group beside NCCL's.
+        # Counts agreed at start-up travel on the CPU: a gloo group beside NCCL's.
         self.control = None if config.backend == "gloo" else dist.new_group(
             backend="gloo", timeout=IDLE_TIMEOUT)
         self.full: ModelConfig | None = None
-        self._header = torch.zeros(1, dtype=torch.int64)
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -129,21 +129,6 @@ class TensorParallel:
         parts = [torch.empty_like(local) for _ in range(self.size)]
         dist.all_gather(parts, local.contiguous())
         return torch.cat(parts, dim=-1)
-
-    # ---- plans from rank 0 --------------------------------------------------------------
-
-    def broadcast(self, data: bytes | None = None) -> bytes:
-        """Rank 0 sends `data` (one scheduler message) to every rank; the others get it."""
-        header = self._header
-        if self.rank == 0:
-            header[0] = len(data)
-        dist.broadcast(header, 0, group=self.control)
-        if self.rank == 0:
-            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        else:
-            payload = torch.empty(int(header[0]), dtype=torch.uint8)
-        dist.broadcast(payload, 0, group=self.control)
-        return data if self.rank == 0 else payload.numpy().tobytes()
 
 
 class VocabParallelEmbedding(nn.Module):

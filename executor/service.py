@@ -133,7 +133,7 @@ class ExecutorService:
 
     def _to_ranks(self, data: bytes) -> None:
         if self.ranks is not None:
-            self.ranks.tp.broadcast(data)
+            self.ranks.send(data)
 
     def _heartbeat_loop(self) -> None:
         sock = make_peer(configure(self.ctx.socket(zmq.DEALER)), self.keys)

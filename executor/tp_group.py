@@ -2,8 +2,11 @@
 the scheduler talks to); it starts ranks 1..N-1 as child processes on this host and joins
 them in one torch.distributed group (gloo on CPU, NCCL on CUDA, rank r on GPU r).
 
-Each scheduler message that changes state (a plan, a reset) is broadcast by rank 0 to the
-others, which apply it in the same order (one send from the scheduler per step). A rank
+Each scheduler message that changes state (a plan, a reset) is passed on by rank 0, as the
+same bytes, to the others, which apply it in the same order: the scheduler sends once per
+step. The hop is a ZeroMQ PUSH per rank on ipc:// sockets in a private directory, not a
+gloo broadcast: bench/tp_plan_hop.py measured a gloo broadcast of a plan at about ten times
+a ZeroMQ hop (docs/benchmarks.md). A rank
 that dies is the executor dying: rank 0 sees it (a failed collective, or the child's exit
 within a poll turn), stops the others and exits 1, so the scheduler fails the in-flight
 requests and `folio serve` starts a fresh group, which says hello again. Rank 0 dying takes
@@ -64,6 +67,7 @@ class RankGroup:
         size = engine.tensor_parallel_size
         cores = usable_cores()
         address = f"tcp://127.0.0.1:{_free_port()}"
+        self.plans = PlanSender(size)
         backend = _backend(engine)
         if backend == "nccl":
             import torch
@@ -75,7 +79,8 @@ class RankGroup:
         for rank in range(1, size):
             self.children[rank] = _spawn(rank, size, address, backend,
                                          _rank_engine(engine, cores, size),
-                                         rank_cores(cores, size, rank))
+                                         rank_cores(cores, size, rank),
+                                         self.plans.addresses[rank])
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, rank_cores(cores, size, 0))
         self.engine = _rank_engine(engine, cores, size)
@@ -106,7 +111,12 @@ class RankGroup:
                 return None
             time.sleep(0.05)
 
+    def send(self, data: bytes) -> None:
+        """One scheduler message (a plan or a reset) to every other rank."""
+        self.plans.send(data)
+
     def stop(self) -> None:
+        self.plans.close()
         for proc in self.children.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -118,6 +128,38 @@ class RankGroup:
                 proc.wait()
 
 
+class PlanSender:
+    """Rank 0's end of the plan hop: one PUSH socket per other rank (PUSH queues until its
+    rank connects, so nothing sent early is lost)."""
+
+    def __init__(self, size: int) -> None:
+        import zmq
+
+        from shared.transport import configure, ipc_address, make_run_dir
+
+        self.run_dir = make_run_dir()
+        self.ctx = zmq.Context()
+        self.addresses = {rank: ipc_address(self.run_dir, f"rank-{rank}")
+                          for rank in range(1, size)}
+        self.socks = []
+        for address in self.addresses.values():
+            sock = configure(self.ctx.socket(zmq.PUSH))
+            sock.bind(address)
+            self.socks.append(sock)
+
+    def send(self, data: bytes) -> None:
+        for sock in self.socks:
+            sock.send(data, copy=False)
+
+    def close(self) -> None:
+        import shutil
+
+        for sock in self.socks:
+            sock.close(0)
+        self.ctx.term()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
 def _rank_engine(engine: EngineConfig, cores: list[int], size: int) -> EngineConfig:
     """The engine a rank runs: threads for its share of the cores unless given."""
     if engine.cpu_threads is not None:
@@ -126,7 +168,7 @@ def _rank_engine(engine: EngineConfig, cores: list[int], size: int) -> EngineCon
 
 
 def _spawn(rank: int, size: int, address: str, backend: str, engine: EngineConfig,
-           cores: tuple[int, ...]) -> subprocess.Popen:
+           cores: tuple[int, ...], plans: str) -> subprocess.Popen:
     def before_exec() -> None:
         try:
             import ctypes
@@ -139,20 +181,27 @@ def _spawn(rank: int, size: int, address: str, backend: str, engine: EngineConfi
 
     config = json.dumps(dataclasses.asdict(engine))
     return subprocess.Popen([sys.executable, "-m", "executor.tp_group", str(rank), str(size),
-                             address, backend, config], preexec_fn=before_exec)
+                             address, backend, plans, config], preexec_fn=before_exec)
 
 
-def run_rank(rank: int, size: int, address: str, backend: str, engine: EngineConfig) -> None:
+def run_rank(rank: int, size: int, address: str, backend: str, plans: str,
+             engine: EngineConfig) -> None:
     """A child rank: join the group, build its share of the model, then apply every
-    message rank 0 broadcasts until the group ends."""
+    message rank 0 passes on until the group ends."""
+    import zmq
+
     from executor.executor import Executor
     from executor.parallel import TensorParallel, TPConfig
     from shared import messages as m
+    from shared.transport import configure
 
+    ctx = zmq.Context()
+    pull = configure(ctx.socket(zmq.PULL))
+    pull.connect(plans)
     tp = TensorParallel(TPConfig(size, rank, address, backend))
     executor = Executor(engine, tp)
     while True:
-        msg_type, body = m.decode(tp.broadcast(), frozenset({"plan", "reset"}))
+        msg_type, body = m.decode(pull.recv(), frozenset({"plan", "reset"}))
         if msg_type == "plan":
             executor.execute(m.decode_plan(body))
         else:
@@ -160,7 +209,7 @@ def run_rank(rank: int, size: int, address: str, backend: str, engine: EngineCon
 
 
 def main(argv: list[str]) -> int:
-    rank, size, address, backend, config = argv
+    rank, size, address, backend, plans, config = argv
     logging.basicConfig(level=os.environ.get("FOLIO_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s folio-executor-rank{rank} %(levelname)s "
                         "%(message)s")
@@ -171,7 +220,8 @@ def main(argv: list[str]) -> int:
     except ImportError:
         pass
     try:
-        run_rank(int(rank), int(size), address, backend, EngineConfig(**json.loads(config)))
+        run_rank(int(rank), int(size), address, backend, plans,
+                 EngineConfig(**json.loads(config)))
     except Exception as error:   # a failed collective: rank 0 or a peer is gone
         log.error("rank %s stops: %s", rank, error)
         return 1
