@@ -83,6 +83,8 @@ class KVCacheManager:
             return []   # prompt logprobs need every prompt position computed
         usable = (request.num_tokens - 1) // self.block_size
         self._extend_hashes(request, usable)
+        if self.sliding_window is not None:
+            return self._windowed_prefix(request.block_hashes[:usable])
         hits = []
         for block_hash in request.block_hashes[:usable]:
             block_id = self.pool.lookup(block_hash)
@@ -90,6 +92,23 @@ class KVCacheManager:
                 break
             hits.append(block_id)
         return hits
+
+    def _windowed_prefix(self, hashes: list[bytes]) -> list[int]:
+        """The longest hit whose first new token's window is cached: k leading blocks count
+        as computed when blocks dead_blocks(k * size) .. k - 1 are found, whatever became of
+        the earlier ones (evicted after they left the window). Those come back as null
+        entries. (A chained hash found means its whole prefix matches.)"""
+        found: list[int | None] = []
+        best = run_start = 0
+        for index, block_hash in enumerate(hashes):
+            block_id = self.pool.lookup(block_hash)
+            found.append(block_id)
+            if block_id is None:
+                run_start = index + 1
+            elif run_start <= self.dead_blocks((index + 1) * self.block_size):
+                best = index + 1
+        dead = self.dead_blocks(best * self.block_size)
+        return [self.pool.null_block] * dead + found[dead:best]
 
     def num_reclaimable(self, blocks: list[int]) -> int:
         """How many of `blocks` are cached-free, i.e. counted in the free pool today."""

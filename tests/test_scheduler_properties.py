@@ -622,3 +622,30 @@ def test_window_with_prefix_hits_forks_and_swaps(ahead):
     stats = driver.scheduler.stats()
     assert stats["prefix_cache_hits"] > 0 and stats["forks"] > 0
     assert stats["preemptions_swap"] > 0
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_window_prefix_hit_after_its_leading_blocks_were_evicted(ahead):
+    """A prompt computed before is found again although its first blocks were evicted: a
+    windowed hit needs only the blocks its first new token's window reads."""
+    config = _window_config(enable_prefix_caching=True)
+    driver = Driver(config, ahead)
+    prompt = [(5 * k + 1) % VOCAB for k in range(28)]
+    driver.add("a", prompt, SamplingParams(max_tokens=1))
+    driver.drain()
+    cached = driver.scheduler.pool.num_cached_free
+    # Another prompt takes the least recently released blocks: a's first ones.
+    driver.add("b", [(7 * k + 2) % VOCAB for k in range(9)], SamplingParams(max_tokens=1))
+    driver.drain()
+    assert driver.scheduler.pool.lookup(chain_hash(None, prompt[:4])) is None   # evicted
+    assert driver.scheduler.pool.num_cached_free <= cached
+    hits = driver.scheduler.stats()["prefix_cache_hits"]
+    driver.add("c", prompt, SamplingParams(max_tokens=3))
+    driver.step()
+    (request,) = driver.scheduler.running
+    # usable = 27 // 4 = 6 blocks; a hit of 6 needs blocks 4 and 5 (window 6 from position 24).
+    assert driver.scheduler.stats()["prefix_cache_hits"] - hits == 24
+    assert request.num_freed_blocks == 4 or ahead   # one step ahead it has moved on
+    check_scheduler(driver)
+    driver.drain()
+    driver.assert_idle()
