@@ -14,6 +14,7 @@ from kernels.triton_moe import MoEConfig, align_block_size, fused_moe
 # Relative to the largest output: float32 differs from float64 only by summation order; bf16
 # and fp16 round every intermediate like the expert modules do.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+ULP = {torch.float32: 2 ** -20, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}
 
 
 def oracle(hidden, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
@@ -69,8 +70,11 @@ def test_triton_and_reference_match_oracle(device, case, dtype):
     assert_matches(reference, expected, dtype)
     actual = fused_moe(*(a.to(device) for a in args))
     assert_matches(actual, expected, dtype)
-    # Both round every step the same way: at most one unit in the last place apart.
-    torch.testing.assert_close(actual.cpu(), reference, rtol=TOLERANCE[dtype] / 4, atol=1e-6)
+    # Both round every step the same way; a GPU's float32 sums run in another order, which
+    # may move a rounding: two units in the last place apart at most (one of the largest).
+    unit = ULP[dtype]
+    torch.testing.assert_close(actual.cpu(), reference, rtol=2 * unit,
+                               atol=unit * reference.abs().max().item())
 
 
 def test_experts_without_tokens_and_int32_ids(device):
