@@ -3,9 +3,9 @@
 Same meaning and grouping as `moe_reference.fused_moe_ref` (pairs sorted by expert, one
 matmul pair per expert with tokens, a float32 weighted sum back). What differs is the matmul:
 each expert's w13[e] and w2[e] are reordered once into oneDNN's blocked layout (as
-executor/linear.py does for the dense layers), which ran 1.3-2.9x faster than F.linear (MKL)
-at expert shapes with 2-32 rows on this project's AMD CPU (docs/benchmarks.md, "MoE experts on
-CPU"). Small experts (under `min_pack_elements` weights in w13[e]) and single tokens keep
+executor/linear.py does for the dense layers), which made the whole call 1.3-2x faster than
+with F.linear (MKL) from 64 tokens up at Mixtral- and Qwen3-MoE-like expert shapes on this
+project's AMD CPU (docs/benchmarks.md, "MoE experts on CPU"). Small experts (under `min_pack_elements` weights in w13[e]) and single tokens keep
 F.linear (the reference path): there oneDNN's fixed cost per call outweighs its gain.
 
 The packed copies are made on the first call with a given (w13, w2) pair and kept by this
