@@ -222,10 +222,11 @@ def test_folio_serve_restarts_a_replicas_scheduler_while_the_other_serves(tmp_pa
         while health(server.base)["replicas"][1]["status"] == "ok":
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        before = routed(server.base)
+        # The other replica serves meanwhile (the restart may already be back: no claim on
+        # where these go; the test above checks a gone replica gets nothing).
         assert all(complete(server.base, [20 + i, 4])[0] == 200 for i in range(3))
-        assert routed(server.base)[1] == before[1]   # no new requests while it is gone
         wait_serving(server.base, timeout=60)
+        before = routed(server.base)
         assert "scheduler-1 exited with -9; restarting it" in server.log.read_text()
         assert server.proc.poll() is None
         with ThreadPoolExecutor(4) as pool:   # back: it takes requests again
