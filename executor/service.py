@@ -19,9 +19,9 @@ import zmq
 from executor.executor import Executor
 from shared import messages as m
 from shared.config import EngineConfig
-from shared.security import load_keys, make_peer
-from shared.transport import (UP_EVENTS, configure, monitor_socket, read_monitor_event,
-                              send_heartbeats)
+from shared.security import EXECUTOR, load_keys, make_peer
+from shared.transport import (UP_EVENTS, Relink, configure, monitor_socket,
+                              read_monitor_event, send_heartbeats)
 from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.executor")
@@ -40,7 +40,8 @@ class ExecutorServiceConfig:
 class ExecutorService:
     def __init__(self, config: ExecutorServiceConfig) -> None:
         self.config = config
-        self.keys = load_keys(config.curve_keys) if config.curve_keys else None   # fail fast
+        self.keys = load_keys(config.curve_keys, peer=EXECUTOR) \
+            if config.curve_keys else None   # fail fast
         # Tensor parallelism: this process is rank 0 and starts the others (tp_group.py).
         self.ranks = None
         if config.engine.tensor_parallel_size > 1:
@@ -61,6 +62,7 @@ class ExecutorService:
                              f"executor-{os.getpid()}-{uuid.uuid4().hex[:6]}".encode())
         self.monitor = monitor_socket(self.sock)   # before connect: see the first handshake
         self.sock.connect(config.scheduler_address)
+        self.relink = Relink(self.sock, config.scheduler_address)   # after an oversize message
         self.stop = threading.Event()
         self.heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True)
 
@@ -79,7 +81,11 @@ class ExecutorService:
                 events = dict(poller.poll(100))
                 if self.ranks is not None:
                     self.ranks.check()   # a dead rank: exit, and the scheduler fails steps
-                if monitor in events and read_monitor_event(monitor) & UP_EVENTS:
+                event = read_monitor_event(monitor) if monitor in events else 0
+                self.relink.on_event(event)
+                if self.relink.check():
+                    log.warning("the link to the scheduler stayed down: connecting afresh")
+                if event & UP_EVENTS:
                     # A (re)connected scheduler knows nothing of us: start clean, say hello.
                     self._to_ranks(m.pack("reset", {}))
                     self.executor.reset()

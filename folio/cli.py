@@ -42,7 +42,7 @@ def scheduler_args_of_serve() -> tuple[str, ...]:
     policy comes with the engine's flags, addresses from the run directory, CURVE keys and
     the shutdown timeout from flags every role shares."""
     return (*(f.name for f in dataclasses.fields(SchedulingPolicy)), "frontend_address",
-            "executor_address", "curve_keys", "shutdown_timeout_s")
+            "executor_address", "curve_keys", "shutdown_timeout_s", "insecure_transport")
 
 
 def resolve_model(model: str | None) -> str:
@@ -77,7 +77,10 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int | None = 80
 
 
 def add_security_args(parser: argparse.ArgumentParser) -> None:
+    from shared.transport import INSECURE_HELP
+
     parser.add_argument("--curve-keys", default=None, metavar="DIR", help=CURVE_KEYS_HELP)
+    parser.add_argument("--insecure-transport", action="store_true", help=INSECURE_HELP)
 
 
 def add_shutdown_args(parser: argparse.ArgumentParser) -> None:
@@ -299,6 +302,20 @@ def check_bind(**addresses: str) -> None:
             raise SettingError(name, str(error)) from None
 
 
+def check_links(curve: bool, insecure: bool, executor_link: tuple[str, ...] = (),
+                **addresses: str) -> None:
+    """No unauthenticated TCP link others could use, unless --insecure-transport."""
+    from shared.transport import insecure_link
+
+    if insecure:
+        return
+    for name, value in addresses.items():
+        for address in value.split(","):   # a frontend may list several schedulers
+            problem = insecure_link(address.strip(), curve, name in executor_link)
+            if problem is not None:
+                raise SettingError(name, problem)
+
+
 def run_role(role: str, args: argparse.Namespace) -> int:
     if role == "serve":
         from folio.serve import serve
@@ -326,6 +343,10 @@ def run_role(role: str, args: argparse.Namespace) -> int:
 
         check_http(args)
         check_bind(client_address=args.client_address)
+        check_links(bool(args.curve_keys), args.insecure_transport,
+                    scheduler_address=args.scheduler_address)
+        check_links(bool(args.curve_keys) and args.client_curve, args.insecure_transport,
+                    client_address=args.client_address)
         model = resolve_model(args.model)
         if not Path(model).is_dir():
             raise SettingError("model", f"{model}: no such directory")
@@ -347,10 +368,15 @@ def run_role(role: str, args: argparse.Namespace) -> int:
         config = SchedulerServiceConfig(**config_values(args, SchedulerServiceConfig))
         check_bind(frontend_address=config.frontend_address,
                    executor_address=config.executor_address)
+        check_links(bool(config.curve_keys), config.insecure_transport, ("executor_address",),
+                    frontend_address=config.frontend_address,
+                    executor_address=config.executor_address)
         SchedulerService(config).run()
     elif role == "executor":
         from folio.preflight import check_engine
 
+        check_links(bool(args.curve_keys), args.insecure_transport, ("scheduler_address",),
+                    scheduler_address=args.scheduler_address)
         config = engine_config(args, resolve_model(args.model))
         check_engine(config)   # before torch is imported
         from executor.service import ExecutorService, ExecutorServiceConfig

@@ -30,7 +30,7 @@ from shared import messages as m
 from shared.outputs import Logprob
 from shared.sampling_params import SamplingParams
 from shared.security import as_key, load_keys, make_client
-from shared.transport import DOWN_EVENTS, UP_EVENTS, configure
+from shared.transport import DOWN_EVENTS, UP_EVENTS, Relink, configure
 from shared.wire import MAX_MESSAGE_BYTES, Body, ProtocolError
 
 Prompt = str | list[int]
@@ -303,6 +303,20 @@ class AsyncClient:
             raise item
         return item
 
+    def _refusal(self, event: int) -> str:
+        """What a failed handshake means. Only an explicit refusal is about keys: a server
+        that closes the connection mid-handshake may be out of descriptors or overloaded."""
+        if event & zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return (f"the server at {self.address} refused this client's CURVE key: it is "
+                    "not on the server's list of client keys")
+        if event & zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            return (f"the server at {self.address} wants CURVE keys (curve_keys=, or "
+                    "server_public_key= and client_keys=)" if self._curve is None else
+                    f"the server at {self.address} does not use CURVE: connect without keys")
+        return (f"the server at {self.address} closed the connection during the handshake: "
+                "it may be out of file descriptors or overloaded" +
+                ("" if self._curve is None else ", or server_public_key is not its key"))
+
     async def _send(self, payload: bytes) -> None:
         if self._lost is not None or self._sock is None:
             raise ServerUnreachable(self._lost or "the client is closed")
@@ -320,20 +334,21 @@ class AsyncClient:
                 queue.put_nowait((kind, body))
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        relink = Relink(self._sock, self.address)   # a link cut by an oversize message
         try:
             while True:
-                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                try:
+                    frames = await asyncio.wait_for(monitor.recv_multipart(), 0.5)
+                except asyncio.TimeoutError:
+                    relink.check()
+                    continue
+                event = parse_monitor_message(frames)["event"]
+                relink.on_event(event)
                 if event & UP_EVENTS:
                     self._lost = self._refused = None
                     self._connected.set()
                 elif event & _REFUSED_EVENTS:
-                    self._refused = (
-                        f"the server at {self.address} refused the connection's security "
-                        "handshake: it wants CURVE keys it accepts (curve_keys=, or "
-                        "server_public_key= and client_keys=), or none"
-                        if event & zmq.EVENT_HANDSHAKE_FAILED_AUTH or self._curve is None
-                        else f"the CURVE handshake with {self.address} failed: is "
-                        "server_public_key the server's key?")
+                    self._refused = self._refusal(event)
                 elif event & DOWN_EVENTS:
                     self._connected.clear()
                     self._lost = f"lost the connection to the Folio server at {self.address}"

@@ -14,7 +14,7 @@ import urllib.request
 import zmq
 
 from shared import messages as m
-from shared.security import load_keys, make_peer
+from shared.security import FRONTEND, load_keys, make_peer
 from shared.transport import configure
 from shared.wire import ProtocolError
 
@@ -54,7 +54,8 @@ def _check(role: str, address: str, timeout: float, curve_keys: str | None
 
 def _scheduler_stats(address: str, timeout: float, curve_keys: str | None) -> dict | None:
     ctx = zmq.Context()
-    keys = load_keys(curve_keys) if curve_keys else None
+    # The scheduler's frontend socket admits the frontends' key (not an SDK user's).
+    keys = load_keys(curve_keys, peer=FRONTEND) if curve_keys else None
     sock = make_peer(configure(ctx.socket(zmq.DEALER)), keys)
     try:
         sock.connect(address)

@@ -21,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from folio.cli import (api_key, check_bind, check_http, config_flags, config_values,
-                       engine_config, engine_flags, resolve_model, scheduler_args_of_serve)
+from folio.cli import (api_key, check_bind, check_http, check_links, config_flags,
+                       config_values, engine_config, engine_flags, resolve_model,
+                       scheduler_args_of_serve)
 from folio.preflight import check_engine
 from folio.placement import executor_runs_on_cpu, pin, plan_placement
 from shared.cpus import usable_cores
@@ -57,6 +58,8 @@ class Supervisor:
         check_engine(self.config)
         if args.zmq_address:
             check_bind(zmq_address=args.zmq_address)
+            check_links(bool(args.curve_keys), args.insecure_transport,
+                        zmq_address=args.zmq_address)
         self.replicas = getattr(args, "data_parallel_size", 1)
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
                 or self.replicas < 1:
@@ -104,6 +107,8 @@ class Supervisor:
             base += ["--curve-keys", self.args.curve_keys]
         if role != "executor":
             base += ["--shutdown-timeout", str(self.args.shutdown_timeout)]
+            if self.args.insecure_transport:   # the client address was checked above
+                base += ["--insecure-transport"]
         if role == "executor":
             return base + ["--model", self.model, "--scheduler-address",
                            self.scheduler_configs[replica].executor_address,

@@ -29,7 +29,7 @@ from shared import messages as m
 from shared.outputs import EngineOutput
 from shared.sampling_params import SamplingParams
 from shared.security import CurveKeys, make_peer
-from shared.transport import DOWN_EVENTS, UP_EVENTS, configure, monitor_socket
+from shared.transport import DOWN_EVENTS, UP_EVENTS, Relink, configure, monitor_socket
 from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.frontend")
@@ -94,10 +94,12 @@ class EngineClient:
         self.tokenizer = tokenizer
         self.token_chars = max_token_chars(tokenizer)
         self.frontend_id = f"fe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        # No identity of our own: the scheduler's ROUTER assigns one per connection, so no
+        # peer can pose as this frontend; frontend_id is only the name its hello gives.
         self.sock = make_peer(configure(ctx.socket(zmq.DEALER)), keys)
-        self.sock.setsockopt(zmq.IDENTITY, self.frontend_id.encode())
         self.monitor = monitor_socket(self.sock)   # before connect: see the first handshake
         self.sock.connect(scheduler_address)
+        self.relink = Relink(self.sock, scheduler_address)   # after an oversize message
         self.heartbeat = SchedulerHeartbeat(zmq.Context.shadow(ctx.underlying),
                                             scheduler_address, self.frontend_id, keys,
                                             HEARTBEAT_S)
@@ -386,12 +388,20 @@ class EngineClient:
             try:
                 frames = await asyncio.wait_for(self.monitor.recv_multipart(), timeout=0.2)
                 event = parse_monitor_message(frames)["event"]
+                self.relink.on_event(event)
                 if event & DOWN_EVENTS:
                     self.link_down_at = time.monotonic()
+                    # What the scheduler had queued on that connection is lost with it: no
+                    # request in flight can end right. Each ends now, once, with an error
+                    # (the scheduler aborts them when it finds the connection gone).
+                    self._fail_all("the connection to the scheduler was lost; the request "
+                                   "was aborted, retry it")
                 elif event & UP_EVENTS:
                     self._send(m.pack("frontend_hello", {"id": self.frontend_id}))
             except asyncio.TimeoutError:
                 pass
+            if self.relink.check():
+                log.warning("the link to the scheduler stayed down: connecting afresh")
             now = time.monotonic()
             if now - last_turn > STALL_S:
                 # This process was stopped or starved (a lost connection may be its doing):

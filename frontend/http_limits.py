@@ -1,11 +1,14 @@
 """Bounds on what HTTP connections may take from the frontend process (descriptors), and
 the Host names it answers.
 
-Every open connection holds a file descriptor, silent ones too (uvicorn times out only idle
-keep-alive connections, not one that never sends a request). Run out of descriptors and
+Every open connection holds a file descriptor, silent ones too. Run out of descriptors and
 libzmq, which cannot take EMFILE, aborts the process. So HTTP keeps at most
 `connection_cap()` connections open and answers any more with a 503 and a close, leaving
-the rest of the descriptors to ZeroMQ, the tokenizer's files and the scheduler link.
+the rest of the descriptors to ZeroMQ, the tokenizer's files and the scheduler link; and no
+connection holds one for nothing: a request head (request line and headers) must arrive
+whole within HEADER_TIMEOUT_S of the connection opening or of the previous response (else a
+408 and a close: a client that sends half a header and stalls), and a keep-alive connection
+idle for IDLE_TIMEOUT_S after a response is closed (uvicorn's keep-alive timeout).
 """
 
 from __future__ import annotations
@@ -17,11 +20,19 @@ import resource
 
 log = logging.getLogger("folio.frontend")
 MAX_HTTP_CONNECTIONS = 4096
+HEADER_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 5.0
 _BODY = (b'{"error": {"message": "too many open HTTP connections; retry later", "type": '
          b'"service_unavailable", "param": null, "code": "too_many_connections"}}')
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
             b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
             % len(_BODY) + _BODY)
+_SLOW_HEAD_BODY = (b'{"error": {"message": "the request head did not arrive within %d s", "type": '
+              b'"invalid_request_error", "param": null, "code": "request_timeout"}}'
+              % HEADER_TIMEOUT_S)
+_SLOW_HEAD = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+              b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(_SLOW_HEAD_BODY)
+              + _SLOW_HEAD_BODY)
 
 
 def connection_cap() -> int:
@@ -52,11 +63,14 @@ class ConnectionGate:
         self.open -= 1
 
 
-def gated(protocol: type[asyncio.Protocol], gate: ConnectionGate) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class, refusing connections past the gate's cap."""
+def gated(protocol: type[asyncio.Protocol], gate: ConnectionGate,
+          header_timeout_s: float = HEADER_TIMEOUT_S) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class, refusing connections past the gate's cap and closing
+    those whose request head does not arrive within header_timeout_s."""
 
     class Gated(protocol):   # type: ignore[misc, valid-type]
         admitted = False
+        head_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport) -> None:
             if not gate.admit():
@@ -65,6 +79,29 @@ def gated(protocol: type[asyncio.Protocol], gate: ConnectionGate) -> type[asynci
                 return
             self.admitted = True
             super().connection_made(transport)
+            self._await_head()
+
+        def _await_head(self) -> None:
+            """One timer per connection, armed while no request is being served (not a
+            poll): when it fires, the next request's head has not come whole."""
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+            self.head_timer = asyncio.get_running_loop().call_later(
+                header_timeout_s, self._head_timeout)
+
+        def _head_timeout(self) -> None:
+            self.head_timer = None
+            cycle = getattr(self, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                return   # its head came; the response re-arms the timer when it completes
+            if not self.transport.is_closing():
+                self.transport.write(_SLOW_HEAD)
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.admitted and not self.transport.is_closing():
+                self._await_head()
 
         def data_received(self, data: bytes) -> None:
             if self.admitted:
@@ -76,6 +113,8 @@ def gated(protocol: type[asyncio.Protocol], gate: ConnectionGate) -> type[asynci
         def connection_lost(self, exc) -> None:
             if self.admitted:
                 self.admitted = False
+                if self.head_timer is not None:
+                    self.head_timer.cancel()
                 gate.release()
                 super().connection_lost(exc)
 

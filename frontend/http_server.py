@@ -26,8 +26,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from frontend.engine_client import EngineClient
-from frontend.http_limits import (ConnectionGate, allowed_hosts, connection_cap, gated,
-                                  host_name)
+from frontend.http_limits import (HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, ConnectionGate,
+                                  allowed_hosts, connection_cap, gated, host_name)
 from frontend.metrics import Metrics
 from frontend.openai_api import create_chat_completion, create_completion
 from frontend.openai_protocol import ApiError, invalid, served_names
@@ -241,9 +241,11 @@ async def _read_body(request: Request) -> bytes:
 
 
 async def _wait_disconnect(request: Request) -> None:
-    """Returns once the client disconnects: the server's own notice (the body is read)."""
+    """Returns once the client disconnects: the server's own notice. With the body read,
+    uvicorn's receive() sleeps until the connection is lost (or the response is sent), so
+    this costs nothing while it waits: no polling, however many requests are queued."""
     while (await request.receive())["type"] != "http.disconnect":
-        await asyncio.sleep(0.05)   # not expected once the body is read
+        await asyncio.sleep(0.05)   # not expected once the body is read; never spin
 
 
 async def _guarded(job, stream, first: str):
@@ -263,16 +265,24 @@ class _Server(uvicorn.Server):
         return contextlib.nullcontext()
 
 
+def http_config(app, host: str, port: int, gate: ConnectionGate,
+                header_timeout_s: float = HEADER_TIMEOUT_S,
+                idle_timeout_s: float = IDLE_TIMEOUT_S) -> uvicorn.Config:
+    """uvicorn's settings for the API: the connection gate, the request-head timeout and
+    the keep-alive idle timeout (frontend/http_limits.py)."""
+    protocol = gated(import_from_string(HTTP_PROTOCOLS["auto"]), gate, header_timeout_s)
+    return uvicorn.Config(app, host=host, port=port, http=protocol, log_level="warning",
+                          access_log=False, lifespan="off", timeout_keep_alive=idle_timeout_s,
+                          timeout_graceful_shutdown=5)
+
+
 async def serve_http(engine: EngineClient, config, stopped: asyncio.Event) -> None:
     names = served_names(config.served_model_name, config.model)
     app = create_app(engine, names, config.api_key, config.metrics_public,
                      allowed_hosts(config.host, config.allowed_hosts),
                      getattr(config, "tool_call_parser", None))
     gate = ConnectionGate(connection_cap())
-    protocol = gated(import_from_string(HTTP_PROTOCOLS["auto"]), gate)
-    server = _Server(uvicorn.Config(app, host=config.host, port=config.port, http=protocol,
-                                    log_level="warning", access_log=False, lifespan="off",
-                                    timeout_graceful_shutdown=5))
+    server = _Server(http_config(app, config.host, config.port, gate))
     task = asyncio.create_task(server.serve())
     log.info("HTTP API on http://%s:%d/v1 (model %s; at most %d connections)", config.host,
              config.port, ", ".join(map(repr, names)), gate.cap)

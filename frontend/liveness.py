@@ -38,7 +38,6 @@ class SchedulerHeartbeat:
 
     def _run(self) -> None:
         sock = make_peer(configure(self.ctx.socket(zmq.DEALER)), self.keys)
-        sock.setsockopt(zmq.IDENTITY, f"{self.frontend_id}-heartbeat".encode())
         sock.connect(self.address)
         beat = m.encode_heartbeat(os.getpid(), self.frontend_id)
         next_beat = 0.0

@@ -25,30 +25,42 @@ from shared.sampling_params import SamplingParams, check_against_model
 log = logging.getLogger("folio.frontend")
 # Steps per sample a stream's unread events may pile up before its reader counts as gone.
 STREAM_BACKLOG_STEPS = 128
+READER_GRACE_S = 1.0   # a stream over its backlog this long has a reader that stopped
 
 
 class _Backlog:
-    """A job's queue of engine events. A stream whose reader falls more than `limit` events
-    behind is aborted (its blocks freed) and ends with a `slow_reader` error: the frontend
-    never buffers more than that for a client that does not read."""
+    """A job's queue of engine events. A stream whose reader stays more than `limit` events
+    behind for READER_GRACE_S is aborted (its blocks freed) and ends with a `slow_reader`
+    error: the frontend buffers at most that (and the grace's worth) for a client that does
+    not read. The grace tells a burst from a reader that stopped: events that arrive
+    together (this process resumed after a stop, its loop was busy) are put before the
+    reader had its turn, and a reader that reads empties the queue as soon as it runs."""
 
     def __init__(self, engine: EngineClient, queue: asyncio.Queue, limit: int | None) -> None:
         self.engine, self.queue, self.limit = engine, queue, limit
         self.request_ids: list[str] = []
         self.overflowed = False
+        self.judging: asyncio.TimerHandle | None = None
 
     def put(self, item: tuple) -> None:
         if self.overflowed:
             return
-        if self.limit is not None and self.queue.qsize() >= self.limit:
-            self.overflowed = True
-            log.warning("aborting stream %s: its client fell %d events behind",
-                        ",".join(self.request_ids), self.limit)
-            for request_id in self.request_ids:
-                self.engine.abort(request_id)
-            item = ("error", "slow_reader", f"the client fell more than {self.limit} events "
-                    "behind the stream; the request was aborted")
         self.queue.put_nowait(item)
+        if self.limit is not None and self.queue.qsize() > self.limit and self.judging is None:
+            self.judging = asyncio.get_running_loop().call_later(READER_GRACE_S, self._judge)
+
+    def _judge(self) -> None:
+        self.judging = None
+        if self.overflowed or self.queue.qsize() <= self.limit:
+            return   # the reader caught up
+        self.overflowed = True
+        log.warning("aborting stream %s: its client stayed %d events behind",
+                    ",".join(self.request_ids), self.limit)
+        for request_id in self.request_ids:
+            self.engine.abort(request_id)
+        self.queue.put_nowait(("error", "slow_reader", f"the client fell more than "
+                               f"{self.limit} events behind the stream; the request was "
+                               "aborted"))
 
 
 class _QueueSink:

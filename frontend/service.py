@@ -22,7 +22,7 @@ from frontend.engine_client import EngineClient
 from frontend.tokenizer import load_tokenizer
 from frontend.zmq_gateway import ZmqGateway
 from shared.config import SHUTDOWN_TIMEOUT_S
-from shared.security import load_keys, start_authenticator, stop_authenticator
+from shared.security import FRONTEND, load_keys, start_authenticator, stop_authenticator
 
 log = logging.getLogger("folio.frontend")
 
@@ -57,7 +57,9 @@ class FrontendService:
         self.config = config
         keys = None
         if config.curve_keys:
-            keys = load_keys(config.curve_keys, server=config.client_curve, client=True)
+            # Its own keypair to the scheduler; the SDK clients' allow-list on its port.
+            keys = load_keys(config.curve_keys, server=config.client_curve, client=True,
+                             peer=FRONTEND)
         self.tokenizer = load_tokenizer(config.model)
         self.ctx = zmq.asyncio.Context()
         client_keys = keys if config.client_curve else None

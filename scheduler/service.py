@@ -27,9 +27,11 @@ from shared.config import (CURVE_KEYS_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S,
                            ExecutorCapacity, SchedulerConfig, SchedulingPolicy, SettingError,
                            setting)
 from shared.outputs import EngineOutput, FinishReason, StepOutputs
-from shared.security import load_keys, make_server, start_authenticator, stop_authenticator
+from shared.security import (EXECUTOR, FRONTEND, load_keys, make_server, start_authenticator,
+                             stop_authenticator)
 from shared.step import StepPlan
-from shared.transport import DOWN_EVENTS, check_bind_address, configure, read_monitor_event
+from shared.transport import (DOWN_EVENTS, INSECURE_HELP, check_bind_address, configure,
+                              read_monitor_event)
 from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.scheduler")
@@ -41,6 +43,8 @@ FRONTEND_HEARTBEAT_S = 0.5
 PROBE_WINDOW_S = 0.5   # after a disconnect on the executor socket, probe the executor this long
 FRONTEND_TIMEOUT_S = 10.0
 MAX_DROP_NOTICES = 64   # frontends whose drop notice waits for their next hello
+MAX_RETIRED = 4096      # routing ids of dropped frontends, never served again
+FRONTEND_PROBE_S = 0.02   # after a disconnect, look for gone frontends this often
 STATS_MAX_AGE_S = 0.1   # stats answers within this long of each other share one computation
 KV_MAP_MAX_AGE_S = 0.25   # the same for page maps (a walk of every block table)
 
@@ -64,6 +68,7 @@ class SchedulerServiceConfig(SchedulingPolicy):
     shutdown_timeout_s: float = setting(
         SHUTDOWN_TIMEOUT_S, SHUTDOWN_HELP, "shutdown-timeout")
     curve_keys: str | None = setting(None, CURVE_KEYS_HELP)
+    insecure_transport: bool = setting(False, INSECURE_HELP)
     async_scheduling: bool = setting(
         True, "keep one step in flight: send the plan of step N+1 before the result of "
         "step N arrives, hiding the hop")
@@ -89,14 +94,19 @@ class SchedulerService:
     def __init__(self, config: SchedulerServiceConfig) -> None:
         self.config = config
         self.ctx = zmq.Context()
-        keys = load_keys(config.curve_keys, server=True, client=False) \
-            if config.curve_keys else None
-        self.auth = start_authenticator(self.ctx, keys)   # before any bind
-        self.frontend_sock = make_server(configure(self.ctx.socket(zmq.ROUTER)), keys)
+        keys = load_keys(config.curve_keys, server=True, client=False,
+                         serves=(FRONTEND, EXECUTOR)) if config.curve_keys else None
+        # Each socket admits its own peers' keys only (an SDK user's key opens neither).
+        self.auth = start_authenticator(self.ctx, keys, (FRONTEND, EXECUTOR))   # before binds
+        self.frontend_sock = make_server(configure(self.ctx.socket(zmq.ROUTER)), keys, FRONTEND)
         self.frontend_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.frontend_sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # No ROUTER_HANDOVER: frontends set no identity, this ROUTER assigns each connection
+        # its own routing id, and a peer naming one already in use is refused, so nobody
+        # takes over a frontend's outputs. A frontend that reconnects is a new peer.
+        self.frontend_monitor = self.frontend_sock.get_monitor_socket(DOWN_EVENTS)
+        self.frontend_probe_until = 0.0
         self.frontend_sock.bind(check_bind_address(config.frontend_address))
-        self.executor_sock = make_server(configure(self.ctx.socket(zmq.ROUTER)), keys)
+        self.executor_sock = make_server(configure(self.ctx.socket(zmq.ROUTER)), keys, EXECUTOR)
         self.executor_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # A peer reconnecting with its old identity (after SIGSTOP/SIGCONT) takes over the
         # stale pipe instead of being ignored.
@@ -118,9 +128,11 @@ class SchedulerService:
         self.stale_through = -1      # errors for steps up to this one were already handled
         # request id -> (frontend identity, samples still running)
         self.owners: dict[str, tuple[bytes, int]] = {}
-        self.frontends: dict[bytes, float] = {}     # frontend identity -> last message time
-        # frontend identity -> frontend_dropped messages it could not be sent yet
-        self.drop_notices: dict[bytes, list[bytes]] = {}
+        self.frontends: dict[bytes, float] = {}     # frontend routing id -> last message time
+        self.frontend_names: dict[bytes, str] = {}  # routing id -> the name its hello gave
+        self.retired: dict[bytes, None] = {}        # routing ids given up on (oldest first)
+        # frontend name -> frontend_dropped messages it could not be sent yet
+        self.drop_notices: dict[str, list[bytes]] = {}
         self.heartbeat_reply = m.encode_heartbeat(os.getpid())
         self.stats_reply: tuple[float, Scheduler | None, bytes] | None = None
         self.kv_map_reply: tuple[float, Scheduler | None, bytes] | None = None
@@ -137,6 +149,7 @@ class SchedulerService:
         poller.register(self.frontend_sock, zmq.POLLIN)
         poller.register(self.executor_sock, zmq.POLLIN)
         poller.register(self.executor_monitor, zmq.POLLIN)
+        poller.register(self.frontend_monitor, zmq.POLLIN)
         log.info("scheduler listening: frontends at %s, executor at %s",
                  self.config.frontend_address, self.config.executor_address)
         try:
@@ -144,6 +157,9 @@ class SchedulerService:
                 events = dict(poller.poll(timeout=0 if self._can_step() else 50))
                 if self.executor_monitor in events:
                     self._on_executor_socket_event()
+                if self.frontend_monitor in events:
+                    read_monitor_event(self.frontend_monitor)   # some peer left: look who
+                    self.frontend_probe_until = time.monotonic() + PROBE_WINDOW_S
                 if self.executor_sock in events:
                     self._drain(self.executor_sock, self._on_executor_message)
                 if self.frontend_sock in events:
@@ -157,6 +173,7 @@ class SchedulerService:
 
     def close(self) -> None:
         self.executor_monitor.close(0)
+        self.frontend_monitor.close(0)
         # After a drain, give the last outputs (failures included) a moment to leave.
         self.frontend_sock.close(500 if self.draining_since is not None else 0)
         self.executor_sock.close(0)
@@ -208,7 +225,9 @@ class SchedulerService:
         msg_type, body = m.decode(data, FRONTEND_TYPES)
         frontend = body.str("frontend", optional=True) if msg_type == "heartbeat" else None
         if frontend is not None:
-            self._on_frontend_heartbeat(identity, frontend.encode())
+            self._on_frontend_heartbeat(identity, frontend)
+            return
+        if identity in self.retired:   # given up on: a peer naming a gone frontend's id
             return
         if msg_type not in ("stats_request", "kv_map_request") or identity in self.frontends:
             # A health probe asking for stats is answered but not counted as a frontend.
@@ -221,8 +240,10 @@ class SchedulerService:
             if owner is not None and owner[0] == identity and self.scheduler is not None:
                 self.scheduler.abort_request(request_id)
         elif msg_type == "frontend_hello":
+            name = body.str("id")
+            self.frontend_names[identity] = name
             self._send_frontend(identity, self._engine_info())
-            for notice in self.drop_notices.pop(identity, []):
+            for notice in self.drop_notices.pop(name, []):
                 self._send_frontend(identity, notice)
         elif msg_type == "stats_request":
             self._send_frontend(identity, self._stats_reply())
@@ -330,11 +351,14 @@ class SchedulerService:
         for identity, batch in by_frontend.items():
             self._send_frontend(identity, m.encode_outputs(batch))
 
-    def _on_frontend_heartbeat(self, sender: bytes, frontend: bytes) -> None:
-        """From a frontend's heartbeat thread (its own socket): that frontend is alive,
-        however busy its event loop; the reply tells it that we are."""
-        if frontend in self.frontends:
-            self.frontends[frontend] = time.monotonic()
+    def _on_frontend_heartbeat(self, sender: bytes, frontend: str) -> None:
+        """From a frontend's heartbeat thread (its own socket): the frontend that said hello
+        under this name is alive, however busy its event loop; the reply tells it that we
+        are. (It only keeps a connection registered: outputs go by routing id.)"""
+        now = time.monotonic()
+        for identity, name in self.frontend_names.items():
+            if name == frontend and identity in self.frontends:
+                self.frontends[identity] = now
         try:
             self.frontend_sock.send_multipart([sender, self.heartbeat_reply], zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -343,14 +367,28 @@ class SchedulerService:
     def _send_frontend(self, identity: bytes, payload: bytes) -> None:
         try:
             self.frontend_sock.send_multipart([identity, payload], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            self._drop_frontend(identity, "a message to it could not be delivered: its "
-                                "connection closed or its queue is full")
+        except zmq.ZMQError as error:
+            gone = error.errno == zmq.EHOSTUNREACH
+            self._drop_frontend(identity, "its connection closed" if gone else
+                                "a message to it could not be delivered: its queue is full",
+                                gone)
 
-    def _drop_frontend(self, identity: bytes, reason: str) -> None:
-        """Give up on a frontend: abort its requests so their blocks come back, and tell it
-        which (now, or at its next hello when it cannot be reached now)."""
+    def _retire(self, identity: bytes) -> None:
+        """A connection that is gone: its routing id is never served again (a peer that
+        names it later cannot pick up what was meant for the frontend that had it)."""
+        self.frontend_names.pop(identity, None)
+        self.retired[identity] = None
+        if len(self.retired) > MAX_RETIRED:
+            del self.retired[next(iter(self.retired))]
+
+    def _drop_frontend(self, identity: bytes, reason: str, gone: bool = False) -> None:
+        """Give up on a frontend connection: abort its requests so their blocks come back,
+        and tell the frontend which (on this connection, on its newer one, or at its next
+        hello when it cannot be reached now)."""
         self.frontends.pop(identity, None)
+        name = self.frontend_names.get(identity)
+        if gone:
+            self._retire(identity)
         orphans = [rid for rid, owner in self.owners.items() if owner[0] == identity]
         for request_id in orphans:
             del self.owners[request_id]
@@ -361,18 +399,32 @@ class SchedulerService:
         log.warning("gave up on frontend %r (%s): aborted its %d request(s)", identity, reason,
                     len(orphans))
         notices = m.encode_frontend_dropped(orphans, reason)
-        try:
-            for i, notice in enumerate(notices):
-                self.frontend_sock.send_multipart([identity, notice], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            if len(self.drop_notices) >= MAX_DROP_NOTICES and identity not in self.drop_notices:
-                del self.drop_notices[next(iter(self.drop_notices))]   # the oldest
-            self.drop_notices.setdefault(identity, []).extend(notices[i:])
+        targets = [] if gone else [identity]
+        targets += [other for other, other_name in self.frontend_names.items()
+                    if other_name == name and other != identity and other in self.frontends]
+        for target in targets:
+            try:
+                for notice in notices:
+                    self.frontend_sock.send_multipart([target, notice], zmq.NOBLOCK)
+                return
+            except zmq.ZMQError:
+                continue
+        if name is None:
+            return   # it never said hello: nobody to tell
+        if len(self.drop_notices) >= MAX_DROP_NOTICES and name not in self.drop_notices:
+            del self.drop_notices[next(iter(self.drop_notices))]   # the oldest
+        self.drop_notices.setdefault(name, []).extend(notices)
 
     def _heartbeat_frontends(self) -> None:
+        """engine_info to every frontend each FRONTEND_HEARTBEAT_S, and more often for a
+        moment after a peer of the socket disconnected: a send to a connection that is gone
+        fails at once (ROUTER_MANDATORY), so a dead frontend is given up in milliseconds."""
         now = time.monotonic()
-        if now - self.last_broadcast < FRONTEND_HEARTBEAT_S:
+        probing = now < self.frontend_probe_until
+        if now - self.last_broadcast < (FRONTEND_PROBE_S if probing else FRONTEND_HEARTBEAT_S):
             return
+        if probing:   # process pending pipe terminations first (as _probe_executor does)
+            self.frontend_sock.getsockopt(zmq.EVENTS)
         self.last_broadcast = now
         info = self._engine_info()
         for identity, seen in list(self.frontends.items()):

@@ -2,15 +2,21 @@
 
 A keys directory (`folio keys --dir DIR`, mode 0700) holds:
 
-    server.key, server.key_secret     the servers' keypair: the scheduler's two ROUTERs and
-                                      the frontend's client ROUTER
-    client.key, client.key_secret     the connecting peers' keypair: frontends, executors, SDK
-    authorized_clients/*.key          the client public keys servers accept (ZAP allow-list)
+    server.key, server.key_secret        the servers' keypair: the scheduler's two ROUTERs
+                                         and the frontend's client ROUTER
+    client.key, client.key_secret        SDK clients' default keypair (more with --client)
+    frontend.key, frontend.key_secret    frontends' keypair (the scheduler's frontend socket)
+    executor.key, executor.key_secret    executors' keypair (the scheduler's executor socket)
+    authorized_clients/*.key             the keys the frontend's client socket accepts
+    authorized_frontends/*.key           the keys the scheduler's frontend socket accepts
+    authorized_executors/*.key           the keys the scheduler's executor socket accepts
 
-Servers run a ZAP handler that admits only the keys in authorized_clients/, and set
+One allow-list per socket, each in its own ZAP domain: an SDK user's key opens the client
+socket only, never the scheduler's sockets, and a frontend's key cannot attach an executor.
+Servers run a ZAP handler that admits only the keys in their socket's list, and set
 ZAP_ENFORCE_DOMAIN so that a missing handler refuses everyone instead of admitting anyone.
-A peer without CURVE, with another server key or with an unlisted client key never completes
-the handshake: it can neither send nor receive a message.
+A peer without CURVE, with another server key or with an unlisted key never completes the
+handshake: it can neither send nor receive a message.
 """
 
 from __future__ import annotations
@@ -25,20 +31,33 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 SERVER = "server"
-CLIENT = "client"
+CLIENT = "client"       # SDK clients
+FRONTEND = "frontend"
+EXECUTOR = "executor"
+PEERS = (CLIENT, FRONTEND, EXECUTOR)   # who connects; each has its own allow-list
 AUTHORIZED = "authorized_clients"
-ZAP_DOMAIN = b"folio"
+
+
+def allow_list(peer: str) -> str:
+    """The directory of public keys a server socket for `peer`s accepts."""
+    return f"authorized_{peer}s"
+
+
+def zap_domain(peer: str) -> bytes:
+    return f"folio-{peer}s".encode()
 
 
 @dataclass(frozen=True)
 class CurveKeys:
-    """What one process loaded from a keys directory (secrets it does not need stay None)."""
+    """What one process loaded from a keys directory (secrets it does not need stay None).
+    client_public/client_secret: the keypair this process connects with (its `peer`'s)."""
 
     directory: Path
     server_public: bytes
     server_secret: bytes | None
     client_public: bytes | None
     client_secret: bytes | None
+    peer: str = CLIENT
 
     @property
     def authorized_dir(self) -> Path:
@@ -47,28 +66,34 @@ class CurveKeys:
 
 def generate_keys(directory: str | os.PathLike, force: bool = False,
                   extra_clients: tuple[str, ...] = ()) -> list[Path]:
-    """Write the server and client keypairs (and any named extra clients) into `directory`.
+    """Write the server, client, frontend and executor keypairs (and any named extra SDK
+    clients) into `directory`, each public key into its socket's allow-list.
 
     Existing keypairs are kept unless `force`, so an init container may run this on every
-    start. Returns the files written."""
+    start (a directory from before the per-socket lists gains what it lacks). Returns the
+    files written."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
-    authorized = root / AUTHORIZED
-    authorized.mkdir(exist_ok=True)
-    authorized.chmod(0o700)
+    for peer in PEERS:
+        (root / allow_list(peer)).mkdir(exist_ok=True)
+        (root / allow_list(peer)).chmod(0o700)
     written: list[Path] = []
-    for name in (SERVER, CLIENT, *extra_clients):
-        if not name or "/" in name or name.startswith("."):
+    for name in (SERVER, CLIENT, FRONTEND, EXECUTOR, *extra_clients):
+        if not name or "/" in name or name.startswith(".") or (
+                name in (SERVER, FRONTEND, EXECUTOR) and name in extra_clients):
             raise ValueError(f"bad key name {name!r}")
         public, secret = root / f"{name}.key", root / f"{name}.key_secret"
         if force or not (public.exists() and secret.exists()):
             public_file, secret_file = zmq.auth.create_certificates(root, name)
             os.chmod(secret_file, 0o600)
             written += [Path(public_file), Path(secret_file)]
-        if name != SERVER and (force or not (authorized / public.name).exists()):
-            shutil.copyfile(public, authorized / public.name)
-            written.append(authorized / public.name)
+        if name == SERVER:
+            continue
+        listed = root / allow_list(name if name in (FRONTEND, EXECUTOR) else CLIENT)
+        if force or not (listed / public.name).exists():
+            shutil.copyfile(public, listed / public.name)
+            written.append(listed / public.name)
     return written
 
 
@@ -83,8 +108,10 @@ def _load(path: Path, need_secret: bool) -> tuple[bytes, bytes | None]:
 
 
 def load_keys(directory: str | os.PathLike, server: bool = False,
-              client: bool = True) -> CurveKeys:
-    """Load what a server (server secret) and/or a client (client keypair) needs."""
+              client: bool = True, peer: str = CLIENT,
+              serves: tuple[str, ...] = (CLIENT,)) -> CurveKeys:
+    """Load what a server (server secret) and/or a connecting peer (the keypair of `peer`:
+    client, frontend or executor) needs. `serves`: the allow-lists a server checks."""
     root = Path(directory)
     if not root.is_dir():
         raise FileNotFoundError(f"CURVE keys directory {root} does not exist; create it with "
@@ -95,11 +122,12 @@ def load_keys(directory: str | os.PathLike, server: bool = False,
         server_public, server_secret = _load(root / f"{SERVER}.key", False)[0], None
     client_public = client_secret = None
     if client:
-        client_public, client_secret = _load(root / f"{CLIENT}.key_secret", True)
-    if server and not any((root / AUTHORIZED).glob("*.key")):
-        raise FileNotFoundError(f"no client public keys in {root / AUTHORIZED}: every peer "
-                                "would be refused")
-    return CurveKeys(root, server_public, server_secret, client_public, client_secret)
+        client_public, client_secret = _load(root / f"{peer}.key_secret", True)
+    for listed in (allow_list(p) for p in serves) if server else ():
+        if not any((root / listed).glob("*.key")):
+            raise FileNotFoundError(f"no public keys in {root / listed}: every peer would be "
+                                    f"refused (run `folio keys --dir {root}`)")
+    return CurveKeys(root, server_public, server_secret, client_public, client_secret, peer)
 
 
 def as_key(value: str | bytes) -> bytes:
@@ -110,12 +138,13 @@ def as_key(value: str | bytes) -> bytes:
     return key
 
 
-def make_server(sock: zmq.Socket, keys: CurveKeys | None) -> zmq.Socket:
-    """Before bind: CURVE server with the server keypair; ZAP decides who may connect."""
+def make_server(sock: zmq.Socket, keys: CurveKeys | None, peer: str = CLIENT) -> zmq.Socket:
+    """Before bind: CURVE server with the server keypair; ZAP admits only the keys in the
+    allow-list of `peer` (who connects here: client, frontend or executor)."""
     if keys is not None:
         if keys.server_secret is None:
             raise ValueError("this process needs the server's secret key")
-        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        sock.setsockopt(zmq.ZAP_DOMAIN, zap_domain(peer))
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
         sock.curve_secretkey = keys.server_secret
         sock.curve_publickey = keys.server_public
@@ -139,17 +168,20 @@ def make_peer(sock: zmq.Socket, keys: CurveKeys | None) -> zmq.Socket:
     return sock
 
 
-def start_authenticator(ctx: zmq.Context, keys: CurveKeys | None) -> ThreadAuthenticator | None:
-    """A ZAP handler admitting only authorized_clients/*.key. Start it before binding; stop
-    it before ctx.term()."""
+def start_authenticator(ctx: zmq.Context, keys: CurveKeys | None,
+                        serves: tuple[str, ...] = (CLIENT,)) -> ThreadAuthenticator | None:
+    """A ZAP handler admitting, on each socket made with make_server(..., peer), only the
+    keys in that peer's allow-list. Start it before binding; stop it before ctx.term()."""
     if keys is None:
         return None
     auth = ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve(domain=ZAP_DOMAIN.decode(), location=str(keys.authorized_dir))
-    if not auth.certs.get(ZAP_DOMAIN.decode()):
-        auth.stop()
-        raise FileNotFoundError(f"could not load client keys from {keys.authorized_dir}")
+    for peer in serves:
+        domain, location = zap_domain(peer).decode(), keys.directory / allow_list(peer)
+        auth.configure_curve(domain=domain, location=str(location))
+        if not auth.certs.get(domain):
+            auth.stop()
+            raise FileNotFoundError(f"could not load public keys from {location}")
     return auth
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import zmq
@@ -55,6 +57,48 @@ def check_bind_address(address: str) -> str:
     return address
 
 
+INSECURE_HELP = ("allow tcp:// links without CURVE keys where others could reach them (any "
+                 "interface but loopback; the executor's link on any tcp://). DANGEROUS: "
+                 "anyone who can reach the port can submit work, read outputs and abort or "
+                 "answer requests")
+
+
+def _tcp_host(address: str) -> str | None:
+    """The host of a tcp:// address ("tcp://[::1]:5555" -> "::1"); None for other schemes."""
+    if not address.startswith("tcp://"):
+        return None
+    host = address.removeprefix("tcp://").rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:   # a name (resolved elsewhere), or a wildcard
+        return False
+
+
+def insecure_link(address: str, curve: bool, executor_link: bool = False) -> str | None:
+    """Why `address` would be an unauthenticated link anyone could use, or None.
+
+    Without CURVE, a peer that reaches a socket can speak for any frontend or executor. The
+    private ipc:// run directory (mode 0700) and loopback TCP are reachable only from this
+    machine; any other TCP address needs keys. The executor's link needs them on loopback
+    too: any local user could attach an executor and answer plans."""
+    host = _tcp_host(address)
+    if curve or host is None:
+        return None
+    if executor_link:
+        return (f"{address} carries the executor link over TCP without CURVE keys; use "
+                "ipc:// or --curve-keys DIR (or --insecure-transport, dangerous)")
+    if not is_loopback(host):
+        return (f"{address} is reachable from other machines and has no CURVE keys; use "
+                "--curve-keys DIR (or --insecure-transport, dangerous)")
+    return None
+
+
 # On a connecting socket (one peer) these monitor events mean "the peer is there / gone".
 UP_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED
 DOWN_EVENTS = zmq.EVENT_DISCONNECTED
@@ -67,6 +111,44 @@ def monitor_socket(sock: zmq.Socket) -> zmq.Socket:
 def read_monitor_event(monitor: zmq.Socket) -> int:
     """The event code of one monitor message (call when the monitor is readable)."""
     return parse_monitor_message(monitor.recv_multipart())["event"]
+
+
+RELINK_AFTER_S = 1.5   # longer than RECONNECT_IVL_MAX: libzmq had its chance to reconnect
+
+
+class Relink:
+    """Connects a connecting socket afresh when its link stays down.
+
+    libzmq reconnects by itself after a connection is lost, but not after a protocol error:
+    a peer's message over MAXMSGSIZE (or a malformed frame) ends that session for good, and
+    the socket would stay unlinked for as long as its process lives (an executor alive and
+    idle, never saying hello again). Feed it the socket's monitor events and call `check`
+    now and then: a link down for RELINK_AFTER_S without coming back is connected again."""
+
+    def __init__(self, sock: zmq.Socket, address: str) -> None:
+        self.sock, self.address = sock, address
+        self.down_since: float | None = None
+        self.relinks = 0
+
+    def on_event(self, event: int) -> None:
+        if event & UP_EVENTS:
+            self.down_since = None
+        elif event & DOWN_EVENTS:
+            self.down_since = time.monotonic()
+
+    def check(self) -> bool:
+        """True when it connected the socket afresh."""
+        now = time.monotonic()
+        if self.down_since is None or now - self.down_since < RELINK_AFTER_S:
+            return False
+        try:   # ends the dead session (or a pending retry) of this endpoint
+            self.sock.disconnect(self.address)
+        except zmq.ZMQError:
+            pass
+        self.sock.connect(self.address)
+        self.down_since = now   # still down until a handshake says otherwise
+        self.relinks += 1
+        return True
 
 
 def send_heartbeats(sock: zmq.Socket, stop: threading.Event, beat: bytes,

@@ -16,6 +16,7 @@ from scheduler.service import FRONTEND_TIMEOUT_S, SchedulerService, SchedulerSer
 from shared import messages as m
 from shared.config import ExecutorCapacity
 from shared.sampling_params import SamplingParams
+from shared.transport import read_monitor_event
 from shared.wire import unpack
 
 CAPACITY = ExecutorCapacity(num_kv_blocks=32, block_size=16, max_model_len=256,
@@ -32,10 +33,12 @@ def service(tmp_path):
     svc.close()
 
 
-def _dealer(ctx: zmq.Context, address: str, identity: bytes) -> zmq.Socket:
+def _dealer(ctx: zmq.Context, address: str, identity: bytes | None) -> zmq.Socket:
+    """identity None: the scheduler's ROUTER assigns one (as for a real frontend)."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, identity)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(address)
     return sock
 
@@ -113,20 +116,84 @@ def test_a_heartbeat_from_the_frontends_own_thread_keeps_it_registered(service):
         ctx.term()
 
 
-def test_a_notice_that_cannot_be_sent_waits_for_the_frontends_next_hello(service):
-    _add(service, b"fe-away", "fe-away-0")   # added, then its connection went
-    service.frontends[b"fe-away"] = time.monotonic() - FRONTEND_TIMEOUT_S - 1
-    _give_up_on_silent_frontends(service)
-    assert not service.owners
+def _turn(svc: SchedulerService) -> None:
+    """One turn of the service's loop on the frontend side (no executor involved)."""
+    if svc.frontend_monitor.poll(0):
+        read_monitor_event(svc.frontend_monitor)
+        svc.frontend_probe_until = time.monotonic() + 0.5
+    svc._drain(svc.frontend_sock, svc._on_frontend_message)
+    svc._heartbeat_frontends()
+
+
+def _run_until(svc: SchedulerService, until, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        _turn(svc)
+        time.sleep(0.005)
+
+
+def test_a_notice_that_cannot_be_sent_goes_to_the_frontends_next_connection(service):
+    """A frontend's connection goes (it was stopped, its link dropped): the scheduler sees
+    it gone within a moment, aborts its requests, and tells the frontend which when it says
+    hello again, under the same name, on a new connection."""
     ctx = zmq.Context()
-    sock = _dealer(ctx, service.config.frontend_address, b"fe-away")
+    first = _dealer(ctx, service.config.frontend_address, None)
     try:
-        sock.send(m.pack("frontend_hello", {"id": "fe-away"}))
-        _drain(service, lambda: b"fe-away" in service.frontends)
-        assert _messages(sock, "frontend_dropped")["ids"] == ["fe-away-0"]
+        first.send(m.pack("frontend_hello", {"id": "fe-away"}))
+        _run_until(service, lambda: len(service.frontend_names) == 1)
+        (old,) = service.frontend_names
+        _add(service, old, "fe-away-0")
+        first.close(0)
+        start = time.monotonic()
+        _run_until(service, lambda: not service.owners)
+        assert time.monotonic() - start < 1.0   # a probe, not the 10 s heartbeat timeout
+        assert not service.scheduler.requests and old in service.retired
+        again = _dealer(ctx, service.config.frontend_address, None)
+        again.send(m.pack("frontend_hello", {"id": "fe-away"}))
+        _run_until(service, lambda: any(i != old for i in service.frontend_names))
+        assert _messages(again, "frontend_dropped")["ids"] == ["fe-away-0"]
         assert not service.drop_notices
+        again.close(0)
     finally:
-        sock.close(0)
+        first.close(0)
+        ctx.term()
+
+
+def test_no_peer_takes_over_a_frontends_connection_or_a_gone_ones_id(service):
+    """Routing ids are the scheduler's: a peer naming a live frontend's id is refused (no
+    handover), and one naming the id of a connection already given up on is ignored, so
+    neither sees that frontend's outputs nor aborts its requests."""
+    ctx = zmq.Context()
+    real = _dealer(ctx, service.config.frontend_address, None)
+    thief = None
+    try:
+        real.send(m.pack("frontend_hello", {"id": "fe-real"}))
+        _run_until(service, lambda: len(service.frontend_names) == 1)
+        (rid,) = service.frontend_names
+        assert rid[0] == 0   # assigned by the ROUTER, not chosen by the frontend
+        _add(service, rid, "fe-real-0")
+        thief = _dealer(ctx, service.config.frontend_address, rid)
+        thief.send(m.encode_abort("fe-real-0"))
+        thief.send(m.pack("frontend_hello", {"id": "fe-thief"}))
+        for _ in range(20):
+            _turn(service)
+            time.sleep(0.01)
+        assert "fe-real-0" in service.owners and service.frontend_names == {rid: "fe-real"}
+        assert not thief.poll(100)   # nothing for the thief
+        real.close(0)   # the real one goes; its id is retired, not free for the taking
+        _run_until(service, lambda: rid in service.retired)
+        thief.close(0)
+        thief = _dealer(ctx, service.config.frontend_address, rid)
+        thief.send(m.pack("frontend_hello", {"id": "fe-real"}))
+        for _ in range(20):
+            _turn(service)
+            time.sleep(0.01)
+        assert rid not in service.frontends and not thief.poll(100)
+    finally:
+        real.close(0)
+        if thief is not None:
+            thief.close(0)
         ctx.term()
 
 

@@ -124,3 +124,92 @@ def test_client_curve_arguments_are_checked(tmp_path):
         AsyncClient("tcp://127.0.0.1:1", server_public_key="short")
     with pytest.raises(ValueError, match="needs server_public_key"):
         AsyncClient("tcp://127.0.0.1:1", client_keys=zmq.curve_keypair())
+
+
+def test_each_scheduler_socket_admits_only_its_own_peers_keys(tmp_path):
+    """One allow-list per socket: an SDK user's key (alice) or the SDK's default key opens
+    neither of the scheduler's sockets, a frontend's key opens only the frontend socket,
+    and only the executor's key the executor socket (a real SchedulerService)."""
+    from scheduler.service import SchedulerService, SchedulerServiceConfig
+    from shared.security import EXECUTOR, FRONTEND
+
+    keys = tmp_path / "keys"
+    generate_keys(keys, extra_clients=("alice",))
+    service = SchedulerService(SchedulerServiceConfig(
+        frontend_address="tcp://127.0.0.1:0", executor_address="tcp://127.0.0.1:0",
+        curve_keys=str(keys)))
+    addresses = {"frontend": service.frontend_sock.last_endpoint.decode(),
+                 "executor": service.executor_sock.last_endpoint.decode()}
+    ctx = zmq.Context()
+    outcome = {}
+    try:
+        for socket_name, address in addresses.items():
+            for peer in ("alice", "client", FRONTEND, EXECUTOR):
+                public, secret = zmq.auth.load_certificate(keys / f"{peer}.key_secret")
+                sock = make_client(configure(ctx.socket(zmq.DEALER)),
+                                   load_keys(keys, client=False).server_public, public, secret)
+                monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+                sock.connect(address)
+                assert monitor.poll(5000), (socket_name, peer)
+                event = zmq.utils.monitor.recv_monitor_message(monitor)["event"]
+                outcome[socket_name, peer] = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+                monitor.close(0)
+                sock.close(0)
+    finally:
+        ctx.term()
+        service.close()
+    admitted = {key for key, ok in outcome.items() if ok}
+    assert admitted == {("frontend", FRONTEND), ("executor", EXECUTOR)}, outcome
+
+
+def test_keys_made_before_the_per_socket_lists_gain_them(tmp_path):
+    """An older keys directory (server + client only) gets the frontend and executor
+    keypairs and their allow-lists on the next `folio keys`, its own keys kept."""
+    keys = tmp_path / "keys"
+    generate_keys(keys)
+    for name in ("frontend", "executor"):
+        (keys / f"{name}.key").unlink()
+        (keys / f"{name}.key_secret").unlink()
+        for listed in (keys / f"authorized_{name}s").iterdir():
+            listed.unlink()
+    before = (keys / "client.key_secret").read_bytes()
+    written = generate_keys(keys)
+    assert (keys / "client.key_secret").read_bytes() == before
+    assert {p.name for p in written} == {"frontend.key", "frontend.key_secret", "executor.key",
+                                         "executor.key_secret"}
+    assert load_keys(keys, peer="executor").client_secret
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["scheduler", "--frontend-address", "tcp://192.0.2.7:5556", "--executor-address",
+      "ipc:///tmp/folio-test-ex.sock"], "--frontend-address"),
+    (["scheduler", "--frontend-address", "tcp://127.0.0.1:5556", "--executor-address",
+      "tcp://127.0.0.1:5557"], "--executor-address"),
+    (["executor", "--scheduler-address", "tcp://127.0.0.1:5557"], "--scheduler-address"),
+    (["frontend", "--client-address", "tcp://192.0.2.7:5555", "--scheduler-address",
+      "ipc:///tmp/folio-test-fe.sock"], "--client-address"),
+    (["frontend", "--client-address", "ipc:///tmp/folio-test-c.sock", "--scheduler-address",
+      "tcp://scheduler:5556"], "--scheduler-address"),
+    (["serve", "--zmq-address", "tcp://192.0.2.7:5555"], "--zmq-address"),
+])
+def test_tcp_without_curve_that_others_could_reach_is_refused(argv, flag, capsys):
+    """No unauthenticated link beyond the machine (nor an executor link on any TCP):
+    refused in one line naming the flag and the way out, before any socket exists."""
+    from folio.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err and "--curve-keys" in err, err
+    assert "--insecure-transport" in err
+
+
+def test_insecure_transport_lets_a_plain_tcp_link_through(tmp_path):
+    from folio.cli import check_links
+    from shared.config import SettingError
+
+    with pytest.raises(SettingError):
+        check_links(False, False, ("executor_address",), executor_address="tcp://127.0.0.1:1")
+    check_links(False, True, ("executor_address",), executor_address="tcp://127.0.0.1:1")
+    check_links(True, False, ("executor_address",), executor_address="tcp://10.0.0.1:1")
+    check_links(False, False, frontend_address="tcp://[::1]:5556,tcp://localhost:7")
