@@ -15,6 +15,7 @@ from executor.kv_cache import allocate_kv_cache, bytes_per_block
 from executor.linear import PackedLinear, pack_linears
 from executor.model_config import ModelConfig
 from executor.model_loader import load_model
+from executor.models.longrope import recompute_crossing
 from executor.ops import select_ops
 from executor.sampler import Sampler, score_tokens
 from shared.config import EngineConfig, ExecutorCapacity
@@ -131,6 +132,10 @@ class Executor:
             inputs = self.batch.prepare(scheduled)
             # Structured outputs' masks, on a worker thread while the forward pass runs.
             pending_masks = self.grammar.start(inputs.sampled)
+            if getattr(self.model, "longrope_original", None) is not None:
+                recompute_crossing(self.model, self.ops, self.model.longrope_original,
+                                   [request for request, _ in scheduled], self.batch.rows.tokens,
+                                   inputs.attention, self.kv_caches, self.config.block_size)
             attention = self.ops.prepare(inputs.attention, self.config.block_size)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attention)
             masks = pending_masks.result() if pending_masks is not None else None

@@ -29,9 +29,10 @@ ARCHS = {
                       dtype="bfloat16"),
     "mixtral": dict(arch="mixtral", num_local_experts=4, num_experts_per_tok=2,
                     intermediate_size=64),
-    # Longer than every context: the short factors and the attention factor (twice the
-    # original length) are used throughout; the long regime is checked in test_models_units.
-    "phi3": dict(arch="phi3", original_max_position_embeddings=512, rope_parameters=_LONGROPE),
+    # Original length 64 (attention factor from 1024 / 64): short prompts stay short, long
+    # ones are long throughout, two prompts (43 and 60 tokens) cross it while decoding and,
+    # with the small pool, long prompts cross it between prefill chunks.
+    "phi3": dict(arch="phi3", original_max_position_embeddings=64, rope_parameters=_LONGROPE),
     "gemma2": dict(arch="gemma2", sliding_window=64, attn_logit_softcapping=5.0,
                    final_logit_softcapping=3.0, query_pre_attn_scalar=24,
                    tie_word_embeddings=True),

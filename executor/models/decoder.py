@@ -64,6 +64,9 @@ class CausalLM(nn.Module):
         self.ropes = list(dict.fromkeys(ropes))
         self.layer_table = [self.ropes.index(r) for r in ropes]
         self.tables: list[torch.Tensor] = []
+        # The length past which longrope switches factors (executor/models/longrope.py).
+        self.longrope_original = config.rope.original_max_position_embeddings \
+            if config.rope.rope_type == "longrope" else None
 
     def init_rotary(self) -> None:
         """Fill the cos/sin tables (after weights are on their device)."""
@@ -74,12 +77,15 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                inputs: AttentionInputs) -> torch.Tensor:
+                inputs: AttentionInputs, long_rope: bool = False) -> torch.Tensor:
+        """`long_rope`: every token reads the long-factor rows (longrope's recompute)."""
         hidden = self.embed_tokens(input_ids)
         if self.config.gemma:   # scaled by sqrt(hidden) in the model dtype, as Gemma does
             hidden = hidden * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden.dtype)
         rope = self.config.rope
-        if rope.rope_type == "longrope":   # rows of the long-factor half where needed
+        if rope.rope_type == "longrope" and long_rope:
+            positions = positions + self.max_positions
+        elif rope.rope_type == "longrope":   # rows of the long-factor half where needed
             positions = longrope_positions(positions, inputs.seq_lens, inputs.query_start_loc,
                                            rope.original_max_position_embeddings,
                                            self.max_positions)
