@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.security import generate_keys
 from tests.http_server import free_port, serving
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,8 +44,7 @@ class TcpReplicas:
     def __init__(self, run_dir: Path, model_dir: Path) -> None:
         self.run_dir, self.model_dir = run_dir, model_dir
         self.keys = run_dir / "keys"
-        subprocess.run([sys.executable, "-m", "folio", "keys", "--dir", str(self.keys)],
-                       cwd=ROOT, check=True, capture_output=True)
+        generate_keys(self.keys)   # what `folio keys --dir` writes
         self.procs: dict[str, subprocess.Popen] = {}
         self.executor_addresses = []
         frontend_addresses = []
