@@ -491,6 +491,11 @@ class SchedulerService:
         self.scheduler = Scheduler(config)
         log.info("executor %d attached: %d KV blocks of %d tokens, max_model_len %d", pid,
                  capacity.num_kv_blocks, capacity.block_size, capacity.max_model_len)
+        pool = capacity.num_kv_blocks * capacity.block_size
+        if pool < capacity.max_model_len:   # e.g. --num-kv-blocks 1: said, not silent
+            log.warning("the KV pool holds %d tokens, fewer than max_model_len %d: requests "
+                        "whose prompt plus max_tokens exceed %d tokens will be refused", pool,
+                        capacity.max_model_len, pool)
         self._broadcast_info()
 
     def _on_result(self, result) -> None:

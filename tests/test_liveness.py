@@ -249,3 +249,14 @@ def test_the_heartbeat_thread_hears_the_scheduler_without_an_event_loop(service,
     finally:
         engine.close()
         ctx.term()
+
+
+def test_a_pool_smaller_than_the_context_is_said_not_silent(service, caplog):
+    """`--num-kv-blocks 1` serves (requests that fit are run), but not silently."""
+    import logging
+
+    small = ExecutorCapacity(num_kv_blocks=1, block_size=16, max_model_len=256,
+                             vocab_size=1024, eos_token_ids=(0,))
+    with caplog.at_level(logging.WARNING, logger="folio.scheduler"):
+        service._on_executor_hello(b"executor-test", small, 4242)
+    assert "holds 16 tokens, fewer than max_model_len 256" in caplog.text
