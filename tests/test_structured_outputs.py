@@ -111,6 +111,12 @@ def test_json_object_regex_choice_and_grammar_on_both_routes(client):
     # Any object: the model may stop mid-way at max_tokens, but what it gives is JSON.
     if obj.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    for body in ({"guided_json": SCHEMA}, {"structured_outputs": {"json": json.dumps(SCHEMA)}},
+                 {"response_format": RESPONSE_FORMAT}):
+        text = client.completions.create(model=MODEL, prompt="{", max_tokens=200,
+                                         temperature=1.0, seed=8, extra_body=body)
+        assert text.choices[0].finish_reason == "stop"
+        _valid(text.choices[0].text, SCHEMA)
     regex = r"[a-z]{2,5}-[0-9]{3}"
     for body in ({"guided_regex": regex}, {"structured_outputs": {"regex": regex}}):
         text = client.completions.create(model=MODEL, prompt="id:", max_tokens=20,
