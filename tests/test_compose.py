@@ -99,7 +99,7 @@ def test_services_are_healthy_and_serve_http_and_sdk_over_curve(deployment):
         assert client.health()["ok"]
     # The same client port without keys: the handshake is refused, with a clear error.
     with Client(_zmq(deployment), connect_timeout=1.5) as plain:
-        with pytest.raises(ServerUnreachable, match="refused the connection's security"):
+        with pytest.raises(ServerUnreachable, match="wants CURVE keys"):
             plain.generate("hello", SamplingParams(max_tokens=2))
 
 
@@ -129,10 +129,14 @@ def test_peers_without_the_keys_get_nothing_in_and_nothing_out(deployment):
             address = _zmq(deployment, service, port)
             stranger_public, stranger_secret = zmq.curve_keypair()
             fake_server, _ = zmq.curve_keypair()
-            for kind in ("no CURVE", "unlisted client key", "wrong server key"):
+            # An SDK user's key opens the frontend's client port, never a scheduler socket.
+            sdk_key = ("SDK user's key",) if service == "scheduler" else ()
+            for kind in ("no CURVE", "unlisted client key", "wrong server key", *sdk_key):
                 sock = ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 0)
-                if kind == "unlisted client key":
+                if kind == "SDK user's key":
+                    make_client(sock, keys.server_public, keys.client_public, keys.client_secret)
+                elif kind == "unlisted client key":
                     make_client(sock, keys.server_public, stranger_public, stranger_secret)
                 elif kind == "wrong server key":
                     make_client(sock, fake_server, keys.client_public, keys.client_secret)
@@ -140,9 +144,11 @@ def test_peers_without_the_keys_get_nothing_in_and_nothing_out(deployment):
                 for message in messages:
                     sock.send(message)
                 sockets.append((f"{service}:{port} {kind}", sock))
-        # Control: the right keys on the same socket get an answer to the same request.
-        control = make_client(ctx.socket(zmq.DEALER), keys.server_public, keys.client_public,
-                              keys.client_secret)
+        # Control: the right keys on the same socket (the frontends' own: that socket
+        # admits no SDK user's key) get an answer to the same request.
+        frontend_keys = load_keys(_keys(deployment), peer="frontend")
+        control = make_client(ctx.socket(zmq.DEALER), keys.server_public,
+                              frontend_keys.client_public, frontend_keys.client_secret)
         control.setsockopt(zmq.LINGER, 0)
         control.connect(_zmq(deployment, "scheduler", 5556))
         control.send(m.pack("stats_request", {}))
