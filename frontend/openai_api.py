@@ -431,29 +431,45 @@ def _chat_message(tools: ToolPlan, text: str, finish: str | None
 
 
 class _ToolStream:
-    """One streamed choice's text under tool calling: content is sent as it comes, up to
-    where a tool call may begin; the calls go out whole once the answer is complete."""
+    """One streamed choice's text under tool calling. Content is sent as it comes, up to
+    where a tool call may begin. A named call streams its arguments as they are written
+    (the first delta carries its id and name, OpenAI's shape); other calls go out whole,
+    each in one `tool_calls` entry, once the answer is complete."""
 
     def __init__(self, tools: ToolPlan) -> None:
         self.tools, self.text, self.sent = tools, "", 0
+        self.named_id: str | None = None
 
-    def feed(self, text: str) -> str:
+    def feed(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """(content to send now, tool_calls delta entries to send now)."""
         self.text += text
+        if self.tools.mode == "named":
+            return "", self._named(text)
         if self.tools.buffers:
-            return ""
+            return "", []
         end = max(self.sent, stream_holdback(self.tools.parser, self.text))
         out, self.sent = self.text[self.sent:end], end
-        return out
+        return out, []
 
-    def finish(self) -> tuple[str, list]:
-        """(content not yet sent, calls)."""
+    def finish(self) -> tuple[str, list[dict[str, Any]], bool]:
+        """(content not yet sent, tool_calls entries not yet sent, whether it called)."""
+        if self.tools.mode == "named":
+            return "", self._named("") if self.named_id is None else [], True
         content, calls = self.tools.read(self.text)
         if not calls:
-            return self.text[self.sent:], []
+            return self.text[self.sent:], [], False
+        entries = [{"index": i, **call} for i, call in enumerate(openai_calls(calls))]
         if self.tools.buffers:
-            return "", calls
+            return "", entries, True
         end = max(self.sent, stream_holdback(self.tools.parser, self.text))
-        return self.text[self.sent:end], calls
+        return self.text[self.sent:end], entries, True
+
+    def _named(self, text: str) -> list[dict[str, Any]]:
+        if self.named_id is None:
+            call = openai_calls([(self.tools.named, text)])[0]
+            self.named_id = call["id"]
+            return [{"index": 0, **call}]
+        return [{"index": 0, "function": {"arguments": text}}] if text else []
 
 
 async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
@@ -471,11 +487,15 @@ async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
                                                                      None)
         if item[0] == "delta":
             _, index, text, _, logprobs = item
+            delta: dict[str, Any] = {"content": text}
             if streams is not None:
-                text = streams[index].feed(text)
-                if not text and logprobs is None:
+                text, calls = streams[index].feed(text)
+                if not text and not calls and logprobs is None:
                     continue
-            yield _sse({**head, "choices": [{"index": index, "delta": {"content": text},
+                delta = {"tool_calls": calls} if calls and not text else {"content": text}
+                if calls and text:
+                    delta["tool_calls"] = calls
+            yield _sse({**head, "choices": [{"index": index, "delta": delta,
                                              "logprobs": _chat_logprobs(logprobs),
                                              "finish_reason": None}]})
         elif item[0] == "final":
@@ -483,18 +503,16 @@ async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
             for sample in result.samples:
                 finish = sample.finish_reason
                 if streams is not None:
-                    rest, calls = streams[sample.index].finish()
+                    rest, entries, called = streams[sample.index].finish()
                     if rest:
                         yield _sse({**head, "choices": [{
                             "index": sample.index, "delta": {"content": rest},
                             "logprobs": None, "finish_reason": None}]})
-                    if calls:
-                        deltas = [{"index": i, **call}
-                                  for i, call in enumerate(openai_calls(calls))]
+                    if entries:
                         yield _sse({**head, "choices": [{
-                            "index": sample.index, "delta": {"tool_calls": deltas},
+                            "index": sample.index, "delta": {"tool_calls": entries},
                             "logprobs": None, "finish_reason": None}]})
-                    finish = _finish_reason(tools, calls, finish)
+                    finish = _finish_reason(tools, [True] if called else [], finish)
                 yield _sse({**head, "choices": [{"index": sample.index, "delta": {},
                                                  "logprobs": None,
                                                  "finish_reason": finish,

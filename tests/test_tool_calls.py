@@ -117,16 +117,19 @@ def test_streamed_calls_arrive_as_tool_call_deltas(client):
             model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice=choice,
             max_tokens=200, temperature=1.0, seed=5, stream=True)
         calls: dict[int, dict] = {}
-        finish = None
+        finish, parts = None, 0
         for chunk in stream:
             delta = chunk.choices[0].delta
             assert not delta.content   # calls only: no text streams as content
+            parts += len(delta.tool_calls or [])
             for part in delta.tool_calls or []:
                 entry = calls.setdefault(part.index, {"name": "", "arguments": ""})
                 entry["name"] += part.function.name or ""
                 entry["arguments"] += part.function.arguments or ""
             finish = chunk.choices[0].finish_reason or finish
         assert calls and finish in ("tool_calls", "stop")
+        if choice != "required":   # a named call's arguments stream as they are written
+            assert parts > 2 and calls[0]["name"] == "get_time"
         for entry in calls.values():
             jsonschema.validate(json.loads(entry["arguments"]), SCHEMAS[entry["name"]])
 
