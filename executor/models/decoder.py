@@ -64,9 +64,12 @@ class CausalLM(nn.Module):
         self.ropes = list(dict.fromkeys(ropes))
         self.layer_table = [self.ropes.index(r) for r in ropes]
         self.tables: list[torch.Tensor] = []
-        # The length past which longrope switches factors (executor/models/longrope.py).
+        # The length past which longrope switches factors and the executor recomputes a
+        # crossing sequence (executor/models/longrope.py). Not with a window shorter than the
+        # context: the blocks behind it may be freed, so the cached part cannot be redone.
+        windowed = any(layer.self_attn.window is not None for layer in self.layers)
         self.longrope_original = config.rope.original_max_position_embeddings \
-            if config.rope.rope_type == "longrope" else None
+            if config.rope.rope_type == "longrope" and not windowed else None
 
     def init_rotary(self) -> None:
         """Fill the cos/sin tables (after weights are on their device)."""
