@@ -94,7 +94,7 @@ class ModelConfig:
     def describe(self) -> str:
         """One start-up line, e.g. 'Gemma3ForCausalLM: 26 layers, GQA 8/4, sliding window
         512 on 22 of 26 layers, rope 1e6/1e4'."""
-        from executor.models.hf_config import describe
+        from executor.models.describe import describe
 
         return describe(self)
 

@@ -118,8 +118,9 @@ def test_expert_checkpoints_per_expert_stacked_and_incomplete(tmp_path):
               for path in (per_expert, stacked)]
     original = load_file(str(per_expert / "model.safetensors"))
     w13 = models[0].layers[1].mlp.w13
-    assert torch.equal(w13[2, :16], original["model.layers.1.block_sparse_moe.experts.2.w1.weight"].float())
-    assert torch.equal(w13[2, 16:], original["model.layers.1.block_sparse_moe.experts.2.w3.weight"].float())
+    expert = "model.layers.1.block_sparse_moe.experts.2"
+    assert torch.equal(w13[2, :16], original[f"{expert}.w1.weight"].float())   # gate rows
+    assert torch.equal(w13[2, 16:], original[f"{expert}.w3.weight"].float())   # up rows
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         assert torch.equal(a, b)
     del original["model.layers.0.block_sparse_moe.experts.1.w3.weight"]

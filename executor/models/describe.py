@@ -1,0 +1,49 @@
+"""The one start-up line that names a model and what sets it apart."""
+
+from __future__ import annotations
+
+import math
+
+from executor.model_config import ModelConfig
+
+
+def describe(config: ModelConfig) -> str:
+    """The architecture and what sets it apart, in one line for the start-up log."""
+    heads, kv = config.num_heads, config.num_kv_heads
+    kind = "MHA" if heads == kv else "MQA" if kv == 1 else "GQA"
+    parts = [f"{config.num_layers} layers", f"{kind} {heads}/{kv}",
+             f"head_dim {config.head_dim}"]
+    if config.qk_norm:
+        parts.append("q/k norm")
+    windowed = [w for w in config.layer_windows if w]
+    if windowed:
+        sizes = "/".join(str(w) for w in sorted(set(windowed)))
+        parts.append(f"sliding window {sizes} on {len(windowed)} of {config.num_layers} "
+                     "layers")
+    rope = f"rope {_num(config.rope.theta)}"
+    if config.local_rope is not None and windowed:
+        rope += f"/{_num(config.local_rope.theta)}"
+    if config.rope.rope_type != "default":
+        rope += f" {config.rope.rope_type}"
+    if config.rotary_dim:
+        rope += f" on {config.rotary_dim} of {config.head_dim} dims"
+    parts.append(rope)
+    if config.moe is not None:
+        moe = config.moe
+        sparse = sum(moe.sparse_layers)
+        parts.append(f"MoE {moe.num_experts} experts top-{moe.top_k}"
+                     f"{' renormalised' if moe.renormalize else ''}"
+                     + ("" if sparse == config.num_layers else
+                        f" on {sparse} of {config.num_layers} layers"))
+    if config.attn_softcap:
+        parts.append(f"attention softcap {config.attn_softcap:g}")
+    if config.final_softcap:
+        parts.append(f"final softcap {config.final_softcap:g}")
+    return f"{config.architecture}: {', '.join(parts)}"
+
+
+def _num(value: float) -> str:
+    exponent = round(math.log10(value)) if value > 0 else 0
+    if value >= 1e4 and value == 10 ** exponent:
+        return f"1e{exponent}"
+    return f"{value:g}"
