@@ -215,10 +215,11 @@ def test_the_sdk_takes_a_structured_output_spec(server):
                                              structured_output={"regex": "(open"}))
 
 
-def test_offline_llm_constrained_greedy_survives_recompute_preemption(llama_dir):
+def test_offline_llm_constrained_greedy_survives_recompute_preemption(llama_dir, client):
     """folio.LLM steps serially; with a pool too small for the batch, requests are
     preempted and recomputed, and their matchers replay the output they already had:
-    the answers are the ones an unpreempted run gives."""
+    the answers are the ones an unpreempted run gives, and the ones `folio serve` gives
+    with one step in flight (its executor feeds the matchers its own tokens)."""
     from folio import LLM
     from shared.sampling_params import SamplingParams
 
@@ -237,6 +238,9 @@ def test_offline_llm_constrained_greedy_survives_recompute_preemption(llama_dir)
     got = [o.outputs[0].text for o in tight.generate(prompts, params)]
     assert tight.stats()["preemptions_recompute"] > 0
     assert got == expected
+    served = client.completions.create(model=MODEL, prompt=prompts, max_tokens=150,
+                                       temperature=0, extra_body={"guided_json": schema})
+    assert [c.text for c in sorted(served.choices, key=lambda c: c.index)] == expected
     for text in got:
         _valid(text, schema)
 
