@@ -8,7 +8,9 @@ serving benchmark (bench/serve.py's workload and measurement), alternated.
 One replica runs with --cpu-placement split on two cores (executor on one core, frontend and
 scheduler on the other); two replicas put executor i on core i, the frontend and the
 schedulers unpinned. Reports output tokens/s of each run, the best of each side, and their
-ratio, with the load average before each run.
+ratio, with the load average before each run; and, since a shared machine's other work
+takes cores from either side unevenly, the cores the executors actually got (their CPU
+seconds over the run's duration) and output tokens per executor CPU second.
 """
 
 from __future__ import annotations
@@ -71,15 +73,39 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def executor_cpu_s(parent: int) -> float:
+    """CPU seconds used so far by the executors `folio serve` (pid `parent`) started."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        if name.startswith("folio-executor") and int(fields[1]) == parent:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def one_run(replicas: int, args, seed: int) -> dict:
     proc, base = start(replicas, args.model, args.serve_arg)
     try:
         prompts = build_workload(args, seed=seed)
+        cpu_before = executor_cpu_s(proc.pid)
         report = asyncio.run(run_benchmark(
             base, prompts, args.output_len, model=None, max_concurrency=args.max_concurrency,
             request_rate=float("inf"), seed=seed, request_timeout=args.request_timeout,
             deadline=args.deadline))
-        return {"replicas": replicas, **report}
+        cpu = executor_cpu_s(proc.pid) - cpu_before
+        # Load-independent view: the cores the executors actually got during the run, and
+        # output tokens per executor CPU second (equal on both sides: replicas cost nothing).
+        return {"replicas": replicas, **report, "executor_cpu_s": cpu,
+                "executor_cores_used": cpu / report["duration_s"],
+                "tokens_per_executor_cpu_s": report["total_output_tokens"] / max(cpu, 1e-9)}
     finally:
         stop(proc)
 
@@ -104,7 +130,9 @@ def main(argv=None) -> None:
             report = one_run(replicas, args, seed=args.seed + round_)
             runs.append(report)
             print(f"round {round_} replicas={replicas}: "
-                  f"{report['output_throughput']:.1f} output tok/s "
+                  f"{report['output_throughput']:.1f} output tok/s, executors used "
+                  f"{report['executor_cores_used']:.2f} cores, "
+                  f"{report['tokens_per_executor_cpu_s']:.1f} tok per executor CPU s "
                   f"(load {report['loadavg_1m_before']:.2f} before, "
                   f"{report['loadavg_1m_after']:.2f} after)", flush=True)
     best = {n: max(r["output_throughput"] for r in runs if r["replicas"] == n) for n in (1, 2)}
