@@ -95,12 +95,12 @@ class Executor:
         self.batch = self._new_batch()
         self.sampler = Sampler(self.device, config.seed, self.model_config.eos_token_ids)
         self.grammar = self._new_grammar()
-        if getattr(self.model, "longrope_original", None) is not None \
-                and config.enable_prefix_caching:
+        original = getattr(self.model, "longrope_original", None)
+        self._rewrites_kv = original is not None and self.max_model_len > original
+        if self._rewrites_kv and config.enable_prefix_caching:
             log.warning("longrope: a sequence passing %d tokens has its cached part recomputed "
-                        "in place, blocks it shares through the prefix cache included; "
-                        "--no-enable-prefix-caching keeps requests apart (docs/models.md)",
-                        self.model.longrope_original)
+                        "in place, so the scheduler shares no block through the prefix cache "
+                        "(docs/models.md)", original)
         log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens, %s kernels, "
                  "%s linear layers%s", self.model_config.architecture, self.device, self.dtype,
                  self.num_kv_blocks, config.block_size, self.ops.name, self.linear_backend,
@@ -119,6 +119,7 @@ class Executor:
             prefill_tokens_per_s=self.cost_model[0],
             swap_bytes_per_s=self.cost_model[1],
             sliding_window=kv_window(self.model_config, self.max_model_len),
+            rewrites_kv=self._rewrites_kv,
         )
 
     def reset(self) -> None:

@@ -154,6 +154,10 @@ class ExecutorCapacity:
     # The largest attention window when EVERY layer is windowed (a query at p reads keys
     # p - W < j <= p), else None: the scheduler may then free blocks that left the window.
     sliding_window: int | None = None
+    # The executor may rewrite a sequence's cached KV in place (Phi-3's longrope switch
+    # recomputes it with the other factors): no block may then be shared through the prefix
+    # cache, or another request would read the rewritten values.
+    rewrites_kv: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,8 +219,11 @@ class SchedulerConfig(SchedulingPolicy):
                     ) -> "SchedulerConfig":
         """The policy of `engine` (an EngineConfig, or any SchedulingPolicy) within the
         executor's capacity."""
+        policy = policy_values(engine)
+        if capacity.rewrites_kv:
+            policy["enable_prefix_caching"] = False
         return cls(
-            **policy_values(engine),
+            **policy,
             num_kv_blocks=capacity.num_kv_blocks,
             block_size=capacity.block_size,
             max_model_len=capacity.max_model_len,

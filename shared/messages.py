@@ -38,7 +38,7 @@ def encode_hello_executor(capacity: ExecutorCapacity, pid: int) -> bytes:
         "num_swap_blocks": capacity.num_swap_blocks, "bytes_per_block": capacity.bytes_per_block,
         "prefill_tokens_per_s": capacity.prefill_tokens_per_s,
         "swap_bytes_per_s": capacity.swap_bytes_per_s,
-        "sliding_window": capacity.sliding_window or 0})
+        "sliding_window": capacity.sliding_window or 0, "rewrites_kv": capacity.rewrites_kv})
 
 
 def decode_hello_executor(body: Body) -> tuple[ExecutorCapacity, int]:
@@ -53,7 +53,8 @@ def decode_hello_executor(body: Body) -> tuple[ExecutorCapacity, int]:
         prefill_tokens_per_s=max(0.0, body.float("prefill_tokens_per_s")),
         swap_bytes_per_s=max(0.0, body.float("swap_bytes_per_s")),
         # Optional (0 or absent: some layer attends to the whole context).
-        sliding_window=body.int("sliding_window", 0, 1 << 30, optional=True) or None)
+        sliding_window=body.int("sliding_window", 0, 1 << 30, optional=True) or None,
+        rewrites_kv=body.bool("rewrites_kv"))
     return capacity, body.int("pid", 0)
 
 
