@@ -3,13 +3,16 @@ libzmq end the receiving side's session for good (no reconnect after a protocol 
 each connecting side connects afresh; and the SDK names the real cause of a refused
 connection.
 
-Real sockets: a real executor process and an in-process engine client, each linked to a
-ROUTER that this test binds in the scheduler's place and drives by hand.
+Real sockets: the executor service and an engine client, each in this process and linked to
+a ROUTER that this test binds in the scheduler's place and drives by hand.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import signal
 import socket
 import threading
 import time
@@ -23,7 +26,6 @@ from folio.errors import ServerUnreachable
 from shared import messages as m
 from shared.sampling_params import SamplingParams
 from shared.wire import MAX_MESSAGE_BYTES, unpack
-from tests.pipeline import _spawn
 
 OVERSIZE = b"x" * (MAX_MESSAGE_BYTES + 1)
 
@@ -38,37 +40,68 @@ def _router(ctx: zmq.Context, address: str) -> zmq.Socket:
 
 
 def _wait_for(sock: zmq.Socket, msg_type: str, timeout: float) -> tuple[bytes, dict]:
-    """The next [identity, message] of this type (others are skipped)."""
+    """The next [identity, message] of this type (others are skipped); a frontend's
+    heartbeats are answered meanwhile, as the scheduler does."""
     deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0:
         if sock.poll(int(left * 1000) + 1):
             identity, data = sock.recv_multipart()
             kind, body = unpack(data)
+            if kind == "heartbeat" and "frontend" in body:
+                sock.send_multipart([identity, m.encode_heartbeat(0)])
             if kind == msg_type:
                 return identity, body
     raise AssertionError(f"no {msg_type} within {timeout} s")
 
 
-@pytest.mark.slow
-def test_an_executor_sent_an_oversize_message_says_hello_again(tmp_path, llama_dir):
+async def _until_alive(router: zmq.Socket, engine) -> None:
+    """Answer heartbeats until the engine client holds the scheduler alive."""
+    deadline = time.monotonic() + 10
+    while not engine.scheduler_alive:
+        assert time.monotonic() < deadline, "the engine never heard the scheduler"
+        await asyncio.to_thread(_wait_for, router, "heartbeat", 2)
+
+
+def test_an_executor_sent_an_oversize_message_says_hello_again(tmp_path, llama_dir,
+                                                                caplog):
+    """The real executor service (in this process, on the main thread as in its own),
+    linked to a ROUTER that stands in for the scheduler: after a message over the limit
+    cuts its link, it connects afresh and says hello again, and the new link carries."""
+    from executor.service import ExecutorService, ExecutorServiceConfig
+    from shared.config import EngineConfig
+
     ctx = zmq.Context()
     address = f"ipc://{tmp_path}/ex.sock"
     router = _router(ctx, address)
-    proc = _spawn(["executor", "--model", str(llama_dir), "--scheduler-address", address,
-                   "--dtype", "float32", "--num-kv-blocks", "16"], tmp_path / "executor.log")
+    service = ExecutorService(ExecutorServiceConfig(address, EngineConfig(
+        model=str(llama_dir), dtype="float32", device="cpu", num_kv_blocks=16)))
+    seen: dict = {}
+
+    def scheduler() -> None:
+        try:
+            identity, seen["first"] = _wait_for(router, "executor_hello", timeout=30)
+            router.send_multipart([identity, OVERSIZE])   # the executor's side drops the link
+            identity, seen["again"] = _wait_for(router, "executor_hello", timeout=10)
+            router.send_multipart([identity, m.pack("reset", {})])   # the new link carries
+            seen["after_reset"] = _wait_for(router, "executor_hello", timeout=5)[1]
+        finally:
+            service.stop.set()
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    driver = threading.Thread(target=scheduler, daemon=True)
+    driver.start()
     try:
-        identity, first = _wait_for(router, "executor_hello", timeout=120)
-        router.send_multipart([identity, OVERSIZE])   # the executor's side drops the link
-        identity, again = _wait_for(router, "executor_hello", timeout=10)
-        assert again["pid"] == first["pid"] == proc.pid
-        router.send_multipart([identity, m.pack("ping", {})])   # the new link carries
-        assert proc.poll() is None
+        with caplog.at_level(logging.WARNING, logger="folio.executor"):
+            service.run()
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        driver.join(timeout=5)
         router.close(0)
         ctx.term()
-    assert "connecting afresh" in (tmp_path / "executor.log").read_text()
+    assert seen["again"]["pid"] == seen["first"]["pid"] == os.getpid(), seen.keys()
+    assert "after_reset" in seen
+    assert "connecting afresh" in caplog.text
 
 
 class _Sink:
@@ -103,11 +136,13 @@ def test_a_frontend_link_cut_by_an_oversize_message_comes_back_and_fails_its_req
         tasks = [asyncio.create_task(t) for t in engine.tasks()]
         try:
             identity, _ = await asyncio.to_thread(_wait_for, router, "frontend_hello", 10)
+            await _until_alive(router, engine)
             sink = _Sink()
             engine.submit([5, 6], SamplingParams(max_tokens=4), sink)
             await asyncio.to_thread(_wait_for, router, "add", 5)
             router.send_multipart([identity, OVERSIZE])
             new_identity, _ = await asyncio.to_thread(_wait_for, router, "frontend_hello", 10)
+            await _until_alive(router, engine)
             later = _Sink()
             later_id = engine.submit([7, 8], SamplingParams(max_tokens=4), later)
             _, add = await asyncio.to_thread(_wait_for, router, "add", 5)
