@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 
-import pytest
 import zmq
 import zmq.asyncio
 
@@ -27,7 +26,11 @@ from shared import messages as m
 from shared.sampling_params import SamplingParams
 from shared.wire import MAX_MESSAGE_BYTES, unpack
 
-OVERSIZE = b"x" * (MAX_MESSAGE_BYTES + 1)
+
+
+def _oversize() -> bytes:
+    """One byte over the limit every Folio socket sets (made when used: it is 64 MiB)."""
+    return b"x" * (MAX_MESSAGE_BYTES + 1)
 
 
 def _router(ctx: zmq.Context, address: str) -> zmq.Socket:
@@ -80,7 +83,7 @@ def test_an_executor_sent_an_oversize_message_says_hello_again(tmp_path, llama_d
     def scheduler() -> None:
         try:
             identity, seen["first"] = _wait_for(router, "executor_hello", timeout=30)
-            router.send_multipart([identity, OVERSIZE])   # the executor's side drops the link
+            router.send_multipart([identity, _oversize()])   # the executor's side drops the link
             identity, seen["again"] = _wait_for(router, "executor_hello", timeout=10)
             router.send_multipart([identity, m.pack("reset", {})])   # the new link carries
             seen["after_reset"] = _wait_for(router, "executor_hello", timeout=5)[1]
@@ -140,7 +143,7 @@ def test_a_frontend_link_cut_by_an_oversize_message_comes_back_and_fails_its_req
             sink = _Sink()
             engine.submit([5, 6], SamplingParams(max_tokens=4), sink)
             await asyncio.to_thread(_wait_for, router, "add", 5)
-            router.send_multipart([identity, OVERSIZE])
+            router.send_multipart([identity, _oversize()])
             new_identity, _ = await asyncio.to_thread(_wait_for, router, "frontend_hello", 10)
             await _until_alive(router, engine)
             later = _Sink()
