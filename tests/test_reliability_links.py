@@ -27,7 +27,6 @@ from shared.sampling_params import SamplingParams
 from shared.wire import MAX_MESSAGE_BYTES, unpack
 
 
-
 def _oversize() -> bytes:
     """One byte over the limit every Folio socket sets (made when used: it is 64 MiB)."""
     return b"x" * (MAX_MESSAGE_BYTES + 1)
