@@ -27,12 +27,15 @@ _BODY = (b'{"error": {"message": "too many open HTTP connections; retry later", 
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
             b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
             % len(_BODY) + _BODY)
-_SLOW_HEAD_BODY = (b'{"error": {"message": "the request head did not arrive within %d s", "type": '
-              b'"invalid_request_error", "param": null, "code": "request_timeout"}}'
-              % HEADER_TIMEOUT_S)
-_SLOW_HEAD = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-              b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(_SLOW_HEAD_BODY)
-              + _SLOW_HEAD_BODY)
+
+
+def _slow_head(timeout_s: float) -> bytes:
+    """The 408 a connection gets when its request head does not come in time."""
+    body = (b'{"error": {"message": "the request head did not arrive within %g s", '
+            b'"type": "invalid_request_error", "param": null, "code": "request_timeout"}}'
+            % timeout_s)
+    return (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
 def connection_cap() -> int:
@@ -67,6 +70,7 @@ def gated(protocol: type[asyncio.Protocol], gate: ConnectionGate,
           header_timeout_s: float = HEADER_TIMEOUT_S) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class, refusing connections past the gate's cap and closing
     those whose request head does not arrive within header_timeout_s."""
+    slow_head = _slow_head(header_timeout_s)
 
     class Gated(protocol):   # type: ignore[misc, valid-type]
         admitted = False
@@ -95,7 +99,7 @@ def gated(protocol: type[asyncio.Protocol], gate: ConnectionGate,
             if cycle is not None and not cycle.response_complete:
                 return   # its head came; the response re-arms the timer when it completes
             if not self.transport.is_closing():
-                self.transport.write(_SLOW_HEAD)
+                self.transport.write(slow_head)
                 self.transport.close()
 
         def on_response_complete(self) -> None:
