@@ -42,6 +42,7 @@ from kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_contiguous,
 from kernels._launch import (check_launch_device, is_interpreted, multiprocessor_count,
                              next_power_of_2, on_device)
 from kernels.reference import check_attention_options
+from kernels.triton_dot import dot_f32
 
 _LOG2_E = 1.4426950408889634
 _MAX_HEAD_DIM = 256
@@ -77,15 +78,6 @@ def _find_sequence(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr
         lo = tl.where(take, mid, lo)
         hi = tl.where(take, hi, mid - 1)
     return lo
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """a @ b accumulated in float32. UPCAST works around triton's CPU interpreter, whose dot
-    multiplies bfloat16 operands as their raw 16-bit patterns (triton 3.9); unused on GPUs."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
-    return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -158,7 +150,7 @@ def _paged_attention_kernel(
 
         key_t = tl.load(key_cache_ptr + k_offsets[None, :] + dims[:, None],
                         mask=position_valid[None, :] & dim_valid[:, None], other=0.0)
-        scores = _dot(query, key_t, DOT_PRECISION, DOT_UPCAST) * scale_log2
+        scores = dot_f32(query, key_t, DOT_PRECISION, DOT_UPCAST) * scale_log2
         if SOFTCAP:
             # c*log2(e) * tanh(s / (c*log2(e))) is the cap of s = scores / log2(e), times
             # log2(e); tanh(x) = 1 - 2 / (exp(2x) + 1) saturates cleanly at +-1.
@@ -177,7 +169,7 @@ def _paged_attention_kernel(
 
         value = tl.load(value_cache_ptr + v_offsets[:, None] + dims[None, :],
                         mask=position_valid[:, None] & dim_valid[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _dot(probs.to(value.dtype), value, DOT_PRECISION,
+        acc = acc * alpha[:, None] + dot_f32(probs.to(value.dtype), value, DOT_PRECISION,
                                           DOT_UPCAST)
         row_max = new_max
 

@@ -27,6 +27,7 @@ from kernels._checks import check_inner_contiguous
 from kernels._launch import check_launch_device, is_interpreted, next_power_of_2, on_device, \
     round_to
 from kernels.moe_reference import check_moe_args
+from kernels.triton_dot import dot_f32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,15 +43,6 @@ class MoEConfig:
     block_k: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """a @ b accumulated in float32. UPCAST works around triton's CPU interpreter, whose dot
-    multiplies bfloat16 operands as their raw 16-bit patterns (triton 3.9); unused on GPUs."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
-    return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -85,8 +77,8 @@ def _gate_up_kernel(
                          mask=w_mask, other=0.0)
         w_up = tl.load(w_base + (cols[None, :] + inter).to(tl.int64) * stride_w_row
                        + ks[:, None], mask=w_mask, other=0.0)
-        gate_acc += _dot(x, w_gate, PRECISION, UPCAST)
-        up_acc += _dot(x, w_up, PRECISION, UPCAST)
+        gate_acc += dot_f32(x, w_gate, PRECISION, UPCAST)
+        up_acc += dot_f32(x, w_up, PRECISION, UPCAST)
     gate = round_to(gate_acc, dtype)
     up = round_to(up_acc, dtype)
     silu = round_to(gate / (1.0 + tl.exp(-gate)), dtype)
@@ -122,7 +114,7 @@ def _down_kernel(
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_base + cols[None, :].to(tl.int64) * stride_w_row + ks[:, None],
                     mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += _dot(a, w, PRECISION, UPCAST)
+        acc += dot_f32(a, w, PRECISION, UPCAST)
     weight = tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)
     down = round_to(acc, dtype) * weight[:, None]
     tl.store(out_ptr + pairs[:, None] * stride_out + cols[None, :], down,
