@@ -74,8 +74,7 @@ class Executor:
             else None
         self.ops = select_ops(config.attention_backend, self.device)
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
-                                self.device, self.max_model_len,
-                                **({} if tp is None else {"tp": tp}))
+                                self.device, self.max_model_len, tp)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.linear_backend = pack_linears(self.model, self.device, self.dtype,
                                            config.linear_backend)
