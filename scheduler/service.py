@@ -324,28 +324,30 @@ class SchedulerService:
         columnar = isinstance(outputs, StepOutputs)
         by_frontend: dict[bytes, StepOutputs] = {}
         owners = self.owners
-        for output in outputs.entries if columnar else outputs:
-            base = output.request_id.split("#", 1)[0]   # samples of n > 1 report as id#i
+
+        def batch_of(base: str):
             owner = owners.get(base)
             if owner is None:
-                continue
+                return None, None
             batch = by_frontend.get(owner[0])
             if batch is None:
                 batch = by_frontend[owner[0]] = StepOutputs()
+            return owner, batch
+
+        for output in outputs.entries if columnar else outputs:
+            base = output.request_id.split("#", 1)[0]   # samples of n > 1 report as id#i
+            owner, batch = batch_of(base)
+            if batch is None:
+                continue
             batch.entries.append(output)
             if output.finished:
                 if owner[1] == 1:
                     del owners[base]
                 else:
                     owners[base] = (owner[0], owner[1] - 1)
-        if columnar:
-            for request_id, token_id in zip(outputs.ids, outputs.tokens):
-                owner = owners.get(request_id.split("#", 1)[0])
-                if owner is None:
-                    continue
-                batch = by_frontend.get(owner[0])
-                if batch is None:
-                    batch = by_frontend[owner[0]] = StepOutputs()
+        for request_id, token_id in zip(outputs.ids, outputs.tokens) if columnar else ():
+            batch = batch_of(request_id.split("#", 1)[0])[1]
+            if batch is not None:
                 batch.ids.append(request_id)
                 batch.tokens.append(token_id)
         for identity, batch in by_frontend.items():
