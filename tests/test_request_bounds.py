@@ -135,3 +135,33 @@ def test_text_too_long_for_the_context_is_refused_before_tokenizing(tokenizer_di
     check_text_size(2 * 1024 * bound, 1024, bound)   # might fit: left to the tokenizer
     with pytest.raises(PromptError, match="cannot fit .* max_model_len = 1024"):
         check_text_size(2 * 1024 * bound + 1, 1024, bound)
+
+
+def test_a_burst_over_the_backlog_is_no_slow_reader_but_a_reader_that_stops_is(monkeypatch):
+    """Events that arrive at once (a frontend resumed after a stop) exceed the bound before
+    the reader had its turn: a reader that then reads is not aborted. A reader that reads
+    nothing is aborted after the grace, once, with a slow_reader error at the end."""
+    from frontend import openai_api
+
+    monkeypatch.setattr(openai_api, "READER_GRACE_S", 0.05)
+
+    async def run(reads: bool):
+        engine, queue = _Engine(), asyncio.Queue()
+        backlog = openai_api._Backlog(engine, queue, 4)
+        backlog.request_ids.append("r-0")
+        for i in range(20):   # one burst, five times the bound
+            backlog.put(("delta", 0, "x", [i], None))
+        got = []
+        if reads:
+            while not queue.empty():
+                got.append(queue.get_nowait())
+        await asyncio.sleep(0.2)
+        backlog.put(("final", 0, None))
+        while not queue.empty():
+            got.append(queue.get_nowait())
+        return engine.aborted, got
+
+    aborted, got = asyncio.run(run(reads=True))
+    assert aborted == [] and len(got) == 21 and got[-1][0] == "final"
+    aborted, got = asyncio.run(run(reads=False))
+    assert aborted == ["r-0"] and got[-1][:2] == ("error", "slow_reader") and len(got) == 21
