@@ -219,7 +219,10 @@ def test_folio_serve_restarts_a_replicas_scheduler_while_the_other_serves(tmp_pa
                  *ENGINE[:-2]) as server:
         body = wait_serving(server.base)
         assert [r["replica"] for r in body["replicas"]] == [0, 1]
-        log = server.log.read_text()
+        deadline = time.monotonic() + 30
+        while "pids:" not in (log := server.log.read_text()):   # the banner follows health
+            assert time.monotonic() < deadline, log
+            time.sleep(0.1)
         assert re.search(r"executor-0 on cores? \S+, executor-1 on", log), log
         pid = int(re.search(r"scheduler-1=(\d+)", log).group(1))
         os.kill(pid, signal.SIGKILL)
