@@ -336,8 +336,9 @@ class Soak:
         cluster = self.cluster
         choices = [(action, name) for action, name, weight in FAULTS for _ in range(weight)
                    if f"{action}-{name}" in self.args.faults.split(",")]
-        await asyncio.sleep(self.rng.uniform(2, 4))
-        while time.monotonic() < self.until - 3:
+        span = self.until - time.monotonic()   # a short run still gets its faults
+        await asyncio.sleep(min(self.rng.uniform(2, 4), 0.15 * span))
+        while time.monotonic() < self.until - min(3.0, 0.25 * span):
             action, name = self.rng.choice(choices)
             self.faults[f"{action} {name}"] += 1
             if action == "kill":
