@@ -189,11 +189,15 @@ class Soak:
         for _ in range(self.args.prompts):
             prompt = [self.rng.randrange(3, vocab) for _ in range(self.rng.randint(4, 40))]
             self.prompts.append((prompt, self.rng.randint(8, 48)))
-        with Client(self.cluster.clients[0], connect_timeout=10) as client:
-            for index, (prompt, max_tokens) in enumerate(self.prompts):
-                done = client.generate(prompt, SamplingParams(max_tokens=max_tokens, **GREEDY),
-                                       timeout=120)
-                self.answers[index] = (done.token_ids, done.text)
+        async def answer_all() -> None:   # together: one batch, not one request at a time
+            async with AsyncClient(self.cluster.clients[0], connect_timeout=10) as client:
+                done = await asyncio.gather(*(client.generate(
+                    prompt, SamplingParams(max_tokens=max_tokens, **GREEDY), timeout=120)
+                    for prompt, max_tokens in self.prompts))
+            for index, completion in enumerate(done):
+                self.answers[index] = (completion.token_ids, completion.text)
+
+        asyncio.run(answer_all())
 
     # ---- one request of each kind -----------------------------------------------------
 
@@ -429,10 +433,14 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(run_dir, model)
     soak = Soak(cluster, args)
     started = time.monotonic()
+    phases: dict[str, float] = {}
     try:
         cluster.wait_serving(180)
+        phases["start_s"] = time.monotonic() - started
         soak.make_references()
+        phases["references_s"] = time.monotonic() - started - sum(phases.values())
         asyncio.run(soak.run(seconds))
+        phases["load_s"] = time.monotonic() - started - sum(phases.values())
         cluster.wait_serving(120)
         idle = soak.idle_stats()
         # After the chaos the same prompts must still give the same answers.
@@ -444,12 +452,14 @@ def main(argv: list[str] | None = None) -> int:
                 for index in range(len(soak.prompts)):
                     after[await soak.sdk_generate(client, index)] += 1
         asyncio.run(check_after())
+        phases["checks_s"] = time.monotonic() - started - sum(phases.values())
     finally:
         cluster.close()
     leaked = (idle.get("kv_blocks_total", -1) - idle.get("kv_blocks_free", 0)
               if idle else None)
     summary = {
         "seconds": round(seconds), "wall_s": round(time.monotonic() - started),
+        "phases": {name: round(value, 1) for name, value in phases.items()},
         "clients": args.clients, "requests": sum(soak.outcomes.values()),
         "outcomes": dict(soak.outcomes),
         "by_kind": {kind: dict(counts) for kind, counts in sorted(soak.by_kind.items())},

@@ -20,7 +20,7 @@ def test_a_short_chaos_soak_loses_and_mixes_up_nothing(llama_dir, tmp_path):
     out = tmp_path / "chaos.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     run = subprocess.run(
-        [sys.executable, "-m", "bench.chaos", "--seconds", "6", "--model", str(llama_dir),
+        [sys.executable, "-m", "bench.chaos", "--seconds", "5", "--model", str(llama_dir),
          "--clients", "4", "--prompts", "6", "--fault-gap", "2", "--out", str(out),
          # stops only: a restart (imports torch) would take most of the run
          "--faults", "stop-executor,stop-frontend1,stop-frontend0,stop-scheduler"],
