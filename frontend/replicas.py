@@ -134,9 +134,9 @@ class Replicas:
         live = [i for i, c in enumerate(self.clients) if c.engine_alive]
         if not live:   # the gateways refuse first; a replica may die in between
             live = list(range(len(self.clients)))
-        loads = [self._load(i) for i in live]
-        block_size = self._informed().info.block_size if self._informed().info else 16
-        index, _ = self.router.choose(prompt_ids, block_size, loads)
+        info = self._informed().info
+        index, _ = self.router.choose(prompt_ids, info.block_size if info else 16,
+                                      [self._load(i) for i in live])
         return index
 
     def _load(self, index: int) -> ReplicaLoad:
