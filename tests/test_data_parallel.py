@@ -257,3 +257,26 @@ def test_compose_replicas_file_adds_a_second_pair_and_routes_to_both():
     assert address.split(",") == ["tcp://scheduler:5556", "tcp://scheduler-1:5556"]
     base = _raw("compose.yaml")["services"]
     assert set(services["frontend"]["command"]) - set(base["frontend"]["command"]) == {address}
+
+
+def test_router_follows_the_prefix_until_its_replica_is_much_busier():
+    from frontend.routing import PrefixRouter, ReplicaLoad, RoutingConfig
+
+    router = PrefixRouter(RoutingConfig(max_remembered_blocks=8))
+    prefix = list(range(3, 35))   # two full blocks of 16
+
+    def loads(busy0: int, busy1: int) -> list[ReplicaLoad]:
+        return [ReplicaLoad(0, busy0, 100), ReplicaLoad(1, busy1, 100)]
+
+    first, _ = router.choose(prefix + [1], 16, loads(0, 0))
+    assert router.choose(prefix + [2], 16, loads(5, 5)) == (first, 2)
+    busy = loads(20, 0) if first == 0 else loads(0, 20)   # 20 vs 0: past 8 and 1.5x
+    assert router.choose(prefix + [3], 16, busy) == (1 - first, 0)
+    assert router.choose([7] * 16 + [8], 16, loads(0, 3))[0] == 0   # no match: least loaded
+    assert router.choose(prefix, 16, loads(3, 3))[0] in (0, 1)
+    router.forget_replica(0)
+    router.forget_replica(1)
+    assert router.owner == {}
+    for i in range(20):   # the LRU stays within its bound
+        router.choose([100 + i] * 16, 16, loads(0, 0))
+    assert len(router.owner) == 8
