@@ -14,11 +14,30 @@ from folio.client import Client
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+def spawn_role(args: list[str], log: Path) -> subprocess.Popen:
+    """`python -m folio ARGS` from the repository, its output appended to `log`."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     handle = open(log, "ab")
     return subprocess.Popen([sys.executable, "-m", "folio", *args], cwd=ROOT, env=env,
                             stdout=handle, stderr=subprocess.STDOUT)
+
+
+def process_logs(run_dir: Path, tail: int = 3000) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
+                     for p in sorted(run_dir.glob("*.log")))
+
+
+def stop_processes(procs) -> None:
+    """SIGTERM to each, then wait; SIGKILL what is still there after 10 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Pipeline:
@@ -36,20 +55,20 @@ class Pipeline:
         self.executor_address = f"ipc://{run_dir}/sched-ex.sock"
         self.client_addresses = [f"ipc://{run_dir}/client{i}.sock" for i in range(num_frontends)]
         self.procs: dict[str, subprocess.Popen] = {}
-        self.procs["scheduler"] = _spawn(
+        self.procs["scheduler"] = spawn_role(
             ["scheduler", "--frontend-address", self.frontend_address,
              "--executor-address", self.executor_address, *scheduler_args],
             run_dir / "scheduler.log")
         self.start_executor()
         for i, address in enumerate(self.client_addresses):
             http = ["--port", str(http_port)] if http_port and i == 0 else []
-            self.procs[f"frontend{i}"] = _spawn(
+            self.procs[f"frontend{i}"] = spawn_role(
                 ["frontend", "--model", str(model_dir), "--client-address", address,
                  "--scheduler-address", self.frontend_address, *http],
                 run_dir / f"frontend{i}.log")
 
     def start_executor(self) -> None:
-        self.procs["executor"] = _spawn(
+        self.procs["executor"] = spawn_role(
             ["executor", "--model", str(self.model_dir), "--scheduler-address",
              self.executor_address, "--dtype", "float32", *self.engine_args],
             self.run_dir / "executor.log")
@@ -78,16 +97,7 @@ class Pipeline:
             raise RuntimeError(f"processes died: {dead}; logs: {self.logs()}")
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted(self.run_dir.glob("*.log")))
+        return process_logs(self.run_dir)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs.values())

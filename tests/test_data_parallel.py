@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,16 +25,12 @@ import pytest
 
 from shared.security import generate_keys
 from tests.http_server import free_port, serving
+from tests.pipeline import process_logs, spawn_role, stop_processes
 
-ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ("--dtype", "float32", "--num-kv-blocks", "256", "--max-model-len", "512",
           "--cpu-threads", "1")
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "folio", *args], cwd=ROOT, env=env,
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 
 class TcpReplicas:
@@ -52,13 +47,13 @@ class TcpReplicas:
             fe, ex = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
             frontend_addresses.append(fe)
             self.executor_addresses.append(ex)
-            self.procs[f"scheduler-{i}"] = _spawn(
+            self.procs[f"scheduler-{i}"] = spawn_role(
                 ["scheduler", "--frontend-address", fe, "--executor-address", ex,
                  "--curve-keys", str(self.keys)], run_dir / f"scheduler-{i}.log")
             self.start_executor(i)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.procs["frontend"] = _spawn(
+        self.procs["frontend"] = spawn_role(
             ["frontend", "--model", str(model_dir), "--client-address",
              f"ipc://{run_dir}/client.sock", "--scheduler-address", ",".join(frontend_addresses),
              "--curve-keys", str(self.keys), "--port", str(self.port),
@@ -66,25 +61,16 @@ class TcpReplicas:
             run_dir / "frontend.log")
 
     def start_executor(self, i: int) -> None:
-        self.procs[f"executor-{i}"] = _spawn(
+        self.procs[f"executor-{i}"] = spawn_role(
             ["executor", "--model", str(self.model_dir), "--scheduler-address",
              self.executor_addresses[i], "--curve-keys", str(self.keys), *ENGINE],
             self.run_dir / f"executor-{i}.log")
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-                         for p in sorted(self.run_dir.glob("*.log")))
+        return process_logs(self.run_dir, 2000)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self.procs.values())
 
 
 def health(base: str) -> dict:

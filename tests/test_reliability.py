@@ -35,7 +35,7 @@ from shared.outputs import EngineOutput
 from shared.step import StepResult
 from shared.wire import PROTOCOL_VERSION
 from tests.http_server import free_port
-from tests.pipeline import Pipeline, _spawn
+from tests.pipeline import Pipeline, spawn_role
 
 pytestmark = pytest.mark.slow
 
@@ -60,14 +60,14 @@ class Cluster(Pipeline):
         if name == "executor":
             self.start_executor()
         elif name == "scheduler":
-            self.procs["scheduler"] = _spawn(
+            self.procs["scheduler"] = spawn_role(
                 ["scheduler", "--frontend-address", self.frontend_address,
                  "--executor-address", self.executor_address, *SCHEDULER_ARGS],
                 self.run_dir / "scheduler.log")
         else:
             index = int(name.removeprefix("frontend"))
             http = ["--port", str(self.http_port)] if index == 0 else []
-            self.procs[name] = _spawn(
+            self.procs[name] = spawn_role(
                 ["frontend", "--model", str(self.model_dir), "--client-address",
                  self.client_addresses[index], "--scheduler-address", self.frontend_address,
                  *http], self.run_dir / f"{name}.log")
