@@ -102,7 +102,7 @@ def cpu_ops() -> KernelOps:
 
     return KernelOps(name="cpu", rms_norm=cpu_fused.rms_norm_cpu, rotary=cpu_fused.rotary_cpu,
                      reshape_and_cache=reference.reshape_and_cache_ref,
-                     silu_and_mul=cpu_fused.silu_and_mul_cpu, attention=attention,
+                     silu_and_mul=reference.silu_and_mul_ref, attention=attention,
                      prepare=lambda inputs, block_size: inputs,
                      fused_moe=CpuFusedMoe())
 

@@ -1,7 +1,7 @@
 """Python faces of the fused CPU operators in kernels/cpu/fused_ops.cpp.
 
-Each has the meaning of its torch reference in kernels.reference (rms_norm_ref, rotary_ref,
-silu_and_mul_ref); they are built and loaded with the attention operator
+Each has the meaning of its torch reference in kernels.reference (rms_norm_ref, rotary_ref);
+they are built and loaded with the attention operator
 (kernels.cpu_attention), so `cpu_attention.load().ok` says whether they can run.
 """
 
@@ -28,10 +28,3 @@ def rotary_cpu(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
     """As rotary_ref, rotating query and key in place."""
     torch.ops.folio.rotary(positions, query, key, cos_sin_cache)
     return query, key
-
-
-def silu_and_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
-    """As silu_and_mul_ref: silu(gate) * up for gate_up = [gate | up]."""
-    out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
-    torch.ops.folio.silu_and_mul(out, gate_up)
-    return out

@@ -9,7 +9,7 @@ import torch
 from executor.model_config import RopeConfig
 from executor.rotary import rotary_cos_sin_cache
 from kernels import reference
-from kernels.cpu_fused import rms_norm_cpu, rotary_cpu, silu_and_mul_cpu
+from kernels.cpu_fused import rms_norm_cpu, rotary_cpu
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")
 
@@ -61,14 +61,6 @@ def test_rotary_matches_reference_on_views_of_the_fused_projection(dtype, heads,
     assert torch.equal(v, v_before)               # the value columns are not touched
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_and_mul_matches_reference(dtype):
-    torch.manual_seed(2)
-    gate_up = (4 * torch.randn(45, 2 * 176)).to(dtype)
-    torch.testing.assert_close(silu_and_mul_cpu(gate_up), reference.silu_and_mul_ref(gate_up),
-                               **TOLERANCE[dtype])
-
-
 def test_bad_arguments_raise_clear_errors():
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match="weight must be a contiguous"):
@@ -79,5 +71,3 @@ def test_bad_arguments_raise_clear_errors():
     q, k = torch.randn(2, 1, 8), torch.randn(2, 1, 8)
     with pytest.raises(RuntimeError, match="position 16 outside the rotary table"):
         rotary_cpu(torch.tensor([0, 16]), q, k, table)
-    with pytest.raises(RuntimeError, match=r"gate_up must be \[tokens, 2 \* n\]"):
-        torch.ops.folio.silu_and_mul(torch.empty(4, 3), torch.randn(4, 8))
