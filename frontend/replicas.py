@@ -66,8 +66,12 @@ class Replicas:
     def requests(self) -> dict[str, Any]:
         return {rid: r for client in self.clients for rid, r in client.requests.items()}
 
+    def _serving(self) -> list[int]:
+        """Indexes of the replicas serving now."""
+        return [i for i, c in enumerate(self.clients) if c.engine_alive]
+
     def _live(self) -> list[EngineClient]:
-        return [c for c in self.clients if c.engine_alive]
+        return [self.clients[i] for i in self._serving()]
 
     def _informed(self) -> EngineClient:
         """A replica whose engine_info is known (the live one first): they all serve the
@@ -131,7 +135,7 @@ class Replicas:
         return self.clients[index].submit(prompt_ids, params, sink, deadline_s, stops)
 
     def _route(self, prompt_ids: list[int]) -> int:
-        live = [i for i, c in enumerate(self.clients) if c.engine_alive]
+        live = self._serving()
         if not live:   # the gateways refuse first; a replica may die in between
             live = list(range(len(self.clients)))
         info = self._informed().info
@@ -180,7 +184,7 @@ class Replicas:
                      ) -> dict[str, Any] | None:
         """One replica's page map (`replica`, else the first serving one)."""
         if replica is None:
-            live = [i for i, c in enumerate(self.clients) if c.engine_alive]
+            live = self._serving()
             replica = live[0] if live else 0
         snapshot = await self.clients[replica].kv_map(timeout)
         return None if snapshot is None else {**snapshot, "replica": replica}

@@ -12,7 +12,8 @@ import pytest
 from tests.http_server import serving
 
 pytestmark = pytest.mark.slow
-lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed")
+lm_eval = pytest.importorskip(
+    "lm_eval", reason="lm-eval is not installed (scripts/setup.sh --test installs it)")
 MODEL = "tiny"
 SAMPLES = 24
 TOL = 1e-3
