@@ -90,7 +90,7 @@ def triton_ops() -> KernelOps:
 
 def cpu_ops() -> KernelOps:
     """The C++ operators: paged attention reading the cache blocks in place, fused RMSNorm
-    (+ residual), rotary and SiLU-and-mul; the cache write from the reference; MoE experts
+    (+ residual) and rotary; SiLU-and-mul and the cache write from the reference; MoE experts
     grouped on oneDNN with prepacked weights (kernels.moe_cpu)."""
 
     def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,

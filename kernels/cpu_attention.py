@@ -1,4 +1,4 @@
-"""The CPU operators (kernels/cpu/: paged attention, fused norm/rotary/SiLU): build, load, call.
+"""The CPU operators (kernels/cpu/: paged attention, fused norm/rotary): build, load, call.
 
 It is built once at setup time (`python -m kernels.cpu_attention --build`, run by
 scripts/setup.sh) into $FOLIO_CPU_OPS_DIR, else `.folio-cache/cpu-ops/` beside this package.

@@ -88,11 +88,8 @@ class Attention(nn.Module):
         q, k = self._rotary(positions, q, k, cos_sin)
         key_cache, value_cache = kv_cache
         self.ops.reshape_and_cache(k, v, key_cache, value_cache, inputs.slot_mapping)
-        if self.window is None and self.softcap is None:
-            out = self.ops.attention(q, key_cache, value_cache, inputs, self.scale)
-        else:
-            out = self.ops.attention(q, key_cache, value_cache, inputs, self.scale,
-                                     window=self.window, softcap=self.softcap)
+        out = self.ops.attention(q, key_cache, value_cache, inputs, self.scale,
+                                 window=self.window, softcap=self.softcap)
         return self.o_proj(out.reshape(tokens, self.q_size))
 
     def _rotary(self, positions, q, k, cos_sin):
