@@ -92,8 +92,9 @@ class Scheduler:
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling: SamplingParams) -> list[str]:
         """Queue a request; returns the ids its outputs will carry (one per sample).
-        Raises ValueError, allocating nothing, if it can never run."""
-        self._validate_prompt(prompt_token_ids)
+        Raises ValueError, allocating nothing, if it can never run: the offline engine and
+        the server refuse the same requests."""
+        self._check_fits(prompt_token_ids, sampling.max_tokens)
         # The frontend checked these too; the scheduler does not trust its peers.
         check_against_model(sampling, self.config.vocab_size, self.config.max_logprobs,
                             self.config.max_n)
@@ -409,15 +410,19 @@ class Scheduler:
         self._by_handle[request.handle] = request
         return request
 
-    def _validate_prompt(self, prompt_token_ids: list[int]) -> None:
+    def _check_fits(self, prompt_token_ids: list[int], max_tokens: int | None) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         limit = self.config.max_request_len
+        what = ("max_model_len" if limit == self.config.max_model_len
+                else "the KV cache's capacity (num_kv_blocks * block_size)")
         if len(prompt_token_ids) > limit:
-            what = ("max_model_len" if limit == self.config.max_model_len
-                    else "the KV cache's capacity (num_kv_blocks * block_size)")
             raise ValueError(f"prompt has {len(prompt_token_ids)} tokens, more than {what} = "
                              f"{limit}")
+        wanted = len(prompt_token_ids) + (max_tokens or 0)
+        if max_tokens is not None and wanted > limit:
+            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) plus max_tokens "
+                             f"({max_tokens}) is {wanted} tokens, more than {what} = {limit}")
         vocab = self.config.vocab_size
         for token_id in prompt_token_ids:
             if isinstance(token_id, bool) or not isinstance(token_id, int) or not (

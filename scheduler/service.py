@@ -282,39 +282,29 @@ class SchedulerService:
             self._send_frontend(identity, m.encode_rejected(
                 request_id, f"request id {request_id!r} is in use or contains '#'"))
             return
-        refusal = self._admission_refusal(prompt, params)
+        refusal = self._queue_refusal(len(prompt))
         if refusal is not None:
             self._send_frontend(identity, m.encode_rejected(request_id, *refusal))
             return
-        try:
+        try:   # what can never fit is refused by the scheduler, as in the offline LLM
             sample_ids = self.scheduler.add_request(request_id, prompt, params)
         except ValueError as error:
-            self._send_frontend(identity, m.encode_rejected(request_id, str(error)))
+            self._send_frontend(identity, m.encode_rejected(request_id, str(error), "invalid"))
             return
         self.owners[request_id] = (identity, len(sample_ids))
         self.ahead_tried = False   # new work for the plan ahead
 
-    def _admission_refusal(self, prompt: list[int], params) -> tuple[str, str] | None:
-        """Why a served request is refused before it is queued: it could never finish, or
-        the queue is full (by requests or by prompt tokens). None: accept it."""
+    def _queue_refusal(self, prompt_len: int) -> tuple[str, str] | None:
+        """Why a served request is refused before it is queued: the queue is full (by
+        requests or by prompt tokens). None: accept it."""
         scheduler = self.scheduler
-        cap = scheduler.config
-        wanted = len(prompt) + (params.max_tokens or 0)
-        if params.max_tokens is not None and wanted > cap.max_model_len:
-            return (f"prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) is "
-                    f"{wanted} tokens, more than max_model_len = {cap.max_model_len}",
-                    "invalid")
-        pool_tokens = cap.num_kv_blocks * cap.block_size
-        if params.max_tokens is not None and wanted > pool_tokens:
-            return (f"prompt plus max_tokens is {wanted} tokens, more than the whole KV cache "
-                    f"holds ({pool_tokens} tokens)", "invalid")
         limit = self.config.max_queued_requests
         if limit is not None and len(scheduler.waiting) >= limit:
             return (f"the queue is full ({limit} requests waiting); retry later", "queue_full")
         token_limit = self.config.max_queued_tokens
         if token_limit is not None:
             queued = sum(r.num_tokens for r in scheduler.waiting)
-            if queued + len(prompt) > token_limit:
+            if queued + prompt_len > token_limit:
                 return (f"the queue is full ({queued} prompt tokens waiting, limit "
                         f"{token_limit}); retry later", "queue_full")
         return None

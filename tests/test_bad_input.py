@@ -23,6 +23,14 @@ def test_prompt_longer_than_max_model_len(llm):
     assert stats["num_waiting"] == stats["num_running"] == 0
 
 
+def test_prompt_plus_max_tokens_past_the_context_is_refused_as_the_server_refuses(llm):
+    # The server's wording (tests/test_pipeline.py): admission is the scheduler's alone.
+    with pytest.raises(ValueError, match=r"plus max_tokens \(30\) is 210 tokens, more than "
+                       r"max_model_len = 200"):
+        llm.generate([[5] * 180], SamplingParams(max_tokens=30))
+    assert llm.stats()["kv_blocks_free"] == 64
+
+
 def test_prompt_longer_than_pool(llama_dir):
     small = LLM(str(llama_dir), num_kv_blocks=4, block_size=16)
     with pytest.raises(ValueError, match=r"KV cache's capacity .* = 64"):

@@ -108,12 +108,14 @@ class Driver:
         self.block_contents: dict[bytes, list] = {}
 
     def add(self, request_id: str, prompt: list[int], sampling: SamplingParams) -> bool:
+        limit = self.config.max_request_len
+        never_fits = len(prompt) + (sampling.max_tokens or 0) > limit
         try:
             ids = self.scheduler.add_request(request_id, prompt, sampling)
         except ValueError:
-            assert len(prompt) > self.config.max_request_len
+            assert never_fits
             return False
-        assert len(prompt) <= self.config.max_request_len
+        assert not never_fits
         assert ids == [child_request_id(request_id, i, sampling.n) for i in range(sampling.n)]
         expected = expected_outputs(prompt, sampling, self.config.max_request_len)
         for sample_id in ids:
@@ -570,7 +572,7 @@ def test_window_serves_prompts_longer_than_the_pool(ahead):
     for i in range(4):
         prompt = [(11 * i + 3 * k) % VOCAB for k in range(30 + 2 * i)]
         assert len(prompt) > config.usable_kv_blocks * config.block_size or i < 2
-        assert driver.add(f"long{i}", prompt, SamplingParams(max_tokens=4 + i,
+        assert driver.add(f"long{i}", prompt, SamplingParams(max_tokens=4 + i % 3,
                                                              ignore_eos=True))
     while driver.scheduler.has_work() or driver.sent:
         driver.step()
