@@ -219,3 +219,15 @@ def test_prompt_logprobs_match_transformers_with_chunks_and_preemption(llama_dir
         assert abs(entry[token].logprob - float(reference[position - 1, token])) < 1e-4
         assert len(entry) in (2, 3)   # the top 2, plus the prompt token when outside them
     assert tight.stats()["preemptions_recompute"] > 0
+
+
+def test_the_inverse_cdf_draw_never_picks_a_token_without_mass():
+    from executor.sampler import _inverse_cdf
+
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0, 0.0]]).expand(5, 6)
+    edges = torch.tensor([[0.0], [0.2499], [0.2501], [0.5], [1.0 - 2 ** -24]])
+    assert _inverse_cdf(probs, edges).tolist() == [1, 1, 3, 3, 3]
+    uniforms = torch.rand(100_000, 1, generator=torch.Generator().manual_seed(3))
+    counts = torch.bincount(_inverse_cdf(probs[:1].expand(100_000, 6), uniforms), minlength=6)
+    assert counts[[0, 2, 4, 5]].sum() == 0
+    assert abs(counts[3].item() / 100_000 - 0.75) < 0.01
