@@ -9,7 +9,7 @@ generated from these fields (folio/cli.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -132,9 +132,6 @@ class EngineConfig(SchedulingPolicy):
     @property
     def tokenizer_path(self) -> str:
         return self.tokenizer or self.model
-
-    def with_overrides(self, **changes: Any) -> "EngineConfig":
-        return replace(self, **changes)
 
 
 @dataclass(frozen=True)

@@ -834,9 +834,9 @@ def test_zeromq_fuzz_10000_messages_per_socket_leaves_everything_serving(healthy
     assert httpx.get(f"{healthy.base}/health").status_code == 200
 
 
-def test_an_accepted_but_absurd_parameter_fails_at_most_its_own_request(healthy):
-    """temperature = 2**63 (an integer: finite and >= 0, so it passes validation) over the SDK
-    wire and over HTTP: it may be refused or served, but a request running beside it must
+def test_an_absurd_temperature_is_refused_and_the_largest_accepted_one_is_served(healthy):
+    """temperature = 2**63 over HTTP and over the SDK wire is refused by name; 1e4 (the
+    largest accepted: a near-uniform draw) is served. A request running beside both must
     finish normally (the executor must not fail the whole batch over one row)."""
 
     async def run():
@@ -847,6 +847,8 @@ def test_an_accepted_but_absurd_parameter_fails_at_most_its_own_request(healthy)
             await asyncio.wait_for(started.wait(), 20)
             over_http = await http.post("/v1/completions", json={
                 "prompt": "x", "max_tokens": 4, "temperature": 2**63})
+            hot = await http.post("/v1/completions", json={
+                "prompt": "x", "max_tokens": 4, "temperature": 1e4, "ignore_eos": True})
             raw = SamplingParams(max_tokens=4).to_dict() | {"temperature": 2**63}
             ctx = zmq.asyncio.Context()
             sock = ctx.socket(zmq.DEALER)
@@ -862,11 +864,15 @@ def test_an_accepted_but_absurd_parameter_fails_at_most_its_own_request(healthy)
                 sock.close()
                 ctx.term()
             tokens = await _value_or_error(asyncio.wait_for(bystander, 60))
-            return over_http, replies[-1], tokens
+            return over_http, hot, replies[-1], tokens
 
-    over_http, over_sdk, tokens = asyncio.run(run())
-    assert over_http.status_code in (200, 400), over_http.text[:300]
-    assert over_sdk[0] == "final" or over_sdk[1]["code"] == "invalid", over_sdk
+    over_http, hot, over_sdk, tokens = asyncio.run(run())
+    assert over_http.status_code == 400, over_http.text[:300]
+    assert "temperature must be <= 10000" in over_http.json()["error"]["message"]
+    assert over_sdk[0] == "error" and over_sdk[1]["code"] == "invalid", over_sdk
+    assert "temperature" in over_sdk[1]["message"], over_sdk
+    assert hot.status_code == 200, hot.text[:300]
+    assert hot.json()["usage"]["completion_tokens"] == 4
     assert tokens == LONG, f"the request running beside it ended with {tokens!r}"
 
 
