@@ -27,7 +27,6 @@ from shared.wire import ProtocolError
 log = logging.getLogger("folio.executor")
 
 HEARTBEAT_S = 0.25
-SCHEDULER_TYPES = frozenset({"plan", "reset", "ping"})
 
 
 @dataclass(frozen=True)
@@ -87,14 +86,14 @@ class ExecutorService:
                     log.warning("the link to the scheduler stayed down: connecting afresh")
                 if event & UP_EVENTS:
                     # A (re)connected scheduler knows nothing of us: start clean, say hello.
-                    self._to_ranks(m.pack("reset", {}))
+                    self._to_ranks(m.encode_reset())
                     self.executor.reset()
                     self.sock.send(m.encode_hello_executor(self.executor.capacity, pid))
                 if self.sock not in events:
                     continue
                 data = self.sock.recv()
                 try:
-                    msg_type, body = m.decode(data, SCHEDULER_TYPES)
+                    msg_type, body = m.decode(data, m.SCHEDULER_TO_EXECUTOR)
                     plan = m.decode_plan(body) if msg_type == "plan" else None
                 except ProtocolError as error:
                     log.warning("dropped a malformed message: %s", error)

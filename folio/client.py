@@ -83,6 +83,15 @@ class Delta:
     logprobs: list[dict[int, Logprob]] | None = None
 
 
+def _server_error(body: dict[str, Any]) -> FolioError:
+    """The typed error for the frontend's `error` reply (its code picks the class)."""
+    try:
+        reply = m.decode_error(Body("error", body))
+    except ProtocolError as error:
+        return FolioError(f"the server sent a malformed error: {error}")
+    return error_from_code(reply.code, reply.message)
+
+
 def _logprobs(raw: list[dict[str, Any]] | None) -> list[dict[int, Logprob]] | None:
     if raw is None:
         return None
@@ -188,13 +197,13 @@ class AsyncClient:
         await self._start()
         wire_id = self._calls.get(request_id)
         if wire_id is not None:
-            await self._send(m.pack("abort", {"id": wire_id}))
+            await self._send(m.encode_abort(wire_id))
 
     async def health(self, timeout: float = 5.0) -> dict[str, Any]:
         request_id = uuid.uuid4().hex
         queue = await self._open(request_id)
         try:
-            await self._send(m.pack("health", {"id": request_id}))
+            await self._send(m.encode_health_query(request_id))
             kind, body = await self._next(queue, timeout, request_id)
             return {k: v for k, v in body.items() if k != "id"}
         finally:
@@ -205,10 +214,10 @@ class AsyncClient:
         request_id = uuid.uuid4().hex
         queue = await self._open(request_id)
         try:
-            await self._send(m.pack("kv_map", {"id": request_id}))
+            await self._send(m.encode_kv_map_query(request_id))
             kind, body = await self._next(queue, timeout, request_id)
             if kind == "error":
-                raise error_from_code(body.get("code", ""), body.get("message", ""))
+                raise _server_error(body)
             try:
                 return m.decode_kv_map(Body(kind, body))
             except ProtocolError as error:
@@ -267,14 +276,14 @@ class AsyncClient:
                     return
                 elif kind == "error":
                     done = True
-                    raise error_from_code(body.get("code", ""), body.get("message", ""))
+                    raise _server_error(body)
         finally:
             self._queues.pop(wire_id, None)
             self._calls.pop(request_id, None)
             if not done and self._lost is None:
                 # Abandoned (timeout, cancel, consumer stopped): free its KV blocks.
                 try:
-                    await self._send(m.pack("abort", {"id": wire_id}))
+                    await self._send(m.encode_abort(wire_id))
                 except FolioError:
                     pass
 
@@ -328,6 +337,8 @@ class AsyncClient:
             try:
                 kind, body = m.unpack(data)
             except ProtocolError:
+                continue
+            if kind not in m.GATEWAY_TO_CLIENT:
                 continue
             queue = self._queues.get(body.get("id")) if isinstance(body.get("id"), str) else None
             if queue is not None:

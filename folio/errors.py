@@ -1,5 +1,7 @@
 """Typed errors the SDK raises, each with a message a user can act on."""
 
+from shared.codes import RefusalCode
+
 
 class FolioError(Exception):
     """Base class of every Folio client error."""
@@ -30,9 +32,11 @@ class RequestTimeout(FolioError):
     """No answer within the request's timeout; the request was aborted."""
 
 
-_BY_CODE = {"invalid": RequestRejected, "rejected": RequestRejected, "queue_full": QueueFull,
-            "engine_dead": EngineDead, "timeout": RequestTimeout, "shutting_down": ShuttingDown}
+_BY_CODE = {RefusalCode.INVALID: RequestRejected, RefusalCode.REJECTED: RequestRejected,
+            RefusalCode.QUEUE_FULL: QueueFull, RefusalCode.ENGINE_DEAD: EngineDead,
+            RefusalCode.TIMEOUT: RequestTimeout, RefusalCode.SHUTTING_DOWN: ShuttingDown}
 
 
-def error_from_code(code: str, message: str) -> FolioError:
+def error_from_code(code: RefusalCode | str, message: str) -> FolioError:
+    """The error class for a frontend's `error` code; FolioError for an unknown one."""
     return _BY_CODE.get(code, FolioError)(message)

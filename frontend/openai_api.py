@@ -20,6 +20,7 @@ from frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
 from frontend.structured_request import structured_spec
 from frontend.tool_calls import ToolPlan, openai_calls, tool_plan
 from frontend.tool_parsers import stream_holdback
+from shared.codes import RefusalCode
 from shared.sampling_params import SamplingParams, check_against_model
 
 log = logging.getLogger("folio.frontend")
@@ -58,7 +59,7 @@ class _Backlog:
                     ",".join(self.request_ids), self.limit)
         for request_id in self.request_ids:
             self.engine.abort(request_id)
-        self.queue.put_nowait(("error", "slow_reader", f"the client fell more than "
+        self.queue.put_nowait(("error", RefusalCode.SLOW_READER, f"the client fell more than "
                                f"{self.limit} events behind the stream; the request was "
                                "aborted"))
 
@@ -167,15 +168,15 @@ def _check(engine: EngineClient, ids: list[int], params: SamplingParams, field: 
 
 
 def _error_from_engine(code: str, message: str) -> ApiError:
-    if code == "queue_full":
+    if code == RefusalCode.QUEUE_FULL:
         return ApiError(503, message, code="queue_full")
-    if code == "engine_dead":
+    if code == RefusalCode.ENGINE_DEAD:
         return ApiError(503, message, code="engine_unavailable")
-    if code == "timeout":
+    if code == RefusalCode.TIMEOUT:
         return ApiError(408, message, code="request_timeout", error_type="timeout_error")
-    if code == "shutting_down":
+    if code == RefusalCode.SHUTTING_DOWN:
         return ApiError(503, message, code="shutting_down")
-    if code == "slow_reader":
+    if code == RefusalCode.SLOW_READER:
         return ApiError(429, message, code="slow_reader", error_type="rate_limit_error")
     return ApiError(400, message)
 

@@ -18,6 +18,7 @@ from frontend.engine_client import EngineClient, FinalResult
 from frontend.prompts import check_prompt, prompt_ids
 from frontend.stop_strings import StopStrings
 from shared import messages as m
+from shared.codes import FinishReason, RefusalCode
 from shared.sampling_params import check_against_model
 from shared.structured_output import grammar_error
 from shared.security import CurveKeys, make_server
@@ -47,7 +48,7 @@ class _ClientSink:
             self.client_id, sample.text, sample.token_ids, sample.finish_reason,
             result.prompt_tokens, sample.logprobs, sample.stop_reason, result.prompt_logprobs)
         if len(payload) > MAX_MESSAGE_BYTES:   # the client's socket would drop the connection
-            payload = m.encode_error(self.client_id, "invalid", (
+            payload = m.encode_error(self.client_id, RefusalCode.INVALID, (
                 f"the result ({len(payload)} bytes) exceeds the {MAX_MESSAGE_BYTES}-byte "
                 "message limit; ask for fewer tokens or logprobs"))
         self.gateway.reply(self.client, payload)
@@ -94,7 +95,7 @@ class ZmqGateway:
 
     def _on_message(self, client: bytes, data: bytes) -> None:
         try:
-            msg_type, body = m.decode(data, m.CLIENT_TYPES)
+            msg_type, body = m.decode(data, m.CLIENT_TO_GATEWAY)
             self._dispatch(client, msg_type, body)
         except ProtocolError as error:
             self._bad_message(client, m.peek_id(data), error)
@@ -106,24 +107,25 @@ class ZmqGateway:
                 try:
                     prepared = self._prepare(request)
                 except ValueError as error:
-                    self.reply(client, m.encode_error(request.id, "invalid", str(error)))
+                    self.reply(client, m.encode_error(request.id, RefusalCode.INVALID,
+                                                      str(error)))
                     return
                 self._start(client, request, *prepared)
         elif msg_type == "abort":
-            client_id = body.str("id")
+            client_id = m.decode_client_query(body).request_id
             request_id = self.by_client.get((client, client_id))
             if request_id is not None:
                 self.engine.abort(request_id)
             elif self.preparing.get(client) and len(self.early_aborts) < MAX_EARLY_ABORTS:
                 self.early_aborts.add((client, client_id))
         elif msg_type == "health":
-            asyncio.create_task(self._on_health(client, body.str("id")))
+            asyncio.create_task(self._on_health(client, m.decode_client_query(body).request_id))
         elif msg_type == "kv_map":
-            asyncio.create_task(self._on_kv_map(client, body.str("id")))
+            asyncio.create_task(self._on_kv_map(client, m.decode_client_query(body).request_id))
 
     def _bad_message(self, client: bytes, client_id: str, error: ProtocolError) -> None:
         log.warning("bad client message: %s", error)
-        self.reply(client, m.encode_error(client_id, "invalid", str(error)))
+        self.reply(client, m.encode_error(client_id, RefusalCode.INVALID, str(error)))
 
     def _decode_large(self, data: bytes):
         """In the pool: decode a large message and, for a generate, prepare its prompt."""
@@ -135,7 +137,7 @@ class ZmqGateway:
         if not (isinstance(client_id, str) and 0 < len(client_id) <= MAX_ID_LEN):
             client_id = ""
         try:
-            if msg_type not in m.CLIENT_TYPES:
+            if msg_type not in m.CLIENT_TO_GATEWAY:
                 raise ProtocolError(f"unexpected message type {msg_type!r} on this socket")
             if msg_type != "generate":
                 return msg_type, Body(msg_type, raw), None
@@ -166,15 +168,16 @@ class ZmqGateway:
             if kind == "invalid":
                 self._bad_message(client, what, detail)
             elif kind == "too_long":
-                self.reply(client, m.encode_error(what, "invalid", detail))
+                self.reply(client, m.encode_error(what, RefusalCode.INVALID, detail))
             elif kind not in ("generate", "refused"):
                 self._dispatch(client, kind, what)
             elif (client, what.id) in self.early_aborts:   # aborted while prepared
                 self.early_aborts.discard((client, what.id))
-                self.reply(client, m.encode_final(what.id, "", [], "abort", 0))
+                self.reply(client, m.encode_final(what.id, "", [], FinishReason.ABORT, 0))
             elif not self._refused(client, what):
                 if kind == "refused":
-                    self.reply(client, m.encode_error(what.id, "invalid", str(detail)))
+                    self.reply(client, m.encode_error(what.id, RefusalCode.INVALID,
+                                                      str(detail)))
                 else:
                     self._start(client, what, *detail)
         except ProtocolError as error:
@@ -191,14 +194,15 @@ class ZmqGateway:
         """Refuse (and answer) a generate that cannot be served now."""
         reason = None
         if (client, request.id) in self.by_client:
-            reason = ("invalid", f"request id {request.id!r} is already running")
+            reason = (RefusalCode.INVALID, f"request id {request.id!r} is already running")
         elif self.engine.draining:
-            reason = ("shutting_down", "the server is shutting down; retry elsewhere or later")
+            reason = (RefusalCode.SHUTTING_DOWN,
+                      "the server is shutting down; retry elsewhere or later")
         elif not self.engine.engine_alive:
-            reason = ("engine_dead", self.engine.dead_reason())
+            reason = (RefusalCode.ENGINE_DEAD, self.engine.dead_reason())
         elif request.params.n != 1:
-            reason = ("invalid", "n > 1 is not served over the SDK yet; send n requests, or "
-                      "use the HTTP API or folio.LLM")
+            reason = (RefusalCode.INVALID, "n > 1 is not served over the SDK yet; send n "
+                      "requests, or use the HTTP API or folio.LLM")
         if reason is not None:
             self.reply(client, m.encode_error(request.id, *reason))
         return reason is not None
@@ -230,14 +234,13 @@ class ZmqGateway:
             ids, request.params, sink, request.deadline, stops)
 
     async def _on_health(self, client: bytes, client_id: str) -> None:
-        stats = await self.engine.stats()
-        self.reply(client, m.pack("health", {
-            "id": client_id, "ok": self.engine.engine_alive and not self.engine.draining,
-            "draining": self.engine.draining,
-            "scheduler": self.engine.scheduler_alive, "executor": self.engine.engine_alive,
-            "frontend_id": self.engine.frontend_id, "stats": stats,
-            **({"replicas": self.engine.replica_health()}
-               if hasattr(self.engine, "replica_health") else {})}))
+        engine = self.engine
+        stats = await engine.stats()
+        self.reply(client, m.encode_health(
+            client_id, ok=engine.engine_alive and not engine.draining, draining=engine.draining,
+            scheduler=engine.scheduler_alive, executor=engine.engine_alive,
+            frontend_id=engine.frontend_id, stats=stats,
+            replicas=engine.replica_health() if hasattr(engine, "replica_health") else None))
 
     async def _on_kv_map(self, client: bytes, client_id: str) -> None:
         self.reply(client, m.encode_kv_map(await self.engine.kv_map(), client_id))

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-class FinishReason:
-    STOP = "stop"        # EOS, a stop token or a stop string
-    LENGTH = "length"    # max_tokens or the context limit
-    ABORT = "abort"      # cancelled by the client or the server
-    ERROR = "error"      # the engine failed the request
+from shared.codes import FinishReason  # noqa: F401  (its home before shared/codes.py)
 
 
 # Per generated token: (logprob, rank, top-k ids, top-k logprobs), from the raw logits.
@@ -22,7 +17,7 @@ class EngineOutput:
 
     request_id: str
     new_token_ids: list[int]
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     logprobs: list[RawLogprobs] | None = None   # one entry per new token, when asked for
     # Entries for the next prompt tokens (prompt_logprobs), in order from prompt token 1.

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shared.structured_output import check_spec
+from shared.wire import Body, ProtocolError
 
 _GREEDY_EPS = 1e-5
 _INT32_MAX = 2**31 - 1        # token ids, counts and lengths all fit; msgpack and torch too
@@ -45,7 +46,9 @@ class SamplingParams:
     structured_output: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        # Accept lists from callers and the wire, keep the frozen value hashable.
+        # Lists from callers and the wire become tuples, so nobody changes a frozen value
+        # through a list they still hold. (Not hashable: logit_bias and structured_output
+        # are dicts, so hash() raises TypeError.)
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         stop = self.stop
         if isinstance(stop, str):
@@ -161,6 +164,15 @@ def check_against_model(params: SamplingParams, vocab_size: int, max_logprobs: i
             if not 0 <= token_id < vocab_size:
                 raise ValueError(f"{name} has token id {token_id}, outside the vocabulary "
                                  f"[0, {vocab_size})")
+
+
+def sampling_from_wire(body: Body, name: str = "params") -> SamplingParams:
+    """The sampling parameters in a message body's map `name`; a bad one is a ProtocolError."""
+    raw = body.map(name)
+    try:
+        return SamplingParams.from_dict(raw)
+    except (TypeError, ValueError) as error:
+        raise ProtocolError(f"{body.msg_type}: {error}") from None
 
 
 def _bias_map(value: Any) -> dict[int, float]:
