@@ -20,7 +20,8 @@ __all__ = ["BlockPool", "OutOfBlocks", "chain_hash"]   # chain_hash: shared with
 
 
 class OutOfBlocks(RuntimeError):
-    pass
+    """A bug, never a load condition: every caller (KVCacheManager, SwapSpace) checks
+    num_free before it allocates, so nothing catches this."""
 
 
 class BlockPool:
@@ -72,6 +73,8 @@ class BlockPool:
     # ---- allocation ---------------------------------------------------------------------
 
     def allocate(self, count: int) -> list[int]:
+        """Take `count` blocks, evicting cached-free ones oldest first. Asking for more than
+        num_free is a caller's bug (OutOfBlocks), and takes nothing."""
         if count > len(self._unreferenced):
             raise OutOfBlocks(f"asked for {count} blocks, {len(self._unreferenced)} free")
         blocks = []

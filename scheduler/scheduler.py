@@ -10,6 +10,9 @@ is preempted (never one that was just resumed while an older one could go): its 
 either copied to the CPU swap pool or dropped and recomputed later, as the preemption mode
 and its cost estimate say. Either way it keeps the tokens it has produced so far.
 
+Block tables are KVCacheManager's alone (scheduler/kv_manager.py): this module works in
+token counts, asks it for slots, forks and swaps, and puts the pairs it returns in the plan.
+
 `n > 1` runs as n sibling requests: the first computes the prompt; the others then fork
 from it, sharing its full prompt blocks by reference count and copying the partial one.
 
@@ -65,21 +68,16 @@ class _Scheduled:
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        window = config.sliding_window
-        self.pool = BlockPool(config.num_kv_blocks, reserve_null=window is not None)
-        self.swap_pool = BlockPool(config.num_swap_blocks)
-        self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching,
-                                 window)
+        self.kv = KVCacheManager(config)   # the only writer of block tables
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
         self.running: list[Request] = []          # by admit_seq: last = newest
         self.requests: dict[str, Request] = {}
         self._by_handle: dict[int, Request] = {}
-        self._forget_handles: list[int] = []      # the executor must drop these next step
-        self._copies: list[tuple[int, int]] = []  # fork copies for the next plan
+        # Finished, aborted and preempted requests whose executor-side state the next plan
+        # drops (StepPlan.finished_handles).
+        self._dropped_handles: list[int] = []
         self._pending_outputs: list[EngineOutput] = []
-        # Prefix-cache registrations whose step has not returned yet: (step id, block ids).
-        self._unconfirmed: deque[tuple[int, list[int]]] = deque()
         self._next_handle = 0
         self._next_step = 0
         self._next_admit = 0
@@ -126,7 +124,7 @@ class Scheduler:
 
     def has_work(self) -> bool:
         """Anything to schedule, report, or tell the executor."""
-        return bool(self.requests or self._pending_outputs or self._forget_handles)
+        return bool(self.requests or self._pending_outputs or self._dropped_handles)
 
     def take_pending_outputs(self) -> list[EngineOutput]:
         outputs, self._pending_outputs = self._pending_outputs, []
@@ -143,14 +141,12 @@ class Scheduler:
         preempted = False
 
         index = 0
-        size = self.config.block_size
+        kv = self.kv
         chunked = self.config.enable_chunked_prefill
-        caching = self.config.enable_prefix_caching
         max_len = self.config.max_request_len
         running = self.running
         handles, counts = plan.running_handles, plan.running_num_tokens
         appended = plan.new_block_ids
-        windowed = self.config.sliding_window is not None
         while index < len(running) and budget > 0:
             request = running[index]
             computed = request.num_computed_tokens
@@ -168,19 +164,14 @@ class Scheduler:
             if num_new == 0:
                 index += 1
                 continue
-            if windowed:   # blocks behind this step's window go back before it grows
-                self.kv.free_outside_window(request, computed)
-            if computed + num_new <= len(request.block_ids) * size:
-                new_blocks: list[int] | None = []   # decode fast path: the block has room
-            else:
-                new_blocks = self.kv.grow(request, computed + num_new)
+            new_blocks = kv.allocate_slots(request, num_new)
             while new_blocks is None:
                 victim = self._pick_victim(index, step)
                 self._preempt(victim, plan)
                 preempted = True
                 if victim is request:
                     break
-                new_blocks = self.kv.grow(request, computed + num_new)
+                new_blocks = kv.allocate_slots(request, num_new)
             if new_blocks is None:
                 break
             if request.on_executor:   # the common case goes into the plan at once
@@ -193,8 +184,7 @@ class Scheduler:
                     request.num_pending += 1
             else:
                 scheduled.append(_Scheduled(request, num_new, new_blocks, num_new == remaining))
-            if caching and computed + num_new >= (request.num_registered + 1) * size:
-                self._register(request, computed + num_new, step)
+            kv.register_full_blocks(request, computed + num_new, step)
             budget -= num_new
             index += 1
 
@@ -213,9 +203,7 @@ class Scheduler:
         plain_tokens: list[int] = []
         limit = self.config.max_request_len
         eos = self.config.eos_token_ids
-        unconfirmed = self._unconfirmed
-        while unconfirmed and unconfirmed[0][0] <= plan.step_id:
-            unconfirmed.popleft()   # the step ran: its blocks hold what their hashes say
+        self.kv.confirm_through(plan.step_id)
         by_handle = self._by_handle
         for handle, start, entries in result.prompt_logprobs:
             request = by_handle.get(handle)
@@ -228,8 +216,8 @@ class Scheduler:
                 outputs.append(EngineOutput(request.request_id, [],
                                             prompt_logprobs=entries[skip:]))
         logprobs = result.logprobs or [None] * len(result.handles)
-        caching = self.config.enable_prefix_caching
-        size = self.config.block_size
+        kv = self.kv
+        registered_step = self._next_step - 1
         for handle, token_id, entry in zip(result.handles, result.token_ids, logprobs):
             request = by_handle.get(handle)
             if request is None:
@@ -238,9 +226,8 @@ class Scheduler:
             # the step ran before the executor forgot it.
             request.output_token_ids.append(token_id)
             request.num_pending -= 1
-            if caching and request.num_computed_tokens >= (request.num_registered + 1) * size:
-                # A step ahead is computing the token just learned: its block is full now.
-                self._register(request, request.num_computed_tokens, self._next_step - 1)
+            # A step ahead may be computing the token just learned: its block is full now.
+            kv.register_full_blocks(request, request.num_computed_tokens, registered_step)
             if request.fork_children:
                 self._fork(request)
             reason = finish_reason_after_token(request, token_id, eos, limit)
@@ -259,27 +246,13 @@ class Scheduler:
     def discard_unconfirmed(self) -> None:
         """A step failed: blocks registered for steps that never returned may hold garbage,
         so no later request may find them. Call it before failing the requests."""
-        lost = {block_id for _, blocks in self._unconfirmed for block_id in blocks}
-        self._unconfirmed.clear()
-        for block_id in lost:
-            self.pool.unregister(block_id)
-        for request in self.running:
-            for index, block_id in enumerate(request.block_ids[:request.num_registered]):
-                if block_id in lost:
-                    request.num_registered = index
-                    break
+        self.kv.discard_unconfirmed(self.running)
 
     # ---- introspection ------------------------------------------------------------------
 
     def stats(self) -> dict[str, int | float]:
         return {
-            "kv_blocks_total": self.pool.num_usable,
-            "kv_blocks_free": self.pool.num_free,
-            "kv_blocks_used": self.pool.num_used,
-            "kv_blocks_cached": self.pool.num_cached_free,
-            "kv_slot_utilization": self.kv_slot_utilization(),
-            "swap_blocks_total": self.swap_pool.num_blocks,
-            "swap_blocks_free": self.swap_pool.num_free,
+            **self.kv.stats(self.running),
             "num_running": len(self.running),
             "num_waiting": len(self.waiting) + sum(len(r.fork_children) for r in self.waiting),
             "num_swapped": len(self.swapped),
@@ -293,16 +266,16 @@ class Scheduler:
 
     def kv_slot_utilization(self) -> float:
         """Fraction of the slots in used blocks that hold a computed token."""
-        size = self.config.block_size
-        filled: dict[int, int] = {}
-        for request in self.running:
-            computed = request.num_computed_tokens
-            first = request.num_freed_blocks
-            for index, block_id in enumerate(request.block_ids[first:], first):
-                tokens = min(size, max(0, computed - index * size))
-                filled[block_id] = max(filled.get(block_id, 0), tokens)
-        slots = len(filled) * size
-        return sum(filled.values()) / slots if slots else 1.0
+        return self.kv.slot_utilization(self.running)
+
+    # Read-only views of the pools, for the page map, the benches and tests.
+    @property
+    def pool(self) -> BlockPool:
+        return self.kv.pool
+
+    @property
+    def swap_pool(self) -> BlockPool:
+        return self.kv.swap.pool
 
     # ---- phases -------------------------------------------------------------------------
 
@@ -311,51 +284,35 @@ class Scheduler:
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.swapped[0]
             num_new = self._tokens_to_schedule(request, budget)
-            freed = request.num_freed_blocks   # entries that left the window stay null
-            needed = self.kv.blocks_for(request.num_computed_tokens + num_new) - freed
-            if num_new == 0 or needed > self.pool.num_free:
+            if num_new == 0:
+                break
+            pairs = self.kv.swap_in(request, num_new)
+            if pairs is None:
                 break
             self.swapped.popleft()
-            gpu_blocks = self.pool.allocate(needed)
-            plan.swap_in.extend(zip(request.cpu_block_ids, gpu_blocks))
-            self.swap_pool.release(request.cpu_block_ids)
-            request.cpu_block_ids = []
-            request.block_ids = [self.pool.null_block] * freed + gpu_blocks if freed \
-                else gpu_blocks
+            plan.swap_in.extend(pairs)
             self._resume(request, step)
-            scheduled.append(_Scheduled(request, num_new, gpu_blocks,
+            # Not on the executor since its swap-out: the plan sends its whole table.
+            scheduled.append(_Scheduled(request, num_new, [],
                                         num_new == request.num_uncomputed_tokens))
-            self._register(request, request.num_computed_tokens + num_new, step)
+            self.kv.register_full_blocks(request, request.num_computed_tokens + num_new, step)
             budget -= num_new
         return budget
 
     def _admit(self, scheduled: list[_Scheduled], budget: int, step: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            hits = self.kv.cached_prefix(request)
-            needed = self.kv.blocks_for(request.num_tokens) - len(hits)
-            kept = hits
-            if self.config.sliding_window is not None:
-                # Hits behind the first new token's window are released right after
-                # sharing; the request never holds more than the window's peak.
-                kept = hits[self.kv.dead_blocks(len(hits) * self.config.block_size):]
-                needed = min(needed, self.config.window_peak_blocks - len(kept))
-            if needed > self.pool.num_free - self.kv.num_reclaimable(kept):
+            hits = self.kv.find_cached_prefix(request)
+            if not self.kv.can_admit(request, hits):
                 break
             request.num_computed_tokens = len(hits) * self.config.block_size
             num_new = self._tokens_to_schedule(request, budget)
             if num_new == 0:
                 request.num_computed_tokens = 0
                 break
-            for block_id in hits:
-                self.pool.share(block_id)
-            request.block_ids = list(hits)
-            request.num_registered = len(hits)
-            self.kv.free_outside_window(request, request.num_computed_tokens)
+            new_blocks = self.kv.admit(request, hits, num_new)
             self.counters["prefix_cache_queries"] += request.num_tokens
             self.counters["prefix_cache_hits"] += request.num_computed_tokens
-            new_blocks = self.kv.grow(request, request.num_computed_tokens + num_new)
-            assert new_blocks is not None, "admission checked the free blocks"
             self.waiting.popleft()
             if request.admit_seq < 0:
                 request.admit_seq = self._next_admit
@@ -365,35 +322,20 @@ class Scheduler:
             scheduled.append(_Scheduled(request, num_new, new_blocks,
                                         num_new == request.num_uncomputed_tokens))
             # Registered now, so the next request admitted in this step shares them.
-            self._register(request, request.num_computed_tokens + num_new, step)
+            self.kv.register_full_blocks(request, request.num_computed_tokens + num_new, step)
             budget -= num_new
 
     def _fork(self, first: Request) -> None:
         """First sample's prompt is computed: start its siblings from its blocks."""
-        size = self.config.block_size
         prompt_len = len(first.prompt_token_ids)
-        shared = (prompt_len - 1) // size          # full blocks before the last prompt token
-        # Sliding window: the child's last prompt token reads only blocks from `dead` on;
-        # if the first sample already freed one of those (a step ahead), it cannot fork.
-        dead = self.kv.dead_blocks(prompt_len - 1)
         children, first.fork_children = first.fork_children, []
         running = first.status is RequestStatus.RUNNING   # not if preempted meanwhile
         for child in children:
-            room = (running and len(self.running) < self.config.max_num_seqs
-                    and self.pool.num_free >= 1 and first.num_freed_blocks <= dead)
-            if not room:
+            if not (running and len(self.running) < self.config.max_num_seqs
+                    and self.kv.fork(first, child)):
                 child.status = RequestStatus.WAITING   # falls back to computing its prompt
                 self.waiting.appendleft(child)
                 continue
-            for block_id in first.block_ids[dead:shared]:
-                self.pool.share(block_id)
-            (copy,) = self.pool.allocate(1)
-            self._copies.append((first.block_ids[shared], copy))
-            child.block_ids = ([self.pool.null_block] * dead + first.block_ids[dead:shared]
-                               + [copy])
-            child.num_freed_blocks = dead
-            child.block_hashes = list(first.block_hashes[:shared])
-            child.num_registered = shared
             child.num_computed_tokens = prompt_len - 1   # recomputes only the last token
             child.admit_seq = first.admit_seq
             child.status = RequestStatus.RUNNING
@@ -447,17 +389,12 @@ class Scheduler:
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         self.running.remove(request)
-        self._forget_on_executor(request)
+        self._drop_on_executor(request)
         request.num_preemptions += 1
-        live = self.kv.live_blocks(request)   # freed (null) entries are not copied
-        if should_swap(self.config, request.num_computed_tokens, len(live),
-                       self.swap_pool.num_free):
-            cpu_blocks = self.swap_pool.allocate(len(live))
-            plan.swap_out.extend(zip(live, cpu_blocks))
-            freed = request.num_freed_blocks
-            self.kv.free(request)
-            request.num_freed_blocks = freed   # swap-in restores the table's null entries
-            request.cpu_block_ids = cpu_blocks
+        live = len(self.kv.live_blocks(request))   # freed (null) entries are not copied
+        if should_swap(self.config, request.num_computed_tokens, live,
+                       self.kv.num_free_swap_blocks):
+            plan.swap_out.extend(self.kv.swap_out(request))
             request.status = RequestStatus.SWAPPED
             self.swapped.append(request)
             self.counters["preemptions_swap"] += 1
@@ -481,14 +418,12 @@ class Scheduler:
             self.waiting.remove(request)
         elif request.status is RequestStatus.SWAPPED:
             self.swapped.remove(request)
-            self.swap_pool.release(request.cpu_block_ids)
-            request.cpu_block_ids = []
         elif request.status is RequestStatus.FORKING:
             for owner in self.requests.values():
                 if request in owner.fork_children:
                     owner.fork_children.remove(request)
-        self.kv.free(request)
-        self._forget_on_executor(request)
+        self.kv.free(request)   # device and swap blocks
+        self._drop_on_executor(request)
         if request.fork_children and request.status is not RequestStatus.FINISHED:
             # The siblings cannot fork from a request that ends before its prompt did.
             for child in request.fork_children:
@@ -501,19 +436,15 @@ class Scheduler:
         del self._by_handle[request.handle]
         self.counters["num_finished"] += 1
 
-    def _register(self, request: Request, num_tokens: int, step: int) -> None:
-        blocks = self.kv.register_full_blocks(request, num_tokens)
-        if blocks:
-            self._unconfirmed.append((step, blocks))
-
-    def _forget_on_executor(self, request: Request) -> None:
+    def _drop_on_executor(self, request: Request) -> None:
         if request.on_executor:
-            self._forget_handles.append(request.handle)
+            self._dropped_handles.append(request.handle)
             request.on_executor = False
 
     def _build_plan(self, plan: StepPlan, scheduled: list[_Scheduled]) -> StepPlan:
-        plan.finished_handles, self._forget_handles = self._forget_handles, []
-        plan.copies, self._copies = self._copies, []
+        # finished_handles (shared/step.py) carries the preempted handles too.
+        plan.finished_handles, self._dropped_handles = self._dropped_handles, []
+        plan.copies = self.kv.take_copies()
         handles, counts, appended = plan.running_handles, plan.running_num_tokens, \
             plan.new_block_ids
         for item in scheduled:

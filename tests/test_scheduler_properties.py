@@ -214,7 +214,7 @@ class Driver:
         assert scheduler.stats()["kv_blocks_free"] == scheduler.stats()["kv_blocks_total"]
         assert scheduler.swap_pool.num_free == scheduler.swap_pool.num_blocks
         assert not self.executor.requests, "executor still holds finished requests"
-        assert not self.sent and not scheduler._unconfirmed
+        assert not self.sent and not scheduler.kv.unconfirmed_blocks()
         assert set(self.finished) == set(self.emitted), "a request never finished"
 
 
@@ -263,7 +263,7 @@ def check_scheduler(driver: Driver) -> None:
             ahead_blocks.setdefault(handle, []).extend(blocks)
         ahead_new.update(new.handle for new in plan.new_requests)
         ahead_swap_out.update(dst for _, dst in plan.swap_out)
-    unconfirmed = {b for _, blocks in scheduler._unconfirmed for b in blocks}
+    unconfirmed = scheduler.kv.unconfirmed_blocks()
     statuses = {RequestStatus.WAITING: list(scheduler.waiting),
                 RequestStatus.SWAPPED: list(scheduler.swapped),
                 RequestStatus.RUNNING: list(scheduler.running),

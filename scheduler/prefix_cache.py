@@ -1,0 +1,118 @@
+"""Prefix-cache lookups and registrations for KVCacheManager (its only caller): a full
+block is named by the chained SHA-256 of its parent's hash and its token ids, and enters
+the cache when the step computing its last token is planned, unconfirmed until that step's
+result arrives; a failed step takes its registrations back."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from scheduler.block_pool import BlockPool, chain_hash
+from scheduler.request import Request
+
+
+class PrefixCache:
+    def __init__(self, pool: BlockPool, block_size: int, enabled: bool,
+                 dead_blocks: Callable[[int], int] | None) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.enabled = enabled
+        self._dead_blocks = dead_blocks   # a sliding window's, else None
+        # Registrations whose step has not returned yet: (step id, block ids).
+        self._unconfirmed: deque[tuple[int, list[int]]] = deque()
+
+    def find(self, request: Request) -> list[int]:
+        """Blocks already holding this request's leading full blocks. At least one token is
+        always left to compute, so the request still gets logits to sample from."""
+        if not self.enabled or request.sampling.prompt_logprobs is not None:
+            return []   # prompt logprobs need every prompt position computed
+        usable = (request.num_tokens - 1) // self.block_size
+        _extend_hashes(request, usable, self.block_size)
+        if self._dead_blocks is not None:
+            return self._windowed_prefix(request.block_hashes[:usable])
+        hits = []
+        for block_hash in request.block_hashes[:usable]:
+            block_id = self.pool.lookup(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def _windowed_prefix(self, hashes: list[bytes]) -> list[int]:
+        """The longest hit whose first new token's window is cached: k leading blocks count
+        as computed when blocks dead_blocks(k * size) .. k - 1 are found, whatever became of
+        the earlier ones (evicted after they left the window). Those come back as null
+        entries. (A chained hash found means its whole prefix matches.)"""
+        dead_blocks = self._dead_blocks
+        found: list[int | None] = []
+        best = run_start = 0
+        for index, block_hash in enumerate(hashes):
+            block_id = self.pool.lookup(block_hash)
+            found.append(block_id)
+            if block_id is None:
+                run_start = index + 1
+            elif run_start <= dead_blocks((index + 1) * self.block_size):
+                best = index + 1
+        dead = dead_blocks(best * self.block_size)
+        return [self.pool.null_block] * dead + found[dead:best]
+
+    def register(self, request: Request, num_tokens: int, step: int) -> None:
+        """Make the full blocks among the request's first `num_tokens` tokens findable by
+        later requests, as soon as those tokens are scheduled: a request admitted later in
+        the same step reads them after the step's forward pass wrote them (each layer writes
+        the cache for every token before attending). Only tokens whose ids are known count."""
+        if not self.enabled:
+            return
+        full = min(num_tokens, request.num_tokens) // self.block_size
+        full = min(full, len(request.block_ids))
+        if full <= request.num_registered:
+            return
+        _extend_hashes(request, full, self.block_size)
+        registered = [block_id for block_id, block_hash in zip(
+            request.block_ids[request.num_registered:full],
+            request.block_hashes[request.num_registered:full])
+            if self.pool.register(block_id, block_hash)]
+        request.num_registered = full
+        if registered:
+            self._unconfirmed.append((step, registered))
+
+    def confirm_through(self, step: int) -> None:
+        unconfirmed = self._unconfirmed
+        while unconfirmed and unconfirmed[0][0] <= step:
+            unconfirmed.popleft()
+
+    def discard_unconfirmed(self, running: list[Request]) -> None:
+        lost = self.unconfirmed_blocks()
+        self._unconfirmed.clear()
+        for block_id in lost:
+            self.pool.unregister(block_id)
+        for request in running:
+            for index, block_id in enumerate(request.block_ids[:request.num_registered]):
+                if block_id in lost:
+                    request.num_registered = index
+                    break
+
+    def unconfirmed_blocks(self) -> set[int]:
+        return {block_id for _, blocks in self._unconfirmed for block_id in blocks}
+
+
+def _extend_hashes(request: Request, count: int, size: int) -> None:
+    hashes = request.block_hashes
+    while len(hashes) < count:
+        index = len(hashes)
+        parent = hashes[-1] if hashes else None
+        hashes.append(chain_hash(parent, _tokens(request, index * size, (index + 1) * size)))
+
+
+def _tokens(request: Request, start: int, end: int) -> list[int]:
+    """request.all_token_ids[start:end] without copying the whole list (decode steps hash
+    one block of a long output)."""
+    prompt = request.prompt_token_ids
+    split = len(prompt)
+    if end <= split:
+        return prompt[start:end]
+    output = request.output_token_ids
+    if start >= split:
+        return output[start - split:end - split]
+    return prompt[start:] + output[:end - split]
