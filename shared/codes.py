@@ -1,7 +1,8 @@
 """The string codes that cross the wire: why a request finished, why one was refused.
 
 Both are `StrEnum`s: a member is a `str` equal to its value, so it packs to the same
-msgpack bytes as the bare string, compares equal to it and formats as it.
+msgpack bytes as the bare string, compares equal to it, formats as it and, so that
+outputs (folio.LLM's RequestOutput) print as they did, shows as it in repr().
 docs/protocol.md documents every value (tests/test_protocol_doc.py checks).
 """
 
@@ -11,6 +12,7 @@ from enum import StrEnum
 
 
 class FinishReason(StrEnum):
+    __repr__ = str.__repr__
     STOP = "stop"        # EOS, a stop token or a stop string
     LENGTH = "length"    # max_tokens or the context limit
     ABORT = "abort"      # cancelled by the client or the server
@@ -19,6 +21,8 @@ class FinishReason(StrEnum):
 
 class RefusalCode(StrEnum):
     """`rejected.code` (scheduler -> frontend) and `error.code` (frontend -> client)."""
+
+    __repr__ = str.__repr__
 
     INVALID = "invalid"                # malformed, or can never be served as asked
     REJECTED = "rejected"              # the scheduler's own checks (id in use, limits)

@@ -64,6 +64,7 @@ def test_decoders_give_named_tuples_that_still_unpack():
 
 def test_codes_are_strings_on_the_wire_and_in_comparisons():
     assert FinishReason.STOP == "stop" and f"{FinishReason.LENGTH}" == "length"
+    assert repr(FinishReason.ABORT) == "'abort'"   # outputs print as before
     assert msgpack.packb(RefusalCode.QUEUE_FULL) == msgpack.packb("queue_full")
     assert {"stop": 1}[FinishReason.STOP] == 1
     assert m.FINISH_REASONS == ("stop", "length", "abort", "error")
