@@ -1,9 +1,11 @@
-"""An in-process engine: the scheduler and the executor, stepping together."""
+"""An in-process engine: the scheduler and the executor, stepping together (what a step is:
+scheduler/step_rule.py, as in the scheduler process)."""
 
 from __future__ import annotations
 
 from executor.executor import Executor
 from scheduler.scheduler import Scheduler
+from scheduler.step_rule import plan_for_executor
 from shared.config import EngineConfig, SchedulerConfig
 from shared.outputs import EngineOutput, StepOutputs
 from shared.sampling_params import SamplingParams
@@ -26,8 +28,8 @@ class InProcessEngine:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> StepOutputs | list[EngineOutput]:
-        plan = self.scheduler.schedule()
-        if plan.is_empty and not plan.finished_handles:
+        plan = plan_for_executor(self.scheduler)
+        if plan is None:
             return self.scheduler.take_pending_outputs()
         try:
             result = self.executor.execute(plan)

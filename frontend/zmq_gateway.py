@@ -132,7 +132,7 @@ class ZmqGateway:
         try:
             msg_type, raw = unpack(data)
         except ProtocolError as error:
-            return "invalid", "", error   # no readable id
+            return "malformed", "", error   # no readable id
         client_id = raw.get("id")
         if not (isinstance(client_id, str) and 0 < len(client_id) <= MAX_ID_LEN):
             client_id = ""
@@ -146,7 +146,7 @@ class ZmqGateway:
                 return "too_long", client_id, too_long
             request = m.GenerateRequest.decode(Body(msg_type, raw))
         except ProtocolError as error:
-            return "invalid", client_id, error
+            return "malformed", client_id, error
         try:
             return "generate", request, self._prepare(request)
         except ValueError as error:
@@ -165,7 +165,7 @@ class ZmqGateway:
     async def _on_large(self, client: bytes, job: asyncio.Future) -> None:
         try:
             kind, what, detail = await job
-            if kind == "invalid":
+            if kind == "malformed":   # a job kind, not a code: answered as invalid
                 self._bad_message(client, what, detail)
             elif kind == "too_long":
                 self.reply(client, m.encode_error(what, RefusalCode.INVALID, detail))

@@ -12,7 +12,8 @@ import zmq
 import zmq.asyncio
 
 from frontend.engine_client import EngineClient
-from scheduler.service import FRONTEND_TIMEOUT_S, SchedulerService, SchedulerServiceConfig
+from scheduler.frontend_router import FRONTEND_TIMEOUT_S
+from scheduler.service import SchedulerService, SchedulerServiceConfig
 from shared import messages as m
 from shared.config import ExecutorCapacity
 from shared.sampling_params import SamplingParams
@@ -48,7 +49,7 @@ def _drain(svc: SchedulerService, until, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not until():
         assert time.monotonic() < deadline, "timed out"
-        svc._drain(svc.frontend_sock, svc._on_frontend_message)
+        svc._read_burst(svc.frontend_sock, svc._on_frontend_message)
         time.sleep(0.01)
 
 
@@ -67,8 +68,8 @@ def _add(svc: SchedulerService, frontend: bytes, request_id: str) -> None:
 
 
 def _give_up_on_silent_frontends(svc: SchedulerService) -> None:
-    svc.last_broadcast = 0.0
-    svc._heartbeat_frontends()
+    svc.router.last_broadcast = 0.0
+    svc.router.heartbeat(svc._engine_info)
 
 
 def test_a_silent_frontend_is_told_which_requests_were_aborted(service):
@@ -78,16 +79,16 @@ def test_a_silent_frontend_is_told_which_requests_were_aborted(service):
     try:
         sock.send(m.pack("frontend_hello", {"id": "fe-silent"}))
         other.send(m.pack("frontend_hello", {"id": "fe-other"}))
-        _drain(service, lambda: {b"fe-silent", b"fe-other"} <= set(service.frontends))
+        _drain(service, lambda: {b"fe-silent", b"fe-other"} <= set(service.router.frontends))
         _add(service, b"fe-silent", "fe-silent-0")
         _add(service, b"fe-silent", "fe-silent-1")
         _add(service, b"fe-other", "fe-other-0")   # another frontend's: untouched
-        service.frontends[b"fe-silent"] -= FRONTEND_TIMEOUT_S + 1
+        service.router.frontends[b"fe-silent"] -= FRONTEND_TIMEOUT_S + 1
         _give_up_on_silent_frontends(service)
         body = _messages(sock, "frontend_dropped")
         assert sorted(body["ids"]) == ["fe-silent-0", "fe-silent-1"]
         assert "no heartbeat" in body["reason"]
-        assert set(service.owners) == {"fe-other-0"}
+        assert set(service.router.owners) == {"fe-other-0"}
         assert set(service.scheduler.requests) == {"fe-other-0"}
     finally:
         sock.close(0)
@@ -101,14 +102,14 @@ def test_a_heartbeat_from_the_frontends_own_thread_keeps_it_registered(service):
     beats = _dealer(ctx, service.config.frontend_address, b"fe-busy-heartbeat")
     try:
         main.send(m.pack("frontend_hello", {"id": "fe-busy"}))
-        _drain(service, lambda: b"fe-busy" in service.frontends)
+        _drain(service, lambda: b"fe-busy" in service.router.frontends)
         _add(service, b"fe-busy", "fe-busy-0")
-        service.frontends[b"fe-busy"] -= FRONTEND_TIMEOUT_S + 1   # its loop went quiet
+        service.router.frontends[b"fe-busy"] -= FRONTEND_TIMEOUT_S + 1   # its loop went quiet
         beats.send(m.encode_heartbeat(1, "fe-busy"))
-        _drain(service, lambda: time.monotonic() - service.frontends[b"fe-busy"] < 1)
+        _drain(service, lambda: time.monotonic() - service.router.frontends[b"fe-busy"] < 1)
         _give_up_on_silent_frontends(service)
-        assert b"fe-busy" in service.frontends and "fe-busy-0" in service.owners
-        assert b"fe-busy-heartbeat" not in service.frontends   # not a frontend itself
+        assert b"fe-busy" in service.router.frontends and "fe-busy-0" in service.router.owners
+        assert b"fe-busy-heartbeat" not in service.router.frontends   # not a frontend itself
         assert unpack(beats.recv())[0] == "heartbeat"           # the scheduler answers
     finally:
         main.close(0)
@@ -120,9 +121,9 @@ def _turn(svc: SchedulerService) -> None:
     """One turn of the service's loop on the frontend side (no executor involved)."""
     if svc.frontend_monitor.poll(0):
         read_monitor_event(svc.frontend_monitor)
-        svc.frontend_probe_until = time.monotonic() + 0.5
-    svc._drain(svc.frontend_sock, svc._on_frontend_message)
-    svc._heartbeat_frontends()
+        svc.router.on_peer_disconnected()
+    svc._read_burst(svc.frontend_sock, svc._on_frontend_message)
+    svc.router.heartbeat(svc._engine_info)
 
 
 def _run_until(svc: SchedulerService, until, timeout: float = 5.0) -> None:
@@ -141,19 +142,19 @@ def test_a_notice_that_cannot_be_sent_goes_to_the_frontends_next_connection(serv
     first = _dealer(ctx, service.config.frontend_address, None)
     try:
         first.send(m.pack("frontend_hello", {"id": "fe-away"}))
-        _run_until(service, lambda: len(service.frontend_names) == 1)
-        (old,) = service.frontend_names
+        _run_until(service, lambda: len(service.router.names) == 1)
+        (old,) = service.router.names
         _add(service, old, "fe-away-0")
         first.close(0)
         start = time.monotonic()
-        _run_until(service, lambda: not service.owners)
+        _run_until(service, lambda: not service.router.owners)
         assert time.monotonic() - start < 1.0   # a probe, not the 10 s heartbeat timeout
-        assert not service.scheduler.requests and old in service.retired
+        assert not service.scheduler.requests and old in service.router.retired
         again = _dealer(ctx, service.config.frontend_address, None)
         again.send(m.pack("frontend_hello", {"id": "fe-away"}))
-        _run_until(service, lambda: any(i != old for i in service.frontend_names))
+        _run_until(service, lambda: any(i != old for i in service.router.names))
         assert _messages(again, "frontend_dropped")["ids"] == ["fe-away-0"]
-        assert not service.drop_notices
+        assert not service.router.drop_notices
         again.close(0)
     finally:
         first.close(0)
@@ -169,8 +170,8 @@ def test_no_peer_takes_over_a_frontends_connection_or_a_gone_ones_id(service):
     thief = None
     try:
         real.send(m.pack("frontend_hello", {"id": "fe-real"}))
-        _run_until(service, lambda: len(service.frontend_names) == 1)
-        (rid,) = service.frontend_names
+        _run_until(service, lambda: len(service.router.names) == 1)
+        (rid,) = service.router.names
         assert rid[0] == 0   # assigned by the ROUTER, not chosen by the frontend
         _add(service, rid, "fe-real-0")
         thief = _dealer(ctx, service.config.frontend_address, rid)
@@ -179,17 +180,17 @@ def test_no_peer_takes_over_a_frontends_connection_or_a_gone_ones_id(service):
         for _ in range(20):
             _turn(service)
             time.sleep(0.01)
-        assert "fe-real-0" in service.owners and service.frontend_names == {rid: "fe-real"}
+        assert "fe-real-0" in service.router.owners and service.router.names == {rid: "fe-real"}
         assert not thief.poll(100)   # nothing for the thief
         real.close(0)   # the real one goes; its id is retired, not free for the taking
-        _run_until(service, lambda: rid in service.retired)
+        _run_until(service, lambda: rid in service.router.retired)
         thief.close(0)
         thief = _dealer(ctx, service.config.frontend_address, rid)
         thief.send(m.pack("frontend_hello", {"id": "fe-real"}))
         for _ in range(20):
             _turn(service)
             time.sleep(0.01)
-        assert rid not in service.frontends and not thief.poll(100)
+        assert rid not in service.router.frontends and not thief.poll(100)
     finally:
         real.close(0)
         if thief is not None:

@@ -215,7 +215,7 @@ def _hello(svc: SchedulerService, dealer: zmq.Socket, capacity: ExecutorCapacity
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not svc.executor_sock.poll(50):
         pass
-    svc._drain(svc.executor_sock, svc._on_executor_message)
+    svc._read_burst(svc.executor_sock, svc._on_executor_message)
 
 
 def test_scheduler_refuses_an_executor_whose_capacity_makes_an_invalid_config(tmp_path,
@@ -232,13 +232,13 @@ def test_scheduler_refuses_an_executor_whose_capacity_makes_an_invalid_config(tm
     try:
         with caplog.at_level(logging.ERROR, logger="folio.scheduler"):
             _hello(svc, dealer, _capacity(256), 101)   # 256 > 64 without chunked prefill
-        assert svc.scheduler is None and svc.executor_id is None
+        assert svc.scheduler is None and svc.executor_link.identity is None
         refusals = [r for r in caplog.records if "refused executor 101" in r.getMessage()]
         assert len(refusals) == 1 and "max_num_batched_tokens" in refusals[0].getMessage()
         _hello(svc, dealer, _capacity(64), 102)         # one that fits is attached
-        assert svc.scheduler is not None and svc.executor_pid == 102
+        assert svc.scheduler is not None and svc.executor_link.pid == 102
         _hello(svc, dealer, _capacity(512), 102)        # the attached one resets: detached
-        assert svc.scheduler is None and svc.executor_id is None
+        assert svc.scheduler is None and svc.executor_link.identity is None
     finally:
         dealer.close()
         ctx.term()

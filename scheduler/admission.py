@@ -1,0 +1,32 @@
+"""The scheduler process's own admission rule: bounded queues. What can never fit is
+refused by `Scheduler.add_request` itself (as in the offline engine); this only says when
+the queue of waiting requests is too long to take one more."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from scheduler.request import Request
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    max_requests: int | None = None   # waiting requests; None: no limit
+    max_tokens: int | None = None     # prompt tokens of the waiting requests; None: no limit
+
+
+def queue_refusal(limits: QueueLimits, waiting: Collection[Request],
+                  prompt_len: int) -> tuple[str, str] | None:
+    """(message, code) when a request of `prompt_len` tokens must be refused because the
+    queue is full, by requests or by prompt tokens; None: accept it."""
+    limit = limits.max_requests
+    if limit is not None and len(waiting) >= limit:
+        return (f"the queue is full ({limit} requests waiting); retry later", "queue_full")
+    token_limit = limits.max_tokens
+    if token_limit is not None:
+        queued = sum(r.num_tokens for r in waiting)
+        if queued + prompt_len > token_limit:
+            return (f"the queue is full ({queued} prompt tokens waiting, limit "
+                    f"{token_limit}); retry later", "queue_full")
+    return None

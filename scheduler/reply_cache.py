@@ -1,0 +1,25 @@
+"""One encoded answer shared by every request for it within a short age: a flood of stats
+or page-map requests (health checks, scrapes, open dashboards) costs one walk of the
+scheduler's state per interval, not one per request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class CachedReply:
+    def __init__(self, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._cached: tuple[float, object, bytes] | None = None   # (when, source, answer)
+
+    def get(self, source: object, build: Callable[[], bytes]) -> bytes:
+        """The answer built within max_age_s from this same `source` (the Scheduler, or
+        None without an executor), else a fresh one: a new or lost executor is seen at
+        once."""
+        now = self.clock()
+        cached = self._cached
+        if cached is None or now - cached[0] > self.max_age_s or cached[1] is not source:
+            cached = self._cached = (now, source, build())
+        return cached[2]

@@ -1,0 +1,21 @@
+"""Failing requests at once (the executor failed or was lost, the shutdown timeout passed):
+each sample still running ends with an error that says why, instead of an abort."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduler.scheduler import Scheduler
+from shared.outputs import EngineOutput, FinishReason
+
+
+def fail_requests(scheduler: Scheduler, request_ids: Iterable[str],
+                  reason: str) -> list[EngineOutput]:
+    """Abort these requests (ids as added: every sample of each) and return one ERROR
+    output per sample that was still in the scheduler. Outputs already pending (abort
+    notices) are dropped: the error is the news."""
+    scheduler.take_pending_outputs()
+    for request_id in request_ids:
+        scheduler.abort_request(request_id)
+    return [EngineOutput(aborted.request_id, [], FinishReason.ERROR, reason)
+            for aborted in scheduler.take_pending_outputs()]
