@@ -8,9 +8,9 @@ from typing import Any
 from folio.engine import InProcessEngine
 from folio.preflight import check_engine
 from frontend.tokenizer import load_tokenizer
+from frontend.output_processor import RequestState, SampleState, vllm_logprob
 from shared.config import EngineConfig
-from frontend.output_text import OutputText
-from shared.outputs import CompletionOutput, EngineOutput, Logprob, RequestOutput
+from shared.outputs import CompletionOutput, RequestOutput
 from shared.sampling_params import SamplingParams, check_against_model
 
 Prompt = str | list[int]
@@ -45,31 +45,38 @@ class LLM:
         for sampling in param_list:
             self._check(sampling)
         results: list[RequestOutput] = []
-        samples: dict[str, _Sample] = {}
+        states: list[RequestState] = []
+        samples: dict[str, tuple[RequestState, SampleState]] = {}
         try:
             for prompt, token_ids, sampling in zip(prompt_list, encoded, param_list):
                 request_id = f"req-{self._counter}"
                 self._counter += 1
-                result = RequestOutput(request_id, prompt if isinstance(prompt, str) else None,
-                                       token_ids)
-                results.append(result)
-                if sampling.prompt_logprobs is not None:
-                    result.prompt_logprobs = [None]
-                for index, sample_id in enumerate(
-                        self.engine.add_request(request_id, token_ids, sampling)):
-                    completion = CompletionOutput(index, "", [])
-                    result.outputs.append(completion)
-                    samples[sample_id] = _Sample(completion, sampling, self.tokenizer, result)
+                results.append(RequestOutput(
+                    request_id, prompt if isinstance(prompt, str) else None, token_ids))
+                state = RequestState(self.tokenizer, sampling, token_ids, vllm_logprob)
+                states.append(state)
+                for sample_id, sample in zip(
+                        self.engine.add_request(request_id, token_ids, sampling), state.samples):
+                    samples[sample_id] = (state, sample)
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
-                    sample = samples.get(output.request_id)   # None: an earlier call's abort
-                    if sample is not None and sample.add(output):   # a stop string ended it: free it now
+                    found = samples.get(output.request_id)   # None: an earlier call's abort
+                    if found is None:
+                        continue
+                    state, sample = found
+                    if sample.finished:
+                        continue
+                    state.add(sample, output)
+                    if sample.abort_engine:   # a stop string ended it: free it now
                         self.engine.abort_request(output.request_id)
         except BaseException:
             for result in results:
                 self.engine.abort_request(result.request_id)
             raise
-        for result in results:
+        for result, state in zip(results, states):
+            result.outputs = [_completion(sample) for sample in state.samples]
+            if state.prompt_logprobs is not None:
+                result.prompt_logprobs = [None, *state.prompt_logprobs]
             result.finished = True
         return results
 
@@ -110,58 +117,6 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     return list(prompts)
 
 
-class _Sample:
-    """One sample's output as it grows: tokens, text, logprobs, finish."""
-
-    def __init__(self, completion: CompletionOutput, params: SamplingParams,
-                 tokenizer: Any, request: RequestOutput) -> None:
-        self.completion = completion
-        self.request = request
-        self.tokenizer = tokenizer
-        self.text = OutputText(tokenizer, params) if tokenizer is not None else None
-        self.done = False
-        if params.logprobs is not None:
-            completion.logprobs = []
-            completion.cumulative_logprob = 0.0
-
-    def add(self, output: EngineOutput) -> bool:
-        """Apply one step's output; True when a stop string just ended the sample."""
-        if self.done:
-            return False
-        if output.prompt_logprobs is not None and self.request.prompt_logprobs is not None:
-            prompt = self.request.prompt_token_ids
-            start = len(self.request.prompt_logprobs)
-            for offset, entry in enumerate(output.prompt_logprobs):
-                self.request.prompt_logprobs.append(
-                    logprob_dict(prompt[start + offset], entry, self.tokenizer))
-        completion = self.completion
-        completion.token_ids.extend(output.new_token_ids)
-        if output.logprobs is not None and completion.logprobs is not None:
-            for token_id, entry in zip(output.new_token_ids, output.logprobs):
-                completion.logprobs.append(logprob_dict(token_id, entry, self.tokenizer))
-                completion.cumulative_logprob += entry[0]
-        if self.text is not None:
-            self.text.add(output.new_token_ids, final=output.finished)
-            completion.text = self.text.text
-            if self.text.stopped:
-                completion.finish_reason = "stop"
-                self.done = True
-                return not output.finished
-        if output.finished:
-            completion.finish_reason = output.finish_reason
-            self.done = True
-        return False
-
-
-def logprob_dict(token_id: int, entry, tokenizer: Any) -> dict[int, Logprob]:
-    """vLLM's shape: the sampled token and the top k, each with logprob, rank and text."""
-    logprob, rank, top_ids, top_logprobs = entry
-
-    def text(tid: int) -> str | None:
-        return None if tokenizer is None else tokenizer.decode([tid])
-
-    result = {tid: Logprob(lp, i + 1, text(tid))
-              for i, (tid, lp) in enumerate(zip(top_ids, top_logprobs))}
-    if token_id not in result:
-        result[token_id] = Logprob(logprob, rank, text(token_id))
-    return result
+def _completion(sample: SampleState) -> CompletionOutput:
+    return CompletionOutput(sample.index, sample.text, sample.token_ids, sample.finish_reason,
+                            sample.logprobs, sample.cumulative_logprob)

@@ -1,7 +1,8 @@
 """The frontend's link to the scheduler, shared by every gateway (ZeroMQ SDK, HTTP).
 
 A gateway submits token ids with sampling parameters and a sink; the engine client turns
-the scheduler's per-step token ids into text (stop strings included), and calls the sink:
+the scheduler's per-step token ids into text (stop strings included) with the output
+processor (frontend/output_processor.py, shared with folio.LLM), and calls the sink:
 `delta` for every step (streams), then one `final` per sample, or one `error`.
 """
 
@@ -21,7 +22,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from frontend.liveness import SchedulerHeartbeat
-from frontend.output_text import OutputText
+from frontend.output_processor import RequestState, SampleState, wire_logprob
 from frontend.prep import Preparer
 from frontend.prompts import check_text_size, max_token_chars
 from frontend.stop_strings import StopStrings
@@ -34,7 +35,7 @@ from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.frontend")
 
-SCHEDULER_TYPES = frozenset({"engine_info", "outputs", "rejected", "stats", "error",
+SCHEDULER_TYPES = frozenset({"engine_info", "outputs", "rejected", "stats",
                              "frontend_dropped", "kv_map"})
 SCHEDULER_TIMEOUT_S = 3.0   # no answer to a heartbeat for this long: the scheduler is hung
 HEARTBEAT_S = 0.5
@@ -68,20 +69,10 @@ class Sink(Protocol):
 
 
 @dataclass
-class _Sample:
-    text: OutputText
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
-    result: SampleResult | None = None
-
-
-@dataclass
 class _Request:
     sink: Sink
-    params: SamplingParams
-    prompt_ids: list[int]
-    samples: list[_Sample]
-    prompt_logprobs: list[dict[str, Any]] | None
+    state: RequestState   # text, token ids, logprobs, finish of each sample
+    sample_ids: list[str]   # what the scheduler reports each sample under
     created: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     last_token: float | None = None
@@ -105,6 +96,8 @@ class EngineClient:
                                             HEARTBEAT_S)
         self.prep = Preparer()
         self.requests: dict[str, _Request] = {}
+        # sample id -> (request id, request, sample): one lookup per token on the hot path.
+        self.samples: dict[str, tuple[str, _Request, SampleState]] = {}
         self.counter = itertools.count()
         self.info: m.EngineInfo | None = None
         self.scheduler_seen = 0.0   # last message read on the event loop
@@ -168,12 +161,14 @@ class EngineClient:
         With a deadline, a request not finished by then is aborted and fails with
         code "timeout". `stops`: params.stop's tables, built once per client request."""
         request_id = f"{self.frontend_id}-{next(self.counter)}"
-        if params.stop and stops is None:
-            stops = StopStrings(params.stop)
-        samples = [_Sample(OutputText(self.tokenizer, params, stops)) for _ in range(params.n)]
-        request = _Request(sink, params, prompt_ids, samples,
-                           None if params.prompt_logprobs is None else [])
+        state = RequestState(self.tokenizer, params, prompt_ids, wire_logprob, stops)
+        # As the scheduler names them (scheduler.child_request_id).
+        sample_ids = [request_id] if params.n == 1 else \
+            [f"{request_id}#{i}" for i in range(params.n)]
+        request = _Request(sink, state, sample_ids)
         self.requests[request_id] = request
+        for sample_id, sample in zip(sample_ids, state.samples):
+            self.samples[sample_id] = (request_id, request, sample)
         if deadline_s is not None:
             request.deadline = asyncio.get_running_loop().call_later(
                 deadline_s, self._expire, request_id, deadline_s)
@@ -276,92 +271,72 @@ class EngineClient:
                        f"({reason}) and aborted the request; retry it")
 
     def _on_output(self, output: EngineOutput) -> None:
-        found = self._sample_of(output.request_id)
+        found = self.samples.get(output.request_id)
         if found is None:
             return
-        base, index, request, sample = found
+        base, request, sample = found
         if output.error is not None:
             self._fail(base, "engine_dead", output.error)
             return
-        if sample.result is not None:
+        if sample.finish_reason is not None:
             return   # already ended by a stop string
-        if output.prompt_logprobs is not None and request.prompt_logprobs is not None:
-            start = len(request.prompt_logprobs) + 1
-            request.prompt_logprobs.extend(
-                self._logprob_entry(request.prompt_ids[start + i], entry)
-                for i, entry in enumerate(output.prompt_logprobs))
         if output.queued_s is not None:
             self._notify("queued", request, seconds=output.queued_s)
-        entries = None
-        if request.params.logprobs is not None and output.logprobs is not None:
-            entries = [self._logprob_entry(t, e)
-                       for t, e in zip(output.new_token_ids, output.logprobs)]
-        self._advance(output.request_id, base, index, request, sample, output.new_token_ids,
-                      entries, output.finish_reason)
+        self._note_tokens(request, len(output.new_token_ids))
+        delta = request.state.add(sample, output)
+        self._emit(output.request_id, base, request, sample, delta, output.new_token_ids)
 
     def _on_plain_token(self, request_id: str, token_id: int) -> None:
         """The columnar fast path: one token, no finish, no logprobs."""
-        found = self._sample_of(request_id)
-        if found is not None and found[3].result is None:
-            self._advance(request_id, *found, [token_id], None, None)
+        found = self.samples.get(request_id)
+        if found is not None:
+            base, request, sample = found
+            if sample.finish_reason is None:
+                new_ids = [token_id]   # the sink keeps it
+                self._note_tokens(request, 1)
+                self._emit(request_id, base, request, sample, sample.add(new_ids), new_ids)
 
-    def _sample_of(self, request_id: str):
-        base, _, index_text = request_id.partition("#")
-        request = self.requests.get(base)
-        if request is None:
-            return None
-        index = int(index_text) if index_text else 0
-        if not 0 <= index < len(request.samples):
-            return None
-        return base, index, request, request.samples[index]
-
-    def _advance(self, request_id: str, base: str, index: int, request, sample,
-                 new_ids: list[int], entries, finish_reason: str | None) -> None:
-        if new_ids:
+    def _note_tokens(self, request: _Request, count: int) -> None:
+        if count:
             now = time.monotonic()
             if request.first_token is None:
                 request.first_token = now
                 self._notify("first_token", request)
-            else:
-                self._notify("tokens", request, gap=now - request.last_token,
-                             count=len(new_ids))
+            elif self.observers:
+                self._notify("tokens", request, gap=now - request.last_token, count=count)
             request.last_token = now
-        sample.token_ids.extend(new_ids)
-        if entries is not None:
-            sample.logprobs.extend(entries)
-        finished = finish_reason is not None
-        delta = sample.text.add(new_ids, final=finished)
-        stopped = sample.text.stopped
-        if delta or new_ids:
-            request.sink.delta(index, delta, new_ids, entries)
-        if stopped or finished:
-            if stopped and not finished:
-                self._send(m.encode_abort(request_id))   # free its blocks now
-            sample.result = SampleResult(
-                index, sample.text.text, sample.token_ids,
-                "stop" if stopped else finish_reason, sample.text.stop_string,
-                sample.logprobs if request.params.logprobs is not None else None)
-            if all(s.result is not None for s in request.samples):
-                del self.requests[base]
-                if request.deadline is not None:
-                    request.deadline.cancel()
-                result = FinalResult([s.result for s in request.samples],
-                                     len(request.prompt_ids), request.prompt_logprobs)
-                self._notify("finished", request, result=result)
-                request.sink.final(result)
 
-    def _logprob_entry(self, token_id: int, entry) -> dict[str, Any]:
-        logprob, rank, top_ids, top_logprobs = entry
-        decode = self.tokenizer.decode
-        return {"token_id": token_id, "logprob": logprob, "rank": rank,
-                "decoded_token": decode([token_id]),
-                "top": [[tid, lp, decode([tid])] for tid, lp in zip(top_ids, top_logprobs)]}
+    def _emit(self, sample_id: str, base: str, request: _Request, sample: SampleState,
+              delta: str, new_ids: list[int]) -> None:
+        """Give the sink what a step changed; on a sample's end, abort it at the scheduler
+        if a stop string cut it short, and give the final result once all samples ended."""
+        if delta or new_ids:
+            request.sink.delta(sample.index, delta, new_ids, sample.new_logprobs)
+        if sample.finish_reason is None:
+            return
+        if sample.abort_engine:
+            self._send(m.encode_abort(sample_id))   # free its blocks now
+        state = request.state
+        if state.finished:
+            self._forget(base, request)
+            result = FinalResult(
+                [SampleResult(s.index, s.text, s.token_ids, s.finish_reason, s.stop_reason,
+                              s.logprobs) for s in state.samples],
+                len(state.prompt_ids), state.prompt_logprobs)
+            self._notify("finished", request, result=result)
+            request.sink.final(result)
+
+    def _forget(self, request_id: str, request: _Request) -> None:
+        del self.requests[request_id]
+        for sample_id in request.sample_ids:
+            del self.samples[sample_id]
+        if request.deadline is not None:
+            request.deadline.cancel()
 
     def _fail(self, request_id: str, code: str, message: str) -> None:
-        request = self.requests.pop(request_id, None)
+        request = self.requests.get(request_id)
         if request is not None:
-            if request.deadline is not None:
-                request.deadline.cancel()
+            self._forget(request_id, request)
             self._notify("failed", request, code=code)
             request.sink.error(code, message)
 

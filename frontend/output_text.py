@@ -42,7 +42,7 @@ class OutputText:
 
     def add(self, token_ids: list[int], final: bool = False) -> str:
         """Feed tokens; return the text that may be streamed now."""
-        if self.stopped:
+        if self.stop_string is not None:
             return ""
         self.num_tokens += len(token_ids)
         new = self.detokenizer.add(token_ids)
