@@ -59,12 +59,12 @@ def _scheduler_stats(address: str, timeout: float, curve_keys: str | None) -> di
     sock = make_peer(configure(ctx.socket(zmq.DEALER)), keys)
     try:
         sock.connect(address)
-        sock.send(m.pack("stats_request", {}))
+        sock.send(m.encode_stats_request())
         if not sock.poll(int(timeout * 1000)):
             return None
         try:
-            msg_type, body = m.decode(sock.recv(), frozenset({"stats"}))
-            return body.map("stats")
+            msg_type, body = m.decode(sock.recv(), frozenset({m.MessageType.STATS}))
+            return m.decode_stats(body)
         except ProtocolError:
             return None
     finally:
