@@ -27,6 +27,7 @@ from frontend.prep import Preparer
 from frontend.prompts import check_text_size, max_token_chars
 from frontend.stop_strings import StopStrings
 from shared import messages as m
+from shared.codes import RefusalCode
 from shared.outputs import EngineOutput
 from shared.sampling_params import SamplingParams
 from shared.security import CurveKeys, make_peer
@@ -35,8 +36,6 @@ from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.frontend")
 
-SCHEDULER_TYPES = frozenset({"engine_info", "outputs", "rejected", "stats",
-                             "frontend_dropped", "kv_map"})
 SCHEDULER_TIMEOUT_S = 3.0   # no answer to a heartbeat for this long: the scheduler is hung
 HEARTBEAT_S = 0.5
 STALL_S = 1.0   # the watch loop turns every 0.2 s: a longer gap means this process stalled
@@ -190,7 +189,7 @@ class EngineClient:
         """Shutdown: abort every open request at the scheduler and fail it here now."""
         for request_id in list(self.requests):
             self._send(m.encode_abort(request_id))
-            self._fail(request_id, "shutting_down", reason)
+            self._fail(request_id, RefusalCode.SHUTTING_DOWN, reason)
 
     async def stats(self, timeout: float = 1.0) -> dict[str, Any]:
         """The scheduler's stats. Callers that ask while a request for them is out share
@@ -200,7 +199,7 @@ class EngineClient:
         waiter = asyncio.get_running_loop().create_future()
         if not any(not w.done() for w in self.stats_waiters):
             self.stats_waiters = []   # answered or timed out: ask again
-            self._send(m.pack("stats_request", {}))
+            self._send(m.encode_stats_request())
         self.stats_waiters.append(waiter)
         try:
             return await asyncio.wait_for(waiter, timeout)
@@ -214,7 +213,7 @@ class EngineClient:
         waiter = asyncio.get_running_loop().create_future()
         if not any(not w.done() for w in self.kv_map_waiters):
             self.kv_map_waiters = []
-            self._send(m.pack("kv_map_request", {}))
+            self._send(m.encode_kv_map_request())
         self.kv_map_waiters.append(waiter)
         try:
             return await asyncio.wait_for(waiter, timeout)
@@ -227,7 +226,7 @@ class EngineClient:
         while True:
             data = await self.sock.recv()
             try:
-                msg_type, body = m.decode(data, SCHEDULER_TYPES)
+                msg_type, body = m.decode(data, m.SCHEDULER_TO_FRONTEND)
                 self.scheduler_seen = time.monotonic()
                 if msg_type == "outputs":
                     outputs = m.decode_outputs(body)
@@ -238,7 +237,7 @@ class EngineClient:
                 elif msg_type == "engine_info":
                     self._on_engine_info(m.EngineInfo.decode(body))
                 elif msg_type == "rejected":
-                    self._fail(body.str("id"), body.str("code", 32), body.str("message", 4000))
+                    self._fail(*m.decode_rejected(body))
                 elif msg_type == "frontend_dropped":
                     self._on_dropped(*m.decode_frontend_dropped(body))
                 elif msg_type == "kv_map":
@@ -248,7 +247,7 @@ class EngineClient:
                         if not waiter.done():
                             waiter.set_result(snapshot)
                 elif msg_type == "stats":
-                    stats = body.map("stats")
+                    stats = m.decode_stats(body)
                     waiters, self.stats_waiters = self.stats_waiters, []
                     for waiter in waiters:
                         if not waiter.done():
@@ -267,7 +266,7 @@ class EngineClient:
         log.warning("the scheduler dropped this frontend (%s): failing %d request(s)",
                     reason, len(request_ids))
         for request_id in request_ids:
-            self._fail(request_id, "engine_dead", f"the scheduler gave up on this frontend "
+            self._fail(request_id, RefusalCode.ENGINE_DEAD, f"the scheduler gave up on this frontend "
                        f"({reason}) and aborted the request; retry it")
 
     def _on_output(self, output: EngineOutput) -> None:
@@ -276,7 +275,7 @@ class EngineClient:
             return
         base, request, sample = found
         if output.error is not None:
-            self._fail(base, "engine_dead", output.error)
+            self._fail(base, RefusalCode.ENGINE_DEAD, output.error)
             return
         if sample.finish_reason is not None:
             return   # already ended by a stop string
@@ -343,12 +342,12 @@ class EngineClient:
     def _expire(self, request_id: str, deadline_s: float) -> None:
         if request_id in self.requests:
             self._send(m.encode_abort(request_id))   # the scheduler frees its blocks
-            self._fail(request_id, "timeout", f"the request did not finish within its "
+            self._fail(request_id, RefusalCode.TIMEOUT, f"the request did not finish within its "
                        f"deadline of {deadline_s:g} s; it was aborted")
 
     def _fail_all(self, reason: str) -> None:
         for request_id in list(self.requests):
-            self._fail(request_id, "engine_dead", reason)
+            self._fail(request_id, RefusalCode.ENGINE_DEAD, reason)
 
     def _notify(self, event: str, request: _Request, **details: Any) -> None:
         for observer in self.observers:
@@ -372,7 +371,7 @@ class EngineClient:
                     self._fail_all("the connection to the scheduler was lost; the request "
                                    "was aborted, retry it")
                 elif event & UP_EVENTS:
-                    self._send(m.pack("frontend_hello", {"id": self.frontend_id}))
+                    self._send(m.encode_frontend_hello(self.frontend_id))
             except asyncio.TimeoutError:
                 pass
             if self.relink.check():

@@ -45,9 +45,8 @@ CLIENT_TO_GATEWAY = frozenset({T.GENERATE, T.ABORT, T.HEALTH, T.KV_MAP})
 GATEWAY_TO_CLIENT = frozenset({T.DELTA, T.FINAL, T.ERROR, T.HEALTH, T.KV_MAP})
 FRONTEND_TO_SCHEDULER = frozenset({T.FRONTEND_HELLO, T.ADD, T.ABORT, T.STATS_REQUEST,
                                    T.KV_MAP_REQUEST, T.HEARTBEAT})
-# The frontend's main socket. `error` is still accepted (and ignored): older schedulers sent it.
 SCHEDULER_TO_FRONTEND = frozenset({T.ENGINE_INFO, T.OUTPUTS, T.REJECTED, T.STATS, T.KV_MAP,
-                                   T.ERROR, T.FRONTEND_DROPPED})
+                                   T.FRONTEND_DROPPED})
 # The frontend's heartbeat socket (frontend/liveness.py): the scheduler's answers.
 SCHEDULER_TO_FRONTEND_HEARTBEAT = frozenset({T.HEARTBEAT})
 EXECUTOR_TO_SCHEDULER = frozenset({T.EXECUTOR_HELLO, T.RESULT, T.EXECUTOR_ERROR, T.HEARTBEAT})
