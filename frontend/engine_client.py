@@ -28,7 +28,7 @@ from frontend.prompts import check_text_size, max_token_chars
 from frontend.stop_strings import StopStrings
 from shared import messages as m
 from shared.codes import RefusalCode
-from shared.outputs import EngineOutput
+from shared.outputs import EngineOutput, child_request_id
 from shared.sampling_params import SamplingParams
 from shared.security import CurveKeys, make_peer
 from shared.transport import DOWN_EVENTS, UP_EVENTS, Relink, configure, monitor_socket
@@ -161,9 +161,7 @@ class EngineClient:
         code "timeout". `stops`: params.stop's tables, built once per client request."""
         request_id = f"{self.frontend_id}-{next(self.counter)}"
         state = RequestState(self.tokenizer, params, prompt_ids, wire_logprob, stops)
-        # As the scheduler names them (scheduler.child_request_id).
-        sample_ids = [request_id] if params.n == 1 else \
-            [f"{request_id}#{i}" for i in range(params.n)]
+        sample_ids = [child_request_id(request_id, i, params.n) for i in range(params.n)]
         request = _Request(sink, state, sample_ids)
         self.requests[request_id] = request
         for sample_id, sample in zip(sample_ids, state.samples):

@@ -47,14 +47,9 @@ from scheduler.preemption import should_swap
 from scheduler.request import Request, RequestStatus
 from scheduler.stop import finish_reason_after_token
 from shared.config import SchedulerConfig
-from shared.outputs import EngineOutput, FinishReason, StepOutputs
+from shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
 from shared.sampling_params import SamplingParams, check_against_model
 from shared.step import NewRequest, StepPlan, StepResult
-
-
-def child_request_id(request_id: str, index: int, n: int) -> str:
-    """The id each of n samples reports under (the request's own id when n == 1)."""
-    return request_id if n == 1 else f"{request_id}#{index}"
 
 
 @dataclass(slots=True)

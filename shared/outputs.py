@@ -11,6 +11,12 @@ from shared.codes import FinishReason  # noqa: F401  (its home before shared/cod
 RawLogprobs = tuple[float, int, list[int], list[float]]
 
 
+def child_request_id(request_id: str, index: int, n: int) -> str:
+    """The id each of n samples reports under (the request's own id when n == 1): the
+    scheduler names them so, the frontend finds its samples by them."""
+    return request_id if n == 1 else f"{request_id}#{index}"
+
+
 @dataclass(slots=True)
 class EngineOutput:
     """One step's news for one request, as the scheduler reports it: token ids only."""

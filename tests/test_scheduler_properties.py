@@ -24,7 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from scheduler.block_pool import BlockPool, chain_hash
 from scheduler.request import RequestStatus
-from scheduler.scheduler import Scheduler, child_request_id
+from scheduler.scheduler import Scheduler
+from shared.outputs import child_request_id
 from shared.config import SchedulerConfig
 from shared.outputs import EngineOutput, FinishReason
 from shared.sampling_params import SamplingParams
