@@ -68,7 +68,7 @@ class ExecutorLink:
         """Give the executor up. A hung (not dead) one gets a reset once it is free again:
         it drops its state and says hello, and service resumes."""
         if self.identity is not None:
-            self.send(m.pack("reset", {}))
+            self.send(m.encode_reset())
         self.detach()
 
     def on_peer_disconnected(self) -> None:
@@ -99,6 +99,6 @@ class ExecutorLink:
         # Reading EVENTS makes the socket process pending pipe terminations first;
         # a plain send may skip that for a while (libzmq throttles command processing).
         self.sock.getsockopt(zmq.EVENTS)
-        if not self.send(m.pack("ping", {})):
+        if not self.send(m.encode_ping()):
             return "the executor's connection closed"
         return None
