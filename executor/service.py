@@ -62,6 +62,8 @@ class ExecutorService:
         self.monitor = monitor_socket(self.sock)   # before connect: see the first handshake
         self.sock.connect(config.scheduler_address)
         self.relink = Relink(self.sock, config.scheduler_address)   # after an oversize message
+        self.last_step_id = 0
+        self.linger_ms = 0   # a message still queued at exit is dropped, unless said otherwise
         self.stop = threading.Event()
         self.heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True)
 
@@ -88,7 +90,7 @@ class ExecutorService:
                     # A (re)connected scheduler knows nothing of us: start clean, say hello.
                     self._to_ranks(m.encode_reset())
                     self.executor.reset()
-                    self.sock.send(m.encode_hello_executor(self.executor.capacity, pid))
+                    self.sock.send(m.encode_hello_executor(self.executor.capacity, pid, self._rank_pids()))
                 if self.sock not in events:
                     continue
                 data = self.sock.recv()
@@ -103,7 +105,7 @@ class ExecutorService:
                 self._to_ranks(data)   # the plan or reset, to every other rank
                 if plan is None:   # reset: the scheduler gave up on our state
                     self.executor.reset()
-                    self.sock.send(m.encode_hello_executor(self.executor.capacity, pid))
+                    self.sock.send(m.encode_hello_executor(self.executor.capacity, pid, self._rank_pids()))
                     continue
                 self._apply(plan)
         except Exception as error:
@@ -113,6 +115,10 @@ class ExecutorService:
             # fails the in-flight requests, `folio serve` starts a new group.
             reason = self.ranks.dead_rank(wait_s=1.0) or error   # a collective's error
             log.error("tensor-parallel group failed (%s); stopping every rank", reason)
+            # Said before exiting, so the in-flight requests fail naming the rank.
+            self.sock.send(m.encode_executor_error(
+                self.last_step_id, f"tensor-parallel group failed: {reason}"))
+            self.linger_ms = 1000
             raise SystemExit(1) from None
         finally:
             self.stop.set()
@@ -120,10 +126,14 @@ class ExecutorService:
                 self.ranks.stop()
             self.heartbeat.join(timeout=1)
             monitor.close(0)
-            self.sock.close(0)
+            self.sock.close(self.linger_ms)
             self.ctx.term()
 
+    def _rank_pids(self) -> tuple[int, ...]:
+        return (os.getpid(), *self.ranks.pids) if self.ranks is not None else ()
+
     def _apply(self, plan) -> None:
+        self.last_step_id = plan.step_id
         try:
             result = self.executor.execute(plan)
         except Exception as error:   # report, stay alive: the scheduler fails the step

@@ -92,6 +92,11 @@ class RankGroup:
         log.info("tensor parallel: %d ranks on %s (pids %s)", size, backend,
                  ", ".join(str(p.pid) for p in self.children.values()))
 
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The child ranks' pids, rank 1 first."""
+        return tuple(self.children[rank].pid for rank in sorted(self.children))
+
     def check(self) -> None:
         """RankDied when a child rank has exited."""
         for rank, proc in self.children.items():
@@ -201,7 +206,7 @@ def run_rank(rank: int, size: int, address: str, backend: str, plans: str,
     tp = TensorParallel(TPConfig(size, rank, address, backend))
     executor = Executor(engine, tp)
     while True:
-        msg_type, body = m.decode(pull.recv(), frozenset({"plan", "reset"}))
+        msg_type, body = m.decode(pull.recv(), m.RANK0_TO_RANKS)
         if msg_type == "plan":
             executor.execute(m.decode_plan(body))
         else:

@@ -118,6 +118,13 @@ class EngineClient:
     def engine_alive(self) -> bool:
         return self.scheduler_alive and self.info is not None and self.info.executor_alive
 
+    def rank_health(self) -> list[dict[str, Any]]:
+        """A tensor-parallel executor's ranks (none for one process). A rank that dies takes
+        the group down, so every rank shares the executor's status."""
+        ranks = self.info.executor_ranks if self.info else ()
+        status = "ok" if self.engine_alive else "unhealthy"
+        return [{"rank": rank, "pid": pid, "status": status} for rank, pid in enumerate(ranks)]
+
     @property
     def vocab_size(self) -> int:
         return self.info.vocab_size if self.info else len(self.tokenizer)

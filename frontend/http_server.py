@@ -170,9 +170,12 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
         if engine.draining:
             return JSONResponse({"status": "draining", "reason": "the server is shutting down"},
                                 status_code=503, headers={"Retry-After": RETRY_AFTER_S})
-        # Data-parallel replicas: healthy while one serves; the body lists each.
+        # Data-parallel replicas: healthy while one serves; the body lists each. A
+        # tensor-parallel executor lists its ranks (under each replica, with replicas).
         replicas = ({"replicas": engine.replica_health()}
                     if hasattr(engine, "replica_health") else {})
+        if hasattr(engine, "rank_health") and engine.rank_health():
+            replicas["ranks"] = engine.rank_health()
         if engine.engine_alive:
             return JSONResponse({"status": "ok", **replicas})
         return JSONResponse({"status": "unhealthy", "reason": engine.dead_reason(),

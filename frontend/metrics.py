@@ -45,6 +45,23 @@ class _EngineStatsCollector:
         preemptions.add_metric(["swap"], float(stats.get("preemptions_swap", 0)))
         yield preemptions
         yield from _per_replica(stats.get("replicas") or [])
+        yield from _per_rank(stats)
+
+
+def _per_rank(stats: dict[str, Any]):
+    """Tensor-parallel ranks: 1 while the rank's group serves, labelled by replica and rank
+    (a single engine is replica 0)."""
+    engines = stats.get("replicas") or [{"replica": 0, **stats}]
+    if not any(len(e.get("executor_ranks") or ()) > 1 for e in engines):
+        return
+    up = GaugeMetricFamily("folio:executor_rank_up",
+                           "1 while the tensor-parallel rank's executor group serves",
+                           labels=["replica", "rank", "pid"])
+    for engine in engines:
+        alive = 1.0 if engine.get("executor_alive") else 0.0
+        for rank, pid in enumerate(engine.get("executor_ranks") or ()):
+            up.add_metric([str(engine.get("replica", 0)), str(rank), str(pid)], alive)
+    yield up
 
 
 def _per_replica(replicas: list[dict[str, Any]]):

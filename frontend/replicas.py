@@ -116,7 +116,8 @@ class Replicas:
         return [{"replica": i, "address": self.addresses[i],
                  "status": "ok" if c.engine_alive else "unhealthy",
                  **({} if c.engine_alive else {"reason": c.dead_reason()}),
-                 "in_flight": len(c.requests), "routed": self.routed[i]}
+                 "in_flight": len(c.requests), "routed": self.routed[i],
+                 **({"ranks": c.rank_health()} if c.rank_health() else {})}
                 for i, c in enumerate(self.clients)]
 
     def tasks(self) -> list:

@@ -8,6 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from scheduler.request import Request
+from shared.codes import RefusalCode
 
 
 @dataclass(frozen=True)
@@ -22,11 +23,12 @@ def queue_refusal(limits: QueueLimits, waiting: Collection[Request],
     queue is full, by requests or by prompt tokens; None: accept it."""
     limit = limits.max_requests
     if limit is not None and len(waiting) >= limit:
-        return (f"the queue is full ({limit} requests waiting); retry later", "queue_full")
+        return (f"the queue is full ({limit} requests waiting); retry later",
+                RefusalCode.QUEUE_FULL)
     token_limit = limits.max_tokens
     if token_limit is not None:
         queued = sum(r.num_tokens for r in waiting)
         if queued + prompt_len > token_limit:
             return (f"the queue is full ({queued} prompt tokens waiting, limit "
-                    f"{token_limit}); retry later", "queue_full")
+                    f"{token_limit}); retry later", RefusalCode.QUEUE_FULL)
     return None

@@ -36,6 +36,7 @@ class ExecutorLink:
         self.pid = 0
         self.last_heard = 0.0
         self.capacity: ExecutorCapacity | None = None   # the last one attached (kept after)
+        self.ranks: tuple[int, ...] = ()
         self.probe_until = 0.0   # probe the executor until then (a peer disconnected)
 
     def on_heartbeat(self, pid: int) -> None:
@@ -48,8 +49,10 @@ class ExecutorLink:
         return (self.identity is not None and identity != self.identity
                 and self.clock() - self.last_heard < self.timeouts.heartbeat_s)
 
-    def attach(self, identity: bytes, pid: int, capacity: ExecutorCapacity) -> None:
+    def attach(self, identity: bytes, pid: int, capacity: ExecutorCapacity,
+               ranks: tuple[int, ...] = ()) -> None:
         self.identity, self.pid, self.capacity = identity, pid, capacity
+        self.ranks = ranks   # tensor-parallel ranks' pids (kept after a loss, for health)
         self.last_heard = self.clock()
 
     def detach(self) -> None:

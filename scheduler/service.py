@@ -33,6 +33,7 @@ from scheduler.shutdown import ShutdownDrain
 from scheduler.step_rule import plan_for_executor
 from scheduler.steps_in_flight import StepsInFlight
 from shared import messages as m
+from shared.codes import RefusalCode
 from shared.config import (CURVE_KEYS_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S,
                            ExecutorCapacity, SchedulerConfig, SchedulingPolicy, SettingError,
                            setting)
@@ -44,9 +45,6 @@ from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.scheduler")
 
-FRONTEND_TYPES = frozenset({"frontend_hello", "add", "abort", "stats_request", "heartbeat",
-                            "kv_map_request"})
-EXECUTOR_TYPES = frozenset({"executor_hello", "result", "executor_error", "heartbeat"})
 HEALTH_PROBES = frozenset({"stats_request", "kv_map_request"})   # answered; not a frontend
 STATS_MAX_AGE_S = 0.1   # stats answers within this long of each other share one computation
 KV_MAP_MAX_AGE_S = 0.25   # the same for page maps (a walk of every block table)
@@ -199,13 +197,13 @@ class SchedulerService:
                 request_id = m.peek_id(frames[1])
                 if sock is self.frontend_sock and request_id:
                     self.router.send(frames[0], m.encode_rejected(request_id, str(error),
-                                                                  "invalid"))
+                                                                  RefusalCode.INVALID))
 
     # ---- frontends ----------------------------------------------------------------------
 
     def _on_frontend_message(self, identity: bytes, data: bytes) -> None:
-        msg_type, body = m.decode(data, FRONTEND_TYPES)
-        frontend = body.str("frontend", optional=True) if msg_type == "heartbeat" else None
+        msg_type, body = m.decode(data, m.FRONTEND_TO_SCHEDULER)
+        frontend = m.decode_heartbeat(body).frontend if msg_type == "heartbeat" else None
         if frontend is not None:
             self.router.on_heartbeat(identity, frontend, self.heartbeat_reply)
             return
@@ -216,11 +214,12 @@ class SchedulerService:
         if msg_type == "add":
             self._add(identity, *m.decode_add(body))
         elif msg_type == "abort":
-            request_id = body.str("id")   # a request id, or one sample of it: "id#i"
+            request_id = m.decode_abort(body).request_id   # an id, or one sample's: "id#i"
             if self.router.owns(identity, request_id) and self.scheduler is not None:
                 self.scheduler.abort_request(request_id)
         elif msg_type == "frontend_hello":
-            self.router.on_hello(identity, body.str("id"), self._engine_info())
+            self.router.on_hello(identity, m.decode_frontend_hello(body).frontend_id,
+                                 self._engine_info())
         elif msg_type == "stats_request":
             self.router.send(identity, self._stats_reply())
         elif msg_type == "kv_map_request":
@@ -242,7 +241,8 @@ class SchedulerService:
         try:   # what can never fit is refused by the scheduler, as in the offline LLM
             sample_ids = self.scheduler.add_request(request_id, prompt, params)
         except ValueError as error:
-            self.router.send(identity, m.encode_rejected(request_id, str(error), "invalid"))
+            self.router.send(identity, m.encode_rejected(request_id, str(error),
+                                                         RefusalCode.INVALID))
             return
         self.router.claim(request_id, identity, len(sample_ids))
         self.steps.new_work()   # for the plan ahead
@@ -251,11 +251,12 @@ class SchedulerService:
         """(message, code) when this process refuses a request before the scheduler sees
         it; None: ask the scheduler."""
         if self.shutdown.draining:
-            return ("the scheduler is shutting down", "shutting_down")
+            return ("the scheduler is shutting down", RefusalCode.SHUTTING_DOWN)
         if self.scheduler is None:
-            return ("the executor is not running; try again shortly", "engine_dead")
+            return ("the executor is not running; try again shortly", RefusalCode.ENGINE_DEAD)
         if self.router.in_use(request_id) or "#" in request_id:
-            return (f"request id {request_id!r} is in use or contains '#'", "rejected")
+            return (f"request id {request_id!r} is in use or contains '#'",
+                    RefusalCode.REJECTED)
         return queue_refusal(self.queue_limits, self.scheduler.waiting, prompt_len)
 
     def _abort_orphan(self, request_id: str) -> None:
@@ -270,14 +271,15 @@ class SchedulerService:
             num_kv_blocks=cap.num_kv_blocks if cap else 1, block_size=cap.block_size if cap else 1,
             eos_token_ids=cap.eos_token_ids if cap else (),
             executor_alive=self.scheduler is not None,
-            max_logprobs=self.config.max_logprobs, max_n=self.config.max_n).encode()
+            max_logprobs=self.config.max_logprobs, max_n=self.config.max_n,
+            executor_ranks=self.executor_link.ranks).encode()
 
     # ---- executor -----------------------------------------------------------------------
 
     def _on_executor_message(self, identity: bytes, data: bytes) -> None:
-        msg_type, body = m.decode(data, EXECUTOR_TYPES)
+        msg_type, body = m.decode(data, m.EXECUTOR_TO_SCHEDULER)
         if msg_type == "heartbeat":
-            self.executor_link.on_heartbeat(body.int("pid", 0))
+            self.executor_link.on_heartbeat(m.decode_heartbeat(body).pid)
         elif msg_type == "executor_hello":
             self._on_executor_hello(identity, *m.decode_hello_executor(body))
         elif identity != self.executor_link.identity:
@@ -285,15 +287,17 @@ class SchedulerService:
         elif msg_type == "result":
             self._on_result(m.decode_result(body))
         elif msg_type == "executor_error":
-            if self.steps.is_stale(body.int("s", 0)):
+            error = m.decode_executor_error(body)
+            if self.steps.is_stale(error.step_id):
                 log.warning("dropped an error for step %d, sent before an earlier failure",
-                            body.int("s", 0))
+                            error.step_id)
                 return
             if self.scheduler is not None:
                 self.scheduler.discard_unconfirmed()   # that step's blocks hold garbage
-            self._fail_all(f"the executor failed a step: {body.str('message', 2000)}")
+            self._fail_all(f"the executor failed a step: {error.message}")
 
-    def _on_executor_hello(self, identity: bytes, capacity: ExecutorCapacity, pid: int) -> None:
+    def _on_executor_hello(self, identity: bytes, capacity: ExecutorCapacity, pid: int,
+                           ranks: tuple[int, ...] = ()) -> None:
         link = self.executor_link
         if self.scheduler is not None and link.is_another_live_executor(identity):
             log.warning("ignored a hello from %r: executor %d is attached and alive",
@@ -312,7 +316,7 @@ class SchedulerService:
             return
         if self.scheduler is not None:
             self._fail_all("the executor restarted")
-        link.attach(identity, pid, capacity)
+        link.attach(identity, pid, capacity, ranks)
         self.steps.restart()   # a new scheduler counts from 0
         self.scheduler = Scheduler(config)
         log.info("executor %d attached: %d KV blocks of %d tokens, max_model_len %d", pid,
@@ -376,5 +380,6 @@ class SchedulerService:
     def stats(self) -> dict:
         stats = dict(self.scheduler.stats()) if self.scheduler else {}
         stats["executor_alive"] = self.scheduler is not None
+        stats["executor_ranks"] = list(self.executor_link.ranks)
         stats["num_frontends"] = len(self.router.frontends)
         return stats

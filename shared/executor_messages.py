@@ -12,8 +12,10 @@ from shared.step import NewRequest, StepPlan, StepResult
 from shared.wire import MAX_BLOCK_ID, MAX_TOKEN_ID, Body, ProtocolError, pack
 
 
-def encode_hello_executor(capacity: ExecutorCapacity, pid: int) -> bytes:
-    return pack("executor_hello", {
+def encode_hello_executor(capacity: ExecutorCapacity, pid: int,
+                          ranks: tuple[int, ...] = ()) -> bytes:
+    """`ranks`: the pid of each tensor-parallel rank in rank order (empty: one process)."""
+    return pack("executor_hello", {"ranks": list(ranks),
         "num_kv_blocks": capacity.num_kv_blocks, "block_size": capacity.block_size,
         "max_model_len": capacity.max_model_len, "vocab_size": capacity.vocab_size,
         "eos_token_ids": list(capacity.eos_token_ids), "pid": pid,
@@ -26,6 +28,7 @@ def encode_hello_executor(capacity: ExecutorCapacity, pid: int) -> bytes:
 class ExecutorHello(NamedTuple):
     capacity: ExecutorCapacity
     pid: int   # its heartbeats must carry the same
+    ranks: tuple[int, ...] = ()   # tensor-parallel ranks' pids, rank 0 first
 
 
 def decode_hello_executor(body: Body) -> ExecutorHello:
@@ -42,7 +45,8 @@ def decode_hello_executor(body: Body) -> ExecutorHello:
         # Optional (0 or absent: some layer attends to the whole context).
         sliding_window=body.int("sliding_window", 0, 1 << 30, optional=True) or None,
         rewrites_kv=body.bool("rewrites_kv"))
-    return ExecutorHello(capacity, body.int("pid", 0))
+    ranks = body.ints("ranks", 0, 1 << 31, max_len=1024, optional=True) or []
+    return ExecutorHello(capacity, body.int("pid", 0), tuple(ranks))
 
 
 def encode_plan(plan: StepPlan) -> bytes:

@@ -26,13 +26,16 @@ class EngineInfo:
     # The scheduler's limits, so frontends check the same ones.
     max_logprobs: int = SchedulingPolicy.max_logprobs
     max_n: int = SchedulingPolicy.max_n
+    # Pids of the executor's tensor-parallel ranks, rank 0 first (empty: one process).
+    executor_ranks: tuple[int, ...] = ()
 
     def encode(self) -> bytes:
         return pack("engine_info", {
             "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
             "num_kv_blocks": self.num_kv_blocks, "block_size": self.block_size,
             "eos_token_ids": list(self.eos_token_ids), "executor_alive": self.executor_alive,
-            "max_logprobs": self.max_logprobs, "max_n": self.max_n})
+            "max_logprobs": self.max_logprobs, "max_n": self.max_n,
+            "executor_ranks": list(self.executor_ranks)})
 
     @classmethod
     def decode(cls, body: Body) -> "EngineInfo":
@@ -44,7 +47,9 @@ class EngineInfo:
                    executor_alive=body.bool("executor_alive", True),
                    max_logprobs=_or_default(body.int("max_logprobs", 0, 1 << 20,
                                                      optional=True), cls.max_logprobs),
-                   max_n=_or_default(body.int("max_n", 1, 1 << 20, optional=True), cls.max_n))
+                   max_n=_or_default(body.int("max_n", 1, 1 << 20, optional=True), cls.max_n),
+                   executor_ranks=tuple(body.ints("executor_ranks", 0, 1 << 31, 1024,
+                                                  optional=True)))
 
 
 def _or_default(value: int | None, default: int) -> int:

@@ -14,6 +14,7 @@ import re
 import signal
 import time
 
+import httpx
 import pytest
 
 from folio import LLM, SamplingParams
@@ -105,6 +106,10 @@ async def _stream_until_failure(address: str, started: asyncio.Event, count: int
         await client.close()
 
 
+def _health(server: HttpServer) -> dict:
+    return httpx.get(f"{server.base}/health", timeout=5).json()
+
+
 def test_rank_killed_mid_step_fails_in_flight_requests_and_the_group_restarts(llama_tp2):
     server = llama_tp2
     rank1 = int(re.findall(r"tensor parallel: 2 ranks on gloo \(pids (\d+)\)",
@@ -118,16 +123,24 @@ def test_rank_killed_mid_step_fails_in_flight_requests_and_the_group_restarts(ll
         os.kill(rank1, signal.SIGKILL)
         return killed_at, await asyncio.wait_for(streams, 60)
 
+    ranks = _health(server)["ranks"]
+    assert [(r["rank"], r["status"]) for r in ranks] == [(0, "ok"), (1, "ok")], ranks
+    assert ranks[1]["pid"] == rank1
+    assert f'folio:executor_rank_up{{pid="{rank1}",rank="1",replica="0"}} 1.0' in \
+        httpx.get(f"{server.base}/metrics").text
     killed_at, failures = asyncio.run(scenario())
     assert all(f is not None for f in failures), failures   # none ran to 180 tokens
     assert max(t for t, _ in failures) - killed_at < 5, failures
+    # The executor says why before it exits: the requests' errors name the dead rank.
+    assert any("tensor-parallel rank 1 exited" in reason for _, reason in failures), failures
     deadline = time.monotonic() + 90
     while True:   # folio serve restarts the executor; the new group says hello
-        with Client(server.zmq_address) as client:
-            if client.health(timeout=2.0).get("ok"):
-                break
+        health = _health(server)
+        if health["status"] == "ok" and health["ranks"][1]["pid"] != rank1:
+            break
         assert time.monotonic() < deadline, server.log.read_text()[-3000:]
         time.sleep(0.3)
+    assert [r["status"] for r in health["ranks"]] == ["ok", "ok"], health
     log = server.log.read_text()
     assert "tensor-parallel group failed (tensor-parallel rank 1 exited with -9)" in log
     assert len(re.findall(r"tensor parallel: 2 ranks on gloo", log)) == 2
