@@ -89,7 +89,7 @@ class NullBatch:
 
     def execute(self, plan: StepPlan) -> StepResult:
         held = self.held
-        for handle in plan.finished_handles:
+        for handle in plan.dropped_handles:
             held.pop(handle, None)
         scheduled: list[tuple[int, _Held, int]] = []
         for new in plan.new_requests:
@@ -217,7 +217,7 @@ def null_executor(address: str, control=None, num_kv_blocks: int = NUM_KV_BLOCKS
                 else:
                     sock.send(reply)
                 rows.append((arrived, clock() - arrived, len(data), len(plan.running_handles),
-                             len(plan.new_requests), len(plan.finished_handles), len(reply)))
+                             len(plan.new_requests), len(plan.dropped_handles), len(reply)))
     finally:
         stopped.set()
         beats.join(timeout=1)

@@ -54,7 +54,7 @@ class GrammarMasks:
 
     def apply(self, plan: StepPlan) -> None:
         """Track the plan's request changes (before the batch forgets finished ones)."""
-        for handle in plan.finished_handles:
+        for handle in plan.dropped_handles:
             self._forget(handle)
         for new in plan.new_requests:
             self._forget(new.handle)   # a handle may be reused, or a request recomputed

@@ -82,7 +82,7 @@ class InputBatch:
     def apply(self, plan: StepPlan) -> list[tuple[CachedRequest, int]]:
         """Update the remembered state from a plan; return (request, tokens to compute)."""
         rows = self.rows
-        for handle in plan.finished_handles:
+        for handle in plan.dropped_handles:
             request = self.requests.pop(handle, None)
             if request is not None:
                 rows.give_back(request.row)

@@ -91,7 +91,7 @@ class SpeedExecutor:
         self.held: dict[int, list[int]] = {}   # handle -> [known tokens, computed tokens]
 
     def execute(self, plan: StepPlan) -> StepResult:
-        for handle in plan.finished_handles:
+        for handle in plan.dropped_handles:
             self.held.pop(handle, None)
         scheduled = []
         for new in plan.new_requests:

@@ -12,10 +12,11 @@ from shared.outputs import EngineOutput, FinishReason
 def fail_requests(scheduler: Scheduler, request_ids: Iterable[str],
                   reason: str) -> list[EngineOutput]:
     """Abort these requests (ids as added: every sample of each) and return one ERROR
-    output per sample that was still in the scheduler. Outputs already pending (abort
-    notices) are dropped: the error is the news."""
-    scheduler.take_pending_outputs()
+    output per sample that was still in the scheduler, after the outputs already pending
+    (abort notices not yet routed): a sample aborted just before the failure still ends
+    for its frontend, so its id is released, not held as in use forever."""
+    pending = scheduler.take_pending_outputs()
     for request_id in request_ids:
         scheduler.abort_request(request_id)
-    return [EngineOutput(aborted.request_id, [], FinishReason.ERROR, reason)
-            for aborted in scheduler.take_pending_outputs()]
+    return pending + [EngineOutput(aborted.request_id, [], FinishReason.ERROR, reason)
+                      for aborted in scheduler.take_pending_outputs()]

@@ -70,7 +70,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._by_handle: dict[int, Request] = {}
         # Finished, aborted and preempted requests whose executor-side state the next plan
-        # drops (StepPlan.finished_handles).
+        # drops (StepPlan.dropped_handles).
         self._dropped_handles: list[int] = []
         self._pending_outputs: list[EngineOutput] = []
         self._next_handle = 0
@@ -437,8 +437,7 @@ class Scheduler:
             request.on_executor = False
 
     def _build_plan(self, plan: StepPlan, scheduled: list[_Scheduled]) -> StepPlan:
-        # finished_handles (shared/step.py) carries the preempted handles too.
-        plan.finished_handles, self._dropped_handles = self._dropped_handles, []
+        plan.dropped_handles, self._dropped_handles = self._dropped_handles, []
         plan.copies = self.kv.take_copies()
         handles, counts, appended = plan.running_handles, plan.running_num_tokens, \
             plan.new_block_ids

@@ -14,7 +14,7 @@ def plan_for_executor(scheduler: Scheduler) -> StepPlan | None:
     """Plan the next step; None when the executor has nothing to do in it (outputs already
     decided, e.g. aborts, still wait in `take_pending_outputs`)."""
     plan = scheduler.schedule()
-    if plan.is_empty and not plan.finished_handles:
+    if plan.is_empty and not plan.dropped_handles:
         return None
     return plan
 

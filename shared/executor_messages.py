@@ -58,8 +58,8 @@ def encode_plan(plan: StepPlan) -> bytes:
                       "sp": r.sampling.engine_dict()} for r in plan.new_requests]
     if plan.new_block_ids:
         body["b"] = [[handle, blocks] for handle, blocks in plan.new_block_ids.items()]
-    if plan.finished_handles:
-        body["f"] = plan.finished_handles
+    if plan.dropped_handles:
+        body["f"] = plan.dropped_handles
     for key, pairs in (("so", plan.swap_out), ("si", plan.swap_in), ("cp", plan.copies)):
         if pairs:
             body[key] = [x for pair in pairs for x in pair]
@@ -92,7 +92,7 @@ def decode_plan(body: Body) -> StepPlan:
                 or not isinstance(entry[0], int)):
             raise ProtocolError("plan: 'b' entries must be [handle, [block ids]]")
         plan.new_block_ids[entry[0]] = Body("plan.b", {"b": entry[1]}).ints("b", 0, MAX_BLOCK_ID)
-    plan.finished_handles = body.ints("f", optional=True)
+    plan.dropped_handles = body.ints("f", optional=True)
     plan.swap_out = body.pairs("so", MAX_BLOCK_ID)
     plan.swap_in = body.pairs("si", MAX_BLOCK_ID)
     plan.copies = body.pairs("cp", MAX_BLOCK_ID)

@@ -34,7 +34,7 @@ class StepPlan:
     # Blocks appended to a running request's table, by handle (only those that grew).
     new_block_ids: dict[int, list[int]] = field(default_factory=dict)
     # Requests the executor must forget before this step (finished, aborted, preempted).
-    finished_handles: list[int] = field(default_factory=list)
+    dropped_handles: list[int] = field(default_factory=list)
     # Block moves, applied before the forward pass: (source, destination) pairs.
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)

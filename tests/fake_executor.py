@@ -67,7 +67,7 @@ class FakeExecutor:
                                              for _ in range(num_swap_blocks)]
 
     def execute(self, plan: StepPlan) -> StepResult:
-        for handle in plan.finished_handles:
+        for handle in plan.dropped_handles:
             assert handle in self.requests, f"forget of unknown handle {handle}"
             del self.requests[handle]
         scheduled: list[tuple[int, _Held, int]] = []

@@ -38,7 +38,7 @@ def test_inputs_match_a_plain_rebuild_while_rows_are_reused_and_grown():
     for step in range(40):
         plan = StepPlan(step_id=step)
         for done in [h for h in live if rng.random() < 0.2]:
-            plan.finished_handles.append(done)
+            plan.dropped_handles.append(done)
             del live[done]
         for _ in range(rng.randint(0, 3)):   # more than max_num_seqs: the rows must grow
             handle += 1
@@ -84,7 +84,7 @@ def test_a_reused_row_carries_no_stale_blocks():
     long = NewRequest(1, list(range(1, 17)), 16, 0, 16, [5, 6, 7, 8], SamplingParams())
     batch.apply(StepPlan(step_id=0, new_requests=[long]))
     short = NewRequest(2, [9, 9], 2, 0, 2, [3], SamplingParams())
-    scheduled = batch.apply(StepPlan(step_id=1, finished_handles=[1], new_requests=[short]))
+    scheduled = batch.apply(StepPlan(step_id=1, dropped_handles=[1], new_requests=[short]))
     assert batch.requests[2].row == 0
     assert batch.rows.tables[0].tolist()[:4] == [3, 0, 0, 0]
     assert batch.prepare(scheduled).input_ids.tolist() == [9, 9]

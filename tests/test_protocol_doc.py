@@ -44,7 +44,7 @@ def _plan() -> StepPlan:
     new = NewRequest(handle=3, token_ids=[1, 2, 3], prompt_len=3, num_computed_tokens=0,
                      num_new_tokens=3, block_ids=[5], sampling=SamplingParams(logprobs=2))
     return StepPlan(step_id=9, new_requests=[new], running_handles=[0], running_num_tokens=[1],
-                    new_block_ids={0: [6]}, finished_handles=[1], swap_out=[(4, 0)],
+                    new_block_ids={0: [6]}, dropped_handles=[1], swap_out=[(4, 0)],
                     swap_in=[(1, 4)], copies=[(2, 7)])
 
 

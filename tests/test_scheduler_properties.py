@@ -164,7 +164,7 @@ class Driver:
         assert len(plan.new_requests) + len(plan.running_handles) <= config.max_num_seqs
         for output in scheduler.take_pending_outputs():
             self._record(output)
-        if plan.is_empty and not plan.finished_handles:
+        if plan.is_empty and not plan.dropped_handles:
             return
         self.sent.append(plan)
         if not plan.is_empty:
@@ -536,7 +536,7 @@ def test_one_step_ahead_throws_away_the_step_after_a_stop():
     computing = [p for p in driver.executed
                  if p.running_handles == [0] or [n.handle for n in p.new_requests] == [0]]
     assert len(computing) == len(expected) + 1
-    assert driver.executed[-1].finished_handles == [0]
+    assert driver.executed[-1].dropped_handles == [0]
 
 
 def test_one_step_ahead_skips_a_request_ending_by_length():

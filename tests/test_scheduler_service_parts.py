@@ -73,7 +73,7 @@ def test_only_plans_with_work_or_forget_notices_go_to_the_executor():
     scheduler.update(plan, fake.execute(plan))
     scheduler.abort_request("r")
     forget = plan_for_executor(scheduler)
-    assert forget is not None and forget.finished_handles and not awaits_result(forget)
+    assert forget is not None and forget.dropped_handles and not awaits_result(forget)
     fake.execute(forget)   # the executor forgets the handle; it answers nothing
     assert [o.finish_reason for o in scheduler.take_pending_outputs()] == [FinishReason.ABORT]
     assert plan_for_executor(scheduler) is None
@@ -170,7 +170,7 @@ def test_one_step_ahead_only_with_async_scheduling(one_ahead):
 def test_after_a_failure_every_step_sent_is_stale_and_a_new_executor_counts_from_zero():
     steps = StepsInFlight(True, clock=Clock())
     steps.planned(StepPlan(3, running_handles=[1], running_num_tokens=[1]), ahead=False)
-    steps.planned(StepPlan(4, finished_handles=[2]), ahead=True)   # forget only: no result
+    steps.planned(StepPlan(4, dropped_handles=[2]), ahead=True)   # forget only: no result
     assert [p.step_id for p in steps.plans] == [3] and steps.ahead_tried
     steps.give_up()
     assert not steps.plans and steps.is_stale(4) and not steps.is_stale(5)
@@ -185,9 +185,10 @@ def test_failing_requests_ends_each_running_sample_with_the_reason():
     scheduler.add_request("a", [1, 2], SamplingParams(max_tokens=5, n=2, seed=1))
     scheduler.add_request("b", [1, 2], GREEDY)
     scheduler.add_request("c", [3], GREEDY)
-    scheduler.abort_request("c")   # already ended: its abort notice is superseded
+    scheduler.abort_request("c")   # already ended: its abort notice still goes out first
     outputs = fail_requests(scheduler, ["a", "b", "c"], "the executor failed")
     assert [(o.request_id, o.finish_reason, o.error) for o in outputs] == [
+        ("c", "abort", None),
         ("a#0", "error", "the executor failed"), ("a#1", "error", "the executor failed"),
         ("b", "error", "the executor failed")]
     assert not scheduler.has_unfinished_requests() and not scheduler.take_pending_outputs()
@@ -548,6 +549,20 @@ def test_an_executor_error_fails_every_running_request_with_its_message(served):
     run.add("b", [1, 2, 3])
     run.pump_until(lambda: "b" in run.finished)
     assert run.finished["b"] == ("length", None) and len(run.tokens["b"]) == 5
+
+
+def test_a_request_aborted_just_before_a_failure_is_released_not_held_in_use(served):
+    run = served()
+    run.attach_executor()
+    run.add("a", list(range(20)), SamplingParams(max_tokens=200, temperature=0))
+    run.pump_until(lambda: run.tokens.get("a"))
+    run.service.scheduler.abort_request("a")   # its abort notice waits for the next step
+    run.service._fail_all("the executor failed a step")
+    assert not run.service.router.in_use("a")
+    run.pump_until(lambda: "a" in run.finished)
+    assert run.finished["a"] == ("abort", None)
+    run.add("a", [1, 2, 3])   # the id is free again
+    run.pump_until(lambda: run.finished.get("a", ("abort",))[0] == "length")
 
 
 def test_a_lost_executor_fails_its_requests_and_a_new_one_is_taken_back(served):

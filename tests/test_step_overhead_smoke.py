@@ -40,7 +40,7 @@ def test_null_batch_keeps_the_persistent_batch():
     assert result.handles == [7]
     assert batch.held[7].blocks == [0, 5]
     assert batch.tokens_per_handle() == {7: 2}
-    third = StepPlan(2, finished_handles=[7])
+    third = StepPlan(2, dropped_handles=[7])
     assert batch.execute(m.decode_plan(_round_trip(third))).handles == []
     assert batch.held == {}
     with pytest.raises(ValueError):
