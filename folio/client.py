@@ -92,6 +92,14 @@ def _server_error(body: dict[str, Any]) -> FolioError:
     return error_from_code(reply.code, reply.message)
 
 
+def _decoded(decoder, kind: str, body: dict[str, Any]):
+    """A reply's typed value; a malformed one is the server's fault, named."""
+    try:
+        return decoder(Body(kind, body))
+    except ProtocolError as error:
+        raise FolioError(f"the server sent a malformed {kind}: {error}") from None
+
+
 def _logprobs(raw: list[dict[str, Any]] | None) -> list[dict[int, Logprob]] | None:
     if raw is None:
         return None
@@ -263,16 +271,16 @@ class AsyncClient:
             while True:
                 kind, body = await self._next(queue, timeout, request_id)
                 if kind == "delta":
-                    yield Delta(body.get("text", ""), list(body.get("token_ids", [])),
-                                _logprobs(body.get("logprobs")))
+                    delta = _decoded(m.decode_delta, kind, body)
+                    yield Delta(delta.text, delta.token_ids, _logprobs(delta.logprobs))
                 elif kind == "final":
                     done = True
-                    usage = Usage(**body["usage"])
-                    yield Completion(request_id, body["text"], list(body["token_ids"]),
-                                     body["finish_reason"], usage,
-                                     _logprobs(body.get("logprobs")), body.get("stop_reason"),
-                                     None if body.get("prompt_logprobs") is None else
-                                     [None, *_logprobs(body["prompt_logprobs"])])
+                    final = _decoded(m.decode_final, kind, body)
+                    yield Completion(request_id, final.text, final.token_ids,
+                                     final.finish_reason, Usage(**final.usage),
+                                     _logprobs(final.logprobs), final.stop_reason,
+                                     None if final.prompt_logprobs is None else
+                                     [None, *_logprobs(final.prompt_logprobs)])
                     return
                 elif kind == "error":
                     done = True

@@ -13,11 +13,12 @@ from typing import Any, NamedTuple
 from shared.catalogue import CLIENT_TO_GATEWAY
 from shared.codes import RefusalCode, refusal_code
 from shared.sampling_params import SamplingParams, sampling_from_wire
-from shared.wire import MAX_TOKEN_ID, Body, ProtocolError, pack
+from shared.wire import MAX_TOKEN_ID, MAX_TOKENS_PER_MESSAGE, Body, ProtocolError, pack
 
 CLIENT_TYPES = CLIENT_TO_GATEWAY   # the name the gateway used before the catalogue
 
 MAX_PROMPT_CHARS = 8 * 2**20
+MAX_TEXT_CHARS = 64 * 2**20   # a reply's text: bounded by the message size anyway
 MAX_MESSAGES = 1024
 MAX_DEADLINE_S = 86400.0
 
@@ -97,6 +98,48 @@ def encode_final(request_id: str, text: str, token_ids: list[int], finish_reason
     if prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs   # from the second prompt token on
     return pack("final", body)
+
+
+class DeltaReply(NamedTuple):
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[str, Any]] | None   # per token, as the frontend's wire_logprob
+
+
+def decode_delta(body: Body) -> DeltaReply:
+    return DeltaReply(body.str("id"), body.str("text", MAX_TEXT_CHARS),
+                      body.ints("token_ids", 0, MAX_TOKEN_ID),
+                      _optional_list(body, "logprobs"))
+
+
+class FinalReply(NamedTuple):
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stop_reason: str | None
+    usage: dict[str, int]   # prompt_tokens, completion_tokens, total_tokens
+    logprobs: list[dict[str, Any]] | None
+    prompt_logprobs: list[dict[str, Any]] | None   # from the second prompt token on
+
+
+def decode_final(body: Body) -> FinalReply:
+    usage = body.map("usage")
+    if not all(isinstance(usage.get(k), int) for k in USAGE_FIELDS):
+        raise body.fail("usage", "a map of " + ", ".join(USAGE_FIELDS) + " (integers)")
+    return FinalReply(body.str("id"), body.str("text", MAX_TEXT_CHARS),
+                      body.ints("token_ids", 0, MAX_TOKEN_ID), body.str("finish_reason", 32),
+                      body.str("stop_reason", MAX_TEXT_CHARS, optional=True),
+                      {k: usage[k] for k in USAGE_FIELDS}, _optional_list(body, "logprobs"),
+                      _optional_list(body, "prompt_logprobs"))
+
+
+USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def _optional_list(body: Body, name: str) -> list[Any] | None:
+    return body.list(name, max_len=MAX_TOKENS_PER_MESSAGE) if name in body.body else None
 
 
 def encode_error(request_id: str, code: RefusalCode | str, message: str) -> bytes:

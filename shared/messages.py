@@ -16,8 +16,9 @@ from shared.catalogue import (ALL_TYPES, CLIENT_TO_GATEWAY, EXECUTOR_TO_SCHEDULE
                               SCHEDULER_TO_EXECUTOR, SCHEDULER_TO_FRONTEND,
                               SCHEDULER_TO_FRONTEND_HEARTBEAT, MessageType)
 from shared.client_messages import (CLIENT_TYPES, MAX_DEADLINE_S, MAX_MESSAGES,  # noqa: F401
-                                    MAX_PROMPT_CHARS, ClientQuery, ErrorReply,
-                                    GenerateRequest, decode_client_query, decode_error,
+                                    MAX_PROMPT_CHARS, ClientQuery, DeltaReply, ErrorReply,
+                                    FinalReply, GenerateRequest, decode_client_query,
+                                    decode_delta, decode_error, decode_final,
                                     encode_delta, encode_error, encode_final, encode_generate,
                                     encode_health, encode_health_query, encode_kv_map_query)
 from shared.codes import FinishReason, RefusalCode, refusal_code  # noqa: F401

@@ -84,3 +84,60 @@ def test_each_socket_accepts_its_links_types_only():
     with pytest.raises(ProtocolError, match="unexpected message type"):
         m.decode(m.encode_ping(), m.FRONTEND_TO_SCHEDULER)
     assert m.CLIENT_TYPES == m.CLIENT_TO_GATEWAY   # the old name still works
+
+
+def test_the_sdk_decodes_delta_and_final_replies_and_refuses_malformed_ones():
+    delta = m.decode_delta(_body(m.encode_delta("c", "hi", [5, 6])))
+    assert delta == ("c", "hi", [5, 6], None)
+    final = m.decode_final(_body(m.encode_final("c", "hi", [5, 6], "length", 3,
+                                                logprobs=[{"token_id": 5}],
+                                                stop_reason=None)))
+    assert (final.finish_reason, final.usage, final.logprobs, final.prompt_logprobs) == (
+        "length", {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        [{"token_id": 5}], None)
+    for body in ({"id": "c", "text": "x", "token_ids": ["5"]},   # a token id that is no int
+                 {"id": "c", "token_ids": [5]}):                 # no text
+        with pytest.raises(ProtocolError):
+            m.decode_delta(Body("delta", body))
+    bad_usage = unpack(m.encode_final("c", "", [], "stop", 1))[1] | {"usage": {"x": 1}}
+    with pytest.raises(ProtocolError, match="usage"):
+        m.decode_final(Body("final", bad_usage))
+
+
+def test_the_sdk_names_a_malformed_final_as_the_servers_fault(tmp_path):
+    import asyncio
+
+    import zmq
+
+    from folio.client import AsyncClient
+    from folio.errors import FolioError
+
+    address = f"ipc://{tmp_path}/gateway.sock"
+    ctx = zmq.Context()
+    gateway = ctx.socket(zmq.ROUTER)
+    gateway.setsockopt(zmq.LINGER, 0)
+    gateway.bind(address)
+
+    def answer_badly() -> None:   # a stand-in gateway: a final whose token ids are text
+        identity, data = gateway.recv_multipart()
+        wire_id = unpack(data)[1]["id"]
+        body = unpack(m.encode_final(wire_id, "x", [1], "stop", 1))[1] | {"token_ids": ["1"]}
+        gateway.send_multipart([identity, _packed("final", body)])
+
+    async def run() -> str:
+        async with AsyncClient(address) as client:
+            answering = asyncio.get_running_loop().run_in_executor(None, answer_badly)
+            try:
+                await client.generate([1, 2], SamplingParams(max_tokens=1))
+            except FolioError as error:
+                return str(error)
+            finally:
+                await answering
+        return "no error"
+
+    try:
+        message = asyncio.run(run())
+    finally:
+        gateway.close(0)
+        ctx.term()
+    assert "the server sent a malformed final" in message and "token_ids" in message
