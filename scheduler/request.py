@@ -21,7 +21,7 @@ class Request:
                  "status", "num_computed_tokens", "block_ids", "block_hashes", "num_registered", "cpu_block_ids",
                  "finish_reason", "on_executor", "num_pending", "admit_seq", "resumed_step",
                  "num_preemptions", "fork_children", "prompt_logprobs_next", "arrival_time",
-                 "queue_s", "num_freed_blocks")
+                 "queue_s", "num_freed_blocks", "stop_length_at", "stop_ids")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
@@ -51,6 +51,9 @@ class Request:
         self.prompt_logprobs_next = 1   # first prompt position not yet reported (recompute)
         self.arrival_time = time.monotonic()
         self.queue_s: float | None = None   # arrival to first admission
+        # What may end it (scheduler/stop.py stop_triggers): set by the scheduler.
+        self.stop_length_at = 0
+        self.stop_ids: frozenset[int] = frozenset()
 
     @property
     def num_tokens(self) -> int:

@@ -45,7 +45,7 @@ from scheduler.kv_manager import KVCacheManager
 from scheduler.kv_map import build_kv_map
 from scheduler.preemption import should_swap
 from scheduler.request import Request, RequestStatus
-from scheduler.stop import finish_reason_after_token
+from scheduler.stop import finish_reason_after_token, stop_triggers
 from shared.config import SchedulerConfig
 from shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
 from shared.sampling_params import SamplingParams, check_against_model
@@ -56,7 +56,7 @@ from shared.step import NewRequest, StepPlan, StepResult
 class _Scheduled:
     request: Request
     num_new_tokens: int
-    new_blocks: list[int]
+    new_blocks: list[int] | tuple[()]
     samples: bool   # it reaches the end of its tokens: the executor samples one more
 
 
@@ -137,8 +137,9 @@ class Scheduler:
 
         index = 0
         kv = self.kv
+        size = self.config.block_size
+        windowless = kv.sliding_window is None
         chunked = self.config.enable_chunked_prefill
-        max_len = self.config.max_request_len
         running = self.running
         handles, counts = plan.running_handles, plan.running_num_tokens
         appended = plan.new_block_ids
@@ -148,18 +149,23 @@ class Scheduler:
             num_output = len(request.output_token_ids)
             known = len(request.prompt_token_ids) + num_output
             pending = request.num_pending
-            if pending:   # one step ahead: the step in flight samples `pending` more tokens
-                max_tokens = request.sampling.max_tokens
-                if known + pending >= max_len or (
-                        max_tokens is not None and num_output + pending >= max_tokens):
-                    index += 1   # ... and they end it by length, whatever they are
-                    continue
+            # One step ahead: the step in flight samples `pending` more tokens, and they
+            # end it by length (max_tokens or the context), whatever they are.
+            if pending and num_output + pending >= request.stop_length_at:
+                index += 1
+                continue
             remaining = known + pending - computed
-            num_new = min(remaining, budget) if chunked or remaining <= budget else 0
+            num_new = remaining if remaining <= budget else budget if chunked else 0
             if num_new == 0:
                 index += 1
                 continue
-            new_blocks = kv.allocate_slots(request, num_new)
+            end = computed + num_new
+            # Inlined for the common decode step (256 requests a step): the last block has
+            # room and no window moves; kv.allocate_slots decides everything else.
+            if windowless and end <= len(request.block_ids) * size:
+                new_blocks = ()   # no new blocks
+            else:
+                new_blocks = kv.allocate_slots(request, num_new)
             while new_blocks is None:
                 victim = self._pick_victim(index, step)
                 self._preempt(victim, plan)
@@ -174,12 +180,13 @@ class Scheduler:
                 counts.append(num_new)
                 if new_blocks:
                     appended[request.handle] = new_blocks
-                request.num_computed_tokens = computed + num_new
+                request.num_computed_tokens = end
                 if num_new == remaining:
                     request.num_pending += 1
             else:
                 scheduled.append(_Scheduled(request, num_new, new_blocks, num_new == remaining))
-            kv.register_full_blocks(request, computed + num_new, step)
+            if end >= (request.num_registered + 1) * size:   # a block filled (inlined test)
+                kv.register_full_blocks(request, end, step)
             budget -= num_new
             index += 1
 
@@ -212,6 +219,7 @@ class Scheduler:
                                             prompt_logprobs=entries[skip:]))
         logprobs = result.logprobs or [None] * len(result.handles)
         kv = self.kv
+        size = self.config.block_size
         registered_step = self._next_step - 1
         for handle, token_id, entry in zip(result.handles, result.token_ids, logprobs):
             request = by_handle.get(handle)
@@ -222,11 +230,15 @@ class Scheduler:
             request.output_token_ids.append(token_id)
             request.num_pending -= 1
             # A step ahead may be computing the token just learned: its block is full now.
-            kv.register_full_blocks(request, request.num_computed_tokens, registered_step)
+            computed = request.num_computed_tokens
+            if computed >= (request.num_registered + 1) * size:   # inlined cheap test
+                kv.register_full_blocks(request, computed, registered_step)
             if request.fork_children:
                 self._fork(request)
-            reason = finish_reason_after_token(request, token_id, eos, limit)
-            if reason is None and entry is None and len(request.output_token_ids) > 1:
+            num_output = len(request.output_token_ids)
+            reason = finish_reason_after_token(request, token_id, eos, limit) if (
+                num_output >= request.stop_length_at or token_id in request.stop_ids) else None
+            if reason is None and entry is None and num_output > 1:
                 plain_ids.append(request.request_id)
                 plain_tokens.append(token_id)
                 continue
@@ -342,6 +354,8 @@ class Scheduler:
     def _new_request(self, request_id: str, prompt: list[int], sampling: SamplingParams
                      ) -> Request:
         request = Request(request_id, self._next_handle, list(prompt), sampling)
+        request.stop_length_at, request.stop_ids = stop_triggers(
+            request, self.config.eos_token_ids, self.config.max_request_len)
         self._next_handle += 1
         self.requests[request_id] = request
         self._by_handle[request.handle] = request
