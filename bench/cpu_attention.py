@@ -3,7 +3,7 @@
     python -m bench.cpu_attention [--reps 20] [--threads 1 2] [--clock wall|cpu]
 
 Cases: 64 decode rows with contexts drawn from 16-768 tokens, one 512-token prompt, and the
-two mixed in one call; 8 query heads, 4 KV heads, head_dim 64, 16-token blocks in shuffled
+two mixed in one call; 8 query heads, 4 KV heads (--kv-heads), head_dim 64, 16-token blocks in shuffled
 order, float32. `ref` is reference.paged_attention_planned (the plan is built once per step
 and shared by every layer, so it is timed apart: `plan`). Times: best of --reps, in ms.
 """
@@ -20,7 +20,7 @@ from kernels import cpu_attention, reference
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 4, 64, 16
 
 
-def make_case(seqs: list[tuple[int, int]], seed: int = 0):
+def make_case(seqs: list[tuple[int, int]], seed: int = 0, kv_heads: int = KV_HEADS):
     """seqs: (cached context, new tokens). Returns the op's arguments."""
     gen = torch.Generator().manual_seed(seed)
     lens = [c + n for c, n in seqs]
@@ -31,7 +31,7 @@ def make_case(seqs: list[tuple[int, int]], seed: int = 0):
     for i, n in enumerate(need):
         tables[i, :n] = ids[used:used + n]
         used += n
-    cache = (sum(need) + 8, BLOCK, KV_HEADS, HEAD_DIM)
+    cache = (sum(need) + 8, BLOCK, kv_heads, HEAD_DIM)
     key_cache = torch.randn(cache, generator=gen)
     value_cache = torch.randn(cache, generator=gen)
     starts = torch.tensor([0] + [n for _, n in seqs], dtype=torch.int32).cumsum(0)
@@ -54,6 +54,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--decode-contexts", type=int, nargs=2, default=[16, 768],
+                        metavar=("LO", "HI"), help="the 64 decodes' context range")
+    parser.add_argument("--kv-heads", type=int, default=KV_HEADS,
+                        help=f"KV heads under the {HEADS} query heads (default {KV_HEADS})")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: process CPU time, which other jobs on a shared machine "
                              "disturb less (with 1 thread it is the latency; with more, "
@@ -64,14 +68,15 @@ def main() -> None:
     if not status.ok:
         raise SystemExit(f"CPU operator unavailable: {status.detail}")
     gen = torch.Generator().manual_seed(1)
-    decodes = [(int(n) - 1, 1) for n in torch.randint(16, 769, (64,), generator=gen)]
-    cases = {"decode 64 x 16-768": decodes, "prompt 1 x 512": [(0, 512)],
+    lo, hi = args.decode_contexts
+    decodes = [(int(n) - 1, 1) for n in torch.randint(lo, hi + 1, (64,), generator=gen)]
+    cases = {f"decode 64 x {lo}-{hi}": decodes, "prompt 1 x 512": [(0, 512)],
              "mixed 64 dec + 512": decodes + [(0, 512)]}
     print(f"{'case':<20} {'thr':>3} {'plan':>7} {'ref':>8} {'op':>8} {'speedup':>8} {'max err':>8}")
     for threads in args.threads:
         torch.set_num_threads(threads)
         for label, seqs in cases.items():
-            q, kc, vc, tables, lens, starts, scale = make_case(seqs)
+            q, kc, vc, tables, lens, starts, scale = make_case(seqs, kv_heads=args.kv_heads)
             plan = reference.plan_attention(tables, lens, starts, BLOCK)
             plan_ms = best_ms(lambda: reference.plan_attention(tables, lens, starts, BLOCK),
                                 args.reps, clock)

@@ -185,6 +185,49 @@ inline float dot(const float* q, const T* k, int64_t D) {
   }
 }
 
+// Lane-wise partial products of q . k (kD > 0): the dot is this vector's lane sum.
+template <typename T, int kD>
+inline Vec dot_lanes(const float* q, const T* k) {
+  Vec s = load_vec(q) * load_vec(k);
+#pragma GCC unroll 8
+  for (int c = kLanes; c < kD; c += kLanes) s += load_vec(q + c) * load_vec(k + c);
+  return s;
+}
+
+// The lane sums of four vectors at once, {sum(a), sum(b), sum(c), sum(d)}: the shuffles of
+// one reduction tree are shared by four dots instead of paid by each.
+inline Vec4 hsum4(Vec a, Vec b, Vec c, Vec d) {
+#if FOLIO_LANES == 16
+  const Vec ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
+                                         22, 23) +
+                 __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27,
+                                         28, 29, 30, 31);
+  const Vec cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
+                                         22, 23) +
+                 __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27,
+                                         28, 29, 30, 31);
+  const Vec quads = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
+                                            24, 25, 26, 27) +
+                    __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                            23, 28, 29, 30, 31);
+  const Vec8 pairs = __builtin_shufflevector(quads, quads, 0, 1, 4, 5, 8, 9, 12, 13) +
+                     __builtin_shufflevector(quads, quads, 2, 3, 6, 7, 10, 11, 14, 15);
+#elif FOLIO_LANES == 8
+  const Vec ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) +
+                 __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+  const Vec cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 8, 9, 10, 11) +
+                 __builtin_shufflevector(c, d, 4, 5, 6, 7, 12, 13, 14, 15);
+  const Vec8 pairs = __builtin_shufflevector(ab, cd, 0, 1, 4, 5, 8, 9, 12, 13) +
+                     __builtin_shufflevector(ab, cd, 2, 3, 6, 7, 10, 11, 14, 15);
+#else
+  const Vec ab = __builtin_shufflevector(a, b, 0, 1, 4, 5) + __builtin_shufflevector(a, b, 2, 3, 6, 7);
+  const Vec cd = __builtin_shufflevector(c, d, 0, 1, 4, 5) + __builtin_shufflevector(c, d, 2, 3, 6, 7);
+  const Vec8 pairs = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 4, 5, 6, 7);
+#endif
+  return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) +
+         __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
+}
+
 // acc[D] += sum_j p[j] * values[j][D]
 template <typename T, int kD>
 inline void accumulate(float* acc, const float* p, const T* const* values, int64_t offset,
@@ -330,8 +373,17 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
           if (transpose) {
             transposed_scores<kD>(qr, keys_t, scores, D);
           } else {
-            for (int64_t j = lo; j < hi; ++j)
-              scores[j] = dot<T, kD>(qr, keys[j] + head_offset, D);
+            int64_t j = lo;
+            if constexpr (kD > 0) {
+              for (; j + 4 <= hi; j += 4) {
+                const Vec4 four = hsum4(dot_lanes<T, kD>(qr, keys[j] + head_offset),
+                                        dot_lanes<T, kD>(qr, keys[j + 1] + head_offset),
+                                        dot_lanes<T, kD>(qr, keys[j + 2] + head_offset),
+                                        dot_lanes<T, kD>(qr, keys[j + 3] + head_offset));
+                std::memcpy(scores + j, &four, sizeof four);
+              }
+            }
+            for (; j < hi; ++j) scores[j] = dot<T, kD>(qr, keys[j] + head_offset, D);
           }
           if (a.softcap > 0.0f) {
             const float inv_cap = 1.0f / a.softcap;
