@@ -213,7 +213,13 @@ class AsyncClient:
         try:
             await self._send(m.encode_health_query(request_id))
             kind, body = await self._next(queue, timeout, request_id)
-            return {k: v for k, v in body.items() if k != "id"}
+            if kind == "error":
+                raise _server_error(body)
+            health = _decoded(m.decode_health, kind, body)._asdict()
+            del health["request_id"]
+            if health["replicas"] is None:   # one engine: no replica list
+                del health["replicas"]
+            return health
         finally:
             self._queues.pop(request_id, None)
 

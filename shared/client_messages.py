@@ -186,3 +186,21 @@ def encode_health(request_id: str, ok: bool, draining: bool, scheduler: bool, ex
     if replicas is not None:
         body["replicas"] = replicas
     return pack("health", body)
+
+
+class HealthReply(NamedTuple):
+    request_id: str
+    ok: bool          # serving: an executor attached and not draining
+    draining: bool
+    scheduler: bool
+    executor: bool
+    frontend_id: str
+    stats: dict[str, Any]
+    replicas: list[dict[str, Any]] | None   # data-parallel replicas only
+
+
+def decode_health(body: Body) -> HealthReply:
+    return HealthReply(body.str("id"), body.bool("ok"), body.bool("draining"),
+                       body.bool("scheduler"), body.bool("executor"),
+                       body.str("frontend_id", optional=True) or "", body.map("stats"),
+                       _optional_list(body, "replicas"))

@@ -18,7 +18,8 @@ from shared.catalogue import (ALL_TYPES, CLIENT_TO_GATEWAY, EXECUTOR_TO_SCHEDULE
 from shared.client_messages import (CLIENT_TYPES, MAX_DEADLINE_S, MAX_MESSAGES,  # noqa: F401
                                     MAX_PROMPT_CHARS, ClientQuery, DeltaReply, ErrorReply,
                                     FinalReply, GenerateRequest, decode_client_query,
-                                    decode_delta, decode_error, decode_final,
+                                    HealthReply, decode_delta, decode_error, decode_final,
+                                    decode_health,
                                     encode_delta, encode_error, encode_final, encode_generate,
                                     encode_health, encode_health_query, encode_kv_map_query)
 from shared.codes import FinishReason, RefusalCode, refusal_code  # noqa: F401

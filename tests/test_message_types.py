@@ -141,3 +141,14 @@ def test_the_sdk_names_a_malformed_final_as_the_servers_fault(tmp_path):
         gateway.close(0)
         ctx.term()
     assert "the server sent a malformed final" in message and "token_ids" in message
+
+
+def test_the_sdk_decodes_health_replies_with_and_without_replicas():
+    one = m.decode_health(_body(m.encode_health("c", True, False, True, True, "fe",
+                                                {"num_running": 1})))
+    assert one == ("c", True, False, True, True, "fe", {"num_running": 1}, None)
+    two = m.decode_health(_body(m.encode_health("c", False, False, True, False, "fe", {},
+                                                [{"replica": 0}, {"replica": 1}])))
+    assert not two.ok and [r["replica"] for r in two.replicas] == [0, 1]
+    with pytest.raises(ProtocolError, match="stats"):
+        m.decode_health(Body("health", {"id": "c", "ok": True, "stats": [1]}))
