@@ -90,7 +90,7 @@ class ExecutorService:
                     # A (re)connected scheduler knows nothing of us: start clean, say hello.
                     self._to_ranks(m.encode_reset())
                     self.executor.reset()
-                    self.sock.send(m.encode_hello_executor(self.executor.capacity, pid, self._rank_pids()))
+                    self.sock.send(self._hello())
                 if self.sock not in events:
                     continue
                 data = self.sock.recv()
@@ -105,7 +105,7 @@ class ExecutorService:
                 self._to_ranks(data)   # the plan or reset, to every other rank
                 if plan is None:   # reset: the scheduler gave up on our state
                     self.executor.reset()
-                    self.sock.send(m.encode_hello_executor(self.executor.capacity, pid, self._rank_pids()))
+                    self.sock.send(self._hello())
                     continue
                 self._apply(plan)
         except Exception as error:
@@ -129,8 +129,10 @@ class ExecutorService:
             self.sock.close(self.linger_ms)
             self.ctx.term()
 
-    def _rank_pids(self) -> tuple[int, ...]:
-        return (os.getpid(), *self.ranks.pids) if self.ranks is not None else ()
+    def _hello(self) -> bytes:
+        """Capacity, pid and (tensor parallelism) every rank's pid, rank 0 first."""
+        ranks = (os.getpid(), *self.ranks.pids) if self.ranks is not None else ()
+        return m.encode_hello_executor(self.executor.capacity, os.getpid(), ranks)
 
     def _apply(self, plan) -> None:
         self.last_step_id = plan.step_id

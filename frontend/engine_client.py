@@ -271,8 +271,8 @@ class EngineClient:
         log.warning("the scheduler dropped this frontend (%s): failing %d request(s)",
                     reason, len(request_ids))
         for request_id in request_ids:
-            self._fail(request_id, RefusalCode.ENGINE_DEAD, f"the scheduler gave up on this frontend "
-                       f"({reason}) and aborted the request; retry it")
+            self._fail(request_id, RefusalCode.ENGINE_DEAD, f"the scheduler gave up on this "
+                       f"frontend ({reason}) and aborted the request; retry it")
 
     def _on_output(self, output: EngineOutput) -> None:
         found = self.samples.get(output.request_id)

@@ -172,14 +172,15 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
                                 status_code=503, headers={"Retry-After": RETRY_AFTER_S})
         # Data-parallel replicas: healthy while one serves; the body lists each. A
         # tensor-parallel executor lists its ranks (under each replica, with replicas).
-        replicas = ({"replicas": engine.replica_health()}
-                    if hasattr(engine, "replica_health") else {})
-        if hasattr(engine, "rank_health") and engine.rank_health():
-            replicas["ranks"] = engine.rank_health()
+        details = ({"replicas": engine.replica_health()}
+                   if hasattr(engine, "replica_health") else {})
+        ranks = engine.rank_health() if hasattr(engine, "rank_health") else []
+        if ranks:
+            details["ranks"] = ranks
         if engine.engine_alive:
-            return JSONResponse({"status": "ok", **replicas})
+            return JSONResponse({"status": "ok", **details})
         return JSONResponse({"status": "unhealthy", "reason": engine.dead_reason(),
-                             **replicas},
+                             **details},
                             status_code=503, headers={"Retry-After": RETRY_AFTER_S})
 
     @app.get("/metrics")

@@ -113,12 +113,17 @@ class Replicas:
             f"replica {i}: {c.dead_reason()}" for i, c in enumerate(self.clients))
 
     def replica_health(self) -> list[dict[str, Any]]:
-        return [{"replica": i, "address": self.addresses[i],
-                 "status": "ok" if c.engine_alive else "unhealthy",
-                 **({} if c.engine_alive else {"reason": c.dead_reason()}),
-                 "in_flight": len(c.requests), "routed": self.routed[i],
-                 **({"ranks": c.rank_health()} if c.rank_health() else {})}
-                for i, c in enumerate(self.clients)]
+        return [self._health_of(i, c) for i, c in enumerate(self.clients)]
+
+    def _health_of(self, index: int, client: EngineClient) -> dict[str, Any]:
+        health = {"replica": index, "address": self.addresses[index],
+                  "status": "ok" if client.engine_alive else "unhealthy",
+                  **({} if client.engine_alive else {"reason": client.dead_reason()}),
+                  "in_flight": len(client.requests), "routed": self.routed[index]}
+        ranks = client.rank_health()
+        if ranks:   # a tensor-parallel executor
+            health["ranks"] = ranks
+        return health
 
     def tasks(self) -> list:
         return [task for c in self.clients for task in c.tasks()] + [self._poll_load()]

@@ -203,8 +203,6 @@ class Scheduler:
         outputs, self._pending_outputs = self._pending_outputs, []
         plain_ids: list[str] = []
         plain_tokens: list[int] = []
-        limit = self.config.max_request_len
-        eos = self.config.eos_token_ids
         self.kv.confirm_through(plan.step_id)
         by_handle = self._by_handle
         for handle, start, entries in result.prompt_logprobs:
@@ -235,10 +233,8 @@ class Scheduler:
                 kv.register_full_blocks(request, computed, registered_step)
             if request.fork_children:
                 self._fork(request)
-            num_output = len(request.output_token_ids)
-            reason = finish_reason_after_token(request, token_id, eos, limit) if (
-                num_output >= request.stop_length_at or token_id in request.stop_ids) else None
-            if reason is None and entry is None and num_output > 1:
+            reason = finish_reason_after_token(request, token_id)
+            if reason is None and entry is None and len(request.output_token_ids) > 1:
                 plain_ids.append(request.request_id)
                 plain_tokens.append(token_id)
                 continue
