@@ -4,8 +4,9 @@
 
 Cases: 64 decode rows with contexts drawn from 16-768 tokens, one 512-token prompt, and the
 two mixed in one call (--decode-contexts changes the range); 8 query heads, 4 KV heads
-(--kv-heads), head_dim 64, 16-token blocks in shuffled order, float32. `ref` is reference.paged_attention_planned (the plan is built once per step
-and shared by every layer, so it is timed apart: `plan`). Times: best of --reps, in ms.
+(--kv-heads), head_dim 64, 16-token blocks in shuffled order, float32. `ref` is
+reference.paged_attention_planned (the plan is built once per step and shared by every layer,
+so it is timed apart: `plan`). Times: best of --reps, in ms.
 """
 
 from __future__ import annotations
