@@ -41,6 +41,13 @@ def test_percentiles_and_token_comparison():
                      "first_divergence_positions": [1, 2]}
 
 
+def test_sampler_draw_bench_times_both_draws():
+    run = _bench("-m", "bench.sampler_draw", "--rows", "4", "--vocab", "64", "--reps", "2")
+    assert run.returncode == 0, run.stderr
+    vocab, rows, race, cdf = run.stdout.splitlines()[1].split()
+    assert (vocab, rows) == ("64", "4") and float(race) > 0 and float(cdf) > 0
+
+
 def test_floor_flops_by_hand():
     shape = dict(hidden_size=8, num_heads=2, num_kv_heads=1, intermediate_size=16,
                  vocab_size=32, num_layers=1)
