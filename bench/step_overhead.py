@@ -3,6 +3,7 @@
     python bench/step_overhead.py                       # N = 1, 64, 256 running requests
     python bench/step_overhead.py --sizes 256 --seconds 5 --json
     python bench/step_overhead.py --breakdown           # where one step's time goes, in-process
+    python bench/step_overhead.py --breakdown --sizes 256 --repeats 5   # median, min of 5 runs
     python bench/step_overhead.py --null-executor ipc:///run/folio-x/scheduler-executor.sock
     python bench/step_overhead.py --step-ms 0 2 20 --scheduling serial async   # step period
 
@@ -550,6 +551,26 @@ def breakdown(num_requests: int, steps: int = 300) -> dict[str, float]:
     return {name: spent[name] / measured * 1e6 for name in stages}
 
 
+# The scheduler process's own share of a step: the rest is the executor's, or the sockets'.
+SCHEDULER_STAGES = ("schedule", "encode_plan", "decode_result", "update", "encode_outputs")
+
+
+def breakdown_repeated(num_requests: int, repeats: int = 5, steps: int = 300
+                       ) -> dict[str, dict[str, float]]:
+    """breakdown() `repeats` times (a fresh scheduler each time): per stage, and for the
+    total and the scheduler's own work (SCHEDULER_STAGES), the median and the minimum over
+    the runs. A busy machine slows some runs down; the median and the minimum move less."""
+    runs = []
+    for _ in range(max(1, repeats)):
+        run = breakdown(num_requests, steps)
+        run["total"] = sum(run.values())
+        run["scheduler own"] = sum(run[name] for name in SCHEDULER_STAGES)
+        runs.append(run)
+    return {"median": {name: statistics.median(r[name] for r in runs) for name in runs[0]},
+            "min": {name: min(r[name] for r in runs) for name in runs[0]},
+            "repeats": len(runs)}
+
+
 # ---- command line -------------------------------------------------------------------------
 
 COLUMNS = (("running", "N", "{:d}"), ("steps", "steps", "{:d}"),
@@ -598,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--breakdown", action="store_true",
                         help="time each piece of a decode step in-process (no sockets)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="--breakdown: runs per size; prints the median and the minimum")
     parser.add_argument("--step-ms", type=float, nargs="+", default=None, metavar="X",
                         help="null-executor step times to measure (ms slept per plan); "
                         "prints the step-period table")
@@ -610,16 +633,19 @@ def main(argv: list[str] | None = None) -> int:
         null_executor(args.null_executor)
         return 0
     if args.breakdown:
-        rows = {n: breakdown(n) for n in args.sizes}
+        rows = {n: breakdown_repeated(n, args.repeats) for n in args.sizes}
         if args.json:
             print(json.dumps(rows, indent=2))
             return 0
-        stages = list(next(iter(rows.values())))
-        print("| stage (µs/step) | " + " | ".join(f"N={n}" for n in rows) + " |")
+        stages = list(next(iter(rows.values()))["median"])
+        repeats = next(iter(rows.values()))["repeats"]
+        print(f"| stage (µs/step, median / min of {repeats}) | "
+              + " | ".join(f"N={n}" for n in rows) + " |")
         print("|---|" + "|".join("---:" for _ in rows) + "|")
-        for stage in stages + ["total"]:
-            values = [sum(r.values()) if stage == "total" else r[stage] for r in rows.values()]
-            print(f"| {stage} | " + " | ".join(f"{v:.1f}" for v in values) + " |")
+        for stage in stages:
+            print(f"| {stage} | " + " | ".join(
+                f"{r['median'][stage]:.1f} / {r['min'][stage]:.1f}" for r in rows.values())
+                + " |")
         return 0
     if args.step_ms is None:
         results = [measure(n, args.seconds, args.warmup,

@@ -1,6 +1,8 @@
 """Block tables over the device BlockPool and the CPU SwapSpace. KVCacheManager is the only
 writer of a request's block_ids, num_registered, num_freed_blocks, block_hashes and
-cpu_block_ids: the scheduler works in token counts ("slots for this request's next k
+cpu_block_ids, and of the two counts cached from them for the scheduler's per-step loops
+(num_slots, register_at: see _retable; PrefixCache, its helper, keeps register_at when it
+moves num_registered): the scheduler works in token counts ("slots for this request's next k
 tokens?") and hands back what it was given (prefix hits) or puts it in the plan (copy and
 swap pairs) without looking inside.
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from scheduler.block_pool import BlockPool
 from scheduler.prefix_cache import PrefixCache
-from scheduler.request import Request
+from scheduler.request import NEVER, Request
 from scheduler.swap_space import SwapSpace
 from shared.config import SchedulerConfig
 
@@ -83,15 +85,18 @@ class KVCacheManager:
         first = request.num_computed_tokens
         if self.sliding_window is not None:
             self._free_outside_window(request, first)
-        table = request.block_ids
         end = first + num_new_tokens
-        if end <= len(table) * self.block_size:
+        if end <= request.num_slots:
             return []   # the common decode case: the last block still has room
-        missing = self.blocks_for(end) - len(table)
-        if missing > self.pool.num_free:
+        table = request.block_ids
+        size = self.block_size
+        missing = -(-end // size) - len(table)
+        pool = self.pool
+        if missing > pool.num_free:
             return None
-        new_blocks = self.pool.allocate(missing)
+        new_blocks = pool.allocate(missing)
         table.extend(new_blocks)
+        request.num_slots = len(table) * size
         return new_blocks
 
     def free(self, request: Request) -> None:
@@ -100,6 +105,7 @@ class KVCacheManager:
         request.block_ids = []
         request.num_registered = 0
         request.num_freed_blocks = 0
+        self._retable(request)
         if request.cpu_block_ids:
             self.swap.drop(request)
 
@@ -131,6 +137,7 @@ class KVCacheManager:
             self.pool.share(block_id)
         request.block_ids = list(hits)
         request.num_registered = len(hits)
+        self._retable(request)
         new_blocks = self.allocate_slots(request, num_new_tokens)
         assert new_blocks is not None, "admission checked the free blocks"
         return new_blocks
@@ -156,6 +163,7 @@ class KVCacheManager:
         child.num_freed_blocks = dead
         child.block_hashes = list(parent.block_hashes[:shared])
         child.num_registered = shared
+        self._retable(child)
         return True
 
     def take_copies(self) -> list[tuple[int, int]]:
@@ -173,6 +181,7 @@ class KVCacheManager:
         self.pool.release(request.block_ids)
         request.block_ids = []
         request.num_registered = 0
+        self._retable(request)
         return pairs
 
     def swap_in(self, request: Request, num_new_tokens: int) -> list[tuple[int, int]] | None:
@@ -187,7 +196,17 @@ class KVCacheManager:
         pairs = self.swap.load(request, device_blocks)
         request.block_ids = ([self.pool.null_block] * freed + device_blocks if freed
                              else device_blocks)
+        self._retable(request)
         return pairs
+
+    def _retable(self, request: Request) -> None:
+        """Cache what the scheduler's per-step loops test, after block_ids or
+        num_registered changed: the slots the table holds, and the token count at which a
+        block fills that the prefix cache has not registered (NEVER with it off)."""
+        size = self.block_size
+        request.num_slots = len(request.block_ids) * size
+        request.register_at = ((request.num_registered + 1) * size if self.prefix.enabled
+                               else NEVER)
 
     # ---- prefix cache -------------------------------------------------------------------
 
@@ -195,7 +214,7 @@ class KVCacheManager:
         """Make the full blocks among the request's first `num_tokens` tokens findable,
         unconfirmed until step `step`'s result arrives (confirm_through)."""
         # Cheap test first: most decode steps fill no block.
-        if num_tokens >= (request.num_registered + 1) * self.block_size:
+        if num_tokens >= request.register_at:
             self.prefix.register(request, num_tokens, step)
 
     def confirm_through(self, step: int) -> None:

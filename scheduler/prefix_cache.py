@@ -9,7 +9,7 @@ from collections import deque
 from typing import Callable
 
 from scheduler.block_pool import BlockPool, chain_hash
-from scheduler.request import Request
+from scheduler.request import NEVER, Request
 
 
 class PrefixCache:
@@ -61,21 +61,40 @@ class PrefixCache:
         """Make the full blocks among the request's first `num_tokens` tokens findable by
         later requests, as soon as those tokens are scheduled: a request admitted later in
         the same step reads them after the step's forward pass wrote them (each layer writes
-        the cache for every token before attending). Only tokens whose ids are known count."""
+        the cache for every token before attending). Only tokens whose ids are known count.
+        Keeps request.register_at (see KVCacheManager._retable) on every path."""
         if not self.enabled:
+            request.register_at = NEVER
             return
-        full = min(num_tokens, request.num_tokens) // self.block_size
-        full = min(full, len(request.block_ids))
-        if full <= request.num_registered:
-            return
-        _extend_hashes(request, full, self.block_size)
-        registered = [block_id for block_id, block_hash in zip(
-            request.block_ids[request.num_registered:full],
-            request.block_hashes[request.num_registered:full])
-            if self.pool.register(block_id, block_hash)]
-        request.num_registered = full
-        if registered:
-            self._unconfirmed.append((step, registered))
+        size = self.block_size
+        table = request.block_ids
+        full = min(num_tokens, request.num_tokens) // size
+        if full > len(table):
+            full = len(table)
+        start = request.num_registered
+        if full > start:
+            hashes = request.block_hashes
+            register = self.pool.register
+            first = start * size - request.prompt_len
+            if full == start + 1 == len(hashes) + 1 and first >= 0:
+                # A decode step filled one block of output: hash it and register it here.
+                block_hash = chain_hash(hashes[-1] if hashes else None,
+                                        request.output_token_ids[first:first + size])
+                hashes.append(block_hash)
+                registered = [table[start]] if register(table[start], block_hash) else []
+            else:
+                if len(hashes) < full:
+                    _extend_hashes(request, full, size)
+                registered = [block_id for block_id, block_hash in zip(
+                    table[start:full], hashes[start:full]) if register(block_id, block_hash)]
+            request.num_registered = start = full
+            if registered:
+                unconfirmed = self._unconfirmed
+                if unconfirmed and unconfirmed[-1][0] == step:   # one entry per step
+                    unconfirmed[-1][1].extend(registered)
+                else:
+                    unconfirmed.append((step, registered))
+        request.register_at = (start + 1) * size
 
     def confirm_through(self, step: int) -> None:
         unconfirmed = self._unconfirmed
@@ -91,6 +110,7 @@ class PrefixCache:
             for index, block_id in enumerate(request.block_ids[:request.num_registered]):
                 if block_id in lost:
                     request.num_registered = index
+                    request.register_at = (index + 1) * self.block_size
                     break
 
     def unconfirmed_blocks(self) -> set[int]:
@@ -99,10 +119,12 @@ class PrefixCache:
 
 def _extend_hashes(request: Request, count: int, size: int) -> None:
     hashes = request.block_hashes
-    while len(hashes) < count:
-        index = len(hashes)
-        parent = hashes[-1] if hashes else None
-        hashes.append(chain_hash(parent, _tokens(request, index * size, (index + 1) * size)))
+    index = len(hashes)
+    parent = hashes[-1] if hashes else None
+    while index < count:
+        parent = chain_hash(parent, _tokens(request, index * size, (index + 1) * size))
+        hashes.append(parent)
+        index += 1
 
 
 def _tokens(request: Request, start: int, end: int) -> list[int]:

@@ -16,25 +16,44 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+# A register_at no token count reaches (the prefix cache is off).
+NEVER = 1 << 62
+
+
 class Request:
     __slots__ = ("request_id", "handle", "prompt_token_ids", "output_token_ids", "sampling",
-                 "status", "num_computed_tokens", "block_ids", "block_hashes", "num_registered", "cpu_block_ids",
-                 "finish_reason", "on_executor", "num_pending", "admit_seq", "resumed_step",
-                 "num_preemptions", "fork_children", "prompt_logprobs_next", "arrival_time",
-                 "queue_s", "num_freed_blocks", "stop_length_at", "stop_ids")
+                 "status", "num_computed_tokens", "block_ids", "block_hashes", "num_registered",
+                 "cpu_block_ids", "finish_reason", "on_executor", "num_pending", "admit_seq",
+                 "resumed_step", "num_preemptions", "fork_children", "prompt_logprobs_next",
+                 "arrival_time", "queue_s", "num_freed_blocks", "stop_length_at", "stop_ids",
+                 "prompt_len", "num_tokens", "num_slots", "register_at", "stop_num_tokens")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
         self.request_id = request_id
         self.handle = handle
-        self.prompt_token_ids = prompt_token_ids
+        self.prompt_token_ids = prompt_token_ids   # never changes
         self.output_token_ids: list[int] = []
+        # Cached counts the per-step loops read instead of len() and products, each kept
+        # equal to what it caches by its one writer (tests/test_scheduler_properties.py
+        # checks them after every rule):
+        # len(prompt_token_ids), fixed.
+        self.prompt_len = len(prompt_token_ids)
+        # len(prompt_token_ids) + len(output_token_ids): Scheduler.update, which alone
+        # appends to output_token_ids.
+        self.num_tokens = self.prompt_len
         self.sampling = sampling
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []    # prefix hashes of the full blocks, in order
         self.num_registered = 0                # leading blocks already in the prefix cache
+        # KVCacheManager's, with block_ids and num_registered: len(block_ids) * block_size,
+        # and the token count at which register_full_blocks has work again,
+        # (num_registered + 1) * block_size (NEVER with the prefix cache off; 0, meaning
+        # "ask", until the manager first sets it).
+        self.num_slots = 0
+        self.register_at = 0
         # Leading table entries freed once they left every layer's window (sliding-window
         # models): they name the null block. Kept while swapped out.
         self.num_freed_blocks = 0
@@ -54,10 +73,7 @@ class Request:
         # What may end it (scheduler/stop.py stop_triggers): set by the scheduler.
         self.stop_length_at = 0
         self.stop_ids: frozenset[int] = frozenset()
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        self.stop_num_tokens = 0   # prompt_len + stop_length_at: num_tokens at that limit
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -39,6 +39,7 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, replace
+from itertools import repeat
 
 from scheduler.block_pool import BlockPool
 from scheduler.kv_manager import KVCacheManager
@@ -135,60 +136,63 @@ class Scheduler:
         scheduled: list[_Scheduled] = []
         preempted = False
 
-        index = 0
         kv = self.kv
-        size = self.config.block_size
         windowless = kv.sliding_window is None
         chunked = self.config.enable_chunked_prefill
         running = self.running
-        handles, counts = plan.running_handles, plan.running_num_tokens
+        add_handle = plan.running_handles.append
+        add_count = plan.running_num_tokens.append
         appended = plan.new_block_ids
-        while index < len(running) and budget > 0:
-            request = running[index]
+        # The decode loop runs for every running request every step, so it reads the
+        # counts cached on the request (num_tokens, num_slots, register_at: see
+        # scheduler/request.py) rather than working them out. Preemption removes only
+        # requests not yet scheduled (this one or later ones), which the list iterator
+        # tolerates; a preempted `request` ends the loop.
+        for request in running:   # budget > 0: max_num_batched_tokens is positive
             computed = request.num_computed_tokens
-            num_output = len(request.output_token_ids)
-            known = len(request.prompt_token_ids) + num_output
             pending = request.num_pending
+            total = request.num_tokens + pending
             # One step ahead: the step in flight samples `pending` more tokens, and they
             # end it by length (max_tokens or the context), whatever they are.
-            if pending and num_output + pending >= request.stop_length_at:
-                index += 1
+            if pending and total >= request.stop_num_tokens:
                 continue
-            remaining = known + pending - computed
+            remaining = total - computed
             num_new = remaining if remaining <= budget else budget if chunked else 0
             if num_new == 0:
-                index += 1
                 continue
             end = computed + num_new
             # Inlined for the common decode step (256 requests a step): the last block has
             # room and no window moves; kv.allocate_slots decides everything else.
-            if windowless and end <= len(request.block_ids) * size:
+            if end <= request.num_slots and windowless:
                 new_blocks = ()   # no new blocks
             else:
                 new_blocks = kv.allocate_slots(request, num_new)
-            while new_blocks is None:
-                victim = self._pick_victim(index, step)
-                self._preempt(victim, plan)
-                preempted = True
-                if victim is request:
-                    break
-                new_blocks = kv.allocate_slots(request, num_new)
-            if new_blocks is None:
-                break
+                if new_blocks is None:
+                    index = running.index(request)   # rare: the pool is short
+                    while new_blocks is None:
+                        victim = self._pick_victim(index, step)
+                        self._preempt(victim, plan)
+                        preempted = True
+                        if victim is request:
+                            break
+                        new_blocks = kv.allocate_slots(request, num_new)
+                    if new_blocks is None:
+                        break
             if request.on_executor:   # the common case goes into the plan at once
-                handles.append(request.handle)
-                counts.append(num_new)
+                add_handle(request.handle)
+                add_count(num_new)
                 if new_blocks:
                     appended[request.handle] = new_blocks
                 request.num_computed_tokens = end
                 if num_new == remaining:
-                    request.num_pending += 1
+                    request.num_pending = pending + 1
             else:
                 scheduled.append(_Scheduled(request, num_new, new_blocks, num_new == remaining))
-            if end >= (request.num_registered + 1) * size:   # a block filled (inlined test)
+            if end >= request.register_at:   # a block filled (kv's own test, inlined)
                 kv.register_full_blocks(request, end, step)
             budget -= num_new
-            index += 1
+            if budget <= 0:
+                break
 
         # A step that had to preempt brings nobody in: memory is already short.
         if not preempted:
@@ -215,35 +219,45 @@ class Scheduler:
                 request.prompt_logprobs_next = start + len(entries)
                 outputs.append(EngineOutput(request.request_id, [],
                                             prompt_logprobs=entries[skip:]))
-        logprobs = result.logprobs or [None] * len(result.handles)
+        logprobs = result.logprobs or repeat(None)
         kv = self.kv
-        size = self.config.block_size
         registered_step = self._next_step - 1
+        find = by_handle.get
+        add_plain_id, add_plain_token = plain_ids.append, plain_tokens.append
         for handle, token_id, entry in zip(result.handles, result.token_ids, logprobs):
-            request = by_handle.get(handle)
+            request = find(handle)
             if request is None:
                 continue  # finished or aborted while its step was in flight
             # A request preempted after this step was sent (one step ahead) keeps the token:
             # the step ran before the executor forgot it.
             request.output_token_ids.append(token_id)
+            num_tokens = request.num_tokens + 1
+            request.num_tokens = num_tokens
             request.num_pending -= 1
             # A step ahead may be computing the token just learned: its block is full now.
             computed = request.num_computed_tokens
-            if computed >= (request.num_registered + 1) * size:   # inlined cheap test
+            if computed >= request.register_at:   # kv's own test, inlined
                 kv.register_full_blocks(request, computed, registered_step)
-            if request.fork_children:
+            # The common case, tested in line: a plain token (no logprobs, not the first,
+            # which reports its queue time and may start forks) that stops nothing.
+            if (entry is None and request.prompt_len + 1 < num_tokens < request.stop_num_tokens
+                    and token_id not in request.stop_ids):
+                add_plain_id(request.request_id)
+                add_plain_token(token_id)
+                continue
+            if request.fork_children:   # only ever before the first token
                 self._fork(request)
             reason = finish_reason_after_token(request, token_id)
-            if reason is None and entry is None and len(request.output_token_ids) > 1:
-                plain_ids.append(request.request_id)
-                plain_tokens.append(token_id)
+            if reason is None and entry is None and num_tokens > request.prompt_len + 1:
+                add_plain_id(request.request_id)
+                add_plain_token(token_id)
                 continue
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(EngineOutput(
                 request.request_id, [token_id], reason,
                 logprobs=None if entry is None else [entry],
-                queued_s=request.queue_s if len(request.output_token_ids) == 1 else None))
+                queued_s=request.queue_s if num_tokens == request.prompt_len + 1 else None))
         return StepOutputs(plain_ids, plain_tokens, outputs)
 
     def discard_unconfirmed(self) -> None:
@@ -352,6 +366,7 @@ class Scheduler:
         request = Request(request_id, self._next_handle, list(prompt), sampling)
         request.stop_length_at, request.stop_ids = stop_triggers(
             request, self.config.eos_token_ids, self.config.max_request_len)
+        request.stop_num_tokens = request.prompt_len + request.stop_length_at
         self._next_handle += 1
         self.requests[request_id] = request
         self._by_handle[request.handle] = request

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from scheduler.block_pool import BlockPool, chain_hash
-from scheduler.request import RequestStatus
+from scheduler.request import NEVER, RequestStatus
 from scheduler.scheduler import Scheduler
 from shared.outputs import child_request_id
 from shared.config import SchedulerConfig
@@ -299,6 +299,18 @@ def check_scheduler(driver: Driver) -> None:
         gpu_owners.update(live)
         swap_owners.update(request.cpu_block_ids)
         assert request.fork_children == [] or request.output_token_ids == []
+        # The counts cached for the per-step loops (scheduler/request.py) match what they
+        # cache, through preemption, swaps, forks, prefix hits, windows and failed steps.
+        assert request.prompt_len == len(request.prompt_token_ids), request
+        assert request.num_tokens == len(tokens), request
+        assert request.stop_num_tokens == request.prompt_len + request.stop_length_at
+        assert request.num_slots == len(request.block_ids) * size, request
+        if not config.enable_prefix_caching:
+            assert request.register_at in (0, NEVER), request
+        elif request.register_at:   # 0: never given a table yet, so "ask"
+            assert request.register_at == (request.num_registered + 1) * size, request
+        if request.status is RequestStatus.RUNNING:
+            assert request.register_at, request
         # Prefix hashes name this request's own tokens, block by block.
         parent = None
         for index, block_hash in enumerate(request.block_hashes):
