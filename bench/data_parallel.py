@@ -39,14 +39,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(replicas: int, model: str | None, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start(replicas: int, model: str | None, extra: list[str],
+          env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "folio", "--log-level", "WARNING", "serve", "--port",
            str(port), "--data-parallel-size", str(replicas), *extra]
+    if replicas == 1 and not any(a.startswith("--cpu-placement") for a in extra):
+        cmd += ["--cpu-placement", "split"]   # the baseline: one replica on one core
     if model:
         cmd += ["--model", model]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -75,6 +78,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 def executor_cpu_s(parent: int) -> float:
     """CPU seconds used so far by the executors `folio serve` (pid `parent`) started."""
+    return children_cpu_s(parent, "folio-executor")
+
+
+def children_cpu_s(parent: int, name_prefix: str) -> float:
+    """CPU seconds used so far by the children of `parent` whose name starts so."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for entry in Path("/proc").iterdir():
@@ -86,7 +94,7 @@ def executor_cpu_s(parent: int) -> float:
             continue
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()
-        if name.startswith("folio-executor") and int(fields[1]) == parent:
+        if name.startswith(name_prefix) and int(fields[1]) == parent:
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
 

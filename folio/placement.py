@@ -2,14 +2,17 @@
 
 When the executor computes on the CPU it runs one OpenMP thread per core it owns; a core
 that it shares with the frontend or the scheduler stalls the whole step whenever they wake
-(OpenMP barriers wait for the slowest thread). So on CPU the control processes get a core
-of their own and the executor the rest; with a GPU nothing is pinned.
+(OpenMP barriers wait for the slowest thread). A core of their own avoids that, but the
+control processes need a small part of one (about 0.1 core at 400 tokens/s): on a machine
+with few cores, the reserved core costs more than the stalls do. Measured on 2 cores
+(`bench/placement.py`, docs/benchmarks.md): shared made 1.3-1.6x split's output tokens/s.
 
 Policies (`folio serve --cpu-placement`):
 - split:  frontend and scheduler on the last usable core, the executor on the others
 - shared: the executor on every usable core, the control processes wherever the OS puts them
 - off:    no affinity at all (threads: one per core the executor may use)
-- auto:   split when the executor runs on CPU, off with a GPU
+- auto:   on CPU, shared below SPLIT_MIN_CORES usable cores and split from there; off
+          with a GPU
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from dataclasses import dataclass
 
 
 PLACEMENTS = ("auto", "split", "shared", "off")
+# From this many usable cores a core of their own for the control processes costs at most a
+# quarter of the executor's; below it, sharing wins (measured on 2 cores, not on 4+).
+SPLIT_MIN_CORES = 4
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,10 @@ def plan_placement(policy: str, cores: list[int], executor_on_cpu: bool) -> Plac
         raise ValueError(f"cpu_placement must be one of {', '.join(PLACEMENTS)}; "
                          f"got {policy!r}")
     if policy == "auto":
-        policy = "split" if executor_on_cpu else "off"
+        if not executor_on_cpu:
+            policy = "off"
+        else:
+            policy = "split" if len(cores) >= SPLIT_MIN_CORES else "shared"
     cores = sorted(cores)
     if policy == "off":
         return Placement("off", None, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from folio.cli import build_parser
-from folio.placement import plan_placement
+from folio.placement import SPLIT_MIN_CORES, plan_placement
 
 
 def test_split_gives_the_control_processes_the_last_core():
@@ -16,8 +16,11 @@ def test_split_gives_the_control_processes_the_last_core():
     assert "executor on cores 0,1,2" in placement.describe()
 
 
-def test_auto_splits_on_cpu_and_pins_nothing_with_a_gpu():
-    assert plan_placement("auto", [0, 1], executor_on_cpu=True).policy == "split"
+def test_auto_shares_few_cores_splits_many_and_pins_nothing_with_a_gpu():
+    few = plan_placement("auto", [0, 1], executor_on_cpu=True)
+    assert few.policy == "shared" and few.executor_cores == (0, 1) and few.control_cores is None
+    many = plan_placement("auto", list(range(SPLIT_MIN_CORES)), executor_on_cpu=True)
+    assert many.policy == "split" and many.control_cores == (SPLIT_MIN_CORES - 1,)
     gpu = plan_placement("auto", [0, 1], executor_on_cpu=False)
     assert gpu.policy == "off" and gpu.executor_cores is gpu.control_cores is None
     assert "no CPU pinning" in gpu.describe()
