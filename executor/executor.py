@@ -18,7 +18,9 @@ from executor.model_loader import load_model
 from executor.models.longrope import recompute_crossing
 from executor.ops import select_ops
 from executor.sampler import Sampler, score_tokens
+from executor.thread_governor import ThreadGovernor
 from shared.config import EngineConfig, ExecutorCapacity
+from shared.cpus import usable_cores
 from shared.step import StepPlan, StepResult
 
 log = logging.getLogger("folio.executor")
@@ -72,6 +74,10 @@ class Executor:
         self.max_model_len = self._max_model_len()
         self.cpu_threads = apply_cpu_threads(config.cpu_threads) if self.device.type == "cpu" \
             else None
+        # A thread count nobody fixed follows the cores the machine gives (thread_governor).
+        self.threads = (ThreadGovernor(self.cpu_threads, usable_cores(), torch.set_num_threads)
+                        if self.cpu_threads and config.cpu_threads is None and tp is None
+                        else None)
         self.ops = select_ops(config.attention_backend, self.device)
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
                                 self.device, self.max_model_len, tp)
@@ -163,6 +169,8 @@ class Executor:
                 entries = score_tokens(logits, targets, request.sampling.prompt_logprobs)
                 result.prompt_logprobs.append((request.handle, position, entries))
         result.forward_ms = (time.perf_counter() - start) * 1e3
+        if self.threads is not None:
+            self.threads.after_step()
         return result
 
     def _new_grammar(self) -> GrammarMasks:

@@ -94,8 +94,8 @@ class EngineConfig(SchedulingPolicy):
     linear_backend: str = setting("auto", "CPU matmuls: onednn (prepacked weights), torch "
                                   "(plain F.linear); auto: onednn where torch has it")
     cpu_threads: int | None = setting(None, "executor's torch threads on CPU (default: "
-                                      "every core it may use, less one per other Folio "
-                                      "process placed on the machine)")
+                                      "one per core it may use, fewer while other busy "
+                                      "processes hold those cores)")
     seed: int = setting(0, "seed of requests that do not set their own")
     tensor_parallel_size: int = setting(
         1, "executor ranks the model is split across (one per GPU; on CPU, processes "
