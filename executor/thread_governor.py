@@ -5,9 +5,12 @@ shares one of them, every barrier of every step waits for the thread that lost i
 two threads then run 2-4x slower than one (docs/benchmarks.md, "CPU placement"). So when
 `--cpu-threads` is not given, the executor looks once per window, between steps:
 
-- how long its threads were runnable but waiting for a core (the scheduler's run delay,
-  /proc/self/task/*/schedstat), as a share of each thread's window: above `drop_wait`, it
-  runs one thread fewer;
+- how long its compute threads (those runnable for most of the window: the OpenMP team,
+  which spins between parallel regions) were runnable but waiting for a core (the kernel's run
+  delay, /proc/self/task/*/schedstat): when the one that waited longest waited more than
+  `drop_wait` of the window, it runs one thread fewer (the rest of the team waits for
+  that one at every barrier). Its other threads (sockets, heartbeats) sleep most of the
+  time and are not counted;
 - how idle the cores it may use were (/proc/stat): with at least `raise_idle` of a core
   idle, it runs one thread more, but not within `hold_s` of the last drop. A raise that is
   dropped again at once doubles that hold (up to `max_hold_s`), so a busy neighbour that
@@ -40,9 +43,23 @@ class GovernorSettings:
 @dataclass(frozen=True)
 class Reading:
     at_s: float         # monotonic clock
-    wait_s: float       # run delay summed over this process's threads
+    tasks: dict[int, tuple[float, float]]   # thread id -> (CPU s, run delay s) so far
     idle_s: float       # idle time summed over the cores it may use
     total_s: float      # elapsed time summed over those cores (same clock as idle_s)
+
+
+def worst_wait_share(last: Reading, now: Reading, busy_share: float = 0.5) -> float:
+    """The largest share of the window that a thread runnable (running or waiting for a
+    core) for at least `busy_share` of it spent waiting."""
+    elapsed = now.at_s - last.at_s
+    worst = 0.0
+    for tid, (cpu_s, wait_s) in now.tasks.items():
+        before = last.tasks.get(tid)
+        if before is None:
+            continue
+        if (cpu_s - before[0]) + (wait_s - before[1]) >= busy_share * elapsed:
+            worst = max(worst, (wait_s - before[1]) / elapsed)
+    return worst
 
 
 def decide(threads: int, max_threads: int, wait_share: float, idle_cores: float,
@@ -56,13 +73,15 @@ def decide(threads: int, max_threads: int, wait_share: float, idle_cores: float,
 
 
 def read_proc(cores: list[int]) -> Reading | None:
-    """This process's run delay and its cores' idle time, or None without /proc."""
+    """This process's threads' CPU time and run delay, and its cores' idle time, or None
+    without /proc."""
     try:
-        wait_ns = 0
+        tasks = {}
         for task in Path("/proc/self/task").iterdir():
             try:
-                wait_ns += int((task / "schedstat").read_text().split()[1])
-            except (OSError, IndexError, ValueError):
+                cpu_ns, wait_ns = (task / "schedstat").read_text().split()[:2]
+                tasks[int(task.name)] = (int(cpu_ns) / 1e9, int(wait_ns) / 1e9)
+            except (OSError, ValueError):
                 continue   # a thread that just ended
         wanted = {f"cpu{c}" for c in cores}
         idle = total = 0
@@ -75,7 +94,7 @@ def read_proc(cores: list[int]) -> Reading | None:
     except (OSError, ValueError):
         return None
     tick = os.sysconf("SC_CLK_TCK")
-    return Reading(time.monotonic(), wait_ns / 1e9, idle / tick, total / tick)
+    return Reading(time.monotonic(), tasks, idle / tick, total / tick)
 
 
 class ThreadGovernor:
@@ -112,7 +131,7 @@ class ThreadGovernor:
             return None
         self._last = reading
         elapsed = reading.at_s - last.at_s
-        wait_share = (reading.wait_s - last.wait_s) / (elapsed * self.threads)
+        wait_share = worst_wait_share(last, reading)
         core_span = reading.total_s - last.total_s
         idle_cores = 0.0 if core_span <= 0 else (
             (reading.idle_s - last.idle_s) / core_span * len(self._cores))

@@ -31,21 +31,29 @@ def test_decide_adds_a_thread_when_a_core_is_idle_and_the_hold_is_over():
 
 
 class FakeMachine:
-    """Readings that a test scripts: per window, the run delay per thread and idle cores."""
+    """Readings that a test scripts: per window, how long the busiest compute thread waited
+    for a core, and how idle the cores were. Thread 1 computes; thread 2 (a socket thread)
+    sleeps and waits long for a core each time it wakes, which must not count."""
 
     def __init__(self, cores: int) -> None:
         self.cores = cores
         self.now = 0.0
-        self.wait = self.idle = self.total = 0.0
+        self.compute = [0.0, 0.0]   # CPU s, run delay s
+        self.sleeper = [0.0, 0.0]
+        self.idle = self.total = 0.0
 
     def advance(self, seconds: float, wait_share: float, idle_cores: float, threads: int):
         self.now += seconds
-        self.wait += wait_share * seconds * threads
+        self.compute[0] += (1 - wait_share) * seconds
+        self.compute[1] += wait_share * seconds
+        self.sleeper[0] += 0.01 * seconds
+        self.sleeper[1] += 0.3 * seconds
         self.idle += idle_cores * seconds
         self.total += self.cores * seconds
 
     def read(self, _cores) -> Reading:
-        return Reading(self.now, self.wait, self.idle, self.total)
+        return Reading(self.now, {1: tuple(self.compute), 2: tuple(self.sleeper)}, self.idle,
+                       self.total)
 
 
 @pytest.fixture
@@ -98,7 +106,10 @@ def test_proc_readings_grow_with_time():
     second = read_proc(cores)
     assert first is not None and second is not None
     assert second.at_s > first.at_s and second.total_s >= first.total_s
-    assert second.wait_s >= first.wait_s >= 0 and 0 <= second.idle_s <= second.total_s
+    assert 0 <= second.idle_s <= second.total_s
+    main = os.getpid()   # the main thread's CPU time grew; run delays never shrink
+    assert second.tasks[main][0] > first.tasks[main][0]
+    assert all(second.tasks[t][1] >= first.tasks[t][1] for t in first.tasks if t in second.tasks)
 
 
 def test_the_executor_governs_only_a_thread_count_nobody_fixed(llama_dir):
