@@ -71,20 +71,7 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
         return (path.startswith("/v1") or path in ("/tokenize", "/detokenize")
                 or (path == "/metrics" and not metrics_public))
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if hosts is not None and host_name(request.headers.get("host", "")) not in hosts:
-            error = ApiError(403, "this server does not answer to the Host "
-                             f"{request.headers.get('host', '')[:100]!r} (--allowed-hosts)",
-                             code="host_not_allowed", error_type="invalid_request_error")
-            return JSONResponse(error.body(), status_code=403)
-        if api_key and needs_key(request.url.path):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                error = ApiError(401, "missing or invalid API key; send "
-                                 "'Authorization: Bearer <key>'", code="invalid_api_key")
-                return JSONResponse(error.body(), status_code=401)
-        return await call_next(request)
+    app.add_middleware(AccessGate, hosts=hosts, api_key=api_key, needs_key=needs_key)
 
     async def read_json(request: Request) -> dict[str, Any]:
         raw = await _read_body(request)
@@ -242,6 +229,41 @@ async def _read_body(request: Request) -> bytes:
             raise invalid(f"request body exceeds {MAX_BODY_BYTES} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class AccessGate:
+    """Refuses a request for another Host (403) or without the API key (401) before any
+    route runs. Plain ASGI, not an `@app.middleware("http")`: that wraps every streamed
+    chunk in its own task and memory stream, a quarter of the frontend's CPU per token."""
+
+    def __init__(self, app, hosts: frozenset[str] | None, api_key: str | None,
+                 needs_key) -> None:
+        self.app, self.hosts, self.api_key, self.needs_key = app, hosts, api_key, needs_key
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope) -> JSONResponse | None:
+        headers = dict(reversed(scope["headers"]))   # the first of repeated headers
+        host = headers.get(b"host", b"").decode("latin-1")
+        if self.hosts is not None and host_name(host) not in self.hosts:
+            error = ApiError(403, f"this server does not answer to the Host {host[:100]!r} "
+                             "(--allowed-hosts)", code="host_not_allowed",
+                             error_type="invalid_request_error")
+            return JSONResponse(error.body(), status_code=403)
+        if self.expected is not None and self.needs_key(scope["path"]):
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = ApiError(401, "missing or invalid API key; send "
+                                 "'Authorization: Bearer <key>'", code="invalid_api_key")
+                return JSONResponse(error.body(), status_code=401)
+        return None
 
 
 async def _wait_disconnect(request: Request) -> None:
