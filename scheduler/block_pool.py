@@ -77,13 +77,27 @@ class BlockPool:
         num_free is a caller's bug (OutOfBlocks), and takes nothing."""
         if count > len(self._unreferenced):
             raise OutOfBlocks(f"asked for {count} blocks, {len(self._unreferenced)} free")
+        unreferenced, hash_of, refs = self._unreferenced, self._hash_of, self._ref_counts
         blocks = []
         for _ in range(count):
-            block_id, _ = self._unreferenced.popitem(last=False)
-            self._evict(block_id)
-            self._ref_counts[block_id] = 1
+            block_id = unreferenced.popitem(last=False)[0]
+            if hash_of[block_id] is not None:
+                self._evict(block_id)
+            refs[block_id] = 1
             blocks.append(block_id)
         return blocks
+
+    def allocate_one(self) -> int | None:
+        """allocate(1)'s block, or None, taking nothing, when none is free: a decode step
+        crossing into a new block, once per request every block_size steps."""
+        unreferenced = self._unreferenced
+        if not unreferenced:
+            return None
+        block_id = unreferenced.popitem(last=False)[0]
+        if self._hash_of[block_id] is not None:
+            self._evict(block_id)
+        self._ref_counts[block_id] = 1
+        return block_id
 
     def share(self, block_id: int) -> None:
         """One more reference to a block that is used or cached-free."""

@@ -36,6 +36,9 @@ class KVCacheManager:
         self.prefix = PrefixCache(self.pool, config.block_size, config.enable_prefix_caching,
                                   self.dead_blocks if window is not None else None)
         self._copies: list[tuple[int, int]] = []   # fork copies not yet in a plan
+        # register_full_blocks without its test, for the scheduler's per-request loops,
+        # which test num_tokens >= request.register_at in line: one call, not two.
+        self.register_filled = self.prefix.register
 
     # ---- counts -------------------------------------------------------------------------
 
@@ -86,10 +89,18 @@ class KVCacheManager:
         if self.sliding_window is not None:
             self._free_outside_window(request, first)
         end = first + num_new_tokens
-        if end <= request.num_slots:
+        slots = request.num_slots
+        if end <= slots:
             return []   # the common decode case: the last block still has room
         table = request.block_ids
         size = self.block_size
+        if end <= slots + size:   # one block more: a decode step that crossed into it
+            block_id = self.pool.allocate_one()
+            if block_id is None:
+                return None
+            table.append(block_id)
+            request.num_slots = slots + size
+            return [block_id]
         missing = -(-end // size) - len(table)
         pool = self.pool
         if missing > pool.num_free:

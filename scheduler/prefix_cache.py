@@ -68,29 +68,38 @@ class PrefixCache:
             return
         size = self.block_size
         table = request.block_ids
-        full = min(num_tokens, request.num_tokens) // size
+        known = request.num_tokens
+        full = (num_tokens if num_tokens < known else known) // size
         if full > len(table):
             full = len(table)
         start = request.num_registered
         if full > start:
             hashes = request.block_hashes
-            register = self.pool.register
             first = start * size - request.prompt_len
             if full == start + 1 == len(hashes) + 1 and first >= 0:
                 # A decode step filled one block of output: hash it and register it here.
-                block_hash = chain_hash(hashes[-1] if hashes else None,
+                block_hash = chain_hash(hashes[-1] if start else None,
                                         request.output_token_ids[first:first + size])
                 hashes.append(block_hash)
-                registered = [table[start]] if register(table[start], block_hash) else []
-            else:
-                if len(hashes) < full:
-                    _extend_hashes(request, full, size)
-                registered = [block_id for block_id, block_hash in zip(
-                    table[start:full], hashes[start:full]) if register(block_id, block_hash)]
+                request.num_registered = full
+                request.register_at = (full + 1) * size
+                block_id = table[start]
+                if self.pool.register(block_id, block_hash):
+                    unconfirmed = self._unconfirmed
+                    if unconfirmed and unconfirmed[-1][0] == step:   # one entry per step
+                        unconfirmed[-1][1].append(block_id)
+                    else:
+                        unconfirmed.append((step, [block_id]))
+                return
+            if len(hashes) < full:
+                _extend_hashes(request, full, size)
+            register = self.pool.register
+            registered = [block_id for block_id, block_hash in zip(
+                table[start:full], hashes[start:full]) if register(block_id, block_hash)]
             request.num_registered = start = full
             if registered:
                 unconfirmed = self._unconfirmed
-                if unconfirmed and unconfirmed[-1][0] == step:   # one entry per step
+                if unconfirmed and unconfirmed[-1][0] == step:
                     unconfirmed[-1][1].extend(registered)
                 else:
                     unconfirmed.append((step, registered))

@@ -143,6 +143,8 @@ class Scheduler:
         add_handle = plan.running_handles.append
         add_count = plan.running_num_tokens.append
         appended = plan.new_block_ids
+        allocate_slots = kv.allocate_slots
+        register_filled = kv.register_filled
         # The decode loop runs for every running request every step, so it reads the
         # counts cached on the request (num_tokens, num_slots, register_at: see
         # scheduler/request.py) rather than working them out. Preemption removes only
@@ -166,7 +168,7 @@ class Scheduler:
             if end <= request.num_slots and windowless:
                 new_blocks = ()   # no new blocks
             else:
-                new_blocks = kv.allocate_slots(request, num_new)
+                new_blocks = allocate_slots(request, num_new)
                 if new_blocks is None:
                     index = running.index(request)   # rare: the pool is short
                     while new_blocks is None:
@@ -189,7 +191,7 @@ class Scheduler:
             else:
                 scheduled.append(_Scheduled(request, num_new, new_blocks, num_new == remaining))
             if end >= request.register_at:   # a block filled (kv's own test, inlined)
-                kv.register_full_blocks(request, end, step)
+                register_filled(request, end, step)
             budget -= num_new
             if budget <= 0:
                 break
@@ -206,7 +208,9 @@ class Scheduler:
         (columnar: plain tokens apart from the entries that carry more)."""
         outputs, self._pending_outputs = self._pending_outputs, []
         plain_ids: list[str] = []
-        plain_tokens: list[int] = []
+        # Positions in the result of the tokens that are not plain (rare); the plain tokens
+        # are the others, taken from result.token_ids after the loop, not appended one by one.
+        skipped: list[int] = []
         self.kv.confirm_through(plan.step_id)
         by_handle = self._by_handle
         for handle, start, entries in result.prompt_logprobs:
@@ -220,14 +224,15 @@ class Scheduler:
                 outputs.append(EngineOutput(request.request_id, [],
                                             prompt_logprobs=entries[skip:]))
         logprobs = result.logprobs or repeat(None)
-        kv = self.kv
+        register_filled = self.kv.register_filled
         registered_step = self._next_step - 1
         find = by_handle.get
-        add_plain_id, add_plain_token = plain_ids.append, plain_tokens.append
+        add_plain_id = plain_ids.append
         for handle, token_id, entry in zip(result.handles, result.token_ids, logprobs):
             request = find(handle)
-            if request is None:
-                continue  # finished or aborted while its step was in flight
+            if request is None:   # finished or aborted while its step was in flight
+                skipped.append(len(plain_ids) + len(skipped))
+                continue
             # A request preempted after this step was sent (one step ahead) keeps the token:
             # the step ran before the executor forgot it.
             request.output_token_ids.append(token_id)
@@ -237,28 +242,31 @@ class Scheduler:
             # A step ahead may be computing the token just learned: its block is full now.
             computed = request.num_computed_tokens
             if computed >= request.register_at:   # kv's own test, inlined
-                kv.register_full_blocks(request, computed, registered_step)
+                register_filled(request, computed, registered_step)
             # The common case, tested in line: a plain token (no logprobs, not the first,
             # which reports its queue time and may start forks) that stops nothing.
             if (entry is None and request.prompt_len + 1 < num_tokens < request.stop_num_tokens
                     and token_id not in request.stop_ids):
                 add_plain_id(request.request_id)
-                add_plain_token(token_id)
                 continue
             if request.fork_children:   # only ever before the first token
                 self._fork(request)
             reason = finish_reason_after_token(request, token_id)
             if reason is None and entry is None and num_tokens > request.prompt_len + 1:
                 add_plain_id(request.request_id)
-                add_plain_token(token_id)
                 continue
+            skipped.append(len(plain_ids) + len(skipped))
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(EngineOutput(
                 request.request_id, [token_id], reason,
                 logprobs=None if entry is None else [entry],
                 queued_s=request.queue_s if num_tokens == request.prompt_len + 1 else None))
-        return StepOutputs(plain_ids, plain_tokens, outputs)
+        seen = result.token_ids[:len(plain_ids) + len(skipped)]
+        if skipped:
+            not_plain = set(skipped)
+            seen = [token_id for index, token_id in enumerate(seen) if index not in not_plain]
+        return StepOutputs(plain_ids, seen, outputs)
 
     def discard_unconfirmed(self) -> None:
         """A step failed: blocks registered for steps that never returned may hold garbage,

@@ -60,7 +60,8 @@ def encode_plan(plan: StepPlan) -> bytes:
                       "c": r.num_computed_tokens, "k": r.num_new_tokens, "b": r.block_ids,
                       "sp": r.sampling.engine_dict()} for r in plan.new_requests]
     if plan.new_block_ids:
-        body["b"] = [[handle, blocks] for handle, blocks in plan.new_block_ids.items()]
+        # (handle, blocks) tuples: msgpack writes a tuple as the same array as a list.
+        body["b"] = list(plan.new_block_ids.items())
     if plan.dropped_handles:
         body["f"] = plan.dropped_handles
     for key, pairs in (("so", plan.swap_out), ("si", plan.swap_in), ("cp", plan.copies)):
