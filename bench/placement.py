@@ -5,7 +5,8 @@
         --variant shared=--cpu-placement=shared --variant 'passive=--cpu-placement=shared;OMP_WAIT_POLICY=PASSIVE'
 
 Each variant is `NAME=FLAG[,FLAG...][;ENV=VALUE...]`: `folio serve` flags and environment
-for the server's processes. Variants run one after another in each round (A B A B), on the
+for the server's processes. Give each variant its --cpu-placement: without one, the run
+is bench/data_parallel.py's one-replica baseline, `split`. Variants run one after another in each round (A B A B), on the
 same workload as bench/serve.py (random token-id prompts, `ignore_eos`, greedy, streamed),
 with the client on the same machine. Reports output tok/s, TPOT and TTFT p50, the cores
 the executor got and the CPU seconds of the frontend and scheduler, with the load average
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bench.data_parallel import children_cpu_s, start, stop  # noqa: E402
 from bench.serve import add_workload_args, build_workload, run_benchmark  # noqa: E402
 
-DEFAULT_VARIANTS = ("split=--cpu-placement=split", "shared=--cpu-placement=shared")
+DEFAULT_VARIANTS = ("split=--cpu-placement=split", "auto=--cpu-placement=auto")
 
 
 def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
