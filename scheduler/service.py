@@ -59,7 +59,8 @@ class SchedulerServiceConfig(SchedulingPolicy):
     executor_address: str = setting(MISSING, "where the executor connects (this process "
                                     "binds it)")
     max_queued_requests: int | None = setting(
-        None, "refuse new requests (queue full) past this many waiting (default: no limit)")
+        None, "refuse new requests (queue full) past this many waiting, not counting those "
+        "that free running seats (max-num-seqs) will take (default: no limit)")
     max_queued_tokens: int | None = setting(
         None, "... or past this many prompt tokens waiting (default: no limit)")
     executor_timeout_s: float = setting(
@@ -257,7 +258,9 @@ class SchedulerService:
         if self.router.in_use(request_id) or "#" in request_id:
             return (f"request id {request_id!r} is in use or contains '#'",
                     RefusalCode.REJECTED)
-        return queue_refusal(self.queue_limits, self.scheduler.waiting, prompt_len)
+        scheduler = self.scheduler
+        free_seats = scheduler.config.max_num_seqs - len(scheduler.running)
+        return queue_refusal(self.queue_limits, scheduler.waiting, prompt_len, free_seats)
 
     def _abort_orphan(self, request_id: str) -> None:
         """A request whose frontend was given up on: its blocks come back."""

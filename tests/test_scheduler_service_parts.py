@@ -106,6 +106,11 @@ def test_queue_limits_by_requests_and_by_prompt_tokens():
     message, code = queue_refusal(QueueLimits(max_requests=2), scheduler.waiting, 1)
     assert code == "queue_full" and "2 requests waiting" in message
     assert queue_refusal(QueueLimits(max_requests=3), scheduler.waiting, 1) is None
+    # Two free running seats will take both waiting requests: none of them is queued yet.
+    assert queue_refusal(QueueLimits(max_requests=1), scheduler.waiting, 1, free_seats=2) is None
+    message, code = queue_refusal(QueueLimits(max_requests=1), scheduler.waiting, 1,
+                                  free_seats=1)
+    assert code == "queue_full"
     assert queue_refusal(QueueLimits(max_tokens=25), scheduler.waiting, 5) is None
     message, code = queue_refusal(QueueLimits(max_tokens=25), scheduler.waiting, 6)
     assert code == "queue_full" and "20 prompt tokens waiting, limit 25" in message
@@ -515,7 +520,7 @@ def test_requests_run_to_their_end_as_in_the_in_process_engine(served, async_sch
 
 
 def test_refusals_name_their_reason(served):
-    run = served(max_queued_requests=1)
+    run = served(max_queued_requests=1, max_num_seqs=1)
     run.frontend.send(m.pack("frontend_hello", {"id": "fe-test"}))
     run.add("early", [1, 2])
     run.pump_until(lambda: "early" in run.rejected)
@@ -529,12 +534,13 @@ def test_refusals_name_their_reason(served):
                                                                   "rejected"]
     service = run.service
     frontend = next(iter(service.router.names))
-    # Handed in between turns, so no step admits q-0 before the next two arrive.
-    service._on_frontend_message(frontend, m.encode_add("q-0", [1, 2], GREEDY))
-    service._on_frontend_message(frontend, m.encode_add("q-1", [1, 2], GREEDY))   # 1 waits
-    service._on_frontend_message(frontend, m.encode_add("q-0", [1, 2], GREEDY))   # in use
-    run.pump_until(lambda: {"q-1", "q-0"} <= set(run.rejected))
-    assert run.rejected["q-1"] == "queue_full" and run.rejected["q-0"] == "rejected"
+    # Handed in between turns, so no step admits q-0 before the next ones arrive: the free
+    # seat takes q-0, q-1 waits (the queue's one place), q-2 finds it full.
+    for request_id in ("q-0", "q-1", "q-2", "q-0"):   # the last: id in use
+        service._on_frontend_message(frontend, m.encode_add(request_id, [1, 2], GREEDY))
+    run.pump_until(lambda: {"q-2", "q-0"} <= set(run.rejected))
+    assert run.rejected["q-2"] == "queue_full" and run.rejected["q-0"] == "rejected"
+    assert "q-1" not in run.rejected
 
 
 def test_an_executor_error_fails_every_running_request_with_its_message(served):
