@@ -109,17 +109,20 @@ class Metrics:
         self.queue_time = Histogram("folio:request_queue_time_seconds",
                                     "Time from arrival to the first scheduled step",
                                     labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        # The per-token children, looked up once (labels() costs more than the update).
+        self._tokens = self.generation_tokens.labels(model_name)
+        self._itl = self.itl.labels(model_name)
 
     def observe(self, event: str, request: Any, **details: Any) -> None:
         """Engine-client events: submitted, first_token, tokens, finished, failed."""
         model = self.model
         if event == "first_token":
             self.ttft.labels(model).observe(request.first_token - request.created)
-            self.generation_tokens.labels(model).inc()
+            self._tokens.inc()
         elif event == "tokens":
             count = details["count"]
-            self.generation_tokens.labels(model).inc(count)
-            self.itl.labels(model).observe(details["gap"] / count)
+            self._tokens.inc(count)
+            self._itl.observe(details["gap"] / count)
         elif event == "queued":
             self.queue_time.labels(model).observe(details["seconds"])
         elif event == "finished":
