@@ -4,15 +4,12 @@ short keys, handles instead of request ids, flat lists."""
 
 from __future__ import annotations
 
-import sys
-from array import array
 from typing import Any, NamedTuple
 
 from shared.config import ExecutorCapacity
 from shared.sampling_params import sampling_from_wire
 from shared.step import NewRequest, StepPlan, StepResult
-from shared.wire import (INT64, MAX_BLOCK_ID, MAX_TOKEN_ID, MAX_TOKENS_PER_MESSAGE, Body,
-                         ProtocolError, pack)
+from shared.wire import MAX_BLOCK_ID, MAX_TOKEN_ID, Body, ProtocolError, pack
 
 
 def encode_hello_executor(capacity: ExecutorCapacity, pid: int,
@@ -128,36 +125,9 @@ def decode_logprob_entry(entry: Any, where: str):
     return (one.float("lp"), one.int("r", 1), ids, [float(v) for v in values])
 
 
-# The result's two per-request lists are checked once per step for every running request:
-# body.ints(name, 0, 2**(8 * size - 1) - 1) in three C passes (exact types, then array's
-# unsigned conversion, which refuses anything negative, too big or not an int, then the top
-# bit of each item's bytes) instead of type, min and max. Anything the fast test does not
-# accept goes through body.ints, which refuses it with the usual message (or accepts it).
-_TOP_BYTE = {size: (size - 1 if sys.byteorder == "little" else 0) for size in (4, 8)}
-_UNSIGNED = {size: code for code, size in (("I", 4), ("Q", 8)) if array(code).itemsize == size}
-_INTS_ONLY = frozenset({int})   # type() is int: no bools
-
-
-def _uints(body: Body, name: str, high: int) -> list[int]:
-    """body.ints(name, 0, high) for high = 2**31 - 1 or 2**63 - 1."""
-    size = (high.bit_length() + 1) // 8
-    value = body.body.get(name)
-    code = _UNSIGNED.get(size)
-    if (code is not None and type(value) is list and len(value) <= MAX_TOKENS_PER_MESSAGE
-            and _INTS_ONLY.issuperset(map(type, value))):
-        try:
-            words = array(code, value).tobytes()
-        except OverflowError:
-            pass
-        else:
-            if words[_TOP_BYTE[size]::size].isascii():   # every top bit clear: <= high
-                return value
-    return body.ints(name, 0, high)
-
-
 def decode_result(body: Body) -> StepResult:
-    result = StepResult(step_id=body.int("s", 0), handles=_uints(body, "h", INT64[1]),
-                        token_ids=_uints(body, "t", MAX_TOKEN_ID),
+    result = StepResult(step_id=body.int("s", 0), handles=body.ints("h"),
+                        token_ids=body.ints("t", 0, MAX_TOKEN_ID),
                         forward_ms=body.float("ms", optional=True) or 0.0)
     if len(result.handles) != len(result.token_ids):
         raise ProtocolError("result: 'h' and 't' must have the same length")

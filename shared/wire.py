@@ -7,6 +7,8 @@ ProtocolError, which receivers log and answer or drop. Only msgpack crosses a so
 
 from __future__ import annotations
 
+import sys
+from array import array
 from typing import Any
 
 import msgpack
@@ -129,9 +131,34 @@ class Body:
 
 
 _INT_ONLY = frozenset({int})
+# [0, 2**31 - 1] and [0, 2**63 - 1] (token ids, handles, counts: every per-step list) are
+# checked in three C passes: exact types, an array's unsigned conversion (which refuses
+# anything negative, too big or not an int), then the top bit of each item's bytes.
+# high -> (array type code, item size, index of the top byte in an item)
+_UNSIGNED = {high: (code, size, size - 1 if sys.byteorder == "little" else 0)
+             for high, code, size in ((2**31 - 1, "I", 4), (2**63 - 1, "Q", 8))
+             if array(code).itemsize == size}
 
 
 def check_ints(value: Any, low: int, high: int, max_len: int, fail) -> list[int]:
+    """`value` if it is a list of at most max_len ints (not bools) in [low, high], else
+    raises fail(rule). What the unsigned fast test does not accept, check_ints_general
+    accepts or refuses with its usual message."""
+    unsigned = _UNSIGNED.get(high) if low == 0 else None
+    if (unsigned is not None and type(value) is list and len(value) <= max_len
+            and _INT_ONLY.issuperset(map(type, value))):
+        code, size, top = unsigned
+        try:
+            words = array(code, value).tobytes()
+        except OverflowError:
+            pass
+        else:
+            if words[top::size].isascii():   # every top bit clear: each item <= high
+                return value
+    return check_ints_general(value, low, high, max_len, fail)
+
+
+def check_ints_general(value: Any, low: int, high: int, max_len: int, fail) -> list[int]:
     if not isinstance(value, list) or len(value) > max_len:
         raise fail(f"a list of at most {max_len} integers")
     # type() is int excludes bools; map/min/max run in C, which matters on the per-step path.

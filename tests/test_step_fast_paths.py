@@ -4,7 +4,8 @@
   num_slots, register_at, stop_num_tokens) equal what they cache after every step, through
   recompute and swap preemptions, n > 1 forks, prefix hits, sliding windows, a step in
   flight and a failed step; outputs still match runs alone (check_scheduler, Driver).
-- decode_result's fast check of `h` and `t` accepts and refuses exactly what body.ints does.
+- The unsigned fast test of shared/wire.py check_ints (decode_result's `h` and `t`) accepts
+  and refuses exactly what the general check does.
 - bench/step_overhead.py --repeats reports median and minimum per stage, and the
   scheduler's own sum.
 """
@@ -20,7 +21,8 @@ from shared import messages as m
 from shared.config import SchedulerConfig
 from shared.sampling_params import SamplingParams
 from shared.step import StepResult
-from shared.wire import INT64, MAX_TOKEN_ID, Body, ProtocolError
+from shared.wire import (INT64, MAX_TOKEN_ID, MAX_TOKENS_PER_MESSAGE, Body, ProtocolError,
+                         check_ints_general)
 from tests.test_scheduler_properties import (EOS, MAX_MODEL_LEN, PREFIXES, VOCAB, Driver,
                                              check_scheduler)
 
@@ -108,8 +110,12 @@ def _decode(handles, tokens):
 
 
 def _reference(value, high):
+    """What the general check (no unsigned fast test) answers, as body.ints would say it."""
+    body = Body("result", {"x": value} if value is not None else {})
     try:
-        return Body("result", {"x": value} if value is not None else {}).ints("x", 0, high)
+        present = body._get("x", False)
+        return check_ints_general(present, 0, high, MAX_TOKENS_PER_MESSAGE,
+                                  lambda rule: body.fail("x", rule))
     except ProtocolError as error:
         return error
 
