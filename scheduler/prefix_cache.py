@@ -85,11 +85,7 @@ class PrefixCache:
                 request.register_at = (full + 1) * size
                 block_id = table[start]
                 if self.pool.register(block_id, block_hash):
-                    unconfirmed = self._unconfirmed
-                    if unconfirmed and unconfirmed[-1][0] == step:   # one entry per step
-                        unconfirmed[-1][1].append(block_id)
-                    else:
-                        unconfirmed.append((step, [block_id]))
+                    self._unconfirmed_in(step, [block_id])
                 return
             if len(hashes) < full:
                 _extend_hashes(request, full, size)
@@ -98,12 +94,16 @@ class PrefixCache:
                 table[start:full], hashes[start:full]) if register(block_id, block_hash)]
             request.num_registered = start = full
             if registered:
-                unconfirmed = self._unconfirmed
-                if unconfirmed and unconfirmed[-1][0] == step:
-                    unconfirmed[-1][1].extend(registered)
-                else:
-                    unconfirmed.append((step, registered))
+                self._unconfirmed_in(step, registered)
         request.register_at = (start + 1) * size
+
+    def _unconfirmed_in(self, step: int, blocks: list[int]) -> None:
+        """Blocks registered for `step`, unconfirmed until its result: one entry per step."""
+        unconfirmed = self._unconfirmed
+        if unconfirmed and unconfirmed[-1][0] == step:
+            unconfirmed[-1][1].extend(blocks)
+        else:
+            unconfirmed.append((step, blocks))
 
     def confirm_through(self, step: int) -> None:
         unconfirmed = self._unconfirmed
