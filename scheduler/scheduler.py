@@ -208,9 +208,7 @@ class Scheduler:
         (columnar: plain tokens apart from the entries that carry more)."""
         outputs, self._pending_outputs = self._pending_outputs, []
         plain_ids: list[str] = []
-        # Positions in the result of the tokens that are not plain (rare); the plain tokens
-        # are the others, taken from result.token_ids after the loop, not appended one by one.
-        skipped: list[int] = []
+        plain_tokens: list[int] = []
         self.kv.confirm_through(plan.step_id)
         by_handle = self._by_handle
         for handle, start, entries in result.prompt_logprobs:
@@ -227,11 +225,10 @@ class Scheduler:
         register_filled = self.kv.register_filled
         registered_step = self._next_step - 1
         find = by_handle.get
-        add_plain_id = plain_ids.append
+        add_plain_id, add_plain_token = plain_ids.append, plain_tokens.append
         for handle, token_id, entry in zip(result.handles, result.token_ids, logprobs):
             request = find(handle)
             if request is None:   # finished or aborted while its step was in flight
-                skipped.append(len(plain_ids) + len(skipped))
                 continue
             # A request preempted after this step was sent (one step ahead) keeps the token:
             # the step ran before the executor forgot it.
@@ -248,25 +245,22 @@ class Scheduler:
             if (entry is None and request.prompt_len + 1 < num_tokens < request.stop_num_tokens
                     and token_id not in request.stop_ids):
                 add_plain_id(request.request_id)
+                add_plain_token(token_id)
                 continue
             if request.fork_children:   # only ever before the first token
                 self._fork(request)
             reason = finish_reason_after_token(request, token_id)
             if reason is None and entry is None and num_tokens > request.prompt_len + 1:
                 add_plain_id(request.request_id)
+                add_plain_token(token_id)
                 continue
-            skipped.append(len(plain_ids) + len(skipped))
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(EngineOutput(
                 request.request_id, [token_id], reason,
                 logprobs=None if entry is None else [entry],
                 queued_s=request.queue_s if num_tokens == request.prompt_len + 1 else None))
-        seen = result.token_ids[:len(plain_ids) + len(skipped)]
-        if skipped:
-            not_plain = set(skipped)
-            seen = [token_id for index, token_id in enumerate(seen) if index not in not_plain]
-        return StepOutputs(plain_ids, seen, outputs)
+        return StepOutputs(plain_ids, plain_tokens, outputs)
 
     def discard_unconfirmed(self) -> None:
         """A step failed: blocks registered for steps that never returned may hold garbage,
