@@ -238,8 +238,8 @@ class AccessGate:
 
     def __init__(self, app, hosts: frozenset[str] | None, api_key: str | None,
                  needs_key) -> None:
-        self.app, self.hosts, self.api_key, self.needs_key = app, hosts, api_key, needs_key
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.app, self.hosts, self.needs_key = app, hosts, needs_key
+        self.expected = f"Bearer {api_key}".encode() if api_key else None   # "": no key
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
