@@ -120,9 +120,9 @@ class ThreadGovernor:
         return self._last is not None and self.max_threads > 1
 
     def after_step(self) -> int | None:
-        last = self._last
-        if last is None or self.max_threads < 2:
+        if not self.active:
             return None
+        last = self._last
         now = time.monotonic()
         if now - last.at_s < self.settings.window_s:
             return None
