@@ -44,8 +44,6 @@ def start(replicas: int, model: str | None, extra: list[str],
     port = _free_port()
     cmd = [sys.executable, "-m", "folio", "--log-level", "WARNING", "serve", "--port",
            str(port), "--data-parallel-size", str(replicas), *extra]
-    if replicas == 1 and not any(a.startswith("--cpu-placement") for a in extra):
-        cmd += ["--cpu-placement", "split"]   # the baseline: one replica on one core
     if model:
         cmd += ["--model", model]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -76,11 +74,6 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def executor_cpu_s(parent: int) -> float:
-    """CPU seconds used so far by the executors `folio serve` (pid `parent`) started."""
-    return children_cpu_s(parent, "folio-executor")
-
-
 def children_cpu_s(parent: int, name_prefix: str) -> float:
     """CPU seconds used so far by the children of `parent` whose name starts so."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -99,39 +92,62 @@ def children_cpu_s(parent: int, name_prefix: str) -> float:
     return total
 
 
-def one_run(replicas: int, args, seed: int) -> dict:
-    proc, base = start(replicas, args.model, args.serve_arg)
+def measured_run(args, seed: int, replicas: int, flags: list[str],
+                 env: dict[str, str] | None = None,
+                 processes: tuple[str, ...] = ("folio-executor",)) -> tuple[dict, dict]:
+    """One `folio serve` under the serving benchmark's workload: its report, and the CPU
+    seconds each named kind of child process used during the run."""
+    proc, base = start(replicas, args.model, flags, env)
     try:
         prompts = build_workload(args, seed=seed)
-        cpu_before = executor_cpu_s(proc.pid)
+        before = {name: children_cpu_s(proc.pid, name) for name in processes}
         report = asyncio.run(run_benchmark(
             base, prompts, args.output_len, model=None, max_concurrency=args.max_concurrency,
             request_rate=float("inf"), seed=seed, request_timeout=args.request_timeout,
             deadline=args.deadline))
-        cpu = executor_cpu_s(proc.pid) - cpu_before
-        # Load-independent view: the cores the executors actually got during the run, and
-        # output tokens per executor CPU second (equal on both sides: replicas cost nothing).
-        return {"replicas": replicas, **report, "executor_cpu_s": cpu,
-                "executor_cores_used": cpu / report["duration_s"],
-                "tokens_per_executor_cpu_s": report["total_output_tokens"] / max(cpu, 1e-9)}
+        return report, {name: children_cpu_s(proc.pid, name) - before[name]
+                        for name in processes}
     finally:
         stop(proc)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_race_args(parser: argparse.ArgumentParser, concurrency: int) -> None:
+    """The flags this bench and bench/placement.py share, the workload's included."""
     parser.add_argument("--model", default=None, help="checkpoint (default: the built-in)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--max-concurrency", type=int, default=32)
-    parser.add_argument("--serve-arg", action="append", default=[],
-                        help="extra `folio serve` flag (repeatable), e.g. --serve-arg=--seed=1")
+    parser.add_argument("--max-concurrency", type=int, default=concurrency)
     parser.add_argument("-o", "--out", type=Path, default=None)
     add_workload_args(parser)
-    args = parser.parse_args(argv)
-    if args.model_dir is None and args.vocab_size is None:   # the served model's vocabulary
+
+
+def resolve_vocabulary(args) -> None:
+    """Without --model-dir or --vocab-size, the prompts use the served model's vocabulary."""
+    if args.model_dir is None and args.vocab_size is None:
         from folio.cli import resolve_model
 
         args.model_dir = Path(resolve_model(args.model))
+
+
+def one_run(replicas: int, args, seed: int) -> dict:
+    flags = list(args.serve_arg)
+    if replicas == 1 and not any(f.startswith("--cpu-placement") for f in flags):
+        flags += ["--cpu-placement", "split"]   # the baseline: one replica on one core
+    report, cpu = measured_run(args, seed, replicas, flags)
+    cpu = cpu["folio-executor"]
+    # Load-independent view: the cores the executors actually got during the run, and
+    # output tokens per executor CPU second (equal on both sides: replicas cost nothing).
+    return {"replicas": replicas, **report, "executor_cpu_s": cpu,
+            "executor_cores_used": cpu / report["duration_s"],
+            "tokens_per_executor_cpu_s": report["total_output_tokens"] / max(cpu, 1e-9)}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve-arg", action="append", default=[],
+                        help="extra `folio serve` flag (repeatable), e.g. --serve-arg=--seed=1")
+    add_race_args(parser, concurrency=32)
+    args = parser.parse_args(argv)
+    resolve_vocabulary(args)
     runs = []
     for round_ in range(args.rounds):
         for replicas in (1, 2):

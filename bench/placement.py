@@ -5,10 +5,10 @@
         --variant shared=--cpu-placement=shared --variant 'passive=--cpu-placement=shared;OMP_WAIT_POLICY=PASSIVE'
 
 Each variant is `NAME=FLAG[,FLAG...][;ENV=VALUE...]`: `folio serve` flags and environment
-for the server's processes. Give each variant its --cpu-placement: without one, the run
-is bench/data_parallel.py's one-replica baseline, `split`. Variants run one after another in each round (A B A B), on the
-same workload as bench/serve.py (random token-id prompts, `ignore_eos`, greedy, streamed),
-with the client on the same machine. Reports output tok/s, TPOT and TTFT p50, the cores
+for the server's processes (without a --cpu-placement, `folio serve`'s own default).
+Variants run one after another in each round (A B A B), on the same workload as
+bench/serve.py (random token-id prompts, `ignore_eos`, greedy, streamed), with the client
+on the same machine. Reports output tok/s, TPOT and TTFT p50, the cores
 the executor got and the CPU seconds of the frontend and scheduler, with the load average
 before each run.
 """
@@ -16,9 +16,7 @@ before each run.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -26,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.data_parallel import children_cpu_s, start, stop  # noqa: E402
-from bench.serve import add_workload_args, build_workload, run_benchmark  # noqa: E402
+from bench.data_parallel import add_race_args, measured_run, resolve_vocabulary  # noqa: E402
 
 DEFAULT_VARIANTS = ("split=--cpu-placement=split", "auto=--cpu-placement=auto")
+PROCESSES = ("folio-executor", "folio-frontend", "folio-scheduler")
 
 
 def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
@@ -43,38 +41,20 @@ def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
 
 
 def one_run(name: str, flags: list[str], env: dict[str, str], args, seed: int) -> dict:
-    proc, base = start(1, args.model, flags, env)
-    try:
-        prompts = build_workload(args, seed=seed)
-        names = ("folio-executor", "folio-frontend", "folio-scheduler")
-        before = {n: children_cpu_s(proc.pid, n) for n in names}
-        report = asyncio.run(run_benchmark(
-            base, prompts, args.output_len, model=None, max_concurrency=args.max_concurrency,
-            request_rate=float("inf"), seed=seed, request_timeout=args.request_timeout,
-            deadline=args.deadline))
-        cpu = {n: children_cpu_s(proc.pid, n) - before[n] for n in names}
-        return {"variant": name, "flags": flags, "env": env, **report,
-                "executor_cores_used": cpu["folio-executor"] / report["duration_s"],
-                "frontend_cpu_s": cpu["folio-frontend"],
-                "scheduler_cpu_s": cpu["folio-scheduler"]}
-    finally:
-        stop(proc)
+    report, cpu = measured_run(args, seed, 1, flags, env, PROCESSES)
+    return {"variant": name, "flags": flags, "env": env, **report,
+            "executor_cores_used": cpu["folio-executor"] / report["duration_s"],
+            "frontend_cpu_s": cpu["folio-frontend"],
+            "scheduler_cpu_s": cpu["folio-scheduler"]}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="checkpoint (default: the built-in)")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--max-concurrency", type=int, default=64)
     parser.add_argument("--variant", action="append", default=None,
                         help="NAME=FLAG[,FLAG...][;ENV=VALUE...] (repeatable)")
-    parser.add_argument("-o", "--out", type=Path, default=None)
-    add_workload_args(parser)
+    add_race_args(parser, concurrency=64)
     args = parser.parse_args(argv)
-    if args.model_dir is None and args.vocab_size is None:
-        from folio.cli import resolve_model
-
-        args.model_dir = Path(resolve_model(args.model))
+    resolve_vocabulary(args)
     variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
     runs = []
     for round_ in range(args.rounds):
