@@ -22,7 +22,6 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from folio.errors import (EngineDead, FolioError, RequestRejected, RequestTimeout,
                           ServerUnreachable, error_from_code)
@@ -30,7 +29,7 @@ from shared import messages as m
 from shared.outputs import Logprob
 from shared.sampling_params import SamplingParams
 from shared.security import as_key, load_keys, make_client
-from shared.transport import DOWN_EVENTS, UP_EVENTS, Relink, configure
+from shared.transport import DOWN_EVENTS, UP_EVENTS, Relink, configure, next_monitor_event
 from shared.wire import MAX_MESSAGE_BYTES, Body, ProtocolError
 
 Prompt = str | list[int]
@@ -125,6 +124,7 @@ class AsyncClient:
         self._refused: str | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._queues: dict[str, asyncio.Queue] = {}   # by wire id (one per call)
         self._calls: dict[str, str] = {}              # caller's request id -> wire id
@@ -140,11 +140,12 @@ class AsyncClient:
         if self._curve is not None:
             make_client(self._sock, *self._curve)
         # before connect: see the first handshake
-        monitor = self._sock.get_monitor_socket(UP_EVENTS | DOWN_EVENTS | _REFUSED_EVENTS)
+        self._monitor = self._sock.get_monitor_socket(
+            UP_EVENTS | DOWN_EVENTS | _REFUSED_EVENTS)
         self._sock.connect(self.address)
         self._connected = asyncio.Event()
         self._tasks = [asyncio.create_task(self._receive()),
-                       asyncio.create_task(self._watch(monitor))]
+                       asyncio.create_task(self._watch(self._monitor))]
 
     async def close(self) -> None:
         self._lost = "the client was closed"
@@ -152,8 +153,11 @@ class AsyncClient:
             queue.put_nowait(ServerUnreachable(self._lost))
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:   # bounded: a task that ignores its cancel must not hang close()
+            await asyncio.wait(self._tasks, timeout=2.0)
+        self._tasks = []
         if self._sock is not None:
+            self._monitor.close(0)   # the watch task closes it too; term() waits for it
             self._sock.close(0)
             self._ctx.term()
             self._sock = None
@@ -304,8 +308,9 @@ class AsyncClient:
     async def _open(self, request_id: str) -> asyncio.Queue:
         await self._start()
         try:
-            await asyncio.wait_for(self._connected.wait(), self.connect_timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.connect_timeout):
+                await self._connected.wait()
+        except TimeoutError:
             raise ServerUnreachable(self._refused or (
                 f"no Folio server answered at {self.address} within "
                 f"{self.connect_timeout:g} s")) from None
@@ -318,8 +323,9 @@ class AsyncClient:
     async def _next(self, queue: asyncio.Queue, timeout: float | None, request_id: str):
         limit = self.timeout if timeout is None else timeout
         try:
-            item = await asyncio.wait_for(queue.get(), limit)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(limit):   # not wait_for: it can drop a cancel (3.11)
+                item = await queue.get()
+        except TimeoutError:
             raise RequestTimeout(f"request {request_id} got no answer within {limit:g} s; "
                                  "it was aborted") from None
         if isinstance(item, FolioError):
@@ -362,12 +368,10 @@ class AsyncClient:
         relink = Relink(self._sock, self.address)   # a link cut by an oversize message
         try:
             while True:
-                try:
-                    frames = await asyncio.wait_for(monitor.recv_multipart(), 0.5)
-                except asyncio.TimeoutError:
+                event = await next_monitor_event(monitor, 0.5)
+                if event is None:
                     relink.check()
                     continue
-                event = parse_monitor_message(frames)["event"]
                 relink.on_event(event)
                 if event & UP_EVENTS:
                     self._lost = self._refused = None

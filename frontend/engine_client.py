@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from frontend.liveness import SchedulerHeartbeat
 from frontend.output_processor import RequestState, SampleState, wire_logprob
@@ -31,7 +30,8 @@ from shared.codes import RefusalCode
 from shared.outputs import EngineOutput, child_request_id
 from shared.sampling_params import SamplingParams
 from shared.security import CurveKeys, make_peer
-from shared.transport import DOWN_EVENTS, UP_EVENTS, Relink, configure, monitor_socket
+from shared.transport import (DOWN_EVENTS, UP_EVENTS, Relink, configure, monitor_socket,
+                              next_monitor_event)
 from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.frontend")
@@ -207,8 +207,9 @@ class EngineClient:
             self._send(m.encode_stats_request())
         self.stats_waiters.append(waiter)
         try:
-            return await asyncio.wait_for(waiter, timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                return await waiter
+        except TimeoutError:
             return {}
 
     async def kv_map(self, timeout: float = 1.0) -> dict[str, Any] | None:
@@ -221,8 +222,9 @@ class EngineClient:
             self._send(m.encode_kv_map_request())
         self.kv_map_waiters.append(waiter)
         try:
-            return await asyncio.wait_for(waiter, timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                return await waiter
+        except TimeoutError:
             return None
 
     # ---- from the scheduler -------------------------------------------------------------
@@ -364,9 +366,8 @@ class EngineClient:
         last_turn = time.monotonic()
         judge_after = 0.0
         while True:
-            try:
-                frames = await asyncio.wait_for(self.monitor.recv_multipart(), timeout=0.2)
-                event = parse_monitor_message(frames)["event"]
+            event = await next_monitor_event(self.monitor, 0.2)
+            if event is not None:
                 self.relink.on_event(event)
                 if event & DOWN_EVENTS:
                     self.link_down_at = time.monotonic()
@@ -377,8 +378,6 @@ class EngineClient:
                                    "was aborted, retry it")
                 elif event & UP_EVENTS:
                     self._send(m.encode_frontend_hello(self.frontend_id))
-            except asyncio.TimeoutError:
-                pass
             if self.relink.check():
                 log.warning("the link to the scheduler stayed down: connecting afresh")
             now = time.monotonic()

@@ -118,8 +118,9 @@ class FrontendService:
             if left <= 0:
                 break
             try:
-                await asyncio.wait_for(self.hurry.wait(), min(left, 0.05))
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(min(left, 0.05)):
+                    await self.hurry.wait()
+            except TimeoutError:
                 pass
         if engine.requests:
             log.warning("shutdown: aborting %d request(s) still running", len(engine.requests))

@@ -33,6 +33,18 @@ def configure(sock: zmq.Socket, max_message_bytes: int = MAX_MESSAGE_BYTES) -> z
     return sock
 
 
+async def next_monitor_event(monitor: "zmq.asyncio.Socket", timeout_s: float) -> int | None:
+    """The next event on an asyncio monitor socket, or None when none came within timeout_s.
+
+    Polls first and receives after, instead of asyncio.wait_for around the receive: on
+    Python 3.11 wait_for returns a result that arrived together with a cancel and drops the
+    cancel, so a watch loop around it (a monitor sees events every 100 ms while a handshake
+    is refused) could never be cancelled, and a client's close() hung."""
+    if not await monitor.poll(timeout_s * 1000, zmq.POLLIN):
+        return None
+    return parse_monitor_message(await monitor.recv_multipart())["event"]
+
+
 def make_run_dir() -> Path:
     """A private directory (mode 0700) for ipc:// sockets."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
