@@ -366,6 +366,7 @@ class AsyncClient:
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
         relink = Relink(self._sock, self.address)   # a link cut by an oversize message
+        explicit = False   # a refusal that named its reason was seen since the last link
         try:
             while True:
                 event = await next_monitor_event(monitor, 0.5)
@@ -375,9 +376,14 @@ class AsyncClient:
                 relink.on_event(event)
                 if event & UP_EVENTS:
                     self._lost = self._refused = None
+                    explicit = False
                     self._connected.set()
                 elif event & _REFUSED_EVENTS:
-                    self._refused = self._refusal(event)
+                    # A reset mid-handshake (no detail) can follow an explicit refusal on a
+                    # retry, under load: the explicit one is the diagnosis, keep it.
+                    if not (event & zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and explicit):
+                        self._refused = self._refusal(event)
+                    explicit = explicit or not event & zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                 elif event & DOWN_EVENTS:
                     self._connected.clear()
                     self._lost = f"lost the connection to the Folio server at {self.address}"

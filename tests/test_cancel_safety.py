@@ -17,7 +17,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from folio.client import Client
+from folio.client import AsyncClient, Client
 from folio.errors import ServerUnreachable
 from shared.security import generate_keys, load_keys, make_server, start_authenticator, \
     stop_authenticator
@@ -90,10 +90,10 @@ def test_a_client_refused_by_a_curve_server_closes_promptly(tmp_path):
     server.bind("tcp://127.0.0.1:0")
     address = server.last_endpoint.decode()
     try:
-        for _ in range(8):
+        for _ in range(4):
             closing = {}
             with pytest.raises(ServerUnreachable, match="wants CURVE keys"):
-                with Client(address, connect_timeout=0.6) as plain:
+                with Client(address, connect_timeout=1.5) as plain:
                     try:
                         plain.generate("hello")
                     finally:
@@ -104,3 +104,35 @@ def test_a_client_refused_by_a_curve_server_closes_promptly(tmp_path):
         server.close(0)
         stop_authenticator(auth)
         ctx.term()
+
+
+def test_a_reset_on_a_retry_does_not_hide_the_servers_explicit_refusal():
+    """Under load a refused retry can end in a reset (no detail) after an attempt that the
+    server refused for the mechanism: the client still names the mechanism."""
+    async def run() -> list[str | None]:
+        client = AsyncClient("tcp://127.0.0.1:9", connect_timeout=0.1)
+        ctx = zmq.asyncio.Context()
+        sender, monitor = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+        sender.bind("inproc://refusals")
+        monitor.connect("inproc://refusals")
+        client._sock, client._connected = ctx.socket(zmq.DEALER), asyncio.Event()
+        watch = asyncio.create_task(client._watch(monitor))
+        seen = []
+        try:
+            for event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                          zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                await sender.send_multipart(_monitor_frames(event))
+                await asyncio.sleep(0.05)
+                seen.append(client._refused)
+        finally:
+            watch.cancel()
+            await asyncio.wait([watch], timeout=1.0)
+            sender.close(0)
+            client._sock.close(0)
+            ctx.term()
+        return seen
+
+    first, second, third = asyncio.run(run())
+    assert "closed the connection" in first
+    assert "wants CURVE keys" in second and third == second
