@@ -132,13 +132,15 @@ def one_run(replicas: int, args, seed: int) -> dict:
     flags = list(args.serve_arg)
     if replicas == 1 and not any(f.startswith("--cpu-placement") for f in flags):
         flags += ["--cpu-placement", "split"]   # the baseline: one replica on one core
-    report, cpu = measured_run(args, seed, replicas, flags)
-    cpu = cpu["folio-executor"]
+    report, used = measured_run(args, seed, replicas, flags,
+                                processes=("folio-executor", "folio-frontend", "folio-scheduler"))
+    cpu = used["folio-executor"]
     # Load-independent view: the cores the executors actually got during the run, and
     # output tokens per executor CPU second (equal on both sides: replicas cost nothing).
     return {"replicas": replicas, **report, "executor_cpu_s": cpu,
             "executor_cores_used": cpu / report["duration_s"],
-            "tokens_per_executor_cpu_s": report["total_output_tokens"] / max(cpu, 1e-9)}
+            "tokens_per_executor_cpu_s": report["total_output_tokens"] / max(cpu, 1e-9),
+            "frontend_cpu_s": used["folio-frontend"], "schedulers_cpu_s": used["folio-scheduler"]}
 
 
 def main(argv=None) -> None:
@@ -156,7 +158,9 @@ def main(argv=None) -> None:
             print(f"round {round_} replicas={replicas}: "
                   f"{report['output_throughput']:.1f} output tok/s, executors used "
                   f"{report['executor_cores_used']:.2f} cores, "
-                  f"{report['tokens_per_executor_cpu_s']:.1f} tok per executor CPU s "
+                  f"{report['tokens_per_executor_cpu_s']:.1f} tok per executor CPU s, "
+                  f"frontend {report['frontend_cpu_s']:.1f} CPU s, schedulers "
+                  f"{report['schedulers_cpu_s']:.1f}, {report['duration_s']:.1f} s "
                   f"(load {report['loadavg_1m_before']:.2f} before, "
                   f"{report['loadavg_1m_after']:.2f} after)", flush=True)
     best = {n: max(r["output_throughput"] for r in runs if r["replicas"] == n) for n in (1, 2)}

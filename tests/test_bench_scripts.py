@@ -48,6 +48,15 @@ def test_sampler_draw_bench_times_both_draws():
     assert (vocab, rows) == ("64", "4") and float(race) > 0 and float(cdf) > 0
 
 
+def test_decode_scaling_bench_fits_a_line_through_the_sizes(llama_dir):
+    run = _bench("bench/decode_scaling.py", "--model", str(llama_dir), "--batches", "1", "3",
+                 "--rounds", "1", "--prompt-len", "8", "--steps", "3")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == ["round 0 batch 1", "round 0 batch 3"]
+    assert lines[2].startswith("best of rounds, fitted:") and "ms per running request" in lines[2]
+
+
 def test_floor_flops_by_hand():
     shape = dict(hidden_size=8, num_heads=2, num_kv_heads=1, intermediate_size=16,
                  vocab_size=32, num_layers=1)
