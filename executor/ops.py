@@ -116,8 +116,8 @@ def select_ops(backend: str, device: torch.device) -> KernelOps:
         if status.ok:
             log.info("attention: C++ CPU operator (%s)", status.detail)
             return cpu_ops()
-        log.warning("attention: torch reference (gather + SDPA), because the C++ CPU operator "
-                    "is unavailable: %s", status.detail)
+        log.warning("attention: torch reference (gather + SDPA, a slower path), "
+                    "because the C++ CPU operator is unavailable: %s", status.detail)
         return TORCH_OPS
     if backend == "torch":
         log.info("attention: torch reference (attention_backend='torch')")

@@ -213,6 +213,17 @@ def test_load_without_a_build_says_how_to_build(tmp_path, monkeypatch):
     assert str(tmp_path) in status.detail and "--build" in status.detail
 
 
+def test_load_names_a_stale_build_and_how_to_rebuild(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOLIO_CPU_OPS_DIR", str(tmp_path))
+    old = tmp_path / "folio_cpu_ops_native_0123456789ab"
+    old.mkdir()
+    (old / "folio_cpu_ops_native_0123456789ab.so").write_bytes(b"")   # never opened
+    status = cpu_attention.load.__wrapped__()
+    assert not status.ok
+    assert "folio_cpu_ops_native_0123456789ab" in status.detail and "older source" in status.detail
+    assert "scripts/setup.sh" in status.detail
+
+
 def test_portable_build_is_not_loaded_on_a_cpu_without_avx2(tmp_path, monkeypatch):
     monkeypatch.setenv("FOLIO_CPU_OPS_DIR", str(tmp_path))
     monkeypatch.setattr(cpu_attention, "_cpu_runs_x86_64_v3", lambda: False)
