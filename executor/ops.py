@@ -90,8 +90,8 @@ def triton_ops() -> KernelOps:
 
 def cpu_ops() -> KernelOps:
     """The C++ operators: paged attention reading the cache blocks in place, fused RMSNorm
-    (+ residual) and rotary; SiLU-and-mul and the cache write from the reference; MoE experts
-    grouped on oneDNN with prepacked weights (kernels.moe_cpu)."""
+    (+ residual), rotary, SiLU-and-mul and the cache write; MoE experts grouped on oneDNN
+    with prepacked weights (kernels.moe_cpu)."""
 
     def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
                   window: int | None = None, softcap: float | None = None):
@@ -101,8 +101,8 @@ def cpu_ops() -> KernelOps:
                                                  window=window, softcap=softcap)
 
     return KernelOps(name="cpu", rms_norm=cpu_fused.rms_norm_cpu, rotary=cpu_fused.rotary_cpu,
-                     reshape_and_cache=reference.reshape_and_cache_ref,
-                     silu_and_mul=reference.silu_and_mul_ref, attention=attention,
+                     reshape_and_cache=cpu_fused.reshape_and_cache_cpu,
+                     silu_and_mul=cpu_fused.silu_and_mul_cpu, attention=attention,
                      prepare=lambda inputs, block_size: inputs,
                      fused_moe=CpuFusedMoe())
 

@@ -21,6 +21,7 @@ import torch
 
 SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
 SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp")
+HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",)   # hashed with the sources
 # -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
 # already loaded). ISO C++ mode turns FMA contraction off; the kernel wants it.
 _FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")
@@ -42,7 +43,7 @@ def build_dir() -> Path:
 
 
 def extension_name(variant: str) -> str:
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS)))
     # A native build is for this CPU's features: on another CPU (a copied checkout) its
     # name differs, so it is "not built" rather than an illegal instruction.
     cpu = " ".join(sorted(_cpu_flags())) if variant == "native" else ""
@@ -83,7 +84,7 @@ class LoadStatus:
 @functools.cache
 def load() -> LoadStatus:
     """Load a prebuilt library for this source and torch; never compiles."""
-    missing = [str(source) for source in SOURCES if not source.exists()]
+    missing = [str(source) for source in (*SOURCES, *HEADERS) if not source.exists()]
     if missing:
         return LoadStatus(False, f"{', '.join(missing)} missing")
     for variant in VARIANTS:

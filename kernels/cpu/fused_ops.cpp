@@ -4,14 +4,19 @@
 //   folio::rms_norm(out, x, weight, eps)                 out = rmsnorm(x) * weight
 //   folio::fused_add_rms_norm(x, residual, weight, eps)  residual += x; x = rmsnorm(residual) * w
 //   folio::rotary(positions, query, key, cos_sin)        neox-style rotation, in place
+//   folio::silu_and_mul(out, gate_up)                    out = silu(gate) * up, one pass
+//   folio::reshape_and_cache(key, value, k_cache, v_cache, slots)   rows into cache slots
 //
-// (SiLU-and-mul stays torch's: its vectorized exp beat a scalar loop here 3-4x.)
+// (silu's exp is vec_math.h's vector polynomial: a scalar std::exp loop ran 3-4x slower
+// than torch's vectorized one.)
 //
 // float32 or bfloat16; arithmetic in float32. Rows are split across torch's threads.
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
+
+#include "vec_math.h"
 
 #include <cmath>
 #include <cstdint>
@@ -20,6 +25,7 @@
 namespace {
 
 using at::Tensor;
+using namespace folio_cpu;
 
 void check_rows(const Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
@@ -162,16 +168,130 @@ void rotary(Tensor positions, Tensor query, Tensor key, Tensor cos_sin) {
   else rotary_impl<c10::BFloat16>(positions, query, key, cos_sin);
 }
 
+// silu(g) = g / (1 + exp(-g)), written with exp of -|g| so that the exp never overflows.
+template <typename V>
+inline V silu(V g) {
+  if constexpr (std::is_same_v<V, float>) {
+    const float e = exp_nonpositive(-std::fabs(g));
+    return g >= 0.f ? g / (1.f + e) : g * e / (1.f + e);
+  } else {
+    const V e = exp_nonpositive(g < 0.f ? g : -g);
+    return g >= 0.f ? g / (1.f + e) : g * e / (1.f + e);
+  }
+}
+
+inline void store(float* p, float x) { *p = x; }
+inline void store(c10::BFloat16* p, float x) { *p = static_cast<c10::BFloat16>(x); }
+
+template <typename T>
+void silu_and_mul_rows(T* out, int64_t out_stride, const T* gate_up, int64_t in_stride,
+                       int64_t rows, int64_t n) {
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = gate_up + r * in_stride;
+      const T* up = gate + n;
+      T* o = out + r * out_stride;
+      int64_t i = 0;
+      if constexpr (std::is_same_v<T, float>) {
+        for (; i + kLanes <= n; i += kLanes) {
+          const Vec v = silu(load_vec(gate + i)) * load_vec(up + i);
+          std::memcpy(o + i, &v, sizeof v);
+        }
+      }
+      for (; i < n; ++i) {
+        // bfloat16 as the reference: silu rounded to T, then the product rounded to T.
+        const float activated = load(static_cast<T>(silu(load(gate[i]))));
+        store(o + i, activated * load(up[i]));
+      }
+    }
+  });
+}
+
+void silu_and_mul(Tensor out, Tensor gate_up) {
+  check_rows(gate_up, "gate_up");
+  check_rows(out, "out");
+  check_dtype(out, gate_up, "out");
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up's last dimension must be even");
+  const int64_t n = gate_up.size(1) / 2;
+  TORCH_CHECK(out.size(0) == gate_up.size(0) && out.size(1) == n,
+              "out must be [", gate_up.size(0), ", ", n, "]");
+  if (gate_up.scalar_type() == at::kFloat) {
+    silu_and_mul_rows<float>(out.data_ptr<float>(), out.stride(0), gate_up.data_ptr<float>(),
+                             gate_up.stride(0), gate_up.size(0), n);
+  } else {
+    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16,
+                "float32 or bfloat16 tensors only, got ", gate_up.scalar_type());
+    silu_and_mul_rows<c10::BFloat16>(out.data_ptr<c10::BFloat16>(), out.stride(0),
+                                     gate_up.data_ptr<c10::BFloat16>(), gate_up.stride(0),
+                                     gate_up.size(0), n);
+  }
+}
+
+// Each token's [kv_heads, head_dim] row is contiguous in `rows` (a view of the qkv output)
+// and in the cache [blocks, block_size, kv_heads, head_dim]: one copy per token and tensor.
+template <typename S>
+void copy_rows(const Tensor& rows, Tensor& cache, const S* slots, int64_t tokens) {
+  const int64_t width = cache.size(2) * cache.size(3);
+  const int64_t num_slots = cache.size(0) * cache.size(1);
+  const int64_t bytes = width * cache.element_size();
+  const char* src = static_cast<const char*>(rows.data_ptr());
+  char* dst = static_cast<char*>(cache.data_ptr());
+  const int64_t src_stride = rows.stride(0) * rows.element_size();
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t slot = static_cast<int64_t>(slots[t]);
+    if (slot < 0) continue;   // a padding row
+    TORCH_CHECK(slot < num_slots, "slot ", slot, " outside the cache of ", num_slots, " slots");
+    std::memcpy(dst + slot * bytes, src + t * src_stride, bytes);
+  }
+}
+
+void check_cache_rows(const Tensor& rows, const Tensor& cache, const char* name) {
+  TORCH_CHECK(rows.device().is_cpu() && cache.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(rows.dim() == 3 && cache.dim() == 4 && rows.size(1) == cache.size(2) &&
+              rows.size(2) == cache.size(3), name, " must be [tokens, kv_heads, head_dim] and "
+              "its cache [blocks, block_size, kv_heads, head_dim]");
+  TORCH_CHECK(rows.stride(2) == 1 && rows.stride(1) == rows.size(2),
+              name, "'s heads must be contiguous within a token");
+  TORCH_CHECK(cache.is_contiguous(), name, "'s cache must be contiguous");
+  TORCH_CHECK(rows.scalar_type() == cache.scalar_type(), name, " has dtype ",
+              rows.scalar_type(), ", its cache ", cache.scalar_type());
+}
+
+void reshape_and_cache(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache,
+                       Tensor slot_mapping) {
+  check_cache_rows(key, key_cache, "key");
+  check_cache_rows(value, value_cache, "value");
+  TORCH_CHECK(value.size(0) == key.size(0) && slot_mapping.dim() == 1 &&
+              slot_mapping.size(0) == key.size(0) && slot_mapping.is_contiguous(),
+              "slot_mapping must be a contiguous [tokens] tensor, as many as key and value");
+  const int64_t tokens = key.size(0);
+  if (slot_mapping.scalar_type() == at::kLong) {
+    const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+    copy_rows(key, key_cache, slots, tokens);
+    copy_rows(value, value_cache, slots, tokens);
+  } else {
+    TORCH_CHECK(slot_mapping.scalar_type() == at::kInt, "slot_mapping must be int32 or int64");
+    const int32_t* slots = slot_mapping.data_ptr<int32_t>();
+    copy_rows(key, key_cache, slots, tokens);
+    copy_rows(value, value_cache, slots, tokens);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(folio, m) {
   m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("rotary(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor cos_sin) -> ()");
+  m.def("silu_and_mul(Tensor(a!) out, Tensor gate_up) -> ()");
+  m.def("reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
+        "Tensor(b!) value_cache, Tensor slot_mapping) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(folio, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("fused_add_rms_norm", &fused_add_rms_norm);
   m.impl("rotary", &rotary);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("reshape_and_cache", &reshape_and_cache);
 }

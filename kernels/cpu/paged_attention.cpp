@@ -12,6 +12,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <atomic>
@@ -26,57 +28,8 @@ constexpr int kKeyTile = 32;
 constexpr int64_t kChunkTokens = 32;     // query tokens per work item
 constexpr float kNoScore = -1e30f;       // running max before any key: finite, so no inf - inf
 
-inline float load(float x) { return x; }
-inline float load(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-// One vector register of floats: 16 with AVX-512, 8 with AVX, else 4. (Wider-than-register
-// generic vectors make GCC scalarize conversions and selects.)
-#if defined(__AVX512F__)
-#define FOLIO_LANES 16
-#elif defined(__AVX__)
-#define FOLIO_LANES 8
-#else
-#define FOLIO_LANES 4
-#endif
-constexpr int kLanes = FOLIO_LANES;
-typedef float Vec __attribute__((vector_size(kLanes * 4)));
-typedef int32_t IntVec __attribute__((vector_size(kLanes * 4)));
-typedef float Vec8 __attribute__((vector_size(32)));
-typedef float Vec4 __attribute__((vector_size(16)));
+using namespace folio_cpu;
 constexpr int kTileVecs = kKeyTile / kLanes;
-
-// exp for x <= 0 (Cephes polynomial, ~1 ulp), on a float or a Vec.
-template <typename V>
-inline V exp_nonpositive(V x) {
-  V n;
-  if constexpr (std::is_same_v<V, float>) {
-    x = std::max(x, -87.0f);
-  } else {
-    x = x < -87.0f ? V{} - 87.0f : x;
-  }
-  n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;   // round to nearest
-  const V f = x - n * 0.693359375f + n * 2.12194440e-4f;
-  V p = f * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * f + 8.3334519073e-3f;
-  p = p * f + 4.1665795894e-2f;
-  p = p * f + 1.6666665459e-1f;
-  p = p * f + 5.0000001201e-1f;
-  p = p * f * f + f + 1.0f;
-  V scale;
-  if constexpr (std::is_same_v<V, float>) {
-    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-    std::memcpy(&scale, &bits, sizeof scale);
-  } else {
-    const IntVec bits = (__builtin_convertvector(n, IntVec) + 127) << 23;
-    std::memcpy(&scale, &bits, sizeof scale);
-  }
-  return p * scale;
-}
 
 struct Item {
   int32_t seq, q_begin, q_end;   // query rows [q_begin, q_end) of `seq`, every head
@@ -102,21 +55,6 @@ struct Rows {  // [tokens, heads, head_dim] with any strides but a packed last d
   T* row(int64_t i, int64_t j) const { return data + i * s0 + j * s1; }
 };
 
-inline Vec load_vec(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline Vec load_vec(const c10::BFloat16* p) {
-  typedef uint16_t HalfVec __attribute__((vector_size(kLanes * 2)));
-  typedef uint32_t WordVec __attribute__((vector_size(kLanes * 4)));
-  HalfVec h;
-  std::memcpy(&h, p, sizeof h);
-  const WordVec w = __builtin_convertvector(h, WordVec) << 16;
-  Vec v;
-  std::memcpy(&v, &w, sizeof v);
-  return v;
-}
 
 // Folds a Vec's lanes with op (a generic lambda, on vectors and on floats), as a tree.
 template <typename Op>

@@ -1,5 +1,5 @@
-"""The fused CPU operators (RMSNorm, RMSNorm + residual, rotary, SiLU-and-mul) against their
-torch references, on the layouts the model hands them."""
+"""The fused CPU operators (RMSNorm, RMSNorm + residual, rotary, SiLU-and-mul, the cache
+write) against their torch references, on the layouts the model hands them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from executor.model_config import RopeConfig
 from executor.rotary import rotary_cos_sin_cache
 from kernels import reference
-from kernels.cpu_fused import rms_norm_cpu, rotary_cpu
+from kernels.cpu_fused import (reshape_and_cache_cpu, rms_norm_cpu, rotary_cpu,
+                               silu_and_mul_cpu)
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")
 
@@ -71,3 +72,57 @@ def test_bad_arguments_raise_clear_errors():
     q, k = torch.randn(2, 1, 8), torch.randn(2, 1, 8)
     with pytest.raises(RuntimeError, match="position 16 outside the rotary table"):
         rotary_cpu(torch.tensor([0, 16]), q, k, table)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,inner", [(1, 7), (32, 1408), (5, 33)])
+def test_silu_and_mul_matches_reference(dtype, rows, inner):
+    torch.manual_seed(inner)
+    gate_up = (torch.randn(rows, 2 * inner) * 6).to(dtype)
+    gate_up[0, :3] = torch.tensor([-100.0, 0.0, 90.0]).to(dtype)   # exp's far ends
+    got = silu_and_mul_cpu(gate_up)
+    assert got.shape == (rows, inner) and got.dtype == dtype
+    torch.testing.assert_close(got, reference.silu_and_mul_ref(gate_up), **TOLERANCE[dtype])
+
+
+def test_silu_and_mul_of_a_strided_view_takes_the_reference():
+    gate_up = torch.randn(4, 16)[:, ::2]   # last dim not contiguous: the operator refuses it
+    torch.testing.assert_close(silu_and_mul_cpu(gate_up), reference.silu_and_mul_ref(gate_up))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_cache_write_matches_reference_from_views_of_the_projection(dtype, slot_dtype):
+    torch.manual_seed(3)
+    tokens, heads, kv_heads, head_dim = 21, 8, 2, 32
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)
+    _, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    k, v = k.view(tokens, kv_heads, head_dim), v.view(tokens, kv_heads, head_dim)
+    slots = torch.randperm(6 * 16)[:tokens].to(slot_dtype)
+    slots[[2, 9]] = -1                                     # padding rows are skipped
+    want_k = torch.zeros(6, 16, kv_heads, head_dim, dtype=dtype)
+    want_v = torch.zeros_like(want_k)
+    got_k, got_v = want_k.clone(), want_v.clone()
+    reference.reshape_and_cache_ref(k, v, want_k, want_v, slots)
+    reshape_and_cache_cpu(k, v, got_k, got_v, slots)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    assert got_k.abs().sum() > 0
+
+
+def test_cache_write_in_another_dtype_takes_the_reference():
+    k, v = torch.randn(3, 1, 8), torch.randn(3, 1, 8)
+    want_k = torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16)
+    want_v, got_k, got_v = want_k.clone(), want_k.clone(), want_k.clone()
+    slots = torch.tensor([5, 0, 7])
+    reference.reshape_and_cache_ref(k, v, want_k, want_v, slots)
+    reshape_and_cache_cpu(k, v, got_k, got_v, slots)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+
+def test_cache_write_refuses_a_slot_outside_the_cache():
+    k, v = torch.randn(2, 1, 8), torch.randn(2, 1, 8)
+    cache = torch.zeros(2, 4, 1, 8)
+    with pytest.raises(RuntimeError, match="slot 8 outside the cache of 8 slots"):
+        reshape_and_cache_cpu(k, v, cache, cache.clone(), torch.tensor([1, 8]))
+    with pytest.raises(RuntimeError, match="out must be"):
+        torch.ops.folio.silu_and_mul(torch.empty(2, 3), torch.randn(2, 8))
