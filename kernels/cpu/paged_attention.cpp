@@ -6,7 +6,8 @@
 // Work item = (sequence, tile of up to kChunkTokens query tokens), every head: the item
 // streams each cache block once, all KV heads of a position being contiguous, and each K/V
 // row serves its whole GQA group. Online softmax per row in float32, over tiles of kKeyTile
-// context positions.
+// context positions. Prompt chunks transpose each key tile and take rows that see the same
+// columns kBlockRows at a time, sharing the loads, bit-identical to one row at a time.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -234,6 +235,89 @@ inline void transposed_scores(const float* q, const float* keys_t, float* scores
   }
 }
 
+// Rows that see the same columns of a tile (a token's GQA group; tokens that see a tile
+// whole) share each load of its keys and values, kBlockRows rows at a time. Every row keeps
+// the single-row functions' order of operations (the even/odd chains), so its result is
+// bit-identical whichever rows it was blocked with: chunking and batching cannot change it.
+constexpr int kBlockRows = 4;
+
+template <int kD>
+inline void transposed_scores_block(const float* const* qs, const float* keys_t, float* scores,
+                                    int64_t D) {
+  if constexpr (kD > 0) D = kD;
+  Vec even[kBlockRows][kTileVecs] = {}, odd[kBlockRows][kTileVecs] = {};
+  int64_t d = 0;
+  for (; d + 1 < D; d += 2) {
+    const float* k0 = keys_t + d * kKeyTile;
+    Vec k_even[kTileVecs], k_odd[kTileVecs];
+    for (int i = 0; i < kTileVecs; ++i) {
+      k_even[i] = load_vec(k0 + i * kLanes);
+      k_odd[i] = load_vec(k0 + kKeyTile + i * kLanes);
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < kBlockRows; ++b) {
+      const float q0 = qs[b][d], q1 = qs[b][d + 1];
+      for (int i = 0; i < kTileVecs; ++i) {
+        even[b][i] += q0 * k_even[i];
+        odd[b][i] += q1 * k_odd[i];
+      }
+    }
+  }
+  if (d < D) {
+    for (int b = 0; b < kBlockRows; ++b)
+      for (int i = 0; i < kTileVecs; ++i)
+        even[b][i] += qs[b][d] * load_vec(keys_t + d * kKeyTile + i * kLanes);
+  }
+  for (int b = 0; b < kBlockRows; ++b)
+    for (int i = 0; i < kTileVecs; ++i) {
+      const Vec sum = even[b][i] + odd[b][i];
+      std::memcpy(scores + b * kKeyTile + i * kLanes, &sum, sizeof sum);
+    }
+}
+
+// accumulate() for kBlockRows rows at once (kD > 0): acc[b][D] += sum_j p[b][j] * values[j][D],
+// two vectors of D at a time so that the rows' even/odd accumulators stay in registers.
+template <typename T, int kD>
+inline void accumulate_block(float* const* acc, const float* const* p, const T* const* values,
+                             int64_t offset, int64_t n) {
+  constexpr int kVecs = kD / kLanes;
+  constexpr int kStep = kVecs % 2 == 0 ? 2 : 1;
+  for (int c0 = 0; c0 < kVecs; c0 += kStep) {
+    Vec even[kBlockRows][kStep], odd[kBlockRows][kStep];
+    for (int b = 0; b < kBlockRows; ++b)
+      for (int c = 0; c < kStep; ++c) {
+        even[b][c] = load_vec(acc[b] + (c0 + c) * kLanes);
+        odd[b][c] = Vec{};
+      }
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2) {
+      const T* v0 = values[j] + offset + c0 * kLanes;
+      const T* v1 = values[j + 1] + offset + c0 * kLanes;
+      Vec x0[kStep], x1[kStep];
+      for (int c = 0; c < kStep; ++c) {
+        x0[c] = load_vec(v0 + c * kLanes);
+        x1[c] = load_vec(v1 + c * kLanes);
+      }
+#pragma GCC unroll 4
+      for (int b = 0; b < kBlockRows; ++b)
+        for (int c = 0; c < kStep; ++c) {
+          even[b][c] += p[b][j] * x0[c];
+          odd[b][c] += p[b][j + 1] * x1[c];
+        }
+    }
+    if (j < n) {
+      const T* v0 = values[j] + offset + c0 * kLanes;
+      for (int b = 0; b < kBlockRows; ++b)
+        for (int c = 0; c < kStep; ++c) even[b][c] += p[b][j] * load_vec(v0 + c * kLanes);
+    }
+    for (int b = 0; b < kBlockRows; ++b)
+      for (int c = 0; c < kStep; ++c) {
+        const Vec sum = even[b][c] + odd[b][c];
+        std::memcpy(acc[b] + (c0 + c) * kLanes, &sum, sizeof sum);
+      }
+  }
+}
+
 // Many rows per KV head (prompt chunks): transpose the key tile once, then each row's scores
 // are a broadcast-FMA over the tile's positions instead of one horizontal sum per key.
 constexpr int64_t kTransposeRows = 16;   // measured: dots win for decodes up to group 8
@@ -247,13 +331,14 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   const int64_t q_start = a.starts[item.seq];
   const int64_t first_pos = a.seq_lens[item.seq] - (a.starts[item.seq + 1] - q_start);
   const bool transpose = tokens * G >= kTransposeRows;
-  buffer.assign(rows * (2 * D + 2) + kKeyTile * (transpose ? D + 1 : 1), 0.0f);
+  buffer.assign(rows * (2 * D + 2) + kKeyTile * (transpose ? D + kBlockRows : 1), 0.0f);
   float* q = buffer.data();              // [rows, D], pre-scaled; row r = token * H + head
   float* acc = q + rows * D;             // [rows, D]
   float* row_max = acc + rows * D;       // [rows]
   float* row_sum = row_max + rows;       // [rows]
-  float* scores = row_sum + rows;        // [kKeyTile], then the tile's probabilities
-  float* keys_t = scores + kKeyTile;     // [D, kKeyTile] when transposing
+  float* scores = row_sum + rows;        // [kKeyTile] (transposing: [kBlockRows, kKeyTile]),
+                                         // then the tile's probabilities
+  float* keys_t = scores + kKeyTile * (transpose ? kBlockRows : 1);   // [D, kKeyTile]
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < H; ++h) {
       const T* src = query.row(q_start + item.q_begin + t, h);
@@ -297,12 +382,83 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
           for (int64_t d = 0; d < D; ++d) keys_t[d * kKeyTile + j] = load(k[d]);
         }
       }
-      for (int64_t t = 0; t < tokens; ++t) {
-        // Causal: token t of the item sits at position first_pos + q_begin + t; it sees
-        // tile columns [lo, hi).
+      // A row's scores [lo, hi) -> probabilities, rescaling its running sum and accumulator.
+      auto softmax_row = [&](int64_t r, float* row_scores, int64_t lo, int64_t hi) {
+        if (a.softcap > 0.0f) {
+          const float inv_cap = 1.0f / a.softcap;
+          for (int64_t j = lo; j < hi; ++j)
+            row_scores[j] = a.softcap * std::tanh(row_scores[j] * inv_cap);
+        }
+        const float old_max = row_max[r];
+        const float sum = softmax_tile(row_scores + lo, hi - lo, row_max[r]);
+        const float correction = exp_nonpositive(old_max - row_max[r]);
+        row_sum[r] = row_sum[r] * correction + sum;
+        float* ar = acc + r * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) ar[d] *= correction;
+      };
+      // Causal: token t of the item sits at position first_pos + q_begin + t; it sees tile
+      // columns [lo, hi).
+      auto visible_columns = [&](int64_t t, int64_t& lo, int64_t& hi) {
         const int64_t position = first_pos + item.q_begin + t;
-        const int64_t hi = std::min<int64_t>(n, position + 1 - p0);
-        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, position + 1 - a.window - p0) : 0;
+        hi = std::min<int64_t>(n, position + 1 - p0);
+        lo = a.window > 0 ? std::max<int64_t>(0, position + 1 - a.window - p0) : 0;
+      };
+      int64_t first_single = 0;   // tokens before it went through in blocks
+      if constexpr (kD > 0) {
+        if (transpose) {
+          // Rows in token order (r = t * H + kv * G + g); a block is kBlockRows of them with
+          // one [lo, hi). Tokens from the first one a block cannot take go row by row below.
+          int64_t t = 0, g = 0;
+          int64_t rows_left = tokens * G;
+          while (rows_left >= kBlockRows) {
+            int64_t block_r[kBlockRows];
+            int64_t lo = 0, hi = 0, lo_b = 0, hi_b = 0;
+            visible_columns(t, lo, hi);
+            bool same = hi > lo;
+            int64_t tt = t, gg = g;
+            for (int b = 0; b < kBlockRows && same; ++b) {
+              visible_columns(tt, lo_b, hi_b);
+              same = lo_b == lo && hi_b == hi;
+              block_r[b] = tt * H + kv * G + gg;
+              if (++gg == G) { gg = 0; ++tt; }
+            }
+            if (!same) break;
+            const float* qs[kBlockRows];
+            float* row_scores[kBlockRows];
+            float* accs[kBlockRows];
+            for (int b = 0; b < kBlockRows; ++b) {
+              qs[b] = q + block_r[b] * D;
+              row_scores[b] = scores + b * kKeyTile;
+              accs[b] = acc + block_r[b] * D;
+            }
+            transposed_scores_block<kD>(qs, keys_t, scores, D);
+            const float* probs[kBlockRows];
+            for (int b = 0; b < kBlockRows; ++b) {
+              softmax_row(block_r[b], row_scores[b], lo, hi);
+              probs[b] = row_scores[b] + lo;
+            }
+            accumulate_block<T, kD>(accs, probs, values + lo, head_offset, hi - lo);
+            t = tt;
+            g = gg;
+            rows_left -= kBlockRows;
+          }
+          // A block may end inside a token's group: finish that token's rows here.
+          for (; g > 0 && g < G; ++g) {
+            int64_t lo = 0, hi = 0;
+            visible_columns(t, lo, hi);
+            if (hi <= lo) continue;
+            const int64_t r = t * H + kv * G + g;
+            transposed_scores<kD>(q + r * D, keys_t, scores, D);
+            softmax_row(r, scores, lo, hi);
+            accumulate<T, kD>(acc + r * D, scores + lo, values + lo, head_offset, hi - lo, D);
+          }
+          first_single = g == 0 ? t : t + 1;
+        }
+      }
+      for (int64_t t = first_single; t < tokens; ++t) {
+        int64_t lo = 0, hi = 0;
+        visible_columns(t, lo, hi);
         if (hi <= lo) continue;
         const int64_t visible = hi - lo;
         for (int64_t g = 0; g < G; ++g) {
@@ -323,18 +479,8 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
             }
             for (; j < hi; ++j) scores[j] = dot<T, kD>(qr, keys[j] + head_offset, D);
           }
-          if (a.softcap > 0.0f) {
-            const float inv_cap = 1.0f / a.softcap;
-            for (int64_t j = lo; j < hi; ++j) scores[j] = a.softcap * std::tanh(scores[j] * inv_cap);
-          }
-          const float old_max = row_max[r];
-          const float sum = softmax_tile(scores + lo, visible, row_max[r]);
-          const float correction = exp_nonpositive(old_max - row_max[r]);
-          row_sum[r] = row_sum[r] * correction + sum;
-          float* ar = acc + r * D;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ar[d] *= correction;
-          accumulate<T, kD>(ar, scores + lo, values + lo, head_offset, visible, D);
+          softmax_row(r, scores, lo, hi);
+          accumulate<T, kD>(acc + r * D, scores + lo, values + lo, head_offset, visible, D);
         }
       }
     }
