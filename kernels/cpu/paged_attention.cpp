@@ -358,15 +358,18 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   };
   const T* keys[kKeyTile];
   const T* values[kKeyTile];
-  for (int64_t p0 = first_key; p0 < context; p0 += kKeyTile) {
-    const int64_t n = std::min<int64_t>(kKeyTile, context - p0);
+  // Tiles end at multiples of kKeyTile whatever first_key is (a window's first tile is
+  // partial): a row's tiles, and so its rounding, do not depend on where its item starts.
+  for (int64_t p0 = first_key, next = 0; p0 < context; p0 = next) {
+    next = (p0 / kKeyTile + 1) * kKeyTile;
+    const int64_t n = std::min(next, context) - p0;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t offset = position_offset(p0 + j);
       keys[j] = key_cache + offset;
       values[j] = value_cache + offset;
     }
     // Blocks are scattered, so the hardware prefetcher cannot guess the next tile.
-    for (int64_t p = p0 + kKeyTile; p < std::min(context, p0 + 2 * kKeyTile); ++p) {
+    for (int64_t p = next; p < std::min(context, next + kKeyTile); ++p) {
       const char* k = reinterpret_cast<const char*>(key_cache + position_offset(p));
       const char* v = reinterpret_cast<const char*>(value_cache + position_offset(p));
       for (int64_t b = 0; b < position_bytes; b += 64) {

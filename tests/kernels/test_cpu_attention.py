@@ -267,3 +267,34 @@ def test_cpu_backend_matches_transformers(fixture, request):
                                      for n in max_tokens])
     assert [r.outputs[0].token_ids for r in results] == hf_greedy(model_dir, prompts,
                                                                   max_tokens, CPU)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dtype", [(8, 4, torch.float32), (8, 2, torch.float32),
+                                                  (6, 6, torch.float32), (8, 2, torch.bfloat16)])
+@pytest.mark.parametrize("window", [None, 90])
+def test_a_prompt_is_bit_identical_however_it_is_chunked_or_batched(heads, kv_heads, dtype,
+                                                                    window):
+    """Prompt rows go through in blocks of 4 that depend on where a chunk starts (here an odd
+    offset, so a block holds other rows); each row's arithmetic must not. (Items too small to
+    transpose, under 16 rows per KV head, take the dot path, which sums in another order:
+    both splits here keep every item above that.)"""
+    torch.manual_seed(heads * kv_heads)
+    head_dim, block_size, length, split = 64, 16, 320, 111
+    key_cache = torch.randn(64, block_size, kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn(64, block_size, kv_heads, head_dim).to(dtype)
+    table = torch.randperm(64)[:20].to(torch.int32)
+    query = torch.randn(length, heads, head_dim).to(dtype)
+    scale = head_dim ** -0.5
+
+    def run(q, tables, lens, starts):
+        return cpu_attention.paged_attention_cpu(
+            q, key_cache, value_cache, torch.stack(tables), torch.tensor(lens, dtype=torch.int32),
+            torch.tensor(starts, dtype=torch.int32), scale, window=window)
+
+    whole = run(query, [table], [length], [0, length])
+    second_chunk = run(query[split:], [table], [length], [0, length - split])
+    other = torch.randperm(64)[:20].to(torch.int32)   # a decode batched before the chunk
+    batched = run(torch.cat([torch.randn(1, heads, head_dim).to(dtype), query[split:]]),
+                  [other, table], [40, length], [0, 1, 1 + length - split])
+    assert torch.equal(second_chunk, whole[split:])
+    assert torch.equal(batched[1:], whole[split:])
