@@ -169,15 +169,10 @@ void rotary(Tensor positions, Tensor query, Tensor key, Tensor cos_sin) {
 }
 
 // silu(g) = g / (1 + exp(-g)), written with exp of -|g| so that the exp never overflows.
-template <typename V>
+template <typename V>   // a float or a Vec
 inline V silu(V g) {
-  if constexpr (std::is_same_v<V, float>) {
-    const float e = exp_nonpositive(-std::fabs(g));
-    return g >= 0.f ? g / (1.f + e) : g * e / (1.f + e);
-  } else {
-    const V e = exp_nonpositive(g < 0.f ? g : -g);
-    return g >= 0.f ? g / (1.f + e) : g * e / (1.f + e);
-  }
+  const V e = exp_nonpositive(g < 0.f ? g : -g);
+  return g >= 0.f ? g / (1.f + e) : g * e / (1.f + e);
 }
 
 inline void store(float* p, float x) { *p = x; }

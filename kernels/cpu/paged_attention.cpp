@@ -407,7 +407,8 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
         hi = std::min<int64_t>(n, position + 1 - p0);
         lo = a.window > 0 ? std::max<int64_t>(0, position + 1 - a.window - p0) : 0;
       };
-      int64_t first_single = 0;   // tokens before it went through in blocks
+      // Rows before (first_single, first_group) went through in blocks.
+      int64_t first_single = 0, first_group = 0;
       if constexpr (kD > 0) {
         if (transpose) {
           // Rows in token order (r = t * H + kv * G + g); a block is kBlockRows of them with
@@ -446,17 +447,8 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
             g = gg;
             rows_left -= kBlockRows;
           }
-          // A block may end inside a token's group: finish that token's rows here.
-          for (; g > 0 && g < G; ++g) {
-            int64_t lo = 0, hi = 0;
-            visible_columns(t, lo, hi);
-            if (hi <= lo) continue;
-            const int64_t r = t * H + kv * G + g;
-            transposed_scores<kD>(q + r * D, keys_t, scores, D);
-            softmax_row(r, scores, lo, hi);
-            accumulate<T, kD>(acc + r * D, scores + lo, values + lo, head_offset, hi - lo, D);
-          }
-          first_single = g == 0 ? t : t + 1;
+          first_single = t;   // a block may have ended inside this token's group
+          first_group = g;
         }
       }
       for (int64_t t = first_single; t < tokens; ++t) {
@@ -464,7 +456,7 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
         visible_columns(t, lo, hi);
         if (hi <= lo) continue;
         const int64_t visible = hi - lo;
-        for (int64_t g = 0; g < G; ++g) {
+        for (int64_t g = t == first_single ? first_group : 0; g < G; ++g) {
           const int64_t r = t * H + kv * G + g;
           const float* qr = q + r * D;
           if (transpose) {
