@@ -26,9 +26,12 @@ def decode_ms(engine, batch: int, prompt_len: int, steps: int, vocab: int, tag: 
 
     rng = random.Random(batch)
     ids = [f"{tag}-{i}" for i in range(batch)]
+    # The first prompts decode while the last are still prefilled: room for those steps too.
+    prefill_steps = -(-batch * prompt_len // engine.scheduler.config.max_num_batched_tokens)
+    params = SamplingParams(temperature=0, max_tokens=steps + prefill_steps + 8, ignore_eos=True)
     for request_id in ids:
         engine.add_request(request_id, [rng.randrange(1, vocab) for _ in range(prompt_len)],
-                           SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True))
+                           params)
     times: list[float] = []
     while len(times) < steps:
         plan = engine.scheduler.schedule()
@@ -38,6 +41,10 @@ def decode_ms(engine, batch: int, prompt_len: int, steps: int, vocab: int, tag: 
         engine.scheduler.update(plan, result)
         if not plan.new_requests and len(plan.running_handles) == batch:
             times.append(elapsed)
+        elif not plan.new_requests and not plan.running_handles:   # all ended: never loop
+            raise SystemExit(f"batch {batch}: the requests ended after {len(times)} of the "
+                             f"{steps} decode steps with all of them running (does the KV "
+                             "cache hold batch x prompt length?)")
     for request_id in ids:
         engine.abort_request(request_id)
     return statistics.median(times) * 1e3
