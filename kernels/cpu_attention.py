@@ -99,10 +99,10 @@ def load() -> LoadStatus:
                 return LoadStatus(False, f"loading {path} failed: {exc}")
             return LoadStatus(True, str(path))
     stale = sorted(str(path.parent.name) for path in build_dir().glob("folio_cpu_ops_*/*.so"))
-    if stale:   # kernels/cpu/ or torch changed since setup: say so, it is easy to miss
+    if stale:   # kernels/cpu/, torch or the CPU changed since setup: easy to miss, say so
         return LoadStatus(False, f"the build in {build_dir()} ({', '.join(stale)}) is of an "
-                                 f"older source or another torch; rebuild it: scripts/setup.sh "
-                                 f"or python -m kernels.cpu_attention --build")
+                                 f"older source, another torch or another CPU; rebuild it: "
+                                 f"scripts/setup.sh or python -m kernels.cpu_attention --build")
     return LoadStatus(False, f"no build for this source and torch {torch.__version__} in "
                              f"{build_dir()} (build it: python -m kernels.cpu_attention --build)")
 
