@@ -20,7 +20,6 @@ from executor.ops import select_ops
 from executor.sampler import Sampler, score_tokens
 from executor.thread_governor import ThreadGovernor
 from shared.config import EngineConfig, ExecutorCapacity
-from shared.cpus import usable_cores
 from shared.step import StepPlan, StepResult
 
 log = logging.getLogger("folio.executor")
@@ -75,7 +74,7 @@ class Executor:
         self.cpu_threads = apply_cpu_threads(config.cpu_threads) if self.device.type == "cpu" \
             else None
         # A thread count nobody fixed follows the cores the machine gives (thread_governor).
-        self.threads = (ThreadGovernor(self.cpu_threads, usable_cores(), torch.set_num_threads)
+        self.threads = (ThreadGovernor(self.cpu_threads, torch.set_num_threads)
                         if self.cpu_threads and config.cpu_threads is None and tp is None
                         else None)
         self.ops = select_ops(config.attention_backend, self.device)

@@ -3,30 +3,38 @@
 One OpenMP thread per core is fastest while those cores are free. When another busy process
 shares one of them, every barrier of every step waits for the thread that lost its core:
 two threads then run 2-4x slower than one (docs/benchmarks.md, "CPU placement"). So when
-`--cpu-threads` is not given, the executor looks once per window, between steps:
+`--cpu-threads` is not given, the executor looks once per window, between steps, at how long
+its compute threads (those runnable for most of the window: the OpenMP team, which spins
+between parallel regions) were runnable but waiting for a core (the kernel's run delay,
+executor/cpu_threads.py). Its other threads (sockets, heartbeats) sleep most of the time and
+are not counted. With `wait` the largest such share of a window:
 
-- how long its compute threads (those runnable for most of the window: the OpenMP team,
-  which spins between parallel regions) were runnable but waiting for a core (the kernel's run
-  delay, /proc/self/task/*/schedstat): when the one that waited longest waited more than
-  `drop_wait` of the window, it runs one thread fewer (the rest of the team waits for
-  that one at every barrier). Its other threads (sockets, heartbeats) sleep most of the
-  time and are not counted;
-- how idle the cores it may use were (/proc/stat): with at least `raise_idle` of a core
-  idle, it runs one thread more, but not within `hold_s` of the last drop. A raise that is
-  dropped again at once doubles that hold (up to `max_hold_s`), so a busy neighbour that
-  comes and goes costs a window now and then, not every other window.
+- drop: `wait` over `drop_wait` in `drop_windows` windows in a row runs one thread fewer. One
+  window is not enough: the frontend's and a client's bursts (tokenizing a batch of prompts)
+  push a single window over it on a quiet machine.
+- probe: at fewer threads than the maximum, it runs one window with one thread more and
+  judges that window alone: `wait` at most `drop_wait` keeps the thread, more goes back down.
+  Only the threads' own wait at the higher count tells whether that count pays; how idle the
+  cores look at the lower count does not (the frontend, scheduler and a benchmark client
+  keep part of the second core busy, which an idle-core rule read as a neighbour forever).
+  The first probe comes `probe_first_s` after a drop; each failed one doubles the interval
+  up to `probe_max_s`, so a neighbour that stays costs one slow window in that many seconds
+  and one that left costs at most that many seconds.
 
+The rules are pure functions over readings (`worst_wait_share`, `decide`); `ThreadGovernor`
+reads /proc, applies the count and logs each decided change as `CPU threads 2 -> 1: ...`.
 Linux only; elsewhere (no /proc) the count stays as set.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import math
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Callable
+
+from executor.cpu_threads import ThreadTimes, read_thread_times
 
 log = logging.getLogger("folio.executor")
 
@@ -34,122 +42,123 @@ log = logging.getLogger("folio.executor")
 @dataclass(frozen=True)
 class GovernorSettings:
     window_s: float = 1.0      # how often the readings are compared
-    drop_wait: float = 0.25    # share of a thread's window spent waiting for a core
-    raise_idle: float = 0.6    # idle cores (summed idle shares) that let a thread be added
-    hold_s: float = 4.0        # no raise this soon after a drop
-    max_hold_s: float = 64.0
+    drop_wait: float = 0.25    # share of a window a compute thread spent waiting for a core
+    drop_windows: int = 2      # windows over drop_wait in a row before a thread goes
+    probe_first_s: float = 2.0   # the first probe at one thread more, this long after a drop
+    probe_max_s: float = 8.0     # failed probes double the interval up to this
 
 
 @dataclass(frozen=True)
-class Reading:
-    at_s: float         # monotonic clock
-    tasks: dict[int, tuple[float, float]]   # thread id -> (CPU s, run delay s) so far
-    idle_s: float       # idle time summed over the cores it may use
-    total_s: float      # elapsed time summed over those cores (same clock as idle_s)
+class GovernorState:
+    threads: int               # the count for the next window
+    probe_interval_s: float
+    next_probe_s: float = math.inf   # monotonic time of the next probe
+    probing: bool = False      # the next window runs one thread more than the decided count
+    strikes: int = 0           # windows over drop_wait in a row
+
+    @staticmethod
+    def start(threads: int, settings: GovernorSettings) -> GovernorState:
+        return GovernorState(threads, settings.probe_first_s)
 
 
-def worst_wait_share(last: Reading, now: Reading, busy_share: float = 0.5) -> float:
+# What a decision did, for the log: a drop, a probe begun, a probe kept or failed, or None.
+DROP, PROBE, KEPT, FAILED = "drop", "probe", "kept", "failed"
+
+
+def worst_wait_share(last: ThreadTimes, now: ThreadTimes, busy_share: float = 0.5) -> float:
     """The largest share of the window that a thread runnable (running or waiting for a
     core) for at least `busy_share` of it spent waiting."""
     elapsed = now.at_s - last.at_s
+    if elapsed <= 0:
+        return 0.0
     worst = 0.0
     for tid, (cpu_s, wait_s) in now.tasks.items():
         before = last.tasks.get(tid)
         if before is None:
-            continue
+            continue   # a thread born in the window (a new OpenMP worker): no baseline
         if (cpu_s - before[0]) + (wait_s - before[1]) >= busy_share * elapsed:
             worst = max(worst, (wait_s - before[1]) / elapsed)
     return worst
 
 
-def decide(threads: int, max_threads: int, wait_share: float, idle_cores: float,
-           since_drop_s: float, hold_s: float, settings: GovernorSettings) -> int:
-    """The thread count for the next window."""
-    if threads > 1 and wait_share > settings.drop_wait:
-        return threads - 1
-    if threads < max_threads and idle_cores >= settings.raise_idle and since_drop_s >= hold_s:
-        return threads + 1
-    return threads
-
-
-def read_proc(cores: list[int]) -> Reading | None:
-    """This process's threads' CPU time and run delay, and its cores' idle time, or None
-    without /proc."""
-    try:
-        tasks = {}
-        for task in Path("/proc/self/task").iterdir():
-            try:
-                cpu_ns, wait_ns = (task / "schedstat").read_text().split()[:2]
-                tasks[int(task.name)] = (int(cpu_ns) / 1e9, int(wait_ns) / 1e9)
-            except (OSError, ValueError):
-                continue   # a thread that just ended
-        wanted = {f"cpu{c}" for c in cores}
-        idle = total = 0
-        for line in Path("/proc/stat").read_text().splitlines():
-            name, _, rest = line.partition(" ")
-            if name in wanted:
-                values = [int(v) for v in rest.split()[:8]]
-                idle += values[3] + values[4]   # idle + iowait
-                total += sum(values)
-    except (OSError, ValueError):
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    return Reading(time.monotonic(), tasks, idle / tick, total / tick)
+def decide(state: GovernorState, wait: float, now_s: float, max_threads: int,
+           settings: GovernorSettings) -> tuple[GovernorState, str | None]:
+    """The state for the next window, given the last window's worst wait share, and what
+    changed (DROP, PROBE, KEPT, FAILED or None)."""
+    crowded = wait > settings.drop_wait
+    if state.probing:   # the last window ran state.threads: judge it alone
+        if crowded:
+            interval = min(state.probe_interval_s * 2, settings.probe_max_s)
+            return GovernorState(state.threads - 1, interval, now_s + interval), FAILED
+        interval = settings.probe_first_s
+        next_probe = now_s + interval if state.threads < max_threads else math.inf
+        return GovernorState(state.threads, interval, next_probe), KEPT
+    strikes = state.strikes + 1 if crowded else 0
+    if state.threads > 1 and strikes >= settings.drop_windows:
+        return GovernorState(state.threads - 1, state.probe_interval_s,
+                             now_s + state.probe_interval_s), DROP
+    if state.threads < max_threads and now_s >= state.next_probe_s:
+        return replace(state, threads=state.threads + 1, probing=True, strikes=0), PROBE
+    return replace(state, strikes=strikes), None
 
 
 class ThreadGovernor:
     """Call `after_step()` after each step; it applies a new count through `set_threads`
     when one is due and returns it (else None)."""
 
-    def __init__(self, max_threads: int, cores: list[int], set_threads: Callable[[int], None],
+    def __init__(self, max_threads: int, set_threads: Callable[[int], None],
                  settings: GovernorSettings = GovernorSettings(),
-                 read: Callable[[list[int]], Reading | None] = read_proc) -> None:
+                 read: Callable[[], ThreadTimes | None] = read_thread_times,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_threads = max_threads
-        self.threads = max_threads
         self.settings = settings
-        self._cores = cores
+        self.state = GovernorState.start(max_threads, settings)
         self._set = set_threads
         self._read = read
-        self._last = read(cores)
-        self._hold_s = settings.hold_s
-        self._last_drop_s = float("-inf")
-        self._last_raise_s = float("-inf")
+        self._clock = clock
+        self._last = read()
+
+    @property
+    def threads(self) -> int:
+        """The count running now (during a probe window, the one probed)."""
+        return self.state.threads
 
     @property
     def active(self) -> bool:
         return self._last is not None and self.max_threads > 1
 
     def after_step(self) -> int | None:
-        if not self.active:
+        if not self.active or self._clock() - self._last.at_s < self.settings.window_s:
             return None
-        last = self._last
-        now = time.monotonic()
-        if now - last.at_s < self.settings.window_s:
-            return None
-        reading = self._read(self._cores)
+        reading = self._read()
         if reading is None:
             return None
-        self._last = reading
+        last, self._last = self._last, reading
+        wait = worst_wait_share(last, reading)
         elapsed = reading.at_s - last.at_s
-        wait_share = worst_wait_share(last, reading)
-        core_span = reading.total_s - last.total_s
-        idle_cores = 0.0 if core_span <= 0 else (
-            (reading.idle_s - last.idle_s) / core_span * len(self._cores))
-        threads = decide(self.threads, self.max_threads, wait_share, idle_cores,
-                         now - self._last_drop_s, self._hold_s, self.settings)
-        if threads == self.threads:
+        before = self.state
+        self.state, event = decide(before, wait, reading.at_s, self.max_threads, self.settings)
+        log.debug("CPU threads %d: worst wait %.0f%% of %.1f s", before.threads, wait * 100,
+                  elapsed)
+        self._log(event, before, wait, elapsed)
+        if self.state.threads == before.threads:
             return None
-        if threads < self.threads:
-            # Dropped right after a raise: the neighbour is still there; wait longer.
-            quick = now - self._last_raise_s <= 2 * self.settings.window_s + elapsed
-            self._hold_s = (min(self._hold_s * 2, self.settings.max_hold_s) if quick
-                            else self.settings.hold_s)
-            self._last_drop_s = now
-            why = f"its threads waited {wait_share:.0%} of the last {elapsed:.1f} s for a core"
-        else:
-            self._last_raise_s = now
-            why = f"{idle_cores:.1f} of its cores were idle over the last {elapsed:.1f} s"
-        log.info("CPU threads %d -> %d: %s", self.threads, threads, why)
-        self.threads = threads
-        self._set(threads)
-        return threads
+        self._set(self.state.threads)
+        return self.state.threads
+
+    def _log(self, event: str | None, before: GovernorState, wait: float,
+             elapsed: float) -> None:
+        new = self.state.threads
+        waited = f"its threads waited {wait:.0%} of the last {elapsed:.1f} s for a core"
+        if event == DROP:
+            log.info("CPU threads %d -> %d: %s (over %.0f%% for %d windows in a row); "
+                     "a window at %d in %.0f s", before.threads, new, waited,
+                     self.settings.drop_wait * 100, self.settings.drop_windows,
+                     before.threads, self.state.next_probe_s - self._last.at_s)
+        elif event == KEPT:   # the decided count rises only now: one line per real change
+            log.info("CPU threads %d -> %d: %s at %d", new - 1, new, waited, new)
+        elif event == PROBE:
+            log.debug("CPU threads: a window at %d to probe", new)
+        elif event == FAILED:
+            log.debug("CPU threads back to %d: %s at %d; next probe in %.0f s", new, waited,
+                      before.threads, self.state.probe_interval_s)
