@@ -24,10 +24,12 @@ from uvicorn.importer import import_from_string
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from frontend.engine_client import EngineClient
-from frontend.http_limits import (HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, ConnectionGate,
-                                  allowed_hosts, connection_cap, gated, host_name)
+from frontend.http_limits import (IDLE_TIMEOUT_S, MAX_HEAD_BYTES, REQUEST_TIMEOUT_S,
+                                  ConnectionGate, allowed_hosts, connection_cap, gated,
+                                  host_name)
 from frontend.metrics import Metrics
 from frontend.openai_api import create_chat_completion, create_completion
 from frontend.openai_protocol import ApiError, invalid, served_names
@@ -62,6 +64,12 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
         return JSONResponse(envelope.body(), status_code=error.status_code,
                             headers=getattr(error, "headers", None))
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_: Request, __: ClientDisconnect) -> Response:
+        # The client closed (or was closed: the request deadline) before its body was
+        # whole: nobody reads an answer, and it is no server error worth a traceback.
+        return Response(status_code=499)
+
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
         headers = {"Retry-After": RETRY_AFTER_S} if error.status == 503 else None
@@ -93,7 +101,7 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
 
     async def answer(handler, body: dict[str, Any]):
         job, result = await handler(engine, body, model_name)
-        if isinstance(result, dict):
+        if isinstance(result, (dict, Response)):   # a Response: a body built in pieces
             return job, result, None
         try:   # the first chunk waits for the engine's first answer, which may be a refusal
             return job, result, await result.__anext__()
@@ -113,7 +121,7 @@ def create_app(engine: EngineClient, model_name: str | list[str], api_key: str |
         watcher.cancel()
         job, result, first = work.result()
         if first is None:
-            return JSONResponse(result)
+            return result if isinstance(result, Response) else JSONResponse(result)
         return StreamingResponse(_guarded(job, result, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -250,6 +258,11 @@ class AccessGate:
         await self.app(scope, receive, send)
 
     def refusal(self, scope) -> JSONResponse | None:
+        if sum(name == b"host" for name, _ in scope["headers"]) > 1:
+            # Proxies and this server could each read a different one (RFC 9112 §3.2: 400).
+            error = ApiError(400, "the request has more than one Host header",
+                             code="duplicate_host_header")
+            return JSONResponse(error.body(), status_code=400)
         headers = dict(reversed(scope["headers"]))   # the first of repeated headers
         host = headers.get(b"host", b"").decode("latin-1")
         if self.hosts is not None and host_name(host) not in self.hosts:
@@ -292,11 +305,14 @@ class _Server(uvicorn.Server):
 
 
 def http_config(app, host: str, port: int, gate: ConnectionGate,
-                header_timeout_s: float = HEADER_TIMEOUT_S,
-                idle_timeout_s: float = IDLE_TIMEOUT_S) -> uvicorn.Config:
-    """uvicorn's settings for the API: the connection gate, the request-head timeout and
-    the keep-alive idle timeout (frontend/http_limits.py)."""
-    protocol = gated(import_from_string(HTTP_PROTOCOLS["auto"]), gate, header_timeout_s)
+                request_timeout_s: float = REQUEST_TIMEOUT_S,
+                idle_timeout_s: float = IDLE_TIMEOUT_S,
+                max_head_bytes: int = MAX_HEAD_BYTES) -> uvicorn.Config:
+    """uvicorn's settings for the API: the connection gate, the whole-request deadline, the
+    head size limit and the keep-alive idle timeout (frontend/http_limits.py). The httptools
+    protocol, always: the limits hook its parser's callbacks."""
+    protocol = gated(import_from_string(HTTP_PROTOCOLS["httptools"]), gate, request_timeout_s,
+                     max_head_bytes)
     return uvicorn.Config(app, host=host, port=port, http=protocol, log_level="warning",
                           access_log=False, lifespan="off", timeout_keep_alive=idle_timeout_s,
                           timeout_graceful_shutdown=5)
