@@ -1,11 +1,12 @@
 """Settings checked before any process starts (or any weight is read): the model directory
 (config.json, architecture, safetensors headers) and the scheduler's constraints that need
-the checkpoint's context limit. Each problem is a SettingError naming the setting."""
+the checkpoint's context limit, and the TCP ports to bind. Each problem is a SettingError naming the setting."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import struct
 from pathlib import Path
 
@@ -112,3 +113,30 @@ def _check_safetensors(model: str, file: Path) -> None:
     if 8 + length + end > size:
         raise SettingError("model", f"{problem} (truncated: {size} bytes, tensors need "
                            f"{8 + length + end})")
+
+
+def check_ports_free(host: str, port: int | None, zmq_address: str | None) -> None:
+    """The TCP ports `folio serve` will bind are free now: one taken is refused in one line
+    before any process starts, not a server's traceback after the other roles started."""
+    if port:
+        _check_free("port", host, port)
+    if zmq_address and zmq_address.startswith("tcp://"):
+        zmq_host, _, zmq_port = zmq_address.removeprefix("tcp://").rpartition(":")
+        if zmq_port.isdigit() and int(zmq_port):
+            _check_free("zmq_address", zmq_host.strip("[]"), int(zmq_port))
+
+
+def _check_free(setting: str, host: str, port: int) -> None:
+    try:
+        infos = socket.getaddrinfo(None if host in ("*", "") else host, port,
+                                   type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise SettingError(setting, f"cannot resolve {host!r}: {error.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn and libzmq
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise SettingError(setting, f"cannot bind {host}:{port}: {error.strerror} "
+                               "(another server holds it? choose another port)") from None

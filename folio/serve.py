@@ -24,7 +24,7 @@ from pathlib import Path
 from folio.cli import (api_key, check_bind, check_http, check_links, config_flags,
                        config_values, engine_config, engine_flags, resolve_model,
                        scheduler_args_of_serve)
-from folio.preflight import check_engine
+from folio.preflight import check_engine, check_ports_free
 from folio.placement import executor_runs_on_cpu, pin, plan_placement
 from shared.cpus import usable_cores
 from frontend.openai_protocol import served_names
@@ -60,6 +60,7 @@ class Supervisor:
             check_bind(zmq_address=args.zmq_address)
             check_links(bool(args.curve_keys), args.insecure_transport,
                         zmq_address=args.zmq_address)
+        check_ports_free(args.host, args.port, args.zmq_address)
         self.replicas = getattr(args, "data_parallel_size", 1)
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
                 or self.replicas < 1:

@@ -373,6 +373,7 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
             raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
     params = sampling_params(body, "max_completion_tokens",
                              (top or 0) if want_logprobs else None)
+    _check_tool_choice(body.get("tool_choice"))
     tools = tool_plan(body, tool_parser)
     structured = structured_spec(body)
     if tools.spec is not None and structured is not None:
@@ -411,6 +412,15 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
                         "stop_reason": s.stop_reason})
     return job, {"id": request_id, "object": "chat.completion", "created": created,
                  "model": model, "choices": choices, "usage": _usage([result])}
+
+
+def _check_tool_choice(choice: Any) -> None:
+    """The named form's name is a string before tool_plan looks it up (a list there is
+    unhashable: a TypeError, not the 400 it deserves)."""
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict) \
+            and not isinstance(choice["function"].get("name"), str):
+        raise invalid("tool_choice.function.name must be a string (a function in tools)",
+                      "tool_choice")
 
 
 def _finish_reason(tools: ToolPlan, calls: list, finish: str | None) -> str | None:
