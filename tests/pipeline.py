@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -9,9 +10,44 @@ import sys
 import time
 from pathlib import Path
 
-from folio.client import Client
+from folio.client import AsyncClient, Client, Delta, _prompt_fields
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+async def start_streams(client: AsyncClient, prompt, params, count: int = 1,
+                        request_ids: list[str] | None = None,
+                        timeout: float = 60.0) -> list[asyncio.Task]:
+    """`count` SDK calls of `prompt`, each read to its end by a task of its own (the final
+    Completion, or what the SDK raises), returned once every one has streamed a token: each
+    surely runs then. A test that needs work in flight starts it so (with a `max_tokens`
+    that outlasts the next step of the test on a far faster engine), never with a sleep."""
+    started = [asyncio.Event() for _ in range(count)]
+
+    async def read(event: asyncio.Event, request_id: str | None):
+        final = None
+        async for item in client._run(_prompt_fields(prompt), params, request_id, None, True):
+            if isinstance(item, Delta) and item.token_ids:
+                event.set()
+            final = item
+        return final
+
+    ids = request_ids or [None] * count
+    tasks = [asyncio.create_task(read(event, ids[i])) for i, event in enumerate(started)]
+    deadline = asyncio.get_running_loop().time() + timeout
+    try:
+        while not all(event.is_set() for event in started):
+            ended = [task for task in tasks if task.done()]
+            assert not ended, f"a request ended before it streamed a token: {ended[0]!r}"
+            assert asyncio.get_running_loop().time() < deadline, \
+                f"no token within {timeout:g} s"
+            await asyncio.sleep(0.01)   # the events latch: this look cannot miss one
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return tasks
 
 
 def spawn_role(args: list[str], log: Path) -> subprocess.Popen:
@@ -72,6 +108,17 @@ class Pipeline:
             ["executor", "--model", str(self.model_dir), "--scheduler-address",
              self.executor_address, "--dtype", "float32", *self.engine_args],
             self.run_dir / "executor.log")
+
+    def restore_executor(self) -> None:
+        """What a test that kills or stops a shared fixture's executor runs in its `finally`:
+        continue it, or start a new one if it is gone; then wait until every frontend is
+        ready, so the tests after it find the pipeline serving."""
+        executor = self.procs["executor"]
+        if executor.poll() is None:
+            os.kill(executor.pid, signal.SIGCONT)
+        else:
+            self.start_executor()
+        self.wait_ready()
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
