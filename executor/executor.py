@@ -152,11 +152,19 @@ class Executor:
             masks = pending_masks.result() if pending_masks is not None else None
             if inputs.sampled:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
-                tokens, logprobs = self.sampler(logits, inputs.sampled, masks)
+                sampled = self.sampler.sample(logits, inputs.sampled, masks)
+                tokens, logprobs = sampled.tokens, sampled.logprobs
                 for request, token in zip(inputs.sampled, tokens):
                     self.batch.append_token(request, token)
-                self.grammar.accepted(inputs.sampled, tokens)
-                result.handles = [r.handle for r in inputs.sampled]
+                failed = {**self.grammar.take_failed(inputs.sampled), **sampled.failed}
+                kept = inputs.sampled
+                if failed:   # those requests alone end, with why; their placeholder is kept
+                    result.failed = [(kept[i].handle, why) for i, why in failed.items()]
+                    rows = [i for i in range(len(kept)) if i not in failed]
+                    kept, tokens = [kept[i] for i in rows], [tokens[i] for i in rows]
+                    logprobs = [logprobs[i] for i in rows]
+                self.grammar.accepted(kept, tokens)
+                result.handles = [r.handle for r in kept]
                 result.token_ids = tokens
                 if any(entry is not None for entry in logprobs):
                     result.logprobs = [None if e is None else

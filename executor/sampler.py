@@ -6,13 +6,19 @@ greedy argmax, or temperature, top-k, top-p, min-p and a draw by inverse CDF (on
 per row against the cumulative probabilities). Rows without a setting
 pay nothing for it. Log-probabilities are taken from the raw logits.
 
+A row whose logits are not finite where it is drawn (NaN or +inf from the model, or every
+token banned) fails that request alone: `sample` names it in `failed` with the reason and
+gives it a harmless placeholder token, so the step, and every other row, goes on. The
+check costs nothing extra: greedy rows look at the maximum they take anyway, sampled rows
+at the total mass of the inverse CDF.
+
 A seeded request draws its uniform from a generator seeded by (seed, output index), so its
 tokens do not depend on what else is in the batch, on chunking or on preemption.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +44,19 @@ class TokenLogprobs:
     top_logprobs: list[float]
 
 
+@dataclass
+class SampledBatch:
+    tokens: list[int]
+    logprobs: list[TokenLogprobs | None]
+    failed: dict[int, str] = field(default_factory=dict)   # row -> why its request failed
+
+
+NOT_FINITE = ("sampling failed: the logits became NaN or infinite (the model's output, or "
+              "what the sampling parameters made of it), so no token can be drawn")
+NO_TOKEN = ("sampling failed: no token is allowed (the structured-output grammar, min_tokens "
+            "and logit_bias together ban every one)")
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int, eos_token_ids: tuple[int, ...]) -> None:
         self.device = device
@@ -49,18 +68,34 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[CachedRequest],
                  masks: tuple[list[int], torch.Tensor] | None = None
                  ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        batch = self.sample(logits, requests, masks)
+        return batch.tokens, batch.logprobs
+
+    def sample(self, logits: torch.Tensor, requests: list[CachedRequest],
+               masks: tuple[list[int], torch.Tensor] | None = None) -> SampledBatch:
         """`masks`: (rows, int32 bitmask) of the rows a grammar constrains
         (executor/grammar.py); applied first, to those rows only."""
         raw = logits
         if masks is not None:
             logits = apply_masks(logits.clone(), *masks)
         logits = self._process(logits, requests, cloned=masks is not None)
-        tokens = logits.argmax(dim=-1)
+        best, tokens = logits.max(dim=-1)   # max, not argmax: a NaN row shows in `best`
+        bad = ~torch.isfinite(best)
         rows = [i for i, r in enumerate(requests) if not r.sampling.greedy]
         if rows:
             row_index = torch.tensor(rows, device=logits.device)
-            tokens[row_index] = self._draw(logits[row_index], [requests[i] for i in rows])
-        return tokens.tolist(), self._logprobs(raw, tokens, requests)
+            drawn, drawn_bad = self._draw(logits[row_index], [requests[i] for i in rows])
+            tokens[row_index] = drawn
+            bad[row_index] = drawn_bad
+        failed: dict[int, str] = {}
+        if bool(bad.any()):
+            for i in torch.nonzero(bad).flatten().tolist():
+                failed[i] = NO_TOKEN if float(best[i]) == float("-inf") else NOT_FINITE
+            tokens[bad] = self.eos_token_ids[0] if self.eos_token_ids else 0
+        logprobs = self._logprobs(raw, tokens, requests)
+        for i in failed:
+            logprobs[i] = None
+        return SampledBatch(tokens.tolist(), logprobs, failed)
 
     # ---- logit processing ---------------------------------------------------------------
 
@@ -96,7 +131,9 @@ class Sampler:
             logits[index] = _apply_penalties(logits[index], [requests[i] for i in penalized])
         return logits
 
-    def _draw(self, logits: torch.Tensor, requests: list[CachedRequest]) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, requests: list[CachedRequest]
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drawn tokens, and which rows had no finite probability mass to draw from."""
         params = [r.sampling for r in requests]
         device = logits.device
         temperature = torch.tensor([max(float(p.temperature), 1e-5) for p in params],
@@ -110,7 +147,10 @@ class Sampler:
             min_p = torch.tensor([p.min_p for p in params], device=device)
             floor = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
             probs = probs.masked_fill(probs < floor, 0.0)
-        return _inverse_cdf(probs, self._uniforms(requests, device))
+        cdf = probs.float().cumsum(dim=-1)
+        total = cdf[:, -1]
+        bad = ~(torch.isfinite(total) & (total > 0))
+        return _inverse_cdf(probs, self._uniforms(requests, device), cdf), bad
 
     def _uniforms(self, requests: list[CachedRequest], device: torch.device) -> torch.Tensor:
         """One U[0, 1) per row: the batch generator's, or for a seeded request one from
@@ -188,15 +228,19 @@ def _apply_penalties(logits: torch.Tensor, requests: list[CachedRequest]) -> tor
     return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
 
 
-def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor,
+                 cdf: torch.Tensor | None = None) -> torch.Tensor:
     """Token i with probability probs[i]: the first whose cumulative mass passes u * total.
     One pass over the vocabulary and one random number per row; drawing Exp(1) noise for
     every token (the exponential race) cost 30x more on CPU. Zero-mass tokens are never
-    chosen: the target stays strictly below the total."""
-    cdf = probs.float().cumsum(dim=-1)
+    chosen: the target stays strictly below the total. A row without finite mass (NaN)
+    would find no such token and return the vocabulary size: clamped to a real id (the
+    caller fails that row), never an index past the embedding (on CUDA a device assert)."""
+    if cdf is None:
+        cdf = probs.float().cumsum(dim=-1)
     total = cdf[:, -1:]
     target = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True)[:, 0]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]

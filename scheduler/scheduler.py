@@ -107,8 +107,13 @@ class Scheduler:
 
     def abort_request(self, request_id: str) -> bool:
         """Abort a request id as given to add_request (all its samples) or one sample."""
-        targets = [r for rid, r in self.requests.items()
-                   if rid == request_id or rid.startswith(request_id + "#")]
+        # Lookups, not a scan of every request: an abort costs the same however many are
+        # queued, so a burst of aborts (a client cut off) stays linear.
+        exact = self.requests.get(request_id)
+        targets = [exact] if exact is not None else [
+            r for r in map(self.requests.get, (f"{request_id}#{i}"
+                                               for i in range(self.config.max_n)))
+            if r is not None]
         for request in targets:
             self._finish(request, FinishReason.ABORT)
             self._pending_outputs.append(EngineOutput(request.request_id, [],
@@ -221,6 +226,12 @@ class Scheduler:
                 request.prompt_logprobs_next = start + len(entries)
                 outputs.append(EngineOutput(request.request_id, [],
                                             prompt_logprobs=entries[skip:]))
+        for handle, reason in result.failed:   # this request alone: the step went on
+            request = by_handle.get(handle)
+            if request is not None:   # else it finished while its step was in flight
+                self._finish(request, FinishReason.ERROR)
+                outputs.append(EngineOutput(request.request_id, [], FinishReason.ERROR,
+                                            reason))
         logprobs = result.logprobs or repeat(None)
         register_filled = self.kv.register_filled
         registered_step = self._next_step - 1

@@ -11,6 +11,8 @@ from shared.sampling_params import sampling_from_wire
 from shared.step import NewRequest, StepPlan, StepResult
 from shared.wire import MAX_BLOCK_ID, MAX_TOKEN_ID, Body, ProtocolError, pack
 
+MAX_FAILURE_CHARS = 500   # why one request failed in a step (result `x`)
+
 
 def encode_hello_executor(capacity: ExecutorCapacity, pid: int,
                           ranks: tuple[int, ...] = ()) -> bytes:
@@ -108,6 +110,8 @@ def encode_result(result: StepResult) -> bytes:
     if result.prompt_logprobs:
         body["plp"] = [[handle, start, [list(e) for e in entries]]
                        for handle, start, entries in result.prompt_logprobs]
+    if result.failed:
+        body["x"] = [[handle, reason[:MAX_FAILURE_CHARS]] for handle, reason in result.failed]
     return pack("result", body)
 
 
@@ -144,6 +148,11 @@ def decode_result(body: Body) -> StepResult:
         if None in entries:
             raise ProtocolError("result: prompt logprobs entries cannot be empty")
         result.prompt_logprobs.append((one.int("h", 0), one.int("s", 1), entries))
+    for item in body.list("x", max_len=1 << 16, optional=True):
+        if not isinstance(item, list) or len(item) != 2:
+            raise ProtocolError("result: 'x' items are [handle, reason]")
+        one = Body("result.x", dict(zip(("h", "r"), item)))
+        result.failed.append((one.int("h", 0), one.str("r", MAX_FAILURE_CHARS)))
     return result
 
 

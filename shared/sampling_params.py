@@ -11,6 +11,9 @@ from shared.wire import Body, ProtocolError
 _GREEDY_EPS = 1e-5
 _INT32_MAX = 2**31 - 1        # token ids, counts and lengths all fit; msgpack and torch too
 _MAX_TEMPERATURE = 1e4
+# Every range below keeps float32 logits finite: |logit| x 100 (repetition) / 1e-5 (the
+# smallest temperature that samples) + 100 (bias) + 2 + 2 (penalties) stays far below 3e38.
+MIN_REPETITION_PENALTY = 0.01
 # Bounds that keep every message carrying a request bounded (docs/protocol.md, section 3).
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 65_536          # per stop string
@@ -61,10 +64,13 @@ class SamplingParams:
             _check_number(name, value, rule="in [-2, 2]")
             if not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
-        _check_number("repetition_penalty", self.repetition_penalty, rule="> 0")
-        if not 0.0 < self.repetition_penalty <= 100.0:
-            raise ValueError(f"repetition_penalty must be in (0, 100], got "
-                             f"{self.repetition_penalty}")
+        _check_number("repetition_penalty", self.repetition_penalty,
+                      rule=f"in [{MIN_REPETITION_PENALTY:g}, 100]")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 100.0:
+            # Past it a seen token's logit is multiplied or divided by almost 0: infinite
+            # in float32, and the row's probabilities NaN.
+            raise ValueError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, "
+                             f"100], got {self.repetition_penalty}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings, got "
                              f"{len(self.stop)}")

@@ -63,3 +63,6 @@ class StepResult:
     prompt_logprobs: list[tuple[int, int, list[tuple[float, int, list[int], list[float]]]]] = \
         field(default_factory=list)
     forward_ms: float = 0.0
+    # Requests that failed alone this step (a non-finite row, a grammar past its budget):
+    # (handle, why). Not in `handles`; the scheduler ends each with an error.
+    failed: list[tuple[int, str]] = field(default_factory=list)

@@ -189,7 +189,7 @@ def test_model_aware_validation_allocates_nothing(llm, kwargs, message):
 @pytest.mark.parametrize("kwargs, message", [
     ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2, 2\]"),
     ({"frequency_penalty": -3}, r"frequency_penalty must be in \[-2, 2\]"),
-    ({"repetition_penalty": 0}, r"repetition_penalty must be in \(0, 100\]"),
+    ({"repetition_penalty": 0}, r"repetition_penalty must be in \[0.01, 100\]"),
     ({"logprobs": -1}, "logprobs must be >= 0"),
     ({"stop": [""]}, "stop must be non-empty strings"),
     ({"logit_bias": {5: 200}}, r"logit_bias values must be in \[-100, 100\]"),
