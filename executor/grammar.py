@@ -12,12 +12,19 @@ copied per request; a recomputed request replays its earlier output), then each 
 consumes the tokens sampled last step, then the masks of this step's constrained rows
 are filled. The sampler waits for that at the end of the forward pass; rows without a
 grammar are never touched.
+
+Each request's grammar has a budget (shared/structured_output.py GrammarBudget): the
+matchers run under llguidance's limits, and each row's mask is timed in CPU time. A
+matcher that errs (a limit passed, an empty language) or whose masks cost more than the
+budget per token on average fails that request alone (`take_failed`): the executor ends
+it with an error, and the rest of the batch never waits on it again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -27,16 +34,18 @@ import torch
 
 from executor.input_batch import CachedRequest
 from shared.step import StepPlan
-from shared.structured_output import to_grammar
+from shared.structured_output import GrammarBudget, matcher_error, parser_limits, to_grammar
 
 log = logging.getLogger("folio.executor")
 MAX_COMPILED = 256   # distinct specs kept compiled; the oldest is dropped past this
+BUDGET_AFTER = 4     # masks timed before a request's mean cost is held to the budget
 
 
 class GrammarMasks:
-    def __init__(self, model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...]
-                 ) -> None:
+    def __init__(self, model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 budget: GrammarBudget = GrammarBudget()) -> None:
         self.model_dir = model_dir
+        self.budget = budget
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.words = (vocab_size + 31) // 32
@@ -46,7 +55,9 @@ class GrammarMasks:
         self._new: dict[int, tuple[dict[str, Any], list[int]]] = {}   # handle -> spec, replay
         self._sampled: dict[int, list[int]] = {}                      # not yet consumed
         self._pool: ThreadPoolExecutor | None = None
-        self._parallel: Any = None
+        self._limits: Any = None
+        self._cost: dict[int, tuple[int, float]] = {}   # handle -> masks timed, CPU seconds
+        self._failed: dict[int, str] = {}               # handle -> why, until taken
 
     @property
     def active(self) -> bool:
@@ -72,6 +83,17 @@ class GrammarMasks:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="folio-grammar")
         handles = [sampled[i].handle for i in rows]
         return self._pool.submit(self._masks, rows, handles)
+
+    def take_failed(self, sampled: list[CachedRequest]) -> dict[int, str]:
+        """Rows of `sampled` whose grammar failed in the last `start` (after its result),
+        with the reason; each is reported once, and its matcher is not used again."""
+        if not self._failed:
+            return {}
+        failed = {i: self._failed.pop(r.handle) for i, r in enumerate(sampled)
+                  if r.handle in self._failed}
+        for row in failed:
+            self._matchers[sampled[row].handle] = None
+        return failed
 
     def accepted(self, requests: list[CachedRequest], tokens: list[int]) -> None:
         """Tokens just sampled; the matchers consume them at the start of the next step."""
@@ -108,23 +130,47 @@ class GrammarMasks:
         if not rows:
             return None
         mask = torch.zeros((len(rows), self.words), dtype=torch.int32)
-        live = [(self._matchers[h], k) for k, h in enumerate(handles)
-                if self._matchers[h] is not None]
-        if live:
-            self._parallel.unsafe_compute_mask_ptr(live, mask.data_ptr(), self.words * 4,
-                                                   len(rows))
+        stride = self.words * 4
+        for k, handle in enumerate(handles):
+            matcher = self._matchers[handle]
+            if matcher is None:
+                continue
+            # One row at a time, timed in this thread's CPU time (a loaded machine does
+            # not count against a request); llguidance drops the GIL meanwhile.
+            start = time.thread_time()
+            matcher.unsafe_compute_mask_ptr(mask.data_ptr() + k * stride, stride)
+            self._charge(handle, matcher, time.thread_time() - start)
         empty = ~(mask != 0).any(dim=1)
         if bool(empty.any()):
             # No matcher, or one with no token left: only end-of-sequence is allowed, so
-            # the request ends instead of running free.
+            # the request ends instead of running free (and fails, when its grammar did).
             for k in torch.nonzero(empty).flatten().tolist():
                 matcher = self._matchers[handles[k]]
-                if matcher is not None:
-                    log.warning("grammar matcher of request %d: %s", handles[k],
-                                matcher.get_error() or "no token allowed")
+                if matcher is None and handles[k] not in self._failed:
+                    self._failed[handles[k]] = ("structured output: the grammar does not "
+                                                "compile on the executor")
                 for eos in self.eos_token_ids:
                     mask[k, eos // 32] |= _bit(eos % 32)
         return rows, mask
+
+    def _charge(self, handle: int, matcher: Any, seconds: float) -> None:
+        """Fail the request whose matcher erred or whose masks cost past the budget."""
+        if matcher.is_error():
+            reason = "structured output: " + matcher_error(matcher.get_error())
+        elif handle not in self._cost:   # the first mask builds the lexer: not charged
+            self._cost[handle] = (0, 0.0)
+            return
+        else:
+            count, total = self._cost[handle]
+            count, total = count + 1, total + seconds
+            self._cost[handle] = (count, total)
+            mean_ms = total / count * 1e3
+            if count < BUDGET_AFTER or mean_ms <= self.budget.max_mask_ms:
+                return
+            reason = (f"structured output: the grammar costs {mean_ms:.1f} ms of CPU per "
+                      f"token, over the budget of {self.budget.max_mask_ms:g} ms")
+        log.warning("request %d fails: %s", handle, reason)
+        self._failed[handle] = reason
 
     def _compile(self, spec: dict[str, Any]) -> Any:
         import llguidance
@@ -137,8 +183,9 @@ class GrammarMasks:
         if self._tokenizer is None:
             self._tokenizer = _ll_tokenizer(self.model_dir, self.vocab_size,
                                             self.eos_token_ids)
-            self._parallel = llguidance.LLExecutor(num_threads=1)
-        matcher = llguidance.LLMatcher(self._tokenizer, to_grammar(spec), log_level=0)
+            self._limits = parser_limits(self.budget)
+        matcher = llguidance.LLMatcher(self._tokenizer, to_grammar(spec), log_level=0,
+                                       limits=self._limits)
         self._compiled[key] = matcher
         if len(self._compiled) > MAX_COMPILED:
             self._compiled.popitem(last=False)
@@ -146,6 +193,8 @@ class GrammarMasks:
 
     def _forget(self, handle: int) -> None:
         self._matchers.pop(handle, None)
+        self._cost.pop(handle, None)
+        self._failed.pop(handle, None)
         self._new.pop(handle, None)
         self._sampled.pop(handle, None)
 

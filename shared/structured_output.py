@@ -23,11 +23,50 @@ never admit raw control characters, so every result parses with a strict `json.l
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 MAX_SPEC_CHARS = 65_536    # the spec as JSON text: bounds what a plan carries per request
 MAX_CHOICES = 1024
+
+
+@dataclass(frozen=True)
+class GrammarBudget:
+    """What one constrained request may cost, the same in the frontend (admission) and the
+    executor (every step). llguidance's own limits bound the work deterministically: a
+    grammar past them errs (at admission: refused; later: that request fails alone). The
+    CPU-time budgets catch what is costly yet within them (`a{10000}`: 2.5 ms per token on
+    the 4k-token vocabulary, against 0.02-0.8 ms for real JSON schemas; docs/benchmarks.md)."""
+
+    initial_lexer_fuel: int = 400_000    # regex building; llguidance's default 1,000,000
+    step_lexer_fuel: int = 50_000        # per token mask; default 200,000 (~14 ms)
+    step_max_items: int = 20_000         # Earley items per mask; default 50,000
+    max_lexer_states: int = 50_000       # default 250,000 (1-2 kB each)
+    max_grammar_size: int = 200_000      # symbols; default 500,000
+    max_compile_ms: float = 1000.0       # CPU: building the matcher at admission
+    max_first_mask_ms: float = 50.0      # CPU: the first mask builds the lexer lazily
+    max_mask_ms: float = 1.0             # CPU: mean per later token (admission walk, executor)
+    walk_tokens: int = 8                 # masks the admission walk measures after the first
+
+
+def parser_limits(budget: GrammarBudget) -> Any:
+    from llguidance import LLParserLimits
+
+    return LLParserLimits(
+        initial_lexer_fuel=budget.initial_lexer_fuel, step_lexer_fuel=budget.step_lexer_fuel,
+        step_max_items=budget.step_max_items, max_lexer_states=budget.max_lexer_states,
+        max_grammar_size=budget.max_grammar_size, verbose_errors=False)
+
+
+def matcher_error(text: str) -> str:
+    """llguidance's error, first line only (the rest is parser state): for a client."""
+    line = (text or "").strip().split("\n", 1)[0]
+    if line == "NoExtensionBias" or not line:
+        # What llguidance says when no text at all can follow: an empty language (a
+        # regex like [^\s\S]) or a schema that only refers to itself ($ref cycle).
+        return "the grammar matches no output at all (an empty language, or a $ref cycle)"
+    return line[:300]
 # Forced over the schema's own "x-guidance" options: compact, bounded output.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
@@ -131,13 +170,16 @@ def to_grammar(spec: dict[str, Any]) -> str:
     return LLMatcher.grammar_from_lark(lark)
 
 
-def grammar_error(spec: dict[str, Any]) -> str | None:
-    """Why the spec's grammar cannot be compiled, or None when it can."""
+def grammar_error(spec: dict[str, Any], budget: GrammarBudget = GrammarBudget()
+                  ) -> str | None:
+    """Why the spec's grammar cannot be compiled, or None when it can (without a tokenizer:
+    its cost is measured by frontend/grammar_admission.py and by the executor)."""
     from llguidance import LLMatcher
 
     try:
         grammar = to_grammar(spec)
     except ValueError as error:
         return str(error)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(
+        grammar, limits=parser_limits(budget))
     return messages[0] if is_error else None
