@@ -41,6 +41,14 @@ def llama_dir(tmp_path_factory, tokenizer_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def long_llama_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    """llama_dir's weights with a 32768-token context: room for answers that outlast any
+    step of a test on a far faster engine (ended by an abort, a kill or a deadline)."""
+    return _model_dir(tmp_path_factory, tokenizer_dir, "llama_long", arch="llama",
+                      max_position_embeddings=32768)
+
+
+@pytest.fixture(scope="session")
 def qwen2_dir(tmp_path_factory, tokenizer_dir) -> Path:
     # Tied embeddings and MQA exercise other loader and attention paths.
     return _model_dir(tmp_path_factory, tokenizer_dir, "qwen2", arch="qwen2",

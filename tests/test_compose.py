@@ -25,15 +25,18 @@ from shared import messages as m
 from shared.config import ExecutorCapacity
 from shared.security import load_keys, make_client
 from tests.compose_local import ROOT, LocalCompose, load_compose
+from tests.pipeline import start_streams
 
 pytestmark = pytest.mark.slow
-KV_BLOCKS = 256
+KV_BLOCKS = 2048   # 32768 tokens: one answer as long as the model's context
+ENDLESS = 30_000   # tokens: outlasts any step of a test on a far faster engine
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory, llama_dir):
+def deployment(tmp_path_factory, long_llama_dir):
     work = tmp_path_factory.mktemp("compose")
-    variables = {"FOLIO_MODEL_DIR": str(llama_dir), "FOLIO_NUM_KV_BLOCKS": str(KV_BLOCKS)}
+    variables = {"FOLIO_MODEL_DIR": str(long_llama_dir),
+                 "FOLIO_NUM_KV_BLOCKS": str(KV_BLOCKS)}
     local = LocalCompose(load_compose(ROOT / "compose.yaml", variables), work)
     try:
         local.up()
@@ -60,7 +63,7 @@ def _stats(deployment: LocalCompose) -> dict:
     return stats
 
 
-def _wait_idle(deployment: LocalCompose, timeout: float = 10.0) -> dict:
+def _wait_idle(deployment: LocalCompose, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         stats = _stats(deployment)
@@ -175,25 +178,29 @@ def test_executor_killed_and_restarted_over_tcp_and_curve(deployment):
 
     async def run():
         async with AsyncClient(address, curve_keys=keys) as client:
-            jobs = [asyncio.create_task(client.generate(
-                [7] * 20, SamplingParams(max_tokens=900, ignore_eos=True))) for _ in range(4)]
-            await asyncio.sleep(1.0)
+            # Each has streamed a token, so it runs, when the executor dies.
+            jobs = await start_streams(client, [7] * 20, SamplingParams(
+                max_tokens=ENDLESS, ignore_eos=True), count=4)
             deployment.procs["executor"].send_signal(signal.SIGKILL)
-            return await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 15)
+            return await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 60)
 
-    results = asyncio.run(run())
-    assert all(isinstance(r, EngineDead) for r in results), results
-    assert "executor" in str(results[0])
-    deployment.procs["executor"].wait(timeout=10)
-    assert deployment.probe("executor").returncode == 1   # nothing attached now
-    with Client(address, curve_keys=keys) as client:
-        assert not client.health()["ok"]
-        with pytest.raises(EngineDead):
-            client.generate([1, 2], SamplingParams(max_tokens=2))
-
-    deployment.start("executor")   # what `restart: unless-stopped` does
-    deployment.wait_healthy("executor", 120)
-    deployment.wait_healthy("frontend", 30)
+    try:
+        results = asyncio.run(run())
+        assert all(isinstance(r, EngineDead) for r in results), results
+        assert "executor" in str(results[0])
+        deployment.procs["executor"].wait(timeout=30)
+        assert deployment.probe("executor").returncode == 1   # nothing attached now
+        with Client(address, curve_keys=keys) as client:
+            assert not client.health()["ok"]
+            with pytest.raises(EngineDead):
+                client.generate([1, 2], SamplingParams(max_tokens=2))
+    finally:   # what `restart: unless-stopped` does; the tests after this one need it
+        if deployment.procs["executor"].poll() is None:
+            deployment.procs["executor"].kill()
+            deployment.procs["executor"].wait(timeout=30)
+        deployment.start("executor")
+        deployment.wait_healthy("executor", 120)
+        deployment.wait_healthy("frontend", 60)
     with Client(address, curve_keys=keys) as client:
         assert len(client.generate([1, 2], SamplingParams(max_tokens=3)).token_ids) == 3
     stats = _wait_idle(deployment)
@@ -201,34 +208,46 @@ def test_executor_killed_and_restarted_over_tcp_and_curve(deployment):
     assert stats["kv_blocks_used"] == 0
 
 
+def _chat_stream(base: str, max_tokens: int, result: dict, first_token: threading.Event,
+                 leave: threading.Event | None = None) -> None:
+    """A streamed chat read to its end (or until `leave` is set: the client goes, so the
+    request is aborted); `first_token` is set at its first token."""
+    text, finish = [], None
+    with httpx.stream("POST", f"{base}/v1/chat/completions", timeout=300, json={
+            "messages": [{"role": "user", "content": "Tell me about tuples."}],
+            "max_tokens": max_tokens, "ignore_eos": True, "stream": True}) as response:
+        result["status"] = response.status_code
+        for line in response.iter_lines():
+            if leave is not None and leave.is_set():
+                return
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"]
+                if choice:
+                    text.append(choice[0]["delta"].get("content") or "")
+                    finish = choice[0]["finish_reason"] or finish
+                    if text[-1]:
+                        first_token.set()
+            elif line == "data: [DONE]":
+                result["done"] = True
+    result["text"], result["finish"] = "".join(text), finish
+
+
 def test_sigterm_drains_the_frontend_then_every_process_exits_0(deployment):
     base, frontend = _http(deployment), deployment.procs["frontend"]
-    result: dict = {}
-    first_chunk = threading.Event()
-
-    def stream() -> None:   # an in-flight streamed chat, read to its end
-        text, finish = [], None
-        with httpx.stream("POST", f"{base}/v1/chat/completions", timeout=60, json={
-                "messages": [{"role": "user", "content": "Tell me about tuples."}],
-                "max_tokens": 600, "ignore_eos": True, "stream": True}) as response:
-            result["status"] = response.status_code
-            for line in response.iter_lines():
-                first_chunk.set()
-                if line.startswith("data: {"):
-                    choice = json.loads(line[6:])["choices"]
-                    if choice:
-                        text.append(choice[0]["delta"].get("content") or "")
-                        finish = choice[0]["finish_reason"] or finish
-                elif line == "data: [DONE]":
-                    result["done"] = True
-        result["text"], result["finish"] = "".join(text), finish
-
-    reader = threading.Thread(target=stream)
-    reader.start()
+    # `holder` runs until the test lets its client go, so the frontend surely drains while
+    # the test looks; `result` is a running stream that must end normally meanwhile.
+    held, result, leave = {}, {}, threading.Event()
+    holder_runs, reader_runs = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_chat_stream,
+                              args=(base, ENDLESS, held, holder_runs, leave))
+    reader = threading.Thread(target=_chat_stream, args=(base, 1000, result, reader_runs))
+    holder.start()
     try:
-        assert first_chunk.wait(30), deployment.logs("frontend")
+        assert holder_runs.wait(60), deployment.logs("frontend")
+        reader.start()
+        assert reader_runs.wait(60), deployment.logs("frontend")
         frontend.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while (health := httpx.get(f"{base}/health", timeout=5)).status_code == 200:
             assert time.monotonic() < deadline, "the frontend did not start draining"
             time.sleep(0.02)
@@ -240,12 +259,16 @@ def test_sigterm_drains_the_frontend_then_every_process_exits_0(deployment):
         with Client(_zmq(deployment), curve_keys=_keys(deployment)) as client:
             with pytest.raises(ShuttingDown, match="shutting down"):
                 client.generate("hello", SamplingParams(max_tokens=2))
-        assert frontend.poll() is None, "the frontend left before its request finished"
+        assert frontend.poll() is None, "the frontend left while a request was running"
     finally:
-        reader.join(60)
+        leave.set()   # the holder's client goes: its request is aborted
+        holder.join(60)
+        if reader.ident is not None:
+            reader.join(300)
+    assert held.get("status") == 200, held
     assert result.get("status") == 200 and result.get("done"), result
     assert result["finish"] == "length"
-    assert frontend.wait(timeout=30) == 0, deployment.logs("frontend")
+    assert frontend.wait(timeout=60) == 0, deployment.logs("frontend")
 
 
 def test_shutdown_timeout_aborts_what_is_left(deployment):
@@ -258,7 +281,9 @@ def test_shutdown_timeout_aborts_what_is_left(deployment):
 
     async def run():
         async with AsyncClient(_zmq(deployment), curve_keys=_keys(deployment)) as client:
-            stream = client.stream([3] * 10, SamplingParams(max_tokens=1000, ignore_eos=True))
+            # Far longer than the 0.5 s the drain gives it, on any engine.
+            stream = client.stream([3] * 10, SamplingParams(max_tokens=ENDLESS,
+                                                            ignore_eos=True))
             await stream.__anext__()   # running: now stop the frontend
             frontend.send_signal(signal.SIGTERM)
             while not (await client.health())["draining"]:
@@ -275,11 +300,11 @@ def test_shutdown_timeout_aborts_what_is_left(deployment):
             return "finished", late
 
     started = time.monotonic()
-    message, late = asyncio.run(asyncio.wait_for(run(), 30))
+    message, late = asyncio.run(asyncio.wait_for(run(), 60))
     assert "aborted" in message, message
     assert isinstance(late, ShuttingDown)
-    assert frontend.wait(timeout=15) == 0
-    assert time.monotonic() - started < 10
+    assert frontend.wait(timeout=30) == 0
+    assert time.monotonic() - started < 20   # the 0.5 s timeout, not the default 30 s
     stats = _wait_idle(deployment)   # the aborted request gave its blocks back
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     codes = deployment.down()
