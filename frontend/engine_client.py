@@ -22,6 +22,7 @@ import zmq.asyncio
 
 from frontend.liveness import SchedulerHeartbeat
 from frontend.output_processor import RequestState, SampleState, wire_logprob
+from frontend.grammar_admission import GrammarAdmission
 from frontend.prep import Preparer
 from frontend.prompts import check_text_size, max_token_chars
 from frontend.stop_strings import StopStrings
@@ -94,6 +95,7 @@ class EngineClient:
                                             scheduler_address, self.frontend_id, keys,
                                             HEARTBEAT_S)
         self.prep = Preparer()
+        self.grammars = GrammarAdmission(tokenizer)   # structured outputs' admission
         self.requests: dict[str, _Request] = {}
         # sample id -> (request id, request, sample): one lookup per token on the hot path.
         self.samples: dict[str, tuple[str, _Request, SampleState]] = {}
@@ -156,6 +158,7 @@ class EngineClient:
     def close(self) -> None:
         self.heartbeat.stop()
         self.prep.close()
+        self.grammars.close()
         self.monitor.close(0)
         self.sock.close(0)
 

@@ -17,7 +17,7 @@ from frontend.openai_logprobs import completion_logprobs
 from frontend.openai_protocol import (ApiError, chat_messages, completion_prompts, invalid,
                                       sampling_params, stream_options, too_long)
 from frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
-from frontend.structured_request import structured_spec
+from frontend.structured_request import admit, structured_spec
 from frontend.tool_calls import ToolPlan, openai_calls, tool_plan
 from frontend.tool_parsers import stream_holdback
 from shared.codes import RefusalCode
@@ -277,6 +277,7 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
             raise invalid("max_tokens 0 generates nothing to constrain; drop "
                           f"{structured[1]} or ask for tokens", structured[1])
         params = replace(params, structured_output=structured[0])
+        await admit(engine.grammars, structured)   # off the loop, budgeted
     prompts = completion_prompts(body.get("prompt"))
     for prompt in prompts:
         if isinstance(prompt, str):
@@ -380,6 +381,8 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
         raise invalid(f"{structured[1]}: tool_choice {tools.mode} already constrains the "
                       "answer (to tool calls); send one or the other", structured[1])
     spec = tools.spec or (structured[0] if structured else None)
+    await admit(engine.grammars, (tools.spec, "tools") if tools.spec is not None
+                else structured, tools.schemas)   # off the loop, budgeted
     if spec is not None:
         params = replace(params, structured_output=spec)
     messages = chat_messages(body.get("messages"))

@@ -42,6 +42,7 @@ class Replicas:
         first = self.clients[0]
         self.tokenizer = first.tokenizer
         self.prep = first.prep
+        self.grammars = first.grammars
         self.observers: list[Any] = []
         for client in self.clients:   # one list: metrics see every replica's requests
             client.observers = self.observers

@@ -6,8 +6,10 @@ Accepted, each naming the field in a 400 when it is wrong:
   structured_outputs  vLLM's: exactly one of json, regex, choice, grammar, json_object
   guided_json, guided_regex, guided_choice, guided_grammar   vLLM's older names
   guided_decoding_backend   only a name for llguidance ("auto", "guidance", "llguidance")
-At most one of them may ask for a constraint. The grammar is compiled here once to refuse
-a bad schema, regex or grammar before anything is queued.
+At most one of them may ask for a constraint. Its shape and size are checked here, on the
+event loop (cheap); `admit` then compiles and measures it off the loop, within the grammar
+budget (frontend/grammar_admission.py), and refuses a bad, empty or too costly one before
+anything is queued.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from frontend.grammar_admission import GrammarAdmission
+
 from frontend.openai_protocol import ApiError, invalid
-from shared.structured_output import KINDS, check_spec, grammar_error
+from shared.structured_output import KINDS, check_spec
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
           "guided_grammar": "grammar"}
@@ -86,8 +90,8 @@ def _from_structured_outputs(value: Any) -> dict[str, Any] | None:
 
 
 def structured_spec(body: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """The request's one structured-output spec and the field it came from, checked and
-    compiled, or None when nothing is asked for."""
+    """The request's one structured-output spec and the field it came from, its shape
+    checked (not yet compiled: `admit`), or None when nothing is asked for."""
     backend = body.get("guided_decoding_backend")
     if backend not in BACKENDS:
         raise ApiError(400, f"guided_decoding_backend {backend!r} is not available; this "
@@ -116,13 +120,25 @@ def structured_spec(body: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
 
 
 def checked(spec: dict[str, Any], field: str) -> dict[str, Any]:
-    """The spec's shape and grammar checked; a 400 naming `field` when either is wrong."""
+    """The spec's shape and size checked; a 400 naming `field` when either is wrong."""
     try:
-        spec = check_spec(spec)
+        return check_spec(spec)
     except (TypeError, ValueError) as error:
         message = str(error).replace("structured_output ", "", 1)
         raise _refuse(field, message) from None
-    error = grammar_error(spec)
-    if error is not None:
-        raise _refuse(field, "cannot be compiled: " + " ".join(error.split())[:500])
-    return spec
+
+
+async def admit(grammars: GrammarAdmission, enforced: tuple[dict[str, Any], str] | None,
+                compiled: tuple[tuple[dict[str, Any], str], ...] = ()) -> None:
+    """Off the event loop: the enforced spec must compile, match some output and stay
+    within the grammar budget; each of `compiled` (tools the answer may call, not
+    enforced) must compile. A 400 naming the field otherwise."""
+    if compiled:
+        error = await grammars.check([spec for spec, _ in compiled], walk=False)
+        if error is not None:
+            raise _refuse(compiled[0][1], error)
+    if enforced is not None:
+        spec, field = enforced
+        error = await grammars.check([spec])
+        if error is not None:
+            raise _refuse(field, error)

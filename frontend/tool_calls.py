@@ -25,6 +25,10 @@ from frontend.structured_request import checked
 from frontend.tool_parsers import PARSERS, Call, parse
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_TOOLS = 128
+# All tools' JSON together, measured tool by tool on the event loop and refused as soon as
+# it passes: what the chat template renders and admission compiles stays bounded.
+MAX_TOOLS_CHARS = 262_144
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
@@ -34,6 +38,8 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None     # for the chat template (None: not rendered)
     spec: dict[str, Any] | None            # the grammar that enforces required / named
     named: str | None = None
+    # Each tool's parameters, compiled at admission (frontend/structured_request.py admit).
+    schemas: tuple[tuple[dict[str, Any], str], ...] = ()
     parser: str | None = None
     parallel: bool = True
 
@@ -91,7 +97,7 @@ def _tool(value: Any) -> dict[str, Any]:
         parameters = _EMPTY_PARAMETERS
     if not isinstance(parameters, dict):
         raise invalid(f"tools: {name}.parameters must be a JSON schema object", "tools")
-    checked({"json": parameters}, "tools")   # a schema llguidance cannot compile: 400
+    checked({"json": parameters}, "tools")   # shape and size; compiled at admission
     return {"type": "function", "function": {**function, "parameters": parameters}}
 
 
@@ -111,9 +117,16 @@ def tool_plan(body: dict[str, Any], parser: str | None) -> ToolPlan:
         if choice not in (None, "none"):
             raise invalid("tool_choice needs tools", "tool_choice")
         return ToolPlan("none", None, None)
-    if not isinstance(tools, list) or not tools or len(tools) > 128:
-        raise invalid("tools must be a list of 1 to 128 tools", "tools")
+    if not isinstance(tools, list) or not tools or len(tools) > MAX_TOOLS:
+        raise invalid(f"tools must be a list of 1 to {MAX_TOOLS} tools", "tools")
+    size = 0
+    for tool in tools:
+        size += len(json.dumps(tool))
+        if size > MAX_TOOLS_CHARS:
+            raise invalid(f"tools: their JSON is longer than {MAX_TOOLS_CHARS} characters in "
+                          "all", "tools")
     tools = [_tool(t) for t in tools]
+    schemas = tuple(({"json": t["function"]["parameters"]}, "tools") for t in tools)
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) != len(names):
         raise invalid("tools: function names must be distinct", "tools")
@@ -126,7 +139,8 @@ def tool_plan(body: dict[str, Any], parser: str | None) -> ToolPlan:
         if parser is None:
             raise invalid('tool_choice "auto" needs the server started with '
                           f"--tool-call-parser ({' or '.join(PARSERS)})", "tool_choice")
-        return ToolPlan("auto", tools, None, parser=parser, parallel=parallel)
+        return ToolPlan("auto", tools, None, parser=parser, parallel=parallel,
+                        schemas=schemas)
     if choice == "required":
         calls = [{"type": "object", "properties": {
             "name": {"const": name}, "parameters": by_name[name]["parameters"]},
@@ -137,14 +151,15 @@ def tool_plan(body: dict[str, Any], parser: str | None) -> ToolPlan:
         if not parallel:
             schema["maxItems"] = 1
         return ToolPlan("required", tools, checked({"json": schema}, "tools"),
-                        parallel=parallel)
+                        parallel=parallel, schemas=schemas)
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(
             choice.get("function"), dict):
         name = choice["function"].get("name")
         if name not in by_name:
             raise invalid(f"tool_choice names the function {name!r}, which is not in tools",
                           "tool_choice")
-        return ToolPlan("named", tools, {"json": by_name[name]["parameters"]}, named=name)
+        return ToolPlan("named", tools, {"json": by_name[name]["parameters"]}, named=name,
+                        schemas=schemas)
     raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", '
                   '"function": {"name": ...}}', "tool_choice")
 

@@ -66,7 +66,7 @@ def matcher_error(text: str) -> str:
         # What llguidance says when no text at all can follow: an empty language (a
         # regex like [^\s\S]) or a schema that only refers to itself ($ref cycle).
         return "the grammar matches no output at all (an empty language, or a $ref cycle)"
-    return line[:300]
+    return "the grammar cannot be served: " + line[:300]
 # Forced over the schema's own "x-guidance" options: compact, bounded output.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
