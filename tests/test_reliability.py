@@ -41,7 +41,6 @@ pytestmark = pytest.mark.slow
 
 NUM_KV_BLOCKS = 64
 MAX_QUEUED = 100
-ENGINE_ARGS = ("--num-kv-blocks", str(NUM_KV_BLOCKS))
 SCHEDULER_ARGS = ("--max-queued-requests", str(MAX_QUEUED))
 GREEDY = dict(temperature=0, ignore_eos=True)
 PROBE_PROMPT = [11, 22, 33, 44, 55]
@@ -50,9 +49,11 @@ PROBE_PROMPT = [11, 22, 33, 44, 55]
 class Cluster(Pipeline):
     """The pipeline of tests/pipeline.py, with every process restartable as it was started."""
 
-    def __init__(self, run_dir, model_dir) -> None:
-        super().__init__(run_dir, model_dir, num_frontends=2, engine_args=ENGINE_ARGS,
+    def __init__(self, run_dir, model_dir, num_kv_blocks: int = NUM_KV_BLOCKS) -> None:
+        super().__init__(run_dir, model_dir, num_frontends=2,
+                         engine_args=("--num-kv-blocks", str(num_kv_blocks)),
                          scheduler_args=SCHEDULER_ARGS, http_port=free_port())
+        self.num_kv_blocks = num_kv_blocks
         self.base = f"http://127.0.0.1:{self.http_port}"
         self.reference: list[int] | None = None   # greedy output of PROBE_PROMPT
 
@@ -123,7 +124,7 @@ class Cluster(Pipeline):
                                      timeout=30)
         assert result.token_ids == self.reference
         stats = self.wait_idle(frontend)
-        assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == NUM_KV_BLOCKS, stats
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == self.num_kv_blocks, stats
 
 
 def wait_http_health(base: str, status: int, timeout: float) -> int:
@@ -140,9 +141,8 @@ def wait_http_health(base: str, status: int, timeout: float) -> int:
     return code
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, llama_dir):
-    pipe = Cluster(tmp_path_factory.mktemp("reliability"), llama_dir)
+def _cluster(tmp_path_factory, model_dir, num_kv_blocks: int = NUM_KV_BLOCKS):
+    pipe = Cluster(tmp_path_factory.mktemp("reliability"), model_dir, num_kv_blocks)
     try:
         pipe.wait_ready()
         wait_http_health(pipe.base, 200, timeout=30)
@@ -155,6 +155,22 @@ def cluster(tmp_path_factory, llama_dir):
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
         pipe.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, llama_dir):
+    yield from _cluster(tmp_path_factory, llama_dir)
+
+
+ENDLESS = 20_000   # tokens: outlasts any step of a test on a far faster engine
+
+
+@pytest.fixture
+def long_cluster(tmp_path_factory, long_llama_dir):
+    """The same processes on a 32768-token model with room for three ENDLESS answers, for a
+    test whose requests must run on for as long as the test takes to look (its own: the
+    test stops one of them)."""
+    yield from _cluster(tmp_path_factory, long_llama_dir, 4096)
 
 
 @pytest.fixture
@@ -428,6 +444,8 @@ def test_a_stream_with_long_stop_strings_does_not_stall_a_bystander(healthy):
                 httpx.AsyncClient(base_url=healthy.base, timeout=60) as http:
             plain = (await http.post("/v1/completions", json=request)).json()
 
+            first = asyncio.Event()
+
             async def stream():
                 texts = []
                 async with http.stream("POST", "/v1/completions", json={
@@ -435,10 +453,11 @@ def test_a_stream_with_long_stop_strings_does_not_stall_a_bystander(healthy):
                     async for line in response.aiter_lines():
                         if line.startswith("data: {"):
                             texts.append(json.loads(line[6:])["choices"][0])
+                            first.set()
                 return texts
 
             streaming = asyncio.create_task(stream())
-            await asyncio.sleep(0.5)
+            await asyncio.wait_for(first.wait(), 60)   # streaming: now the bystanders
             bystanders = [await _bystander(client) for _ in range(3)]
             return plain, await asyncio.wait_for(streaming, 60), bystanders
 
@@ -546,12 +565,14 @@ def test_closing_an_async_client_fails_its_pending_calls(healthy):
         client = AsyncClient(healthy.client_addresses[0], timeout=60)
         await client.__aenter__()
 
+        started = asyncio.Event()
+
         async def consume():
-            async for _ in client.stream([5] * 20, SamplingParams(max_tokens=900, **GREEDY)):
-                pass
+            async for _ in client.stream([5] * 20, SamplingParams(max_tokens=990, **GREEDY)):
+                started.set()
 
         reader = asyncio.create_task(consume())
-        await asyncio.sleep(0.5)
+        await asyncio.wait_for(started.wait(), 60)   # being read, with ~990 tokens to go
         await client.close()
         done, _ = await asyncio.wait({reader}, timeout=3)
         if not done:
@@ -562,7 +583,7 @@ def test_closing_an_async_client_fails_its_pending_calls(healthy):
         return "finished" if error is None else type(error).__name__
 
     assert asyncio.run(run()) in ("ServerUnreachable", "EngineDead", "FolioError")
-    stats = healthy.wait_idle(timeout=5)
+    stats = healthy.wait_idle(timeout=60)
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats
 
 
@@ -1129,21 +1150,22 @@ def test_unknown_routes_and_methods_answer_in_the_error_envelope(healthy):
 LONG = 300
 
 
-async def _sdk_stream(client: AsyncClient, started: asyncio.Event) -> int:
+async def _sdk_stream(client: AsyncClient, started: asyncio.Event, max_tokens: int = LONG
+                      ) -> int:
     """Tokens of a long SDK stream (raises what the SDK raises); sets `started` at the first."""
     count = 0
-    async for delta in client.stream([7] * 20, SamplingParams(max_tokens=LONG, **GREEDY),
+    async for delta in client.stream([7] * 20, SamplingParams(max_tokens=max_tokens, **GREEDY),
                                      timeout=30):
         count += len(delta.token_ids)
         started.set()
     return count
 
 
-async def _http_stream(http: httpx.AsyncClient, started: asyncio.Event
+async def _http_stream(http: httpx.AsyncClient, started: asyncio.Event, max_tokens: int = LONG
                        ) -> tuple[int, list[dict]]:
     """A long streamed completion: its status and events; sets `started` at the first."""
     events = []
-    body = {"prompt": [9] * 20, "max_tokens": LONG, "stream": True, **GREEDY}
+    body = {"prompt": [9] * 20, "max_tokens": max_tokens, "stream": True, **GREEDY}
     async with http.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
@@ -1156,13 +1178,14 @@ async def _http_stream(http: httpx.AsyncClient, started: asyncio.Event
     return 200, events
 
 
-async def _in_flight(http: httpx.AsyncClient, client: AsyncClient) -> dict[str, asyncio.Task]:
+async def _in_flight(http: httpx.AsyncClient, client: AsyncClient, max_tokens: int = LONG
+                     ) -> dict[str, asyncio.Task]:
     sdk_started, http_started = asyncio.Event(), asyncio.Event()
-    jobs = {"sdk": asyncio.create_task(_sdk_stream(client, sdk_started)),
-            "stream": asyncio.create_task(_http_stream(http, http_started)),
+    jobs = {"sdk": asyncio.create_task(_sdk_stream(client, sdk_started, max_tokens)),
+            "stream": asyncio.create_task(_http_stream(http, http_started, max_tokens)),
             "plain": asyncio.create_task(http.post("/v1/completions", json={
-                "prompt": [8] * 20, "max_tokens": LONG, **GREEDY}))}
-    await asyncio.wait_for(asyncio.gather(sdk_started.wait(), http_started.wait()), 20)
+                "prompt": [8] * 20, "max_tokens": max_tokens, **GREEDY}))}
+    await asyncio.wait_for(asyncio.gather(sdk_started.wait(), http_started.wait()), 60)
     assert not any(job.done() for job in jobs.values()), "a request ended before the fault"
     return jobs
 
@@ -1319,20 +1342,24 @@ def test_stopped_scheduler_fails_requests_then_everyone_resumes_after_sigcont(he
     _recovered(healthy)   # the same processes: nothing is restarted
 
 
-def test_stopped_frontend_its_clients_see_errors_then_it_serves_again(healthy):
+def test_stopped_frontend_its_clients_see_errors_then_it_serves_again(long_cluster):
+    # Its requests must still run when the scheduler gives up on it (a second or so after
+    # the stop, whatever the engine's speed): ENDLESS answers on a cluster of its own.
+    healthy = long_cluster
+
     async def run():
         async with AsyncClient(healthy.client_addresses[0]) as client, \
-                httpx.AsyncClient(base_url=healthy.base, timeout=30) as http:
-            jobs = await _in_flight(http, client)
+                httpx.AsyncClient(base_url=healthy.base, timeout=60) as http:
+            jobs = await _in_flight(http, client, ENDLESS)
             healthy.signal("frontend0", signal.SIGSTOP)
             try:
-                sdk = (await _outcomes({"sdk": jobs.pop("sdk")}))["sdk"]
+                sdk = (await _outcomes({"sdk": jobs.pop("sdk")}, 60))["sdk"]
                 # The scheduler gives up on the stopped frontend and frees its blocks.
-                freed = await asyncio.to_thread(healthy.wait_idle, 1, 10.0)
+                freed = await asyncio.to_thread(healthy.wait_idle, 1, 60.0)
             finally:
                 healthy.signal("frontend0", signal.SIGCONT)
             # Its HTTP clients, still connected, get an answer once it runs again.
-            outcome = await _outcomes(jobs)
+            outcome = await _outcomes(jobs, 60)
             return {"sdk": sdk, **outcome}, freed
 
     outcome, freed = asyncio.run(run())
