@@ -132,7 +132,8 @@ def poisoned_dir(tmp_path_factory, llama_dir) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, poisoned_dir):
-    srv = HttpServer(poisoned_dir, tmp_path_factory.mktemp("rel4s"), "--num-kv-blocks", "256")
+    srv = HttpServer(poisoned_dir, tmp_path_factory.mktemp("rel4s"), "--num-kv-blocks", "256",
+                     "--served-model-name", "m")
     try:
         srv.wait_ready()
         yield srv
