@@ -18,8 +18,9 @@ from typing import Any
 from folio.placement import PLACEMENTS
 from folio.flags import (HelpFormatter, add_config_args, config_flags, config_values,
                          flag_name)
-from shared.config import (CURVE_KEYS_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S, EngineConfig,
-                           SchedulingPolicy, SettingError)
+from shared.config import (CURVE_KEYS_HELP, MAX_REQUESTS_PER_CLIENT,
+                           MAX_REQUESTS_PER_CLIENT_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S,
+                           EngineConfig, SchedulingPolicy, SettingError)
 
 ROLES = ("frontend", "scheduler", "executor")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -81,6 +82,12 @@ def add_security_args(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--curve-keys", default=None, metavar="DIR", help=CURVE_KEYS_HELP)
     parser.add_argument("--insecure-transport", action="store_true", help=INSECURE_HELP)
+
+
+def add_client_limit_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-requests-per-client", type=int,
+                        default=MAX_REQUESTS_PER_CLIENT, metavar="N",
+                        help=MAX_REQUESTS_PER_CLIENT_HELP)
 
 
 def add_shutdown_args(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="replicas: scheduler+executor pairs, each with its own KV pool, "
                        "that the frontend routes requests to (by prefix, then load)")
     add_http_args(serve)
+    add_client_limit_args(serve)
     add_config_args(serve, SchedulerServiceConfig, skip=scheduler_args_of_serve())
     serve.add_argument("--cpu-placement", choices=PLACEMENTS, default="auto",
                        help="which cores each process may use when the executor runs on "
@@ -179,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     frontend.add_argument("--scheduler-address", required=True,
                           help="the scheduler's frontend address")
     add_http_args(frontend, default_port=None)
+    add_client_limit_args(frontend)
     add_shutdown_args(frontend)
     add_security_args(frontend)
     frontend.add_argument("--client-curve", action=argparse.BooleanOptionalAction,
@@ -289,6 +298,9 @@ def check_http(args: argparse.Namespace) -> None:
     if args.shutdown_timeout < 0:
         raise SettingError("shutdown_timeout", f"must be >= 0 seconds, got "
                            f"{args.shutdown_timeout}")
+    if args.max_requests_per_client < 1:
+        raise SettingError("max_requests_per_client", f"must be >= 1, got "
+                           f"{args.max_requests_per_client}")
 
 
 def check_bind(**addresses: str) -> None:
@@ -360,6 +372,7 @@ def run_role(role: str, args: argparse.Namespace) -> int:
                                       tool_call_parser=args.tool_call_parser,
                                       allowed_hosts=args.allowed_hosts,
                                       shutdown_timeout_s=args.shutdown_timeout,
+                                      max_requests_per_client=args.max_requests_per_client,
                                       curve_keys=args.curve_keys,
                                       client_curve=args.client_curve))
     elif role == "scheduler":

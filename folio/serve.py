@@ -108,6 +108,8 @@ class Supervisor:
             base += ["--curve-keys", self.args.curve_keys]
         if role != "executor":
             base += ["--shutdown-timeout", str(self.args.shutdown_timeout)]
+        if role == "frontend":
+            base += ["--max-requests-per-client", str(self.args.max_requests_per_client)]
             if self.args.insecure_transport:   # the client address was checked above
                 base += ["--insecure-transport"]
         if role == "executor":

@@ -32,7 +32,7 @@ from shared.outputs import EngineOutput, child_request_id
 from shared.sampling_params import SamplingParams
 from shared.security import CurveKeys, make_peer
 from shared.transport import (DOWN_EVENTS, UP_EVENTS, Relink, configure, monitor_socket,
-                              next_monitor_event)
+                              next_monitor_event, send_now)
 from shared.wire import ProtocolError
 
 log = logging.getLogger("folio.frontend")
@@ -40,6 +40,7 @@ log = logging.getLogger("folio.frontend")
 SCHEDULER_TIMEOUT_S = 3.0   # no answer to a heartbeat for this long: the scheduler is hung
 HEARTBEAT_S = 0.5
 STALL_S = 1.0   # the watch loop turns every 0.2 s: a longer gap means this process stalled
+UNSENT_LOG_S = 5.0   # at most one "could not reach the scheduler" line this often
 
 
 @dataclass
@@ -107,6 +108,8 @@ class EngineClient:
         self.kv_map_waiters: list[asyncio.Future] = []
         self.observers: list[Any] = []   # metrics: called with (event, request, **details)
         self.draining = False            # shutting down: gateways refuse new requests
+        self.unsent = 0                  # messages the scheduler link refused since the last log
+        self.unsent_logged_at = float("-inf")
 
     # ---- state --------------------------------------------------------------------------
 
@@ -179,8 +182,12 @@ class EngineClient:
         if deadline_s is not None:
             request.deadline = asyncio.get_running_loop().call_later(
                 deadline_s, self._expire, request_id, deadline_s)
-        self._send(m.encode_add(request_id, prompt_ids, params))
-        self._notify("submitted", self.requests[request_id])
+        self._notify("submitted", request)
+        if not self._send(m.encode_add(request_id, prompt_ids, params)):
+            # Failed after the caller has the id (never inside submit): it waits for nothing.
+            asyncio.get_running_loop().call_soon(
+                self._fail, request_id, RefusalCode.ENGINE_DEAD,
+                "could not reach the scheduler (its link is down or its queue is full)")
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -393,8 +400,16 @@ class EngineClient:
             if self.requests and now >= judge_after and not self.scheduler_alive:
                 self._fail_all("the scheduler is not responding")
 
-    def _send(self, payload: bytes) -> None:
-        try:
-            self.sock.send(payload, zmq.NOBLOCK)
-        except zmq.ZMQError as error:
-            log.warning("could not reach the scheduler: %s", error)
+    def _send(self, payload: bytes) -> bool:
+        """Send to the scheduler now; False (and a log line at most every few seconds, not
+        one per message) when its queue is full or the link is down."""
+        error = send_now(self.sock, [payload])
+        if error is None:
+            return True
+        self.unsent += 1
+        now = time.monotonic()
+        if now - self.unsent_logged_at >= UNSENT_LOG_S:
+            log.warning("could not reach the scheduler: %s (%d message(s) not sent since the "
+                        "last report)", error, self.unsent)
+            self.unsent, self.unsent_logged_at = 0, now
+        return False

@@ -20,8 +20,8 @@ import zmq.asyncio
 
 from frontend.engine_client import EngineClient
 from frontend.tokenizer import load_tokenizer
-from frontend.zmq_gateway import ZmqGateway
-from shared.config import SHUTDOWN_TIMEOUT_S
+from frontend.zmq_gateway import ClientLimits, ZmqGateway
+from shared.config import MAX_REQUESTS_PER_CLIENT, SHUTDOWN_TIMEOUT_S
 from shared.security import FRONTEND, load_keys, start_authenticator, stop_authenticator
 
 log = logging.getLogger("folio.frontend")
@@ -40,6 +40,7 @@ class FrontendConfig:
     tool_call_parser: str | None = None   # hermes | llama3_json (frontend/tool_parsers.py)
     allowed_hosts: str | None = None   # Host names HTTP answers ("a,b" or "*"); None: default
     shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
+    max_requests_per_client: int = MAX_REQUESTS_PER_CLIENT   # SDK connection's in flight
     curve_keys: str | None = None   # CURVE keys directory: scheduler link and client port
     client_curve: bool = True       # with curve_keys: SDK clients need keys too
 
@@ -71,7 +72,8 @@ class FrontendService:
             self.engine = Replicas(self.tokenizer, addresses, self.ctx, keys)
         else:
             self.engine = EngineClient(self.tokenizer, addresses[0], self.ctx, keys)
-        self.gateway = ZmqGateway(self.engine, config.client_address, self.ctx, client_keys)
+        self.gateway = ZmqGateway(self.engine, config.client_address, self.ctx, client_keys,
+                                  ClientLimits(max_requests=config.max_requests_per_client))
         self.stopped = asyncio.Event()     # first signal: drain
         self.hurry = asyncio.Event()       # second signal: stop waiting for running requests
         self.http_stop = asyncio.Event()   # the HTTP server stops after the drain

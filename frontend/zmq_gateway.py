@@ -3,17 +3,25 @@
 Small messages are handled on the event loop as they come. A large one (a long prompt or
 chat) is decoded and tokenized in the engine client's preparation pool (frontend/prep.py);
 an `abort` that arrives meanwhile for it is remembered and applied when it is ready.
+
+A client costs only itself: it may have `max_requests` requests in flight (more are refused
+as queue_full), and its replies queue up to the socket's SNDHWM. A client whose queue is full
+does not read: its requests are aborted once, its further output and messages are dropped,
+and it gets a `slow_reader` error for each aborted request when it reads again
+(client_cutoff.py). A client that left has its requests aborted once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
+from frontend.client_cutoff import CutOffClients, GoneClients
 from frontend.engine_client import EngineClient, FinalResult
 from frontend.prompts import check_prompt, prompt_ids
 from frontend.stop_strings import StopStrings
@@ -22,11 +30,22 @@ from shared.codes import FinishReason, RefusalCode
 from shared.sampling_params import check_against_model
 from shared.structured_output import grammar_error
 from shared.security import CurveKeys, make_server
-from shared.transport import check_bind_address, configure
+from shared.config import MAX_REQUESTS_PER_CLIENT
+from shared.transport import check_bind_address, configure, send_now
 from shared.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
 
 log = logging.getLogger("folio.frontend")
 MAX_EARLY_ABORTS = 1024   # aborts kept for requests still being prepared
+CUT_OFF_RETRY_S = 0.5     # how often cut-off clients are tried again
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """What one client (one connection) may hold of the gateway."""
+
+    max_requests: int = MAX_REQUESTS_PER_CLIENT   # in flight; more are refused (queue_full)
+    send_queue: int = 100_000   # replies queued for it (SNDHWM); full: it does not read
+    send_buffer: int | None = None   # the kernel's send buffer (SNDBUF); None: the OS's
 
 
 class _ClientSink:
@@ -51,22 +70,26 @@ class _ClientSink:
             payload = m.encode_error(self.client_id, RefusalCode.INVALID, (
                 f"the result ({len(payload)} bytes) exceeds the {MAX_MESSAGE_BYTES}-byte "
                 "message limit; ask for fewer tokens or logprobs"))
-        self.gateway.reply(self.client, payload)
+        self.gateway.reply(self.client, payload, self.client_id)
 
     def error(self, code: str, message: str) -> None:
         self.gateway.forget(self.client, self.client_id)
-        self.gateway.reply(self.client, m.encode_error(self.client_id, code, message))
+        self.gateway.reply(self.client, m.encode_error(self.client_id, code, message),
+                           self.client_id)
 
 
 class ZmqGateway:
     def __init__(self, engine: EngineClient, address: str, ctx: zmq.asyncio.Context,
-                 keys: CurveKeys | None = None) -> None:
+                 keys: CurveKeys | None = None, limits: ClientLimits = ClientLimits()
+                 ) -> None:
         self.engine = engine
         self.address = address
-        self.sock = make_server(configure(ctx.socket(zmq.ROUTER)), keys)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.max_requests = limits.max_requests
+        self.sock = make_server(client_socket(ctx, limits), keys)
         self.sock.bind(check_bind_address(address))
-        self.by_client: dict[tuple[bytes, str], str] = {}
+        self.by_client: dict[bytes, dict[str, str]] = {}   # client -> its id -> engine id
+        self.cut_off = CutOffClients()
+        self.gone = GoneClients()
         self.preparing: dict[bytes, int] = {}          # client -> large messages in the pool
         self.early_aborts: set[tuple[bytes, str]] = set()
 
@@ -74,6 +97,13 @@ class ZmqGateway:
         self.sock.close(0)
 
     async def serve(self) -> None:
+        retry = asyncio.create_task(self._retry_cut_off())
+        try:
+            await self._read()
+        finally:
+            retry.cancel()
+
+    async def _read(self) -> None:
         received = 0
         prep = self.engine.prep
         while True:
@@ -86,6 +116,10 @@ class ZmqGateway:
             if len(frames) != 2:
                 continue
             client, data = frames
+            if self.gone.drops(client):
+                continue   # sent before it left: nobody would read the answer
+            if client in self.cut_off and not self._served_again(client, data):
+                continue   # it still does not read: its message is dropped
             if prep.small(len(data)):
                 self._on_message(client, data)
                 continue
@@ -94,6 +128,9 @@ class ZmqGateway:
             asyncio.create_task(self._on_large(client, prep.submit(self._decode_large, data)))
 
     def _on_message(self, client: bytes, data: bytes) -> None:
+        if len(self.by_client.get(client, ())) >= self.max_requests and \
+                self._refused_at_cap(client, data):
+            return
         try:
             msg_type, body = m.decode(data, m.CLIENT_TO_GATEWAY)
             self._dispatch(client, msg_type, body)
@@ -108,12 +145,12 @@ class ZmqGateway:
                     prepared = self._prepare(request)
                 except ValueError as error:
                     self.reply(client, m.encode_error(request.id, RefusalCode.INVALID,
-                                                      str(error)))
+                                                      str(error)), request.id)
                     return
                 self._start(client, request, *prepared)
         elif msg_type == "abort":
             client_id = m.decode_client_query(body).request_id
-            request_id = self.by_client.get((client, client_id))
+            request_id = self.by_client.get(client, {}).get(client_id)
             if request_id is not None:
                 self.engine.abort(request_id)
             elif self.preparing.get(client) and len(self.early_aborts) < MAX_EARLY_ABORTS:
@@ -123,9 +160,25 @@ class ZmqGateway:
         elif msg_type == "kv_map":
             asyncio.create_task(self._on_kv_map(client, m.decode_client_query(body).request_id))
 
+    def _refused_at_cap(self, client: bytes, data: bytes) -> bool:
+        """A generate from a client at its cap, refused before its parameters are decoded
+        (a tenth of the cost: a client that floods pays little of the loop's time)."""
+        client_id = _answered_id(data, ("generate",))
+        if client_id is None:
+            return False   # not a generate, or malformed (answered as such)
+        self.reply(client, m.encode_error(client_id, *self._at_cap(client)), client_id)
+        return True
+
+    def _at_cap(self, client: bytes) -> tuple[RefusalCode, str]:
+        return RefusalCode.QUEUE_FULL, (
+            f"this connection has {len(self.by_client.get(client, ()))} requests in flight, "
+            "the most one client may have (--max-requests-per-client); wait for some to "
+            "end, or connect another client")
+
     def _bad_message(self, client: bytes, client_id: str, error: ProtocolError) -> None:
         log.warning("bad client message: %s", error)
-        self.reply(client, m.encode_error(client_id, RefusalCode.INVALID, str(error)))
+        self.reply(client, m.encode_error(client_id, RefusalCode.INVALID, str(error)),
+                   client_id)
 
     def _decode_large(self, data: bytes):
         """In the pool: decode a large message and, for a generate, prepare its prompt."""
@@ -168,16 +221,17 @@ class ZmqGateway:
             if kind == "malformed":   # a job kind, not a code: answered as invalid
                 self._bad_message(client, what, detail)
             elif kind == "too_long":
-                self.reply(client, m.encode_error(what, RefusalCode.INVALID, detail))
+                self.reply(client, m.encode_error(what, RefusalCode.INVALID, detail), what)
             elif kind not in ("generate", "refused"):
                 self._dispatch(client, kind, what)
             elif (client, what.id) in self.early_aborts:   # aborted while prepared
                 self.early_aborts.discard((client, what.id))
-                self.reply(client, m.encode_final(what.id, "", [], FinishReason.ABORT, 0))
+                self.reply(client, m.encode_final(what.id, "", [], FinishReason.ABORT, 0),
+                           what.id)
             elif not self._refused(client, what):
                 if kind == "refused":
                     self.reply(client, m.encode_error(what.id, RefusalCode.INVALID,
-                                                      str(detail)))
+                                                      str(detail)), what.id)
                 else:
                     self._start(client, what, *detail)
         except ProtocolError as error:
@@ -193,8 +247,13 @@ class ZmqGateway:
     def _refused(self, client: bytes, request: m.GenerateRequest) -> bool:
         """Refuse (and answer) a generate that cannot be served now."""
         reason = None
-        if (client, request.id) in self.by_client:
+        running = self.by_client.get(client, {})
+        if client in self.cut_off:
+            return True   # a large request prepared while it was cut off: nobody to answer
+        if request.id in running:
             reason = (RefusalCode.INVALID, f"request id {request.id!r} is already running")
+        elif len(running) >= self.max_requests:
+            reason = self._at_cap(client)
         elif self.engine.draining:
             reason = (RefusalCode.SHUTTING_DOWN,
                       "the server is shutting down; retry elsewhere or later")
@@ -204,7 +263,7 @@ class ZmqGateway:
             reason = (RefusalCode.INVALID, "n > 1 is not served over the SDK yet; send n "
                       "requests, or use the HTTP API or folio.LLM")
         if reason is not None:
-            self.reply(client, m.encode_error(request.id, *reason))
+            self.reply(client, m.encode_error(request.id, *reason), request.id)
         return reason is not None
 
     def _prepare(self, request: m.GenerateRequest) -> tuple[list[int], StopStrings | None]:
@@ -230,7 +289,7 @@ class ZmqGateway:
     def _start(self, client: bytes, request: m.GenerateRequest, ids: list[int],
                stops: StopStrings | None) -> None:
         sink = _ClientSink(self, client, request.id, request.stream)
-        self.by_client[(client, request.id)] = self.engine.submit(
+        self.by_client.setdefault(client, {})[request.id] = self.engine.submit(
             ids, request.params, sink, request.deadline, stops)
 
     async def _on_health(self, client: bytes, client_id: str) -> None:
@@ -240,22 +299,117 @@ class ZmqGateway:
             client_id, ok=engine.engine_alive and not engine.draining, draining=engine.draining,
             scheduler=engine.scheduler_alive, executor=engine.engine_alive,
             frontend_id=engine.frontend_id, stats=stats,
-            replicas=engine.replica_health() if hasattr(engine, "replica_health") else None))
+            replicas=engine.replica_health() if hasattr(engine, "replica_health") else None),
+            client_id)
 
     async def _on_kv_map(self, client: bytes, client_id: str) -> None:
-        self.reply(client, m.encode_kv_map(await self.engine.kv_map(), client_id))
+        self.reply(client, m.encode_kv_map(await self.engine.kv_map(), client_id), client_id)
 
     def forget(self, client: bytes, client_id: str) -> None:
-        self.by_client.pop((client, client_id), None)
+        running = self.by_client.get(client)
+        if running is not None:
+            running.pop(client_id, None)
+            if not running:
+                del self.by_client[client]
 
-    def reply(self, client: bytes, payload: bytes) -> None:
-        # NOBLOCK sends complete (or fail) at once, so replies keep their order.
-        sent = self.sock.send_multipart([client, payload], zmq.NOBLOCK)
-        sent.add_done_callback(lambda future: self._check_sent(future, client))
+    def reply(self, client: bytes, payload: bytes, client_id: str = "") -> None:
+        """Send to a client now (NOBLOCK: replies keep their order). A cut-off client's
+        output is dropped; one that cannot take it is cut off or, gone, forgotten.
+        `client_id`: the request this reply ends, told again if it is lost."""
+        if client in self.cut_off:
+            return
+        error = send_now(self.sock, [client, payload])
+        if error is not None:
+            self._unreachable(client, error, client_id)
 
-    def _check_sent(self, future: asyncio.Future, client: bytes) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            # A vanished client: abort its requests so their blocks come back.
-            for (owner, _), request_id in list(self.by_client.items()):
-                if owner == client:
-                    self.engine.abort(request_id)
+    def _unreachable(self, client: bytes, error: BaseException, client_id: str) -> None:
+        """Abort, once, every request of a client that can no longer be answered."""
+        running = self.by_client.pop(client, {})
+        for request_id in running.values():
+            self.engine.abort(request_id)
+        if _gone(error):
+            self.cut_off.remove(client)
+            self.gone.add(client)
+            if running:
+                log.info("client %s left: aborted its %d request(s)", client.hex(),
+                         len(running))
+            return
+        lost = [*running, client_id] if client_id and client_id not in running else [*running]
+        self.cut_off.add(client, lost, room=self.max_requests)
+        log.warning("client %s does not read its replies (its queue is full: %s): aborted its "
+                    "%d request(s); its messages are dropped until it reads again",
+                    client.hex(), error, len(running))
+
+    def _served_again(self, client: bytes, data: bytes) -> bool:
+        """A message from a cut-off client: True when the client took every notice (it
+        reads again) and this message is to be served; else it is dropped, and the client
+        told of it later if it asks for an answer and there is room."""
+        if self.cut_off.may_try(client) and self._tell_cut_off(client):
+            return True
+        if self.cut_off.has_room(client) and self.engine.prep.small(len(data)):
+            client_id = _answered_id(data, ("generate", "health", "kv_map"))
+            if client_id is not None:
+                self.cut_off.dropped(client, client_id)
+        return False
+
+    def _tell_cut_off(self, client: bytes) -> bool:
+        """Try to tell a cut-off client which of its requests were aborted or dropped; True
+        once it took every notice (it reads again: served as any client from now on)."""
+        notices = self.cut_off.notices(client)
+        while notices:
+            error = send_now(self.sock, [client, m.encode_error(
+                notices[-1], RefusalCode.SLOW_READER,
+                "this connection fell behind reading its replies and its queue filled up: "
+                "the request was aborted (or dropped unread); read replies as they come")])
+            if error is not None:
+                if _gone(error):
+                    self.cut_off.remove(client)
+                    self.gone.add(client)
+                return False
+            notices.pop()
+        self.cut_off.remove(client)
+        log.info("client %s reads its replies again", client.hex())
+        return True
+
+    async def _retry_cut_off(self) -> None:
+        """A cut-off client that reads again but sends nothing still hears of its requests."""
+        while True:
+            await asyncio.sleep(CUT_OFF_RETRY_S)
+            for client in self.cut_off.clients():
+                if self.cut_off.may_try(client):
+                    self._tell_cut_off(client)
+
+
+def _answered_id(data: bytes, types: tuple[str, ...]) -> str | None:
+    """The id of a message of one of `types` that has a readable one; None otherwise."""
+    try:
+        msg_type, raw = unpack(data)
+    except ProtocolError:
+        return None
+    client_id = raw.get("id")
+    if msg_type in types and isinstance(client_id, str) and 0 < len(client_id) <= MAX_ID_LEN:
+        return client_id
+    return None
+
+
+def _gone(error: BaseException) -> bool:
+    """A ROUTER_MANDATORY send's error for a peer that is no longer connected."""
+    return isinstance(error, zmq.ZMQError) and error.errno == zmq.EHOSTUNREACH
+
+
+def client_socket(ctx: zmq.asyncio.Context, limits: ClientLimits = ClientLimits()
+                  ) -> zmq.asyncio.Socket:
+    """The clients' ROUTER. No ZMTP heartbeats of its own: libzmq 4.3.5 (and master) aborts
+    the process when a heartbeat timer fires on a connection whose peer hung up while its
+    receive queue was full (assert !_io_error in stream_engine_base.cpp: libzmq issues 3937,
+    4364, 4841), which any client could do by flooding and leaving. SDK clients ping with a
+    TTL, so one that goes silent is still dropped after HEARTBEAT_TIMEOUT_MS; one that does
+    not read is cut off when its queue fills. Options apply to connections accepted after
+    the bind only: set them all before it."""
+    sock = configure(ctx.socket(zmq.ROUTER))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 0)
+    sock.setsockopt(zmq.SNDHWM, limits.send_queue)
+    if limits.send_buffer is not None:
+        sock.setsockopt(zmq.SNDBUF, limits.send_buffer)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    return sock

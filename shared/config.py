@@ -19,6 +19,9 @@ LINEAR_BACKENDS = ("auto", "onednn", "torch")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain may take
 SHUTDOWN_HELP = "on SIGTERM, seconds running requests may take to finish before they are aborted"
+MAX_REQUESTS_PER_CLIENT = 4096   # frontend: one SDK connection's requests in flight
+MAX_REQUESTS_PER_CLIENT_HELP = ("requests one SDK client (one ZeroMQ connection) may have in "
+                                "flight; more are refused as queue_full (default: 4096)")
 CURVE_KEYS_HELP = ("CURVE keys directory (`folio keys`): every ZeroMQ socket encrypts and "
                    "refuses peers without the keys (default: no CURVE)")
 

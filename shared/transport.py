@@ -33,6 +33,20 @@ def configure(sock: zmq.Socket, max_message_bytes: int = MAX_MESSAGE_BYTES) -> z
     return sock
 
 
+def send_now(sock: "zmq.asyncio.Socket", frames: list[bytes]) -> zmq.ZMQError | None:
+    """Send `frames` on an asyncio socket without waiting: None when they left, else why not
+    (zmq.Again: the peer's queue is full; EHOSTUNREACH: a ROUTER's peer is gone).
+
+    A NOBLOCK send completes or fails at once while no other send waits (none of ours ever
+    does), so its future is done on return; its error is read here, not left in the future
+    (which would log "Future exception was never retrieved" once per failed message)."""
+    sent = sock.send_multipart(frames, zmq.NOBLOCK)
+    if not sent.done():   # not expected: read its outcome when it comes, all the same
+        sent.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return None
+    return None if sent.cancelled() else sent.exception()
+
+
 async def next_monitor_event(monitor: "zmq.asyncio.Socket", timeout_s: float) -> int | None:
     """The next event on an asyncio monitor socket, or None when none came within timeout_s.
 
