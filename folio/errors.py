@@ -32,9 +32,16 @@ class RequestTimeout(FolioError):
     """No answer within the request's timeout; the request was aborted."""
 
 
+class SlowReader(FolioError):
+    """This client fell so far behind reading its replies that its queue on the server filled
+    up: the server aborted its requests (or dropped ones sent meanwhile). Read replies as they
+    come, or run fewer requests at once."""
+
+
 _BY_CODE = {RefusalCode.INVALID: RequestRejected, RefusalCode.REJECTED: RequestRejected,
             RefusalCode.QUEUE_FULL: QueueFull, RefusalCode.ENGINE_DEAD: EngineDead,
-            RefusalCode.TIMEOUT: RequestTimeout, RefusalCode.SHUTTING_DOWN: ShuttingDown}
+            RefusalCode.TIMEOUT: RequestTimeout, RefusalCode.SHUTTING_DOWN: ShuttingDown,
+            RefusalCode.SLOW_READER: SlowReader}
 
 
 def error_from_code(code: RefusalCode | str, message: str) -> FolioError:

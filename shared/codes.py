@@ -30,7 +30,8 @@ class RefusalCode(StrEnum):
     ENGINE_DEAD = "engine_dead"        # no scheduler or no executor; the request failed
     SHUTTING_DOWN = "shutting_down"    # draining after SIGTERM
     TIMEOUT = "timeout"                # the request's deadline passed; it was aborted
-    # The HTTP API's own: a stream's client fell too far behind (never on a ZeroMQ socket).
+    # The client fell too far behind reading: an HTTP stream (429), or an SDK connection
+    # whose reply queue filled (its requests were aborted; told when it reads again).
     SLOW_READER = "slow_reader"
 
 
