@@ -11,7 +11,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from frontend.engine_client import EngineClient, FinalResult, SampleResult
+from frontend.completion_body import (MAX_RESPONSE_LOGPROBS, Choice, PromptAnswer,
+                                      completion_response, logprob_entries,
+                                      too_large_message)
+from frontend.engine_client import EngineClient, FinalResult
 from frontend.openai_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
 from frontend.openai_logprobs import completion_logprobs
 from frontend.openai_protocol import (ApiError, chat_messages, completion_prompts, invalid,
@@ -234,21 +237,20 @@ async def _echo_text(engine: EngineClient, prompt: str | list[int], ids: list[in
     return await engine.prep.run(len(ids), engine.tokenizer.decode, ids)
 
 
-def _choice(engine: EngineClient, index: int, sample: SampleResult, prefix: str,
-            ids: list[int], result: FinalResult, echo: bool, score_only: bool
-            ) -> dict[str, Any]:
-    logprobs = None
-    if sample.logprobs is not None:
-        generated = [] if score_only else sample.logprobs
-        if echo:
-            logprobs = completion_logprobs([*(result.prompt_logprobs or []), *generated],
-                                           first_token=engine.tokenizer.decode(ids[:1]))
-        else:
-            logprobs = completion_logprobs(generated)
-    return {"index": index, "text": prefix + ("" if score_only else sample.text),
-            "logprobs": logprobs,
-            "finish_reason": "length" if score_only else sample.finish_reason,
-            "stop_reason": None if score_only else sample.stop_reason}
+def _prompt_answer(engine: EngineClient, first_index: int, result: FinalResult,
+                   prefix: str, ids: list[int], echo: bool, score_only: bool
+                   ) -> PromptAnswer:
+    """One prompt's choices; with echo and logprobs, its table once for all of them."""
+    choices = [Choice(first_index + sample.index, prefix + ("" if score_only else sample.text),
+                      None if sample.logprobs is None else
+                      [] if score_only else sample.logprobs,
+                      "length" if score_only else sample.finish_reason,
+                      None if score_only else sample.stop_reason)
+               for sample in result.samples]
+    echoed = None
+    if echo and any(choice.logprobs is not None for choice in choices):
+        echoed = (engine.tokenizer.decode(ids[:1]), result.prompt_logprobs or [])
+    return PromptAnswer(choices, echoed)
 
 
 async def create_completion(engine: EngineClient, body: dict[str, Any], model: str):
@@ -286,6 +288,11 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
     ids = await engine.prep.run(chars, _tokenize, engine.tokenizer, prompts)
     for one in ids:
         _check(engine, one, params, "prompt", score_only)
+    if logprobs is not None and not options.stream:   # a stream's events go out one by one
+        sizes = ([len(one) for one in ids], params.n, echo, 0 if score_only
+                 else params.max_tokens, logprobs)
+        if logprob_entries(*sizes) > MAX_RESPONSE_LOGPROBS:
+            raise invalid(too_large_message(*sizes, "logprobs"), "logprobs")
     job = await _submit(engine, ids, params, body, options.stream)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -296,18 +303,23 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
     except BaseException:
         job.abort()
         raise
-    choices = []
-    for prompt_index, result in enumerate(results):
-        prefix = await _echo_text(engine, prompts[prompt_index],
-                                  ids[prompt_index]) if echo else ""
-        for sample in result.samples:
-            choices.append(_choice(engine, prompt_index * params.n + sample.index, sample,
-                                   prefix, ids[prompt_index], result, echo, score_only))
     usage = _usage(results)
     if score_only:
         usage = {**usage, "completion_tokens": 0, "total_tokens": usage["prompt_tokens"]}
-    return job, {"id": request_id, "object": "text_completion", "created": created,
-                 "model": model, "choices": choices, "usage": usage}
+    head = {"id": request_id, "object": "text_completion", "created": created,
+            "model": model}
+    answers = []
+    for prompt_index, result in enumerate(results):
+        prefix = await _echo_text(engine, prompts[prompt_index],
+                                  ids[prompt_index]) if echo else ""
+        answers.append(_prompt_answer(engine, prompt_index * params.n, result, prefix,
+                                      ids[prompt_index], echo, score_only))
+    if logprobs is None:
+        return job, {**head, "choices": [vars(c) for a in answers for c in a.choices],
+                     "usage": usage}
+    entries = logprob_entries([len(one) for one in ids], params.n, echo,
+                              0 if score_only else params.max_tokens, logprobs)
+    return job, await completion_response(head, answers, usage, entries)
 
 
 async def _stream_completion(job: _Job, request_id: str, created: int, model: str,
