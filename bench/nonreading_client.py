@@ -67,6 +67,15 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _health(base: str, timeout: float) -> tuple[float, dict | None]:
     start = time.monotonic()
     try:
@@ -191,8 +200,17 @@ def main() -> int:
                 recovered_after = time.monotonic() - left_at
                 break
             time.sleep(0.25)
-        after = watcher.generate([1, 2, 3], GREEDY).token_ids == outcomes.get("expected")
+        busy = {role: _cpu_s(pid) for role, pid in pids.items()}
+        time.sleep(3.0)   # after it left: nobody should be busy on its account
+        summary["cpu_share_3s_after"] = {role: round((_cpu_s(pid) - busy[role]) / 3.0, 2)
+                                         for role, pid in pids.items()}
+        try:   # served as before, and right
+            after = watcher.generate([1, 2, 3], GREEDY).token_ids == outcomes.get("expected")
+        except Exception as error:   # e.g. the frontend is gone: reported, not raised
+            after = f"{type(error).__name__}: {error}"
         watcher.close()
+        summary["processes_alive"] = {role: Path(f"/proc/{pid}").exists()
+                                      for role, pid in pids.items()}
         summary.update(
             recovered_after_s=None if recovered_after is None else round(recovered_after, 2),
             health_slowest_overall_s=round(slowest, 3), bystander_after_ok=after,

@@ -44,7 +44,9 @@ class ClientLimits:
     """What one client (one connection) may hold of the gateway."""
 
     max_requests: int = MAX_REQUESTS_PER_CLIENT   # in flight; more are refused (queue_full)
-    send_queue: int = 100_000   # replies queued for it (SNDHWM); full: it does not read
+    # Replies queued for it (SNDHWM); full: it does not read. 128 per stream at 256 streams,
+    # the HTTP API's slow_reader bound; about 3 s of a 10 000/s flood's refusals past its cap.
+    send_queue: int = 32_768
     send_buffer: int | None = None   # the kernel's send buffer (SNDBUF); None: the OS's
 
 
