@@ -35,7 +35,7 @@ from shared.outputs import EngineOutput
 from shared.step import StepResult
 from shared.wire import PROTOCOL_VERSION
 from tests.http_server import free_port
-from tests.pipeline import Pipeline, spawn_role
+from tests.pipeline import Pipeline, spawn_role, start_streams
 
 pytestmark = pytest.mark.slow
 
@@ -290,13 +290,15 @@ BURST_WAIT_S = 150   # generous: a loaded 2-core machine is slow, and slow is no
 def _burst(healthy: "Cluster"):
     """While the frontend works through a burst of client messages (10,000 fuzzed ones and
     20 of the largest legal size, 2**22 prompt ids, each refused as too long), a request
-    running meanwhile and one sent meanwhile: what each ended with."""
+    running meanwhile and one sent meanwhile: what each ended with. The running one is an
+    ENDLESS stream that has streamed a token before the burst: it still runs when the
+    burst is done at any engine speed, and is aborted at the end ("running" when it was
+    still streaming then, unfailed)."""
 
     async def run():
         async with AsyncClient(healthy.client_addresses[0]) as client:
-            job = asyncio.create_task(client.generate(
-                [3] * 20, SamplingParams(max_tokens=300, **GREEDY), timeout=BURST_WAIT_S))
-            await asyncio.sleep(0.5)
+            (job,) = await start_streams(client, [3] * 20, SamplingParams(
+                max_tokens=ENDLESS, **GREEDY), timeout=BURST_WAIT_S)
             ctx = zmq.Context()
             sock = ctx.socket(zmq.DEALER)
             try:
@@ -308,43 +310,51 @@ def _burst(healthy: "Cluster"):
                 for i in range(20):
                     sock.send(m.pack("generate", {"id": f"big-{i}", "params": {},
                                                   "prompt_token_ids": [1] * 2**22}))
-                await asyncio.sleep(0.2)
+                # The frontend's first answer to the burst: it is working through it now.
+                assert await asyncio.to_thread(sock.poll, BURST_WAIT_S * 1000), \
+                    "no answer to the burst"
                 during = await _value_or_error(client.generate(
                     PROBE_PROMPT, SamplingParams(max_tokens=8, **GREEDY), timeout=BURST_WAIT_S))
             finally:
                 sock.close()
                 ctx.term()
-            running = await _value_or_error(asyncio.wait_for(job, BURST_WAIT_S))
-            return running, during
+            if not job.done():   # still streaming, nothing failed it: end it (an abort)
+                job.cancel()
+                await asyncio.gather(job, return_exceptions=True)
+                return "running", during
+            return await _value_or_error(job), during
 
     return asyncio.run(run())
 
 
 def _assert_burst_harmless(healthy: "Cluster", running, during) -> None:
-    """Both finished normally: no 'the scheduler is not reachable' while it was busy."""
+    """Both unharmed: no 'the scheduler is not reachable' while it was busy."""
     assert not isinstance(running, FolioError), f"the running request failed: {running!r}"
     assert not isinstance(during, FolioError), f"the request sent meanwhile failed: {during!r}"
-    assert running.finish_reason == "length" and len(running.token_ids) == 300
+    if running != "running":   # an engine fast enough to finish it: it finished normally
+        assert running.finish_reason == "length" and len(running.token_ids) == ENDLESS
     assert during.token_ids == healthy.reference
+    stats = healthy.wait_idle(timeout=60)   # the aborted stream's blocks come back
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats
 
 
-def test_a_burst_of_client_messages_does_not_fail_running_requests(healthy):
-    _assert_burst_harmless(healthy, *_burst(healthy))
+def test_a_burst_of_client_messages_does_not_fail_running_requests(long_cluster):
+    _assert_burst_harmless(long_cluster, *_burst(long_cluster))
 
 
-def test_the_burst_beside_two_cpu_bound_processes_fails_nothing(healthy):
+def test_the_burst_beside_two_cpu_bound_processes_fails_nothing(long_cluster):
     """The same on a machine that is busy with something else: two processes spinning."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(2)]
     try:
-        running, during = _burst(healthy)
+        running, during = _burst(long_cluster)
     finally:
         for proc in spinners:
             proc.kill()
             proc.wait(timeout=10)
-    _assert_burst_harmless(healthy, running, during)
-    healthy.assert_serving(0)
-    healthy.assert_serving(1)
+    _assert_burst_harmless(long_cluster, running, during)
+    long_cluster.assert_serving(0)
+    long_cluster.assert_serving(1)
 
 
 def test_an_abort_that_overtakes_a_large_generate_being_prepared_is_applied(healthy):
@@ -409,6 +419,15 @@ async def _bystander(client: AsyncClient):
         PROBE_PROMPT, SamplingParams(max_tokens=8, **GREEDY), timeout=60))
 
 
+async def _bystanders_while(client: AsyncClient, job: asyncio.Task) -> list:
+    """Bystanders one after another for as long as `job` runs (at least one): some are
+    served beside it at any engine speed, with no guess at how long it takes."""
+    served = [await _bystander(client)]
+    while not job.done() and len(served) < 1000:
+        served.append(await _bystander(client))
+    return served
+
+
 def test_a_960_kb_stop_string_request_hurts_no_one(healthy):
     """64 prompts, n = 3, 16 stop strings of 60,000 characters: it is served, and a
     bystander's request beside it gets its normal answer (no plan grows with stop strings)."""
@@ -420,16 +439,16 @@ def test_a_960_kb_stop_string_request_hurts_no_one(healthy):
         async with AsyncClient(healthy.client_addresses[1]) as client, \
                 httpx.AsyncClient(base_url=healthy.base, timeout=120) as http:
             big = asyncio.create_task(http.post("/v1/completions", json=body))
-            await asyncio.sleep(0.3)
-            return await big, await _bystander(client)
+            return await _bystanders_while(client, big), await big
 
-    response, bystander = asyncio.run(run())
+    bystanders, response = asyncio.run(run())
     assert response.status_code == 200, response.text[:300]
     choices = response.json()["choices"]
     assert sorted(c["index"] for c in choices) == list(range(192))
     assert {c["finish_reason"] for c in choices} == {"length"}
-    assert not isinstance(bystander, FolioError), bystander
-    assert bystander.token_ids == healthy.reference
+    for bystander in bystanders:
+        assert not isinstance(bystander, FolioError), bystander
+        assert bystander.token_ids == healthy.reference
     assert executor.poll() is None and healthy.procs["executor"] is executor   # no restart
     healthy.assert_serving(0)
 
@@ -469,34 +488,42 @@ def test_a_stream_with_long_stop_strings_does_not_stall_a_bystander(healthy):
         assert bystander.token_ids == healthy.reference
 
 
-def test_a_huge_chat_prompt_is_prepared_off_the_loop_while_others_are_served(healthy):
+def test_a_huge_chat_prompt_is_prepared_off_the_loop_while_others_are_served(long_cluster):
     """A chat of one 7.5 M-character message is templated and tokenized beside the event
-    loop: a stream running meanwhile ends normally, a request sent meanwhile is served, and
-    the huge one is refused alone (longer than max_model_len)."""
+    loop: a stream running meanwhile goes on unharmed, requests sent meanwhile are served,
+    and the huge one is refused alone (longer than max_model_len). The stream is an ENDLESS
+    one on a cluster of its own, so it still runs while the huge one is prepared at any
+    engine speed; it is aborted at the end."""
+    healthy = long_cluster
 
     async def run():
         async with AsyncClient(healthy.client_addresses[0]) as client:
-            started = asyncio.Event()
-            running = asyncio.create_task(_value_or_error(_sdk_stream(client, started)))
-            await asyncio.wait_for(started.wait(), 20)
+            (running,) = await start_streams(client, [7] * 20, SamplingParams(
+                max_tokens=ENDLESS, **GREEDY))
             huge = asyncio.create_task(_value_or_error(client.chat(
                 [{"role": "user", "content": "The for statement. " * 390_000}],
                 SamplingParams(max_tokens=4), timeout=120)))
-            await asyncio.sleep(0.5)
-            during = await _bystander(client)
-            return await running, during, await huge
+            during = await _bystanders_while(client, huge)
+            huge = await huge
+            if running.done():   # an engine fast enough to finish it: it finished normally
+                return await _value_or_error(running), during, huge
+            running.cancel()   # still streaming, nothing failed it: end it (an abort)
+            await asyncio.gather(running, return_exceptions=True)
+            return "running", during, huge
 
     running, during, huge = asyncio.run(run())
-    assert running == LONG, f"the stream running meanwhile: {running!r}"
-    assert not isinstance(during, FolioError), during
-    assert during.token_ids == healthy.reference
+    assert running == "running" or (running.finish_reason == "length" and
+                                    len(running.token_ids) == ENDLESS), running
+    for bystander in during:
+        assert not isinstance(bystander, FolioError), bystander
+        assert bystander.token_ids == healthy.reference
     assert isinstance(huge, FolioError) and "max_model_len" in str(huge), huge
     healthy.assert_serving(0)
 
 
 # ---- clients that vanish ----------------------------------------------------------------------
 
-def test_200_vanishing_clients_then_a_normal_request_within_5_s(healthy):
+def test_200_vanishing_clients_then_a_normal_request_promptly(healthy):
     rng = random.Random(2)
     kinds = ["raw"] * 70 + ["sdk"] * 60 + ["http"] * 70
     rng.shuffle(kinds)
@@ -544,16 +571,19 @@ def test_200_vanishing_clients_then_a_normal_request_within_5_s(healthy):
                     raw(*job[1:]) if job[0] == "raw" else sdk(*job[1:]) if job[0] == "sdk"
                     else http(client, *job[1:]) for job in jobs[wave:wave + 50]))
 
-    asyncio.run(asyncio.wait_for(run(), 120))
+    asyncio.run(asyncio.wait_for(run(), 240))
     started = time.monotonic()
     with Client(healthy.client_addresses[0]) as client:
         result = client.generate(PROBE_PROMPT, SamplingParams(max_tokens=8, **GREEDY),
-                                 timeout=10)
+                                 timeout=120)
     elapsed = time.monotonic() - started
     assert result.token_ids == healthy.reference
-    assert elapsed < 5.0, f"the first request after the disconnects took {elapsed:.1f} s"
+    # The bound is the behaviour: the vanished clients' requests are dropped as they leave,
+    # so the probe waits behind none of them. Were they left to run, it would queue behind
+    # ~40,000 tokens of them on 64 blocks (minutes here); 30 s leaves a loaded machine room.
+    assert elapsed < 30, f"the first request after the disconnects took {elapsed:.1f} s"
     healthy.check_alive()
-    stats = healthy.wait_idle(timeout=5)
+    stats = healthy.wait_idle(timeout=60)
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == NUM_KV_BLOCKS, stats
 
 
