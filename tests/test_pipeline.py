@@ -213,11 +213,11 @@ def test_killing_the_executor_fails_in_flight_requests_then_recovers(pipeline):
             return results, time.monotonic() - killed
 
     try:
-        results, elapsed = asyncio.run(run())
+        results, _ = asyncio.run(run())
         assert all(isinstance(r, EngineDead) for r in results), results
-        assert "executor" in str(results[0])
-        # The broken connection is noticed at once, not at the 2 s heartbeat timeout.
-        assert elapsed < 1.5, elapsed
+        # The broken connection is noticed at once, not at the heartbeat timeout: the
+        # reason names how it was noticed (no clock, which a loaded machine stretches).
+        assert "executor's connection closed" in str(results[0]), results[0]
         pipeline.procs["executor"].wait()
         with Client(pipeline.client_addresses[0]) as client:
             assert not client.health()["ok"]
@@ -252,7 +252,11 @@ def test_stopped_executor_fails_requests_and_resumes_after_sigcont(pipeline):
         os.kill(executor.pid, signal.SIGCONT)
         if executor.poll() is not None:   # never leave the shared fixture without one
             pipeline.restore_executor()
-    assert ("stopped responding" in message or "connection closed" in message) and elapsed < 3.5
+    assert "stopped responding" in message or "connection closed" in message, message
+    # The bound is the behaviour: a stopped executor is given up at its heartbeat timeout
+    # (2 s), not never. Generous, as a loaded machine delays every process; a hang would
+    # not end before the 60 s wait above.
+    assert elapsed < 30, elapsed
     pipeline.wait_ready(timeout=30)   # the same executor process says hello again
     with Client(pipeline.client_addresses[1]) as client:
         assert len(client.generate([1, 2], SamplingParams(max_tokens=3)).token_ids) == 3
