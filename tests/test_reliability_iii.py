@@ -24,7 +24,7 @@ import pytest
 from folio import SamplingParams
 from folio.client import AsyncClient, Client
 from folio.errors import RequestRejected
-from tests.http_server import ROOT, HttpServer, free_port
+from tests.http_server import ROOT, HttpServer, free_port, serving
 
 pytestmark = pytest.mark.slow
 KEY = "sk-reliability-iii-secret"
@@ -114,7 +114,9 @@ def test_a_reused_request_id_never_gets_the_abandoned_calls_output(server):
 def test_reusing_a_running_id_is_refused_and_the_running_call_goes_on(server):
     async def run():
         async with AsyncClient(server.zmq_address) as client:
-            stream = client.stream([5] * 10, SamplingParams(max_tokens=40, **GREEDY),
+            # As long as the context allows: it surely still runs when the second call
+            # with its id arrives, on a far faster engine too.
+            stream = client.stream([5] * 10, SamplingParams(max_tokens=1000, **GREEDY),
                                    request_id="busy")
             first = await stream.__anext__()
             with pytest.raises(RequestRejected, match="already running"):
@@ -122,7 +124,7 @@ def test_reusing_a_running_id_is_refused_and_the_running_call_goes_on(server):
             rest = [delta async for delta in stream]
             return len(first.token_ids) + sum(len(d.token_ids) for d in rest)
 
-    assert asyncio.run(run()) == 40
+    assert asyncio.run(run()) == 1000
 
 
 def test_a_prompt_that_fills_the_context_without_max_tokens_is_refused(server):
@@ -198,32 +200,42 @@ def test_a_content_length_over_the_limit_is_refused_before_the_body(server):
 
 # ---- a stream that is never read -----------------------------------------------------------
 
-def test_a_stream_never_read_is_aborted_and_its_blocks_freed(server):
+NEVER_READ_TOKENS = 30_000   # per sample: far past the backlog at any engine speed
+
+
+def test_a_stream_never_read_is_aborted_and_its_blocks_freed(long_llama_dir, tmp_path):
+    # A server of its own on the 32768-token model: the 16 samples must still be running
+    # when the unread backlog is judged (128 steps and a grace second after it fills), so
+    # they ask for answers no engine, however fast, finishes by then.
+    key_file = tmp_path / "api.key"
+    key_file.write_text(KEY + "\n")
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
-                       "n": 16, "max_tokens": 900, "logprobs": True, "top_logprobs": 20,
-                       "ignore_eos": True}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
-            f"{KEY}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-            ).encode()
-    admitted = _admitted_tokens(server)
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a small window
-        sock.settimeout(60)
-        sock.connect(("127.0.0.1", server.port))
-        sock.sendall(head + body)
-        _wait_running(server, admitted_before=admitted)
-        stats = _idle_stats(server, timeout=240)   # while nothing of the stream is read
-        assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == 512, stats
-        received = b""
-        while not received.endswith(b"0\r\n\r\n"):
-            data = sock.recv(2**20)
-            if not data:
-                break
-            received += data
+                       "n": 16, "max_tokens": NEVER_READ_TOKENS, "logprobs": True,
+                       "top_logprobs": 20, "ignore_eos": True}).encode()
+    with serving(long_llama_dir, tmp_path, "--api-key-file", str(key_file),
+                 "--num-kv-blocks", "2048") as server:
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: "
+                f"Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: "
+                f"{len(body)}\r\n\r\n").encode()
+        admitted = _admitted_tokens(server)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a small window
+            sock.settimeout(60)
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(head + body)
+            _wait_running(server, admitted_before=admitted)
+            stats = _idle_stats(server, timeout=240)   # while nothing of the stream is read
+            assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == 2048, stats
+            received = b""
+            while not received.endswith(b"0\r\n\r\n"):
+                data = sock.recv(2**20)
+                if not data:
+                    break
+                received += data
     events = [line for line in received.split(b"\n") if line.startswith(b"data: ")]
     assert b"[DONE]" not in received
     assert b'"slow_reader"' in events[-1]
-    assert len(events) < 16 * 900   # it did not run to the end
+    assert len(events) < 16 * NEVER_READ_TOKENS   # it did not run to the end
 
 
 # ---- descriptors ---------------------------------------------------------------------------
