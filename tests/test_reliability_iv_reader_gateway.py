@@ -100,7 +100,7 @@ async def _with_gateway(tmp_path, body) -> None:
     address = f"ipc://{tmp_path}/gw.sock"
     # A client is cut off after a few hundred queued replies, not 100 000.
     gateway = ZmqGateway(engine, address, ctx,
-                         limits=ClientLimits(max_requests=CAP, send_queue=20, send_buffer=4096))
+                         limits=ClientLimits(max_requests=CAP, send_queue=200, send_buffer=4096))
     serving = asyncio.create_task(gateway.serve())
     try:
         await body(gateway, engine, address)
@@ -222,3 +222,31 @@ def test_the_client_socket_survives_a_flood_and_leave(tmp_path):
     done = subprocess.run([sys.executable, "-c", FLOOD_AND_LEAVE, f"ipc://{tmp_path}/f.sock"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "survived" in done.stdout, done.stderr[-2000:]
+
+
+def test_what_the_gateway_remembers_of_clients_is_bounded():
+    from frontend.client_cutoff import CutOffClients, GoneClients
+
+    now = [0.0]
+    cut = CutOffClients(limit=3, min_s=1.0, clock=lambda: now[0])
+    for i in range(10):
+        cut.add(bytes([i]), [f"r{i}"], room=2)
+    assert cut.clients() == [bytes([7]), bytes([8]), bytes([9])]   # the oldest forgotten
+    for n in range(5):   # told of at most `room` dropped requests
+        cut.dropped(bytes([9]), f"late{n}")
+    assert cut.notices(bytes([9])) == ["r9", "late0", "late1"]
+    assert not cut.may_try(bytes([9]))
+    now[0] = 1.0
+    assert cut.may_try(bytes([9]))
+
+    gone = GoneClients(limit=2, quiet_s=1.0, clock=lambda: now[0])
+    for i in range(3):
+        gone.add(bytes([i]))
+    assert len(gone) == 2 and not gone.drops(bytes([0]))
+    now[0] = 1.5
+    assert gone.drops(bytes([2]))          # its backlog, read without pause
+    now[0] = 2.4
+    assert gone.drops(bytes([2]))
+    now[0] = 3.5
+    assert not gone.drops(bytes([2]))      # quiet for over 1 s: its id may be reused
+    assert len(gone) == 1
