@@ -8,7 +8,8 @@ A client costs only itself: it may have `max_requests` requests in flight (more 
 as queue_full), and its replies queue up to the socket's SNDHWM. A client whose queue is full
 does not read: its requests are aborted once, its further output and messages are dropped,
 and it gets a `slow_reader` error for each aborted request when it reads again
-(client_cutoff.py). A client that left has its requests aborted once.
+(client_cutoff.py). A client that left has its requests aborted once, and what it sent
+before leaving that is still queued here is dropped unread.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from frontend.prompts import check_prompt, prompt_ids
 from frontend.stop_strings import StopStrings
 from shared import messages as m
 from shared.codes import FinishReason, RefusalCode
+from shared.config import MAX_REQUESTS_PER_CLIENT
 from shared.sampling_params import check_against_model
 from shared.structured_output import grammar_error
 from shared.security import CurveKeys, make_server
-from shared.config import MAX_REQUESTS_PER_CLIENT
 from shared.transport import check_bind_address, configure, send_now
 from shared.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
 
