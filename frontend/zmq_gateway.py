@@ -30,7 +30,6 @@ from shared import messages as m
 from shared.codes import FinishReason, RefusalCode
 from shared.config import MAX_REQUESTS_PER_CLIENT
 from shared.sampling_params import check_against_model
-from shared.structured_output import grammar_error
 from shared.security import CurveKeys, make_server
 from shared.transport import check_bind_address, configure, send_now
 from shared.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
@@ -93,7 +92,7 @@ class ZmqGateway:
         self.by_client: dict[bytes, dict[str, str]] = {}   # client -> its id -> engine id
         self.cut_off = CutOffClients()
         self.gone = GoneClients()
-        self.preparing: dict[bytes, int] = {}          # client -> large messages in the pool
+        self.preparing: dict[bytes, int] = {}          # client -> requests in the pool or admission
         self.early_aborts: set[tuple[bytes, str]] = set()
 
     def close(self) -> None:
@@ -240,12 +239,16 @@ class ZmqGateway:
         except ProtocolError as error:
             self._bad_message(client, "", error)
         finally:
-            left = self.preparing[client] - 1
-            if left:
-                self.preparing[client] = left
-            else:   # nothing of this client is being prepared: its early aborts are moot
-                del self.preparing[client]
-                self.early_aborts = {k for k in self.early_aborts if k[0] != client}
+            self._prepared(client)
+
+    def _prepared(self, client: bytes) -> None:
+        """One of this client's requests is no longer being prepared (pool or admission)."""
+        left = self.preparing[client] - 1
+        if left:
+            self.preparing[client] = left
+        else:   # nothing of this client is being prepared: its early aborts are moot
+            del self.preparing[client]
+            self.early_aborts = {k for k in self.early_aborts if k[0] != client}
 
     def _refused(self, client: bytes, request: m.GenerateRequest) -> bool:
         """Refuse (and answer) a generate that cannot be served now."""
@@ -282,15 +285,38 @@ class ZmqGateway:
             raise ValueError(f"prompt has {len(ids)} tokens, leaving no room for a generated "
                              f"token under this model's max_model_len = {limit}")
         check_against_model(request.params, engine.vocab_size, *engine.limits)
-        if request.params.structured_output is not None:   # refused here, not in the engine
-            error = grammar_error(request.params.structured_output)
-            if error is not None:
-                raise ValueError("structured_output cannot be compiled: "
-                                 + " ".join(error.split())[:500])
         return ids, StopStrings(request.params.stop) if request.params.stop else None
 
     def _start(self, client: bytes, request: m.GenerateRequest, ids: list[int],
                stops: StopStrings | None) -> None:
+        if request.params.structured_output is not None:   # refused here, not in the engine
+            self.preparing[client] = self.preparing.get(client, 0) + 1
+            asyncio.create_task(self._admit_then_start(client, request, ids, stops))
+            return
+        self._submit(client, request, ids, stops)
+
+    async def _admit_then_start(self, client: bytes, request: m.GenerateRequest,
+                                ids: list[int], stops: StopStrings | None) -> None:
+        """A structured request's grammar is admitted as over HTTP: off the event loop and
+        within the grammar budget (frontend/grammar_admission.py), then it starts."""
+        try:
+            error = await self.engine.grammars.check([request.params.structured_output])
+            if (client, request.id) in self.early_aborts:   # aborted while admitted
+                self.early_aborts.discard((client, request.id))
+                self.reply(client, m.encode_final(request.id, "", [], FinishReason.ABORT, 0),
+                           request.id)
+            elif error is not None:
+                self.reply(client, m.encode_error(
+                    request.id, RefusalCode.INVALID,
+                    "structured_output: " + " ".join(error.split())[:500]),
+                    request.id)
+            elif not self._refused(client, request):   # the state may have moved meanwhile
+                self._submit(client, request, ids, stops)
+        finally:
+            self._prepared(client)
+
+    def _submit(self, client: bytes, request: m.GenerateRequest, ids: list[int],
+                stops: StopStrings | None) -> None:
         sink = _ClientSink(self, client, request.id, request.stream)
         self.by_client.setdefault(client, {})[request.id] = self.engine.submit(
             ids, request.params, sink, request.deadline, stops)

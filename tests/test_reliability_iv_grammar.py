@@ -1,8 +1,8 @@
 """Reliability IV (issue 25, items 4, 6 and 7): structured outputs cannot stall the service.
 
 A grammar whose masks are costly (`a{100000}`: 22 characters, 25-50 ms of mask work per
-token) is refused at admission; one that gets past the frontend (the SDK, folio.LLM) fails
-alone in the executor once it costs past its budget. Grammars and tool schemas compile off
+token) is refused at admission, over HTTP and the SDK alike; one that gets past the frontend
+(folio.LLM) fails alone in the executor once it costs past its budget. Grammars and tool schemas compile off
 the event loop, after size checks. An empty language or a `$ref` cycle is refused instead
 of answering "" with finish_reason "stop". Bystanders' outputs and /health are checked
 under each attack; no timing is asserted.
@@ -190,18 +190,21 @@ def test_bystanders_and_health_are_served_under_grammar_attacks(server):
 
 
 @pytest.mark.slow
-def test_a_costly_grammar_past_the_frontend_fails_alone_in_the_executor(server):
-    """The SDK's gateway only checks that a grammar compiles: the executor's budget is what
-    holds it, and the request fails with the reason while a bystander runs on."""
+def test_the_sdk_gateway_admits_grammars_like_http(server):
+    """The SDK's gateway admits a grammar as the HTTP API does (off the loop, within the
+    budget): costly and empty grammars are refused by name, and a bystander runs on."""
     from folio.client import Client
     from folio.errors import FolioError
     from shared.sampling_params import SamplingParams
 
     expected = _post(server, "/v1/completions", BYSTANDER).json()["choices"][0]["text"]
     with Client(server.zmq_address) as sdk:
-        with pytest.raises(FolioError, match="grammar"):
+        with pytest.raises(FolioError, match="structured_output: the grammar is too costly"):
             sdk.generate("x", SamplingParams(max_tokens=16, temperature=0,
                                              structured_output=COSTLY))
-        with pytest.raises(FolioError, match="matches no output"):
+        with pytest.raises(FolioError, match="structured_output: .*matches no output"):
             sdk.generate("x", SamplingParams(max_tokens=16, structured_output=EMPTY))
+        out = sdk.generate("A colour:", SamplingParams(
+            max_tokens=8, temperature=0, structured_output={"choice": ["red", "green"]}))
+        assert out.text in ("red", "green")
     assert _post(server, "/v1/completions", BYSTANDER).json()["choices"][0]["text"] == expected
