@@ -9,17 +9,19 @@ between parallel regions) were runnable but waiting for a core (the kernel's run
 executor/cpu_threads.py). Its other threads (sockets, heartbeats) sleep most of the time and
 are not counted. With `wait` the largest such share of a window:
 
-- drop: `wait` over `drop_wait` in `drop_windows` windows in a row runs one thread fewer. One
-  window is not enough: the frontend's and a client's bursts (tokenizing a batch of prompts)
-  push a single window over it on a quiet machine.
-- probe: at fewer threads than the maximum, it runs one window with one thread more and
-  judges that window alone: `wait` at most `drop_wait` keeps the thread, more goes back down.
-  Only the threads' own wait at the higher count tells whether that count pays; how idle the
-  cores look at the lower count does not (the frontend, scheduler and a benchmark client
-  keep part of the second core busy, which an idle-core rule read as a neighbour forever).
-  The first probe comes `probe_first_s` after a drop; each failed one doubles the interval
-  up to `probe_max_s`, so a neighbour that stays costs one slow window in that many seconds
-  and one that left costs at most that many seconds.
+- drop: `wait` over `drop_wait` in `drop_windows` windows in a row runs one thread fewer.
+  Fewer windows are not enough: on a quiet machine a workload's start (the client sending
+  its prompts, the frontend taking them in) kept two windows of 1-2 s each over it (42-71%,
+  docs/benchmarks.md); a quiet run should keep its threads through that.
+- probe: below the maximum, after a window that was not crowded at the count it has, and
+  when the probe is due, it runs one window with one thread more and judges that window
+  alone: `wait` at most `drop_wait` keeps the thread, more goes back down. Only the
+  threads' own wait at the higher count tells whether that count pays; how idle the cores
+  look at the lower count does not (the frontend, scheduler and a benchmark client keep
+  part of the second core busy, which the idle-core rule this replaces read as a neighbour
+  for the rest of the run). The first probe is due `probe_first_s` after a drop; each
+  failed one doubles the interval up to `probe_max_s`, so a neighbour that stays costs one
+  slow window in that many seconds, and one that left costs at most that many seconds.
 
 The rules are pure functions over readings (`worst_wait_share`, `decide`); `ThreadGovernor`
 reads /proc, applies the count and logs each decided change as `CPU threads 2 -> 1: ...`.
@@ -43,7 +45,7 @@ log = logging.getLogger("folio.executor")
 class GovernorSettings:
     window_s: float = 1.0      # how often the readings are compared
     drop_wait: float = 0.25    # share of a window a compute thread spent waiting for a core
-    drop_windows: int = 2      # windows over drop_wait in a row before a thread goes
+    drop_windows: int = 3      # windows over drop_wait in a row before a thread goes
     probe_first_s: float = 2.0   # the first probe at one thread more, this long after a drop
     probe_max_s: float = 8.0     # failed probes double the interval up to this
 
@@ -97,7 +99,8 @@ def decide(state: GovernorState, wait: float, now_s: float, max_threads: int,
     if state.threads > 1 and strikes >= settings.drop_windows:
         return GovernorState(state.threads - 1, state.probe_interval_s,
                              now_s + state.probe_interval_s), DROP
-    if state.threads < max_threads and now_s >= state.next_probe_s:
+    # No probe while the count it has is crowded already: one thread more would wait more.
+    if state.threads < max_threads and strikes == 0 and now_s >= state.next_probe_s:
         return replace(state, threads=state.threads + 1, probing=True, strikes=0), PROBE
     return replace(state, strikes=strikes), None
 
