@@ -184,7 +184,7 @@ def test_the_engine_client_aborts_a_sample_its_stop_string_ended(tokenizer):
     ctx = zmq.asyncio.Context()
     client = EngineClient(tokenizer, "ipc:///nonexistent/folio-test.sock", ctx)
     sent: list[bytes] = []
-    client._send = sent.append
+    client._send = lambda payload: sent.append(payload) or True   # sent: True
     try:
         sink = Sink()
         ids = tokenizer.encode("a block of code")
