@@ -41,6 +41,7 @@ SCHEDULER_TIMEOUT_S = 3.0   # no answer to a heartbeat for this long: the schedu
 HEARTBEAT_S = 0.5
 STALL_S = 1.0   # the watch loop turns every 0.2 s: a longer gap means this process stalled
 UNSENT_LOG_S = 5.0   # at most one "could not reach the scheduler" line this often
+LOOP_SLICE_S = 0.02   # the most the scheduler loop holds the event loop before it yields
 
 
 @dataclass
@@ -240,6 +241,10 @@ class EngineClient:
     # ---- from the scheduler -------------------------------------------------------------
 
     async def _scheduler_loop(self) -> None:
+        # A ready socket never suspends the recv below, and an output with a prompt's
+        # log-prob tables takes milliseconds to format: past a slice of the loop's time,
+        # let the other tasks (HTTP, /health, the SDK gateway) run.
+        turn_started = time.monotonic()
         while True:
             data = await self.sock.recv()
             try:
@@ -249,6 +254,9 @@ class EngineClient:
                     outputs = m.decode_outputs(body)
                     for output in outputs.entries:
                         self._on_output(output)
+                        if time.monotonic() - turn_started > LOOP_SLICE_S:
+                            await asyncio.sleep(0)
+                            turn_started = time.monotonic()
                     for request_id, token_id in zip(outputs.ids, outputs.tokens):
                         self._on_plain_token(request_id, token_id)
                 elif msg_type == "engine_info":
@@ -271,6 +279,9 @@ class EngineClient:
                             waiter.set_result(stats)
             except ProtocolError as error:
                 log.warning("bad scheduler message: %s", error)
+            if time.monotonic() - turn_started > LOOP_SLICE_S:
+                await asyncio.sleep(0)
+                turn_started = time.monotonic()
 
     def _on_engine_info(self, info: m.EngineInfo) -> None:
         was_alive = self.info is not None and self.info.executor_alive
