@@ -70,16 +70,16 @@ class Neighbour:
 
 
 def governor_lines(log: Path, since: float) -> list[dict]:
-    """The executor's `CPU threads A -> B` lines after wall-clock `since`."""
+    """The executor's `CPU threads A -> B` lines, timed from wall-clock `since` (negative:
+    before it, in the warm-up)."""
     lines = []
     for line in log.read_text(errors="replace").splitlines():
         match = GOVERNOR_LINE.match(line)
         if not match:
             continue
         at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        if at >= since:
-            lines.append({"at_s": round(at - since, 1), "from": int(match[3]),
-                          "to": int(match[4]), "line": match[2]})
+        lines.append({"at_s": round(at - since, 1), "from": int(match[3]),
+                      "to": int(match[4]), "line": match[2]})
     return lines
 
 
@@ -124,7 +124,7 @@ def one_run(variant: str, args, model: Path, round_: int, workloads) -> dict:
         full = lines[0]["from"] if lines else None   # the count before its first change
         back = [g["at_s"] for g in lines if g["at_s"] >= gone and g["to"] == full]
         result["back_after_s"] = round(back[0] - gone, 1) if back else None
-    result["threads_at_end"] = lines[-1]["to"] if lines else "unchanged"
+    result["threads_at_end"] = lines[-1]["to"] if lines else "all along the full count"
     return result
 
 
