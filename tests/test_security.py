@@ -79,7 +79,7 @@ def test_only_listed_client_keys_get_through(tmp_path, transport):
             sock.connect(address)
             sock.send(name.encode())
             sockets.append(sock)
-        got, deadline = set(), time.monotonic() + 3
+        got, deadline = set(), time.monotonic() + 30   # ends at the two answers
         while time.monotonic() < deadline and len(got) < 2:
             if server.poll(100):
                 got.add(server.recv_multipart()[1].decode())
