@@ -56,7 +56,8 @@ def _children(pid: int) -> list[int]:
 
 def _frontend_pid(server) -> int:
     for pid in _children(server.proc.pid):
-        if b"frontend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        # The process title, not any mention: the scheduler's flags name its frontends.
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"folio-frontend"):
             return pid
     raise AssertionError("no frontend child")
 
