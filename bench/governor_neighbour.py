@@ -36,6 +36,7 @@ from bench.serve_race import SERVED_NAME, Server, serving_model_dir  # noqa: E40
 
 GOVERNOR_LINE = re.compile(r"^(\S+ \S+) folio-executor INFO (CPU threads (\d+) -> (\d+): .*)$")
 SPIN = "while True: pass"
+VARIANTS = ("clean", "neighbour")
 
 
 class Neighbour:
@@ -146,6 +147,8 @@ def show(result: dict) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="run only these (e.g. `clean` with --folio-arg=--cpu-threads=2)")
     parser.add_argument("--max-concurrency", type=int, default=64)
     parser.add_argument("--neighbour-start", type=float, default=3.0,
                         help="seconds into `during` the busy loop starts")
@@ -165,7 +168,7 @@ def main(argv=None) -> None:
                  build_workload(args, args.seed + 1), build_workload(args, args.seed + 2))
     runs = []
     for round_ in range(1, args.rounds + 1):
-        for variant in ("clean", "neighbour"):
+        for variant in args.variants:
             runs.append(one_run(variant, args, model, round_, workloads))
             print(show(runs[-1]), flush=True)
     if args.out:
