@@ -65,10 +65,10 @@ def start(replicas: int, model: str | None, extra: list[str],
     raise SystemExit("server not ready")
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -32,13 +31,16 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import zmq
-
-from folio import SamplingParams
-from folio.client import Client
-from shared import messages as m
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import zmq  # noqa: E402
+
+from bench.data_parallel import stop  # noqa: E402
+from folio import SamplingParams  # noqa: E402
+from folio.client import Client  # noqa: E402
+from shared import messages as m  # noqa: E402
+
 GREEDY = SamplingParams(temperature=0, ignore_eos=True, max_tokens=4)
 
 
@@ -94,14 +96,19 @@ def _engine_stats(watcher: Client) -> dict:
         return {}
 
 
-def _attack(address: str, rate: float, seconds: float, sent: list[int]) -> None:
+def non_reading_dealer(ctx: zmq.Context, address: str) -> zmq.Socket:
     """A DEALER that never reads: its receive queue holds one message, its buffer one byte."""
-    ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.RCVHWM, 1)
     sock.setsockopt(zmq.RCVBUF, 1)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
+    return sock
+
+
+def _attack(address: str, rate: float, seconds: float, sent: list[int]) -> None:
+    ctx = zmq.Context()
+    sock = non_reading_dealer(ctx, address)
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     start = time.monotonic()
     try:
@@ -218,12 +225,7 @@ def main() -> int:
             rss_after_mib={role: round(_rss_mib(pid)) for role, pid in pids.items()})
     finally:
         stopping = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout=90)
         summary["sigterm_s"] = round(time.monotonic() - stopping, 2)
         text = log.read_text(errors="replace")
         summary.update(log_bytes=len(text.encode()), log_lines=text.count("\n"),

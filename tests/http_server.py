@@ -73,3 +73,27 @@ def openai_client(server: HttpServer, api_key: str):
     import openai
 
     return openai.OpenAI(base_url=f"{server.base}/v1", api_key=api_key, max_retries=0)
+
+
+@contextmanager
+def uvicorn_in_thread(app, gate, head_s: float, body_s: float) -> Iterator[int]:
+    """The frontend's uvicorn settings (`http_config`, the ones `serve_http` uses) serving
+    `app` in a thread of this process, on a free port: yields the port."""
+    import asyncio
+    import threading
+
+    from frontend.http_server import _Server, http_config
+
+    port = free_port()
+    srv = _Server(http_config(app, "127.0.0.1", port, gate, head_s, body_s))
+    thread = threading.Thread(target=asyncio.run, args=(srv.serve(),), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not srv.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        yield port
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=5)

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 
 import pytest
 
 from frontend.http_limits import ConnectionGate
-from frontend.http_server import _Server, http_config
-from tests.http_server import free_port
+from tests.http_server import uvicorn_in_thread
 
 TIMEOUT_S = 0.6
 
@@ -36,18 +34,9 @@ async def _app(scope, receive, send) -> None:
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
     gate = ConnectionGate(3)
-    srv = _Server(http_config(_app, "127.0.0.1", port, gate, TIMEOUT_S, TIMEOUT_S))
-    thread = threading.Thread(target=asyncio.run, args=(srv.serve(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield port, gate
-    srv.should_exit = True
-    thread.join(timeout=5)
+    with uvicorn_in_thread(_app, gate, TIMEOUT_S, TIMEOUT_S) as port:
+        yield port, gate
 
 
 def _connect(port: int) -> socket.socket:

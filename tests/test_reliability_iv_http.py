@@ -10,18 +10,16 @@ the frontend's uvicorn settings (`http_config`), in a thread, with a short deadl
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
-import threading
 import time
 
 import pytest
 
 from frontend.http_limits import ConnectionGate
-from frontend.http_server import _Server, create_app, http_config
-from tests.http_server import free_port
+from frontend.http_server import create_app
+from tests.http_server import uvicorn_in_thread
 
 DEADLINE_S = 1.0
 CAP = 6
@@ -37,19 +35,9 @@ class _Engine:   # what /health, /v1/models and a refused completion read
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
     gate = ConnectionGate(CAP)
-    app = create_app(_Engine(), "tiny")
-    srv = _Server(http_config(app, "127.0.0.1", port, gate, DEADLINE_S, DEADLINE_S))
-    thread = threading.Thread(target=asyncio.run, args=(srv.serve(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield port, gate
-    srv.should_exit = True
-    thread.join(timeout=5)
+    with uvicorn_in_thread(create_app(_Engine(), "tiny"), gate, DEADLINE_S, DEADLINE_S) as port:
+        yield port, gate
 
 
 def _connect(port: int) -> socket.socket:

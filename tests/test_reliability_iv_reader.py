@@ -18,6 +18,7 @@ import httpx
 import pytest
 import zmq
 
+from bench.nonreading_client import non_reading_dealer
 from folio import SamplingParams
 from folio.client import Client
 from shared import messages as m
@@ -46,11 +47,7 @@ def server(tmp_path_factory, llama_dir):
 def _attack(address: str, sent: list[int]) -> None:
     """Streamed generates, never reading; then it leaves."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.RCVHWM, 1)
-    sock.setsockopt(zmq.RCVBUF, 1)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
+    sock = non_reading_dealer(ctx, address)
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     start = time.monotonic()
     try:
