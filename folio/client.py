@@ -129,6 +129,9 @@ class AsyncClient:
         self._queues: dict[str, asyncio.Queue] = {}   # by wire id (one per call)
         self._calls: dict[str, str] = {}              # caller's request id -> wire id
         self._connected: asyncio.Event | None = None
+        # Set once connected, or refused explicitly (a server that names its reason will
+        # not change its mind on a retry): a call then fails at once, not at connect_timeout.
+        self._settled: asyncio.Event | None = None
         self._lost: str | None = None
 
     async def _start(self) -> None:
@@ -143,7 +146,7 @@ class AsyncClient:
         self._monitor = self._sock.get_monitor_socket(
             UP_EVENTS | DOWN_EVENTS | _REFUSED_EVENTS)
         self._sock.connect(self.address)
-        self._connected = asyncio.Event()
+        self._connected, self._settled = asyncio.Event(), asyncio.Event()
         self._tasks = [asyncio.create_task(self._receive()),
                        asyncio.create_task(self._watch(self._monitor))]
 
@@ -309,11 +312,13 @@ class AsyncClient:
         await self._start()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                await self._connected.wait()
+                await self._settled.wait()
         except TimeoutError:
             raise ServerUnreachable(self._refused or (
                 f"no Folio server answered at {self.address} within "
                 f"{self.connect_timeout:g} s")) from None
+        if not self._connected.is_set():   # refused explicitly
+            raise ServerUnreachable(self._refused)
         if request_id in self._queues:
             raise FolioError(f"request id {request_id!r} is already in use on this client")
         queue: asyncio.Queue = asyncio.Queue()
@@ -378,14 +383,18 @@ class AsyncClient:
                     self._lost = self._refused = None
                     explicit = False
                     self._connected.set()
+                    self._settled.set()
                 elif event & _REFUSED_EVENTS:
                     # A reset mid-handshake (no detail) can follow an explicit refusal on a
                     # retry, under load: the explicit one is the diagnosis, keep it.
                     if not (event & zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and explicit):
                         self._refused = self._refusal(event)
                     explicit = explicit or not event & zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                    if explicit:
+                        self._settled.set()
                 elif event & DOWN_EVENTS:
                     self._connected.clear()
+                    self._settled.clear()
                     self._lost = f"lost the connection to the Folio server at {self.address}"
                     for queue in self._queues.values():
                         queue.put_nowait(EngineDead(self._lost))
