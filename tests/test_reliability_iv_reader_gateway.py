@@ -19,6 +19,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from bench.nonreading_client import non_reading_dealer
 from frontend.engine_client import FinalResult, SampleResult
 from frontend.prep import Preparer
 from frontend.zmq_gateway import ClientLimits, ZmqGateway
@@ -72,16 +73,6 @@ def _generate(client_id: str | None = None) -> bytes:
                              prompt_token_ids=[5, 6, 7])
 
 
-def _non_reader(ctx: zmq.Context, address: str) -> zmq.Socket:
-    """A raw DEALER that holds one message and a one-byte buffer, and never reads."""
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.RCVHWM, 1)
-    sock.setsockopt(zmq.RCVBUF, 1)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    return sock
-
-
 async def _until(condition, what: str, timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
@@ -121,7 +112,7 @@ def test_a_client_that_never_reads_is_cut_off_once_and_told_when_it_reads_again(
 
     async def body(gateway, engine, address):
         sync_ctx = zmq.Context()
-        attacker = _non_reader(sync_ctx, address)
+        attacker = non_reading_dealer(sync_ctx, address)
         try:
             ids = [uuid.uuid4().hex for _ in range(CAP)]
             for client_id in ids:
