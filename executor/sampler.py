@@ -65,12 +65,6 @@ class Sampler:
         self.generator.manual_seed(seed)
         self._seeded = torch.Generator(device=device)
 
-    def __call__(self, logits: torch.Tensor, requests: list[CachedRequest],
-                 masks: tuple[list[int], torch.Tensor] | None = None
-                 ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        batch = self.sample(logits, requests, masks)
-        return batch.tokens, batch.logprobs
-
     def sample(self, logits: torch.Tensor, requests: list[CachedRequest],
                masks: tuple[list[int], torch.Tensor] | None = None) -> SampledBatch:
         """`masks`: (rows, int32 bitmask) of the rows a grammar constrains

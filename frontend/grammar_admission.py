@@ -31,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from shared.structured_output import GrammarBudget, matcher_error, parser_limits, to_grammar
+from shared.structured_output import (GrammarBudget, checked_grammar, matcher_error,
+                                      parser_limits)
 
 log = logging.getLogger("folio.frontend")
 
@@ -95,18 +96,13 @@ class GrammarAdmission:
 
         budget = self.config.budget
         start = time.thread_time()
-        try:
-            grammar = to_grammar(spec)
-        except ValueError as error:
-            return f"cannot be compiled: {error}"
-        limits = parser_limits(budget)
-        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, limits=limits)
-        if is_error:
-            return "cannot be compiled: " + " ".join(messages[0].split())[:500]
+        grammar, error = checked_grammar(spec, budget)
+        if error is not None:
+            return "cannot be compiled: " + " ".join(error.split())[:500]
         tokenizer = self._tokenizer() if walk else None
         if tokenizer is None:
             return None
-        matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
+        matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits(budget))
         spent_ms = (time.thread_time() - start) * 1e3
         if matcher.is_error():
             return "cannot be compiled: " + matcher_error(matcher.get_error())

@@ -174,12 +174,18 @@ def grammar_error(spec: dict[str, Any], budget: GrammarBudget = GrammarBudget()
                   ) -> str | None:
     """Why the spec's grammar cannot be compiled, or None when it can (without a tokenizer:
     its cost is measured by frontend/grammar_admission.py and by the executor)."""
+    return checked_grammar(spec, budget)[1]
+
+
+def checked_grammar(spec: dict[str, Any], budget: GrammarBudget
+                    ) -> tuple[str, None] | tuple[None, str]:
+    """(the spec's llguidance grammar, None), or (None, why it cannot be compiled)."""
     from llguidance import LLMatcher
 
     try:
         grammar = to_grammar(spec)
     except ValueError as error:
-        return str(error)
+        return None, str(error)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(
         grammar, limits=parser_limits(budget))
-    return messages[0] if is_error else None
+    return (None, messages[0]) if is_error else (grammar, None)

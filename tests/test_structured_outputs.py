@@ -264,8 +264,8 @@ def test_executor_masks_a_bad_grammar_down_to_eos_and_leaves_other_rows(llama_di
     rows, mask = masks.start(requests).result()
     assert rows == [0, 1]
     logits = torch.randn(3, vocab)
-    tokens, _ = Sampler(torch.device("cpu"), 0, (eos,))(logits.clone(), requests,
-                                                         (rows, mask))
+    tokens = Sampler(torch.device("cpu"), 0, (eos,)).sample(logits.clone(), requests,
+                                                             (rows, mask)).tokens
     assert tokens[0] == eos                             # no grammar here: only EOS is left
     assert tokens[2] == int(logits[2].argmax())         # the unconstrained row: untouched
     from transformers import AutoTokenizer
