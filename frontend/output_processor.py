@@ -47,14 +47,10 @@ def wire_logprob(tokenizer: Any, token_id: int, entry: RawLogprobs) -> dict[str,
     """The frontend's shape (what the gateways encode): token_id, logprob, rank, its text,
     and the top k as [id, logprob, text]."""
     logprob, rank, top_ids, top_logprobs = entry
-    if isinstance(tokenizer, TokenTexts):
-        text = tokenizer.text
-    else:
-        def text(tid: int) -> str:
-            return tokenizer.decode([tid])
+    decode = tokenizer.decode   # a TokenTexts remembers each id's text
     return {"token_id": token_id, "logprob": logprob, "rank": rank,
-            "decoded_token": text(token_id),
-            "top": [[tid, lp, text(tid)] for tid, lp in zip(top_ids, top_logprobs)]}
+            "decoded_token": decode([token_id]),
+            "top": [[tid, lp, decode([tid])] for tid, lp in zip(top_ids, top_logprobs)]}
 
 
 def vllm_logprob(tokenizer: Any, token_id: int, entry: RawLogprobs) -> dict[int, Logprob]:
