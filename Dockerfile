@@ -37,7 +37,7 @@ RUN pip install -c constraints.txt . && folio --help > /dev/null
 ENV FOLIO_CPU_OPS_DIR=/opt/folio/cpu-ops
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends g++ \
-    && python -m kernels.cpu_attention --build --variant portable \
+    && python -m folio.kernels.cpu_attention --build --variant portable \
     && apt-get purge -y --auto-remove g++ && rm -rf /var/lib/apt/lists/*
 USER 10001:10001
 WORKDIR /home/folio
@@ -67,7 +67,7 @@ RUN pip install . && python -c "import torch; print('torch', torch.__version__)"
     && folio --help > /dev/null
 # The CPU attention operator too, if the base image has a compiler (only --device cpu uses it).
 ENV FOLIO_CPU_OPS_DIR=/opt/folio/cpu-ops
-RUN if command -v c++ > /dev/null; then python -m kernels.cpu_attention --build --variant portable; \
+RUN if command -v c++ > /dev/null; then python -m folio.kernels.cpu_attention --build --variant portable; \
     else echo "no C++ compiler: CPU attention will use the torch reference"; fi
 USER 10001:10001
 WORKDIR /home/folio

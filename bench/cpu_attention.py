@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from kernels import cpu_attention, reference
+from folio.kernels import cpu_attention, reference
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 4, 64, 16
 

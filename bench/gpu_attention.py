@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root
-    import kernels
+    from folio import kernels
 
     began = time.monotonic()
     args.device = "cpu" if args.dry_run else "cuda"

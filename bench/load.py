@@ -193,9 +193,9 @@ class SdkDriver:
         import zmq
         import zmq.asyncio
 
-        from shared import messages as m
-        from shared.security import load_keys, make_client
-        from shared.transport import configure
+        from folio.shared import messages as m
+        from folio.shared.security import load_keys, make_client
+        from folio.shared.transport import configure
 
         ctx = zmq.asyncio.Context()
         sock = configure(ctx.socket(zmq.DEALER))

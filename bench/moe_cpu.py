@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.moe_cpu import CpuFusedMoe
-from kernels.moe_reference import fused_moe_ref, sort_by_expert
+from folio.kernels.moe_cpu import CpuFusedMoe
+from folio.kernels.moe_reference import fused_moe_ref, sort_by_expert
 
 SHAPES = {  # name: (hidden, intermediate, experts, top_k)
     "tiny": (128, 256, 8, 2),

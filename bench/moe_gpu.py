@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
 
-    import kernels
-    from kernels.moe_reference import fused_moe_ref
+    from folio import kernels
+    from folio.kernels.moe_reference import fused_moe_ref
 
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             emit(make_row(kernels, case, "case", None, kernel_us, torch_us))
             cases.append((case, kernel_us))
     if not args.quick:
-        from kernels.triton_moe import MoEConfig, default_block_m
+        from folio.kernels.triton_moe import MoEConfig, default_block_m
 
         def measure_config(case: Case, config) -> float | None:
             try:

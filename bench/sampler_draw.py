@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from executor.sampler import _inverse_cdf
+from folio.executor.sampler import _inverse_cdf
 
 
 def exponential_race(probs: torch.Tensor) -> torch.Tensor:

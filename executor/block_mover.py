@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from executor.model_config import ModelConfig
+from folio.executor.model_config import ModelConfig
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from shared.cpus import usable_cores
+from folio.shared.cpus import usable_cores
 
 log = logging.getLogger("folio.executor")
 

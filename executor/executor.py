@@ -7,20 +7,20 @@ import time
 
 import torch
 
-from executor.block_mover import BlockMover, allocate_swap_pool, measure_swap_bytes_per_s
-from executor.grammar import GrammarMasks
-from executor.input_batch import InputBatch
-from executor.cpu_threads import apply_cpu_threads
-from executor.kv_cache import allocate_kv_cache, bytes_per_block
-from executor.linear import PackedLinear, pack_linears
-from executor.model_config import ModelConfig
-from executor.model_loader import load_model
-from executor.models.longrope import recompute_crossing
-from executor.ops import select_ops
-from executor.sampler import Sampler, score_tokens
-from executor.thread_governor import ThreadGovernor
-from shared.config import EngineConfig, ExecutorCapacity
-from shared.step import StepPlan, StepResult
+from folio.executor.block_mover import BlockMover, allocate_swap_pool, measure_swap_bytes_per_s
+from folio.executor.grammar import GrammarMasks
+from folio.executor.input_batch import InputBatch
+from folio.executor.cpu_threads import apply_cpu_threads
+from folio.executor.kv_cache import allocate_kv_cache, bytes_per_block
+from folio.executor.linear import PackedLinear, pack_linears
+from folio.executor.model_config import ModelConfig
+from folio.executor.model_loader import load_model
+from folio.executor.models.longrope import recompute_crossing
+from folio.executor.ops import select_ops
+from folio.executor.sampler import Sampler, score_tokens
+from folio.executor.thread_governor import ThreadGovernor
+from folio.shared.config import EngineConfig, ExecutorCapacity
+from folio.shared.step import StepPlan, StepResult
 
 log = logging.getLogger("folio.executor")
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from executor.input_batch import CachedRequest
-from shared.step import StepPlan
-from shared.structured_output import GrammarBudget, matcher_error, parser_limits, to_grammar
+from folio.executor.input_batch import CachedRequest
+from folio.shared.step import StepPlan
+from folio.shared.structured_output import GrammarBudget, matcher_error, parser_limits, to_grammar
 
 log = logging.getLogger("folio.executor")
 MAX_COMPILED = 256   # distinct specs kept compiled; the oldest is dropped past this

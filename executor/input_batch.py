@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from executor.ops import AttentionInputs
-from shared.sampling_params import SamplingParams
-from shared.step import StepPlan
+from folio.executor.ops import AttentionInputs
+from folio.shared.sampling_params import SamplingParams
+from folio.shared.step import StepPlan
 
 
 class CachedRequest:

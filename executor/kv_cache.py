@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from executor.model_config import ModelConfig
+from folio.executor.model_config import ModelConfig
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

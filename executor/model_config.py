@@ -94,7 +94,7 @@ class ModelConfig:
     def describe(self) -> str:
         """One start-up line, e.g. 'Gemma3ForCausalLM: 26 layers, GQA 8/4, sliding window
         512 on 22 of 26 layers, rope 1e6/1e4'."""
-        from executor.models.describe import describe
+        from folio.executor.models.describe import describe
 
         return describe(self)
 
@@ -112,7 +112,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None
                   ) -> "ModelConfig":
-        from executor.models.hf_config import parse_config
+        from folio.executor.models.hf_config import parse_config
 
         return parse_config(cls, raw, generation or {})
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from executor.model_config import ModelConfig
-from executor.models.registry import ARCHITECTURES
-from executor.ops import KernelOps
-from executor.weights import iterate_weights
+from folio.executor.model_config import ModelConfig
+from folio.executor.models.registry import ARCHITECTURES
+from folio.executor.ops import KernelOps
+from folio.executor.weights import iterate_weights
 
 log = logging.getLogger("folio.executor")
 

@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import torch
 
-from kernels import cpu_attention, cpu_fused, moe_reference, reference
-from kernels.moe_cpu import CpuFusedMoe
+from folio.kernels import cpu_attention, cpu_fused, moe_reference, reference
+from folio.kernels.moe_cpu import CpuFusedMoe
 
 log = logging.getLogger("folio.executor")
 
@@ -68,7 +68,7 @@ TORCH_OPS = KernelOps(
 
 
 def triton_ops() -> KernelOps:
-    import kernels  # the Triton kernels load lazily, only here
+    from folio import kernels  # the Triton kernels load lazily, only here
 
     def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
                   window: int | None = None, softcap: float | None = None):

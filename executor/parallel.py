@@ -25,8 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from executor.model_config import ModelConfig
-from executor.tp_rules import kv_heads_of, shard_config, vocab_rows
+from folio.executor.model_config import ModelConfig
+from folio.executor.tp_rules import kv_heads_of, shard_config, vocab_rows
 
 # Ranks wait for the next plan inside a collective for as long as the server is idle.
 IDLE_TIMEOUT = datetime.timedelta(days=365)

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from executor.model_config import RopeConfig
+from folio.executor.model_config import RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> torch.Tensor:

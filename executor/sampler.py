@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from executor.grammar import apply_masks
-from executor.input_batch import CachedRequest
+from folio.executor.grammar import apply_masks
+from folio.executor.input_batch import CachedRequest
 
 _MIX_A = 6364136223846793005
 _MIX_B = 1442695040888963407

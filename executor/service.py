@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import zmq
 
-from executor.executor import Executor
-from shared import messages as m
-from shared.config import EngineConfig
-from shared.security import EXECUTOR, load_keys, make_peer
-from shared.transport import (UP_EVENTS, Relink, configure, monitor_socket,
+from folio.executor.executor import Executor
+from folio.shared import messages as m
+from folio.shared.config import EngineConfig
+from folio.shared.security import EXECUTOR, load_keys, make_peer
+from folio.shared.transport import (UP_EVENTS, Relink, configure, monitor_socket,
                               read_monitor_event, send_heartbeats)
-from shared.wire import ProtocolError
+from folio.shared.wire import ProtocolError
 
 log = logging.getLogger("folio.executor")
 
@@ -44,7 +44,7 @@ class ExecutorService:
         # Tensor parallelism: this process is rank 0 and starts the others (tp_group.py).
         self.ranks = None
         if config.engine.tensor_parallel_size > 1:
-            from executor.tp_group import RankGroup
+            from folio.executor.tp_group import RankGroup
 
             self.ranks = RankGroup(config.engine)
         try:

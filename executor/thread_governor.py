@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from executor.cpu_threads import ThreadTimes, read_thread_times
+from folio.executor.cpu_threads import ThreadTimes, read_thread_times
 
 log = logging.getLogger("folio.executor")
 

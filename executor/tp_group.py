@@ -25,8 +25,8 @@ import subprocess
 import sys
 import time
 
-from shared.config import EngineConfig
-from shared.cpus import usable_cores
+from folio.shared.config import EngineConfig
+from folio.shared.cpus import usable_cores
 
 log = logging.getLogger("folio.executor")
 
@@ -62,7 +62,7 @@ class RankGroup:
     """Rank 0's view of the group: the child ranks' processes and the torch group."""
 
     def __init__(self, engine: EngineConfig) -> None:
-        from executor.parallel import TensorParallel, TPConfig
+        from folio.executor.parallel import TensorParallel, TPConfig
 
         size = engine.tensor_parallel_size
         cores = usable_cores()
@@ -140,7 +140,7 @@ class PlanSender:
     def __init__(self, size: int) -> None:
         import zmq
 
-        from shared.transport import configure, ipc_address, make_run_dir
+        from folio.shared.transport import configure, ipc_address, make_run_dir
 
         self.run_dir = make_run_dir()
         self.ctx = zmq.Context()
@@ -185,7 +185,7 @@ def _spawn(rank: int, size: int, address: str, backend: str, engine: EngineConfi
             os.sched_setaffinity(0, cores)
 
     config = json.dumps(dataclasses.asdict(engine))
-    return subprocess.Popen([sys.executable, "-m", "executor.tp_group", str(rank), str(size),
+    return subprocess.Popen([sys.executable, "-m", "folio.executor.tp_group", str(rank), str(size),
                              address, backend, plans, config], preexec_fn=before_exec)
 
 
@@ -195,10 +195,10 @@ def run_rank(rank: int, size: int, address: str, backend: str, plans: str,
     message rank 0 passes on until the group ends."""
     import zmq
 
-    from executor.executor import Executor
-    from executor.parallel import TensorParallel, TPConfig
-    from shared import messages as m
-    from shared.transport import configure
+    from folio.executor.executor import Executor
+    from folio.executor.parallel import TensorParallel, TPConfig
+    from folio.shared import messages as m
+    from folio.shared.transport import configure
 
     ctx = zmq.Context()
     pull = configure(ctx.socket(zmq.PULL))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from executor.model_config import ModelConfig
+from folio.executor.model_config import ModelConfig
 
 
 def check_shardable(config: ModelConfig, size: int) -> None:

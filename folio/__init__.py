@@ -12,9 +12,9 @@ _EXPORTS = {
     "AsyncClient": "folio.client",
     "Completion": "folio.client",
     "Delta": "folio.client",
-    "SamplingParams": "shared.sampling_params",
-    "RequestOutput": "shared.outputs",
-    "CompletionOutput": "shared.outputs",
+    "SamplingParams": "folio.shared.sampling_params",
+    "RequestOutput": "folio.shared.outputs",
+    "CompletionOutput": "folio.shared.outputs",
 }
 
 __all__ = list(_EXPORTS)

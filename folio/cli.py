@@ -18,7 +18,7 @@ from typing import Any
 from folio.placement import PLACEMENTS
 from folio.flags import (HelpFormatter, add_config_args, config_flags, config_values,
                          flag_name)
-from shared.config import (CURVE_KEYS_HELP, MAX_REQUESTS_PER_CLIENT,
+from folio.shared.config import (CURVE_KEYS_HELP, MAX_REQUESTS_PER_CLIENT,
                            MAX_REQUESTS_PER_CLIENT_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S,
                            EngineConfig, SchedulingPolicy, SettingError)
 
@@ -78,7 +78,7 @@ def add_http_args(parser: argparse.ArgumentParser, default_port: int | None = 80
 
 
 def add_security_args(parser: argparse.ArgumentParser) -> None:
-    from shared.transport import INSECURE_HELP
+    from folio.shared.transport import INSECURE_HELP
 
     parser.add_argument("--curve-keys", default=None, metavar="DIR", help=CURVE_KEYS_HELP)
     parser.add_argument("--insecure-transport", action="store_true", help=INSECURE_HELP)
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _EnvParser(
         prog="folio", description="Folio LLM serving engine. Every --flag can also be set "
         "as the environment variable FOLIO_<FLAG>, e.g. FOLIO_CURVE_KEYS=/keys.")
-    from scheduler.service import SchedulerServiceConfig
+    from folio.scheduler.service import SchedulerServiceConfig
 
     add_log_level(parser, "INFO")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def setting_flag(name: str) -> str:
     """The flag of a config field (`executor_timeout_s` is --executor-timeout)."""
-    from scheduler.service import SchedulerServiceConfig
+    from folio.scheduler.service import SchedulerServiceConfig
 
     for cls in (EngineConfig, SchedulerServiceConfig):
         for spec in dataclasses.fields(cls):
@@ -305,7 +305,7 @@ def check_http(args: argparse.Namespace) -> None:
 
 def check_bind(**addresses: str) -> None:
     """Addresses this process binds: a scheme Folio speaks, no wildcard unless allowed."""
-    from shared.transport import check_bind_address
+    from folio.shared.transport import check_bind_address
 
     for name, address in addresses.items():
         try:
@@ -317,7 +317,7 @@ def check_bind(**addresses: str) -> None:
 def check_links(curve: bool, insecure: bool, executor_link: tuple[str, ...] = (),
                 **addresses: str) -> None:
     """No unauthenticated TCP link others could use, unless --insecure-transport."""
-    from shared.transport import insecure_link
+    from folio.shared.transport import insecure_link
 
     if insecure:
         return
@@ -334,7 +334,7 @@ def run_role(role: str, args: argparse.Namespace) -> int:
 
         return serve(args)
     if role == "keys":
-        from shared.security import generate_keys
+        from folio.shared.security import generate_keys
 
         written = generate_keys(args.curve_keys, args.force, tuple(args.client))
         for path in written:
@@ -351,7 +351,7 @@ def run_role(role: str, args: argparse.Namespace) -> int:
         return probe(args.role, args.address, args.timeout, args.curve_keys)
     set_role_title(role)
     if role == "frontend":
-        from frontend.service import FrontendConfig, serve_frontend
+        from folio.frontend.service import FrontendConfig, serve_frontend
 
         check_http(args)
         check_bind(client_address=args.client_address)
@@ -376,7 +376,7 @@ def run_role(role: str, args: argparse.Namespace) -> int:
                                       curve_keys=args.curve_keys,
                                       client_curve=args.client_curve))
     elif role == "scheduler":
-        from scheduler.service import SchedulerService, SchedulerServiceConfig
+        from folio.scheduler.service import SchedulerService, SchedulerServiceConfig
 
         config = SchedulerServiceConfig(**config_values(args, SchedulerServiceConfig))
         check_bind(frontend_address=config.frontend_address,
@@ -392,7 +392,7 @@ def run_role(role: str, args: argparse.Namespace) -> int:
                     scheduler_address=args.scheduler_address)
         config = engine_config(args, resolve_model(args.model))
         check_engine(config)   # before torch is imported
-        from executor.service import ExecutorService, ExecutorServiceConfig
+        from folio.executor.service import ExecutorService, ExecutorServiceConfig
 
         try:
             service = ExecutorService(ExecutorServiceConfig(args.scheduler_address, config,

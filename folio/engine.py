@@ -3,12 +3,12 @@ scheduler/step_rule.py, as in the scheduler process)."""
 
 from __future__ import annotations
 
-from executor.executor import Executor
-from scheduler.scheduler import Scheduler
-from scheduler.step_rule import plan_for_executor
-from shared.config import EngineConfig, SchedulerConfig
-from shared.outputs import EngineOutput, StepOutputs
-from shared.sampling_params import SamplingParams
+from folio.executor.executor import Executor
+from folio.scheduler.scheduler import Scheduler
+from folio.scheduler.step_rule import plan_for_executor
+from folio.shared.config import EngineConfig, SchedulerConfig
+from folio.shared.outputs import EngineOutput, StepOutputs
+from folio.shared.sampling_params import SamplingParams
 
 
 class InProcessEngine:

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from shared.config import ATTENTION_BACKENDS, DEVICES, DTYPES, LINEAR_BACKENDS, PREEMPTION_MODES
+from folio.shared.config import ATTENTION_BACKENDS, DEVICES, DTYPES, LINEAR_BACKENDS, PREEMPTION_MODES
 
 _CHOICES = {"dtype": DTYPES, "device": DEVICES, "attention_backend": ATTENTION_BACKENDS,
             "linear_backend": LINEAR_BACKENDS, "preemption_mode": PREEMPTION_MODES}

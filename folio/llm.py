@@ -7,11 +7,11 @@ from typing import Any
 
 from folio.engine import InProcessEngine
 from folio.preflight import check_engine
-from frontend.tokenizer import load_tokenizer
-from frontend.output_processor import RequestState, SampleState, vllm_logprob
-from shared.config import EngineConfig
-from shared.outputs import CompletionOutput, RequestOutput
-from shared.sampling_params import SamplingParams, check_against_model
+from folio.frontend.tokenizer import load_tokenizer
+from folio.frontend.output_processor import RequestState, SampleState, vllm_logprob
+from folio.shared.config import EngineConfig
+from folio.shared.outputs import CompletionOutput, RequestOutput
+from folio.shared.sampling_params import SamplingParams, check_against_model
 
 Prompt = str | list[int]
 
@@ -87,7 +87,7 @@ class LLM:
             raise ValueError("stop strings need a tokenizer; this LLM was made with "
                              "skip_tokenizer_init=True")
         if sampling.structured_output is not None:
-            from shared.structured_output import grammar_error
+            from folio.shared.structured_output import grammar_error
 
             error = grammar_error(sampling.structured_output)
             if error is not None:

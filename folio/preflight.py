@@ -10,9 +10,9 @@ import socket
 import struct
 from pathlib import Path
 
-from executor.model_config import ModelConfig
+from folio.executor.model_config import ModelConfig
 from folio.placement import executor_runs_on_cpu
-from shared.config import EngineConfig, ExecutorCapacity, SchedulerConfig, SettingError
+from folio.shared.config import EngineConfig, ExecutorCapacity, SchedulerConfig, SettingError
 
 _MAX_HEADER = 100 * 2**20   # safetensors' own limit on the JSON header
 
@@ -41,7 +41,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
     """Everything about `config` that can be known without loading weights."""
     model_config = check_model_dir(config.model)
     if config.tensor_parallel_size > 1:   # heads and MLP must split evenly across the ranks
-        from executor.tp_rules import check_shardable
+        from folio.executor.tp_rules import check_shardable
 
         try:
             check_shardable(model_config, config.tensor_parallel_size)

@@ -26,11 +26,11 @@ from folio.cli import (api_key, check_bind, check_http, check_links, config_flag
                        scheduler_args_of_serve)
 from folio.preflight import check_engine, check_ports_free
 from folio.placement import executor_runs_on_cpu, pin, plan_placement
-from shared.cpus import usable_cores
-from frontend.openai_protocol import served_names
-from scheduler.service import SchedulerServiceConfig
-from shared.config import SettingError, policy_values
-from shared.transport import ipc_address, make_run_dir
+from folio.shared.cpus import usable_cores
+from folio.frontend.openai_protocol import served_names
+from folio.scheduler.service import SchedulerServiceConfig
+from folio.shared.config import SettingError, policy_values
+from folio.shared.transport import ipc_address, make_run_dir
 
 STOP_GRACE_S = 5.0
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from folio.simulate import Machine, Run, TraceRequest, compare, load_trace, simulate
-from shared.config import PREEMPTION_MODES
+from folio.shared.config import PREEMPTION_MODES
 
 
 def lockers() -> tuple[list[Run], str]:
@@ -98,7 +98,7 @@ def blocks_in_memory(model, gib: float, block_size: int, dtype: str | None = Non
 
 
 def _model_config(path: str):
-    from executor.model_config import ModelConfig   # reads config.json; no torch
+    from folio.executor.model_config import ModelConfig   # reads config.json; no torch
 
     try:
         return ModelConfig.from_dir(path)

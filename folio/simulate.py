@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from folio.sim_contiguous import baselines
-from scheduler.scheduler import Scheduler
-from shared.config import SchedulerConfig
-from shared.sampling_params import SamplingParams
-from shared.step import StepPlan, StepResult
+from folio.scheduler.scheduler import Scheduler
+from folio.shared.config import SchedulerConfig
+from folio.shared.sampling_params import SamplingParams
+from folio.shared.step import StepPlan, StepResult
 
 VOCAB = 32000
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
 
-from frontend.openai_logprobs import Columns, encode_columns, spliced
+from folio.frontend.openai_logprobs import Columns, encode_columns, spliced
 
 # Log-prob entries (a token or one of its top alternatives) one non-streamed answer may
 # carry: about 55 MB of JSON, and what the frontend may hold of them while it waits.

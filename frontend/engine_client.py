@@ -20,20 +20,20 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
-from frontend.liveness import SchedulerHeartbeat
-from frontend.output_processor import RequestState, SampleState, wire_logprob
-from frontend.grammar_admission import GrammarAdmission
-from frontend.prep import Preparer
-from frontend.prompts import check_text_size, max_token_chars
-from frontend.stop_strings import StopStrings
-from shared import messages as m
-from shared.codes import RefusalCode
-from shared.outputs import EngineOutput, child_request_id
-from shared.sampling_params import SamplingParams
-from shared.security import CurveKeys, make_peer
-from shared.transport import (DOWN_EVENTS, UP_EVENTS, Relink, configure, monitor_socket,
+from folio.frontend.liveness import SchedulerHeartbeat
+from folio.frontend.output_processor import RequestState, SampleState, wire_logprob
+from folio.frontend.grammar_admission import GrammarAdmission
+from folio.frontend.prep import Preparer
+from folio.frontend.prompts import check_text_size, max_token_chars
+from folio.frontend.stop_strings import StopStrings
+from folio.shared import messages as m
+from folio.shared.codes import RefusalCode
+from folio.shared.outputs import EngineOutput, child_request_id
+from folio.shared.sampling_params import SamplingParams
+from folio.shared.security import CurveKeys, make_peer
+from folio.shared.transport import (DOWN_EVENTS, UP_EVENTS, Relink, configure, monitor_socket,
                               next_monitor_event, send_now)
-from shared.wire import ProtocolError
+from folio.shared.wire import ProtocolError
 
 log = logging.getLogger("folio.frontend")
 

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from shared.structured_output import (GrammarBudget, checked_grammar, matcher_error,
+from folio.shared.structured_output import (GrammarBudget, checked_grammar, matcher_error,
                                       parser_limits)
 
 log = logging.getLogger("folio.frontend")

@@ -26,14 +26,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from frontend.engine_client import EngineClient
-from frontend.http_limits import (IDLE_TIMEOUT_S, MAX_HEAD_BYTES, REQUEST_TIMEOUT_S,
+from folio.frontend.engine_client import EngineClient
+from folio.frontend.http_limits import (IDLE_TIMEOUT_S, MAX_HEAD_BYTES, REQUEST_TIMEOUT_S,
                                   ConnectionGate, allowed_hosts, connection_cap, gated,
                                   host_name)
-from frontend.metrics import Metrics
-from frontend.openai_api import create_chat_completion, create_completion
-from frontend.openai_protocol import ApiError, invalid, served_names
-from frontend.openai_tokenize import detokenize, tokenize
+from folio.frontend.metrics import Metrics
+from folio.frontend.openai_api import create_chat_completion, create_completion
+from folio.frontend.openai_protocol import ApiError, invalid, served_names
+from folio.frontend.openai_tokenize import detokenize, tokenize
 
 log = logging.getLogger("folio.frontend")
 MAX_BODY_BYTES = 4 * 2**20

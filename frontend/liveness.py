@@ -14,9 +14,9 @@ import time
 
 import zmq
 
-from shared import messages as m
-from shared.security import CurveKeys, make_peer
-from shared.transport import configure
+from folio.shared import messages as m
+from folio.shared.security import CurveKeys, make_peer
+from folio.shared.transport import configure
 
 
 class SchedulerHeartbeat:

@@ -11,20 +11,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from frontend.completion_body import (MAX_RESPONSE_LOGPROBS, Choice, PromptAnswer,
+from folio.frontend.completion_body import (MAX_RESPONSE_LOGPROBS, Choice, PromptAnswer,
                                       completion_response, logprob_entries,
                                       too_large_message)
-from frontend.engine_client import EngineClient, FinalResult
-from frontend.openai_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
-from frontend.openai_logprobs import completion_logprobs
-from frontend.openai_protocol import (ApiError, chat_messages, completion_prompts, invalid,
+from folio.frontend.engine_client import EngineClient, FinalResult
+from folio.frontend.openai_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
+from folio.frontend.openai_logprobs import completion_logprobs
+from folio.frontend.openai_protocol import (ApiError, chat_messages, completion_prompts, invalid,
                                       sampling_params, stream_options, too_long)
-from frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
-from frontend.structured_request import admit, structured_spec
-from frontend.tool_calls import ToolPlan, openai_calls, tool_plan
-from frontend.tool_parsers import stream_holdback
-from shared.codes import RefusalCode
-from shared.sampling_params import SamplingParams, check_against_model
+from folio.frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
+from folio.frontend.structured_request import admit, structured_spec
+from folio.frontend.tool_calls import ToolPlan, openai_calls, tool_plan
+from folio.frontend.tool_parsers import stream_holdback
+from folio.shared.codes import RefusalCode
+from folio.shared.sampling_params import SamplingParams, check_against_model
 
 log = logging.getLogger("folio.frontend")
 # Steps per sample a stream's unread events may pile up before its reader counts as gone.

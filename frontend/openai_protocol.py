@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.sampling_params import SamplingParams
+from folio.shared.sampling_params import SamplingParams
 
 MAX_PROMPTS = 64   # n is bounded by the scheduler's --max-n (engine_info), not here
 
@@ -130,7 +130,7 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
     """Messages with string content or text parts; roles are passed to the chat template.
     An assistant message's tool_calls and a tool message's tool_call_id (and name) are
     kept for templates that render them."""
-    from frontend.tool_calls import message_tool_calls
+    from folio.frontend.tool_calls import message_tool_calls
 
     if not isinstance(messages, list) or not messages:
         raise invalid("messages must be a non-empty list", "messages")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.engine_client import EngineClient
-from frontend.openai_fields import DETOKENIZE_FIELDS, TOKENIZE_FIELDS, check_fields
-from frontend.openai_protocol import chat_messages, invalid, too_long
-from frontend.prompts import PromptError
+from folio.frontend.engine_client import EngineClient
+from folio.frontend.openai_fields import DETOKENIZE_FIELDS, TOKENIZE_FIELDS, check_fields
+from folio.frontend.openai_protocol import chat_messages, invalid, too_long
+from folio.frontend.prompts import PromptError
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from frontend.output_text import OutputText
-from frontend.stop_strings import StopStrings
-from shared.outputs import EngineOutput, Logprob, RawLogprobs
-from shared.sampling_params import SamplingParams
+from folio.frontend.output_text import OutputText
+from folio.frontend.stop_strings import StopStrings
+from folio.shared.outputs import EngineOutput, Logprob, RawLogprobs
+from folio.shared.sampling_params import SamplingParams
 
 # Turns one raw entry into the caller's shape: (tokenizer, token_id, entry) -> entry.
 LogprobFormat = Callable[[Any, int, RawLogprobs], Any]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.detokenizer import IncrementalDetokenizer
-from frontend.stop_strings import StopMatcher, StopStrings
-from shared.sampling_params import SamplingParams
+from folio.frontend.detokenizer import IncrementalDetokenizer
+from folio.frontend.stop_strings import StopMatcher, StopStrings
+from folio.shared.sampling_params import SamplingParams
 
 
 class OutputText:

@@ -17,11 +17,11 @@ from typing import Any
 
 import zmq.asyncio
 
-from frontend.engine_client import EngineClient, Sink
-from frontend.routing import PrefixRouter, ReplicaLoad, RoutingConfig
-from frontend.stop_strings import StopStrings
-from shared.sampling_params import SamplingParams
-from shared.security import CurveKeys
+from folio.frontend.engine_client import EngineClient, Sink
+from folio.frontend.routing import PrefixRouter, ReplicaLoad, RoutingConfig
+from folio.frontend.stop_strings import StopStrings
+from folio.shared.sampling_params import SamplingParams
+from folio.shared.security import CurveKeys
 
 log = logging.getLogger("folio.frontend")
 

@@ -13,7 +13,7 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from shared.prefix_hash import full_block_hashes
+from folio.shared.prefix_hash import full_block_hashes
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import zmq.asyncio
 
-from frontend.engine_client import EngineClient
-from frontend.tokenizer import load_tokenizer
-from frontend.zmq_gateway import ClientLimits, ZmqGateway
-from shared.config import MAX_REQUESTS_PER_CLIENT, SHUTDOWN_TIMEOUT_S
-from shared.security import FRONTEND, load_keys, start_authenticator, stop_authenticator
+from folio.frontend.engine_client import EngineClient
+from folio.frontend.tokenizer import load_tokenizer
+from folio.frontend.zmq_gateway import ClientLimits, ZmqGateway
+from folio.shared.config import MAX_REQUESTS_PER_CLIENT, SHUTDOWN_TIMEOUT_S
+from folio.shared.security import FRONTEND, load_keys, start_authenticator, stop_authenticator
 
 log = logging.getLogger("folio.frontend")
 
@@ -67,7 +67,7 @@ class FrontendService:
         self.auth = start_authenticator(self.ctx, client_keys)   # before the gateway binds
         addresses = scheduler_addresses(config.scheduler_address)
         if len(addresses) > 1:   # data-parallel replicas: one engine client each
-            from frontend.replicas import Replicas
+            from folio.frontend.replicas import Replicas
 
             self.engine = Replicas(self.tokenizer, addresses, self.ctx, keys)
         else:
@@ -91,7 +91,7 @@ class FrontendService:
                  self.config.client_address)
         tasks = [asyncio.create_task(c) for c in [*self.engine.tasks(), self.gateway.serve()]]
         if self.config.port is not None:
-            from frontend.http_server import serve_http
+            from folio.frontend.http_server import serve_http
 
             tasks.append(asyncio.create_task(
                 serve_http(self.engine, self.config, self.http_stop)))

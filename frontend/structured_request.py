@@ -17,10 +17,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from frontend.grammar_admission import GrammarAdmission
+from folio.frontend.grammar_admission import GrammarAdmission
 
-from frontend.openai_protocol import ApiError, invalid
-from shared.structured_output import KINDS, check_spec
+from folio.frontend.openai_protocol import ApiError, invalid
+from folio.shared.structured_output import KINDS, check_spec
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
           "guided_grammar": "grammar"}

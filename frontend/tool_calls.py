@@ -20,9 +20,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from frontend.openai_protocol import ApiError, invalid
-from frontend.structured_request import checked
-from frontend.tool_parsers import PARSERS, Call, parse
+from folio.frontend.openai_protocol import ApiError, invalid
+from folio.frontend.structured_request import checked
+from folio.frontend.tool_parsers import PARSERS, Call, parse
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOOLS = 128

@@ -22,17 +22,17 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from frontend.client_cutoff import CutOffClients, GoneClients
-from frontend.engine_client import EngineClient, FinalResult
-from frontend.prompts import check_prompt, prompt_ids
-from frontend.stop_strings import StopStrings
-from shared import messages as m
-from shared.codes import FinishReason, RefusalCode
-from shared.config import MAX_REQUESTS_PER_CLIENT
-from shared.sampling_params import check_against_model
-from shared.security import CurveKeys, make_server
-from shared.transport import check_bind_address, configure, send_now
-from shared.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
+from folio.frontend.client_cutoff import CutOffClients, GoneClients
+from folio.frontend.engine_client import EngineClient, FinalResult
+from folio.frontend.prompts import check_prompt, prompt_ids
+from folio.frontend.stop_strings import StopStrings
+from folio.shared import messages as m
+from folio.shared.codes import FinishReason, RefusalCode
+from folio.shared.config import MAX_REQUESTS_PER_CLIENT
+from folio.shared.sampling_params import check_against_model
+from folio.shared.security import CurveKeys, make_server
+from folio.shared.transport import check_bind_address, configure, send_now
+from folio.shared.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
 
 log = logging.getLogger("folio.frontend")
 MAX_EARLY_ABORTS = 1024   # aborts kept for requests still being prepared

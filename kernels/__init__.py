@@ -23,18 +23,18 @@ import importlib.util
 import os
 from typing import Any
 
-from kernels.reference import (paged_attention_ref, reshape_and_cache_ref, rms_norm_ref,
+from folio.kernels.reference import (paged_attention_ref, reshape_and_cache_ref, rms_norm_ref,
                                rotary_ref)
 
 _TRITON_EXPORTS = {
-    "reshape_and_cache": "kernels.triton_cache",
-    "paged_attention": "kernels.triton_attention",
-    "AttentionConfig": "kernels.triton_attention",
-    "rms_norm": "kernels.triton_norm",
-    "fused_add_rms_norm": "kernels.triton_norm",
-    "rotary_embedding": "kernels.triton_rotary",
-    "fused_moe": "kernels.triton_moe",
-    "MoEConfig": "kernels.triton_moe",
+    "reshape_and_cache": "folio.kernels.triton_cache",
+    "paged_attention": "folio.kernels.triton_attention",
+    "AttentionConfig": "folio.kernels.triton_attention",
+    "rms_norm": "folio.kernels.triton_norm",
+    "fused_add_rms_norm": "folio.kernels.triton_norm",
+    "rotary_embedding": "folio.kernels.triton_rotary",
+    "fused_moe": "folio.kernels.triton_moe",
+    "MoEConfig": "folio.kernels.triton_moe",
 }
 
 # The Triton names stay out of __all__ so that `from kernels import *` never needs triton.

@@ -1,6 +1,6 @@
 """The CPU operators (kernels/cpu/: paged attention, fused norm/rotary): build, load, call.
 
-It is built once at setup time (`python -m kernels.cpu_attention --build`, run by
+It is built once at setup time (`python -m folio.kernels.cpu_attention --build`, run by
 scripts/setup.sh) into $FOLIO_CPU_OPS_DIR, else `.folio-cache/cpu-ops/` beside this package.
 The build's name hashes the source, the compiler flags and the torch version, so at run time
 `load()` only loads a library that matches them, never compiles, and says why when it cannot.
@@ -102,9 +102,9 @@ def load() -> LoadStatus:
     if stale:   # kernels/cpu/, torch or the CPU changed since setup: easy to miss, say so
         return LoadStatus(False, f"the build in {build_dir()} ({', '.join(stale)}) is of an "
                                  f"older source, another torch or another CPU; rebuild it: "
-                                 f"scripts/setup.sh or python -m kernels.cpu_attention --build")
+                                 f"scripts/setup.sh or python -m folio.kernels.cpu_attention --build")
     return LoadStatus(False, f"no build for this source and torch {torch.__version__} in "
-                             f"{build_dir()} (build it: python -m kernels.cpu_attention --build)")
+                             f"{build_dir()} (build it: python -m folio.kernels.cpu_attention --build)")
 
 
 def _cpu_flags() -> set[str]:
@@ -130,7 +130,7 @@ def paged_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor,
                         softcap: float | None = None) -> torch.Tensor:
     """Same meaning as reference.paged_attention_ref (window and softcap included; blocks
     wholly before a query's window are skipped, not read); float32 or bfloat16 CPU tensors."""
-    from kernels.reference import check_attention_options
+    from folio.kernels.reference import check_attention_options
 
     check_attention_options(window, softcap)
     status = load()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference import reshape_and_cache_ref, silu_and_mul_ref
+from folio.kernels.reference import reshape_and_cache_ref, silu_and_mul_ref
 
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import reference
-from kernels.moe_reference import check_moe_args, grouped_moe, sort_by_expert
+from folio.kernels import reference
+from folio.kernels.moe_reference import check_moe_args, grouped_moe, sort_by_expert
 
 _PACKABLE = (torch.float32, torch.bfloat16)
 DEFAULT_MIN_PACK_ELEMENTS = 1 << 17     # w13[e] of 128K weights, e.g. H 256 x 2I 512

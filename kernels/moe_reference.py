@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_shape, \
+from folio.kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_shape, \
     check_tensor
-from kernels.reference import silu_and_mul_ref
+from folio.kernels.reference import silu_and_mul_ref
 
 
 def check_moe_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

@@ -36,13 +36,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_contiguous,
+from folio.kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_contiguous,
                              check_inner_contiguous, check_same_device, check_shape,
                              check_tensor)
-from kernels._launch import (check_launch_device, is_interpreted, multiprocessor_count,
+from folio.kernels._launch import (check_launch_device, is_interpreted, multiprocessor_count,
                              next_power_of_2, on_device)
-from kernels.reference import check_attention_options
-from kernels.triton_dot import dot_f32
+from folio.kernels.reference import check_attention_options
+from folio.kernels.triton_dot import dot_f32
 
 _LOG2_E = 1.4426950408889634
 _MAX_HEAD_DIM = 256

@@ -23,11 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_inner_contiguous
-from kernels._launch import check_launch_device, is_interpreted, next_power_of_2, on_device, \
+from folio.kernels._checks import check_inner_contiguous
+from folio.kernels._launch import check_launch_device, is_interpreted, next_power_of_2, on_device, \
     round_to
-from kernels.moe_reference import check_moe_args
-from kernels.triton_dot import dot_f32
+from folio.kernels.moe_reference import check_moe_args
+from folio.kernels.triton_dot import dot_f32
 
 
 @dataclasses.dataclass(frozen=True)

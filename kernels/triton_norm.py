@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import (FLOAT_DTYPES, check_inner_contiguous, check_same_device,
+from folio.kernels._checks import (FLOAT_DTYPES, check_inner_contiguous, check_same_device,
                              check_shape, check_tensor)
-from kernels._launch import check_launch_device, next_power_of_2, on_device, round_to
+from folio.kernels._launch import check_launch_device, next_power_of_2, on_device, round_to
 
 _MAX_HIDDEN = 65536
 

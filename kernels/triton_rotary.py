@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_contiguous,
+from folio.kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_contiguous,
                              check_inner_contiguous, check_same_device, check_shape,
                              check_tensor)
-from kernels._launch import check_launch_device, next_power_of_2, on_device, round_to
+from folio.kernels._launch import check_launch_device, next_power_of_2, on_device, round_to
 
 
 @triton.jit

@@ -1,5 +1,5 @@
 """CPU-only scheduling and KV-block bookkeeping. Never imports torch."""
 
-from scheduler.scheduler import Scheduler
+from folio.scheduler.scheduler import Scheduler
 
 __all__ = ["Scheduler"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from scheduler.request import Request
-from shared.codes import RefusalCode
+from folio.scheduler.request import Request
+from folio.shared.codes import RefusalCode
 
 
 @dataclass(frozen=True)

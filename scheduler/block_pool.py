@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from shared.prefix_hash import chain_hash
+from folio.shared.prefix_hash import chain_hash
 
 __all__ = ["BlockPool", "OutOfBlocks", "chain_hash"]   # chain_hash: shared with the router
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import zmq
 
-from shared import messages as m
-from shared.outputs import EngineOutput, StepOutputs
+from folio.shared import messages as m
+from folio.shared.outputs import EngineOutput, StepOutputs
 
 log = logging.getLogger("folio.scheduler")
 

@@ -18,11 +18,11 @@ ones (request.num_freed_blocks)."""
 
 from __future__ import annotations
 
-from scheduler.block_pool import BlockPool
-from scheduler.prefix_cache import PrefixCache
-from scheduler.request import NEVER, Request
-from scheduler.swap_space import SwapSpace
-from shared.config import SchedulerConfig
+from folio.scheduler.block_pool import BlockPool
+from folio.scheduler.prefix_cache import PrefixCache
+from folio.scheduler.request import NEVER, Request
+from folio.scheduler.swap_space import SwapSpace
+from folio.shared.config import SchedulerConfig
 
 
 class KVCacheManager:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from scheduler.request import Request, RequestStatus
+from folio.scheduler.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from scheduler.scheduler import Scheduler
+    from folio.scheduler.scheduler import Scheduler
 
 MAX_LISTED_QUEUED = 256      # waiting (and forking) requests listed; the rest only counted
 MAX_MAP_BLOCKS = 1 << 22     # a larger pool is sent without its per-block arrays

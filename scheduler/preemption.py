@@ -11,7 +11,7 @@ The cheaper one wins, provided the swap pool has room.
 
 from __future__ import annotations
 
-from shared.config import SchedulerConfig
+from folio.shared.config import SchedulerConfig
 
 
 def should_swap(config: SchedulerConfig, num_computed_tokens: int, num_blocks: int,

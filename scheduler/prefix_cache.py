@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from scheduler.block_pool import BlockPool, chain_hash
-from scheduler.request import NEVER, Request
+from folio.scheduler.block_pool import BlockPool, chain_hash
+from folio.scheduler.request import NEVER, Request
 
 
 class PrefixCache:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
-from shared.sampling_params import SamplingParams
+from folio.shared.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -35,7 +35,7 @@ class Request:
         self.prompt_token_ids = prompt_token_ids   # never changes
         self.output_token_ids: list[int] = []
         # Cached counts the per-step loops read instead of len() and products, each kept
-        # equal to what it caches by its one writer (tests/test_scheduler_properties.py
+        # equal to what it caches by its one writer (tests/scheduler/test_scheduler_properties.py
         # checks them after every rule):
         # len(prompt_token_ids), fixed.
         self.prompt_len = len(prompt_token_ids)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scheduler.scheduler import Scheduler
-from shared.outputs import EngineOutput, FinishReason
+from folio.scheduler.scheduler import Scheduler
+from folio.shared.outputs import EngineOutput, FinishReason
 
 
 def fail_requests(scheduler: Scheduler, request_ids: Iterable[str],

@@ -41,16 +41,16 @@ from collections import deque
 from dataclasses import dataclass, replace
 from itertools import repeat
 
-from scheduler.block_pool import BlockPool
-from scheduler.kv_manager import KVCacheManager
-from scheduler.kv_map import build_kv_map
-from scheduler.preemption import should_swap
-from scheduler.request import Request, RequestStatus
-from scheduler.stop import finish_reason_after_token, stop_triggers
-from shared.config import SchedulerConfig
-from shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
-from shared.sampling_params import SamplingParams, check_against_model
-from shared.step import NewRequest, StepPlan, StepResult
+from folio.scheduler.block_pool import BlockPool
+from folio.scheduler.kv_manager import KVCacheManager
+from folio.scheduler.kv_map import build_kv_map
+from folio.scheduler.preemption import should_swap
+from folio.scheduler.request import Request, RequestStatus
+from folio.scheduler.stop import finish_reason_after_token, stop_triggers
+from folio.shared.config import SchedulerConfig
+from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
+from folio.shared.sampling_params import SamplingParams, check_against_model
+from folio.shared.step import NewRequest, StepPlan, StepResult
 
 
 @dataclass(slots=True)

@@ -23,25 +23,25 @@ from dataclasses import MISSING, dataclass
 
 import zmq
 
-from scheduler.admission import QueueLimits, queue_refusal
-from scheduler.executor_link import ExecutorLink, ExecutorTimeouts
-from scheduler.frontend_router import FrontendRouter
-from scheduler.reply_cache import CachedReply
-from scheduler.request_failure import fail_requests
-from scheduler.scheduler import Scheduler
-from scheduler.shutdown import ShutdownDrain
-from scheduler.step_rule import plan_for_executor
-from scheduler.steps_in_flight import StepsInFlight
-from shared import messages as m
-from shared.codes import RefusalCode
-from shared.config import (CURVE_KEYS_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S,
+from folio.scheduler.admission import QueueLimits, queue_refusal
+from folio.scheduler.executor_link import ExecutorLink, ExecutorTimeouts
+from folio.scheduler.frontend_router import FrontendRouter
+from folio.scheduler.reply_cache import CachedReply
+from folio.scheduler.request_failure import fail_requests
+from folio.scheduler.scheduler import Scheduler
+from folio.scheduler.shutdown import ShutdownDrain
+from folio.scheduler.step_rule import plan_for_executor
+from folio.scheduler.steps_in_flight import StepsInFlight
+from folio.shared import messages as m
+from folio.shared.codes import RefusalCode
+from folio.shared.config import (CURVE_KEYS_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S,
                            ExecutorCapacity, SchedulerConfig, SchedulingPolicy, SettingError,
                            setting)
-from shared.security import (EXECUTOR, FRONTEND, load_keys, make_server, start_authenticator,
+from folio.shared.security import (EXECUTOR, FRONTEND, load_keys, make_server, start_authenticator,
                              stop_authenticator)
-from shared.transport import (DOWN_EVENTS, INSECURE_HELP, check_bind_address, configure,
+from folio.shared.transport import (DOWN_EVENTS, INSECURE_HELP, check_bind_address, configure,
                               read_monitor_event)
-from shared.wire import ProtocolError
+from folio.shared.wire import ProtocolError
 
 log = logging.getLogger("folio.scheduler")
 

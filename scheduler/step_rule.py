@@ -6,8 +6,8 @@ forget notices alone is not: executor/service.py answers non-empty plans only)."
 
 from __future__ import annotations
 
-from scheduler.scheduler import Scheduler
-from shared.step import StepPlan
+from folio.scheduler.scheduler import Scheduler
+from folio.shared.step import StepPlan
 
 
 def plan_for_executor(scheduler: Scheduler) -> StepPlan | None:

@@ -11,8 +11,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from scheduler.step_rule import awaits_result
-from shared.step import StepPlan
+from folio.scheduler.step_rule import awaits_result
+from folio.shared.step import StepPlan
 
 
 class StepsInFlight:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler.request import Request
-from shared.outputs import FinishReason
+from folio.scheduler.request import Request
+from folio.shared.outputs import FinishReason
 
 
 def stop_triggers(request: Request, eos_token_ids: tuple[int, ...],

@@ -4,8 +4,8 @@ the executor's copy orders (device -> CPU on the way out, CPU -> device on the w
 
 from __future__ import annotations
 
-from scheduler.block_pool import BlockPool
-from scheduler.request import Request
+from folio.scheduler.block_pool import BlockPool
+from folio.scheduler.request import Request
 
 
 class SwapSpace:

@@ -14,5 +14,5 @@ fi
 .venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".${extras}"
 # The C++ CPU attention operator, compiled for this machine into .folio-cache/cpu-ops/. Without
 # it (no compiler) the executor runs the torch reference and says so in its log.
-.venv/bin/python -m kernels.cpu_attention --build \
+.venv/bin/python -m folio.kernels.cpu_attention --build \
     || echo "setup.sh: the CPU attention operator did not build; the torch reference will run" >&2

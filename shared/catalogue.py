@@ -1,7 +1,7 @@
 """Every message type, and which types each socket accepts: the one list of both.
 
 A receiver passes its link's set to `shared.messages.decode`, which refuses any other type.
-docs/protocol.md §2 has the same table; tests/test_protocol_doc.py checks that every type
+docs/protocol.md §2 has the same table; tests/shared/test_protocol_doc.py checks that every type
 here is documented and that every encoder packs a type of some link.
 """
 

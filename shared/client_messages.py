@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from shared.catalogue import CLIENT_TO_GATEWAY
-from shared.codes import RefusalCode, refusal_code
-from shared.sampling_params import SamplingParams, sampling_from_wire
-from shared.wire import MAX_TOKEN_ID, MAX_TOKENS_PER_MESSAGE, Body, ProtocolError, pack
+from folio.shared.catalogue import CLIENT_TO_GATEWAY
+from folio.shared.codes import RefusalCode, refusal_code
+from folio.shared.sampling_params import SamplingParams, sampling_from_wire
+from folio.shared.wire import MAX_TOKEN_ID, MAX_TOKENS_PER_MESSAGE, Body, ProtocolError, pack
 
 CLIENT_TYPES = CLIENT_TO_GATEWAY   # the name the gateway used before the catalogue
 

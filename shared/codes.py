@@ -3,7 +3,7 @@
 Both are `StrEnum`s: a member is a `str` equal to its value, so it packs to the same
 msgpack bytes as the bare string, compares equal to it, formats as it and, so that
 outputs (folio.LLM's RequestOutput) print as they did, shows as it in repr().
-docs/protocol.md documents every value (tests/test_protocol_doc.py checks).
+docs/protocol.md documents every value (tests/shared/test_protocol_doc.py checks).
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from shared.config import ExecutorCapacity
-from shared.sampling_params import sampling_from_wire
-from shared.step import NewRequest, StepPlan, StepResult
-from shared.wire import MAX_BLOCK_ID, MAX_TOKEN_ID, Body, ProtocolError, pack
+from folio.shared.config import ExecutorCapacity
+from folio.shared.sampling_params import sampling_from_wire
+from folio.shared.step import NewRequest, StepPlan, StepResult
+from folio.shared.wire import MAX_BLOCK_ID, MAX_TOKEN_ID, Body, ProtocolError, pack
 
 MAX_FAILURE_CHARS = 500   # why one request failed in a step (result `x`)
 

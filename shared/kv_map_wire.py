@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.wire import MAX_BLOCK_ID, Body, ProtocolError, pack
+from folio.shared.wire import MAX_BLOCK_ID, Body, ProtocolError, pack
 
 MAX_KV_MAP_BLOCKS = 1 << 22    # per-block arrays longer than this are not sent
 MAX_KV_MAP_REQUESTS = 1 << 16

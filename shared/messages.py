@@ -11,27 +11,27 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from shared.catalogue import (ALL_TYPES, CLIENT_TO_GATEWAY, EXECUTOR_TO_SCHEDULER,  # noqa: F401
+from folio.shared.catalogue import (ALL_TYPES, CLIENT_TO_GATEWAY, EXECUTOR_TO_SCHEDULER,  # noqa: F401
                               FRONTEND_TO_SCHEDULER, GATEWAY_TO_CLIENT, LINKS, RANK0_TO_RANKS,
                               SCHEDULER_TO_EXECUTOR, SCHEDULER_TO_FRONTEND,
                               SCHEDULER_TO_FRONTEND_HEARTBEAT, MessageType)
-from shared.client_messages import (CLIENT_TYPES, MAX_DEADLINE_S, MAX_MESSAGES,  # noqa: F401
+from folio.shared.client_messages import (CLIENT_TYPES, MAX_DEADLINE_S, MAX_MESSAGES,  # noqa: F401
                                     MAX_PROMPT_CHARS, ClientQuery, DeltaReply, ErrorReply,
                                     FinalReply, GenerateRequest, decode_client_query,
                                     HealthReply, decode_delta, decode_error, decode_final,
                                     decode_health,
                                     encode_delta, encode_error, encode_final, encode_generate,
                                     encode_health, encode_health_query, encode_kv_map_query)
-from shared.codes import FinishReason, RefusalCode, refusal_code  # noqa: F401
-from shared.executor_messages import (ExecutorError, ExecutorHello,  # noqa: F401
+from folio.shared.codes import FinishReason, RefusalCode, refusal_code  # noqa: F401
+from folio.shared.executor_messages import (ExecutorError, ExecutorHello,  # noqa: F401
                                       decode_executor_error, decode_hello_executor,
                                       decode_logprob_entry, decode_plan, decode_result,
                                       encode_executor_error, encode_hello_executor,
                                       encode_ping, encode_plan, encode_reset, encode_result)
-from shared.kv_map_wire import (KV_MAP_STATES, MAX_KV_MAP_BLOCKS,  # noqa: F401
+from folio.shared.kv_map_wire import (KV_MAP_STATES, MAX_KV_MAP_BLOCKS,  # noqa: F401
                                 MAX_KV_MAP_REQUESTS, decode_kv_map, encode_kv_map)
-from shared.sampling_params import sampling_from_wire  # noqa: F401
-from shared.scheduler_messages import (MAX_DROPPED_IDS, Abort, AddRequest,  # noqa: F401
+from folio.shared.sampling_params import sampling_from_wire  # noqa: F401
+from folio.shared.scheduler_messages import (MAX_DROPPED_IDS, Abort, AddRequest,  # noqa: F401
                                        EngineInfo, FrontendDropped, FrontendHello, Rejected,
                                        decode_abort, decode_add, decode_frontend_dropped,
                                        decode_frontend_hello, decode_outputs, decode_rejected,
@@ -39,7 +39,7 @@ from shared.scheduler_messages import (MAX_DROPPED_IDS, Abort, AddRequest,  # no
                                        encode_frontend_dropped, encode_frontend_hello,
                                        encode_kv_map_request, encode_outputs, encode_rejected,
                                        encode_stats, encode_stats_request)
-from shared.wire import (MAX_BLOCK_ID, MAX_ID_LEN, MAX_TOKEN_ID, Body,  # noqa: F401
+from folio.shared.wire import (MAX_BLOCK_ID, MAX_ID_LEN, MAX_TOKEN_ID, Body,  # noqa: F401
                          ProtocolError, pack, unpack)
 
 FINISH_REASONS = tuple(FinishReason)   # the name used before the enum

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shared.structured_output import check_spec
-from shared.wire import Body, ProtocolError
+from folio.shared.structured_output import check_spec
+from folio.shared.wire import Body, ProtocolError
 
 _GREEDY_EPS = 1e-5
 _INT32_MAX = 2**31 - 1        # token ids, counts and lengths all fit; msgpack and torch too

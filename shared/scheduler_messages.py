@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from shared.codes import FinishReason, RefusalCode, refusal_code
-from shared.config import SchedulingPolicy
-from shared.executor_messages import decode_logprob_entry
-from shared.outputs import EngineOutput, StepOutputs
-from shared.sampling_params import SamplingParams, sampling_from_wire
-from shared.wire import MAX_ID_LEN, MAX_TOKEN_ID, Body, ProtocolError, pack
+from folio.shared.codes import FinishReason, RefusalCode, refusal_code
+from folio.shared.config import SchedulingPolicy
+from folio.shared.executor_messages import decode_logprob_entry
+from folio.shared.outputs import EngineOutput, StepOutputs
+from folio.shared.sampling_params import SamplingParams, sampling_from_wire
+from folio.shared.wire import MAX_ID_LEN, MAX_TOKEN_ID, Body, ProtocolError, pack
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.sampling_params import SamplingParams
+from folio.shared.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from executor.model_config import ModelConfig
-from executor.models.layers import Attention, GatedMLP, make_norm
-from executor.models.moe import SparseMoe
-from executor.ops import AttentionInputs, KernelOps
-from executor.rotary import longrope_positions, rotary_cos_sin_cache
+from folio.executor.model_config import ModelConfig
+from folio.executor.models.layers import Attention, GatedMLP, make_norm
+from folio.executor.models.moe import SparseMoe
+from folio.executor.ops import AttentionInputs, KernelOps
+from folio.executor.rotary import longrope_positions, rotary_cos_sin_cache
 
 
 class DecoderLayer(nn.Module):

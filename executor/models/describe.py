@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from executor.model_config import ModelConfig
+from folio.executor.model_config import ModelConfig
 
 
 def describe(config: ModelConfig) -> str:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from executor.model_config import (SUPPORTED_ARCHITECTURES, ModelConfig, MoeConfig,
+from folio.executor.model_config import (SUPPORTED_ARCHITECTURES, ModelConfig, MoeConfig,
                                    RopeConfig)
 
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor.model_config import ModelConfig
-from executor.ops import AttentionInputs, KernelOps
+from folio.executor.model_config import ModelConfig
+from folio.executor.ops import AttentionInputs, KernelOps
 
 
 class RMSNorm(nn.Module):

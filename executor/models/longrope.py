@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from executor.ops import AttentionInputs, KernelOps
+from folio.executor.ops import AttentionInputs, KernelOps
 
 
 def recompute_crossing(model: torch.nn.Module, ops: KernelOps, original: int,

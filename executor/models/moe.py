@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from executor.model_config import ModelConfig
-from executor.ops import KernelOps
+from folio.executor.model_config import ModelConfig
+from folio.executor.ops import KernelOps
 
 
 class SparseMoe(nn.Module):

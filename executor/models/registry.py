@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from executor.model_config import SUPPORTED_ARCHITECTURES
-from executor.models.decoder import CausalLM
-from executor.models.hf_config import TRAITS, Traits
+from folio.executor.model_config import SUPPORTED_ARCHITECTURES
+from folio.executor.models.decoder import CausalLM
+from folio.executor.models.hf_config import TRAITS, Traits
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Checkpoint modules that Folio stores fused: (fused module, its slice in order).

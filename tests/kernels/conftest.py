@@ -13,7 +13,7 @@ import platform
 import pytest
 import torch
 
-from kernels import cpu_attention
+from folio.kernels import cpu_attention
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor import ops
+from folio.executor import ops
 from folio import LLM, SamplingParams
-from kernels import cpu_attention
+from folio.kernels import cpu_attention
 from tests.hf_oracle import hf_greedy
 from tests.kernels.paged_batch import make_batch, oracle, relative_error
 

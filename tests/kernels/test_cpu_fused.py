@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor.model_config import RopeConfig
-from executor.rotary import rotary_cos_sin_cache
-from kernels import reference
-from kernels.cpu_fused import (reshape_and_cache_cpu, rms_norm_cpu, rotary_cpu,
+from folio.executor.model_config import RopeConfig
+from folio.executor.rotary import rotary_cos_sin_cache
+from folio.kernels import reference
+from folio.kernels.cpu_fused import (reshape_and_cache_cpu, rms_norm_cpu, rotary_cpu,
                                silu_and_mul_cpu)
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import fused_add_rms_norm, rms_norm, rotary_embedding
+from folio import kernels
+from folio.kernels import fused_add_rms_norm, rms_norm, rotary_embedding
 
 # One unit in the last place: the kernels round like the references, but a sum in another
 # order or a hardware rsqrt may move a result across a rounding boundary.

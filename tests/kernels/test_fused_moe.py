@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from executor.ops import TORCH_OPS, triton_ops
-from kernels.moe_reference import fused_moe_ref
-from kernels.triton_moe import MoEConfig, align_block_size, fused_moe
+from folio import kernels
+from folio.executor.ops import TORCH_OPS, triton_ops
+from folio.kernels.moe_reference import fused_moe_ref
+from folio.kernels.triton_moe import MoEConfig, align_block_size, fused_moe
 
 # Relative to the largest output: float32 differs from float64 only by summation order; bf16
 # and fp16 round every intermediate like the expert modules do.

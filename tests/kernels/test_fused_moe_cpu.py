@@ -7,8 +7,8 @@ import gc
 import pytest
 import torch
 
-from executor.ops import cpu_ops
-from kernels.moe_cpu import CpuFusedMoe, onednn_available
+from folio.executor.ops import cpu_ops
+from folio.kernels.moe_cpu import CpuFusedMoe, onednn_available
 from tests.kernels.test_fused_moe import assert_matches, make_case, oracle
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="torch without oneDNN")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import (AttentionConfig, fused_add_rms_norm, paged_attention, reshape_and_cache,
+from folio import kernels
+from folio.kernels import (AttentionConfig, fused_add_rms_norm, paged_attention, reshape_and_cache,
                      rms_norm, rotary_embedding)
-from kernels._launch import check_launch_device
+from folio.kernels._launch import check_launch_device
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
-from kernels import AttentionConfig, paged_attention
+from folio import kernels
+from folio.kernels import AttentionConfig, paged_attention
 from tests.kernels.paged_batch import make_batch, oracle, relative_error
 
 FP32_TOLERANCE = 1e-4
@@ -76,7 +76,7 @@ def test_matches_oracle_fp32(device, seed, block_size, head_dim, num_heads, num_
 
 def test_long_decode_splits_by_default(device):
     """Few programs and a long context: the default launch splits the context (split-K)."""
-    from kernels.triton_attention import _choose_launch
+    from folio.kernels.triton_attention import _choose_launch
 
     batch = make_batch([(700, 1), (290, 1)], block_size=16, head_dim=32, num_heads=4,
                        num_kv_heads=1, dtype=torch.float32, device=device, seed=7)

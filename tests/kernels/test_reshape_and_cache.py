@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import reshape_and_cache
+from folio import kernels
+from folio.kernels import reshape_and_cache
 
 
 def poisoned_caches(num_blocks, block_size, num_kv_heads, head_dim, dtype, device):

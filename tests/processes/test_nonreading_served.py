@@ -1,0 +1,111 @@
+"""Issue 25 (part 3, item 2), served: a client that sends and never reads costs only itself.
+
+One `folio serve` (HTTP API and ZeroMQ) with a small per-client cap. A raw DEALER whose
+receive queue holds one message sends streamed generates as fast as it can for a few
+seconds and never reads, then leaves. Meanwhile an SDK client and HTTP clients are served
+right, the engine never holds more of the attacker's requests than the cap (before the fix
+it held every one it sent), and after it left every KV block comes back; the log has no
+traceback and a line or two about it, not one per message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+import zmq
+
+from bench.nonreading_client import non_reading_dealer
+from folio import SamplingParams
+from folio.client import Client
+from folio.shared import messages as m
+from tests.http_server import HttpServer
+
+pytestmark = pytest.mark.slow
+CAP = 16
+NUM_KV_BLOCKS = 512
+GREEDY = SamplingParams(temperature=0, ignore_eos=True, max_tokens=4)
+ATTACK_S = 4.0          # how long it sends
+ATTACK_MESSAGES = 4000  # ... and at most this many
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, llama_dir):
+    srv = HttpServer(llama_dir, tmp_path_factory.mktemp("rel4reader"),
+                     "--max-requests-per-client", str(CAP),
+                     "--num-kv-blocks", str(NUM_KV_BLOCKS))
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _attack(address: str, sent: list[int]) -> None:
+    """Streamed generates, never reading; then it leaves."""
+    ctx = zmq.Context()
+    sock = non_reading_dealer(ctx, address)
+    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < ATTACK_S and sent[0] < ATTACK_MESSAGES:
+            try:
+                sock.send(m.encode_generate(uuid.uuid4().hex, params, True,
+                                            prompt_token_ids=[5, 6, 7, 8]), zmq.NOBLOCK)
+                sent[0] += 1
+            except zmq.Again:   # the frontend reads slower than this sends
+                time.sleep(0.001)
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def _completion(server, prompt: list[int]) -> list:
+    response = httpx.post(f"{server.base}/v1/completions", timeout=120, json={
+        "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+        "logprobs": 0})
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
+
+
+def test_a_client_that_never_reads_costs_only_itself(server):
+    log_before = server.log.read_text(errors="replace")
+    with Client(server.zmq_address, timeout=120) as sdk, \
+            Client(server.zmq_address, timeout=120) as watcher:
+        expected_sdk = sdk.generate([1, 2, 3], GREEDY).token_ids
+        expected_http = _completion(server, [1, 2, 3])
+        sent = [0]
+        attacker = threading.Thread(target=_attack, args=(server.zmq_address, sent))
+        attacker.start()
+        most_held, served, health = 0, 0, []
+        deadline = time.monotonic() + 120
+        while attacker.is_alive() or served < 3:
+            assert time.monotonic() < deadline, "bystanders were not served"
+            stats = watcher.health()["stats"]
+            most_held = max(most_held, stats["num_running"] + stats["num_waiting"])
+            health.append(httpx.get(f"{server.base}/health", timeout=60).status_code)
+            assert sdk.generate([1, 2, 3], GREEDY).token_ids == expected_sdk
+            assert _completion(server, [1, 2, 3]) == expected_http
+            served += 1
+        attacker.join()
+
+        # The bystanders' requests ran one at a time beside it: the rest is the attacker's.
+        assert sent[0] > 3 * CAP, "the attacker hardly sent anything"
+        assert most_held <= CAP + 2
+        assert set(health) == {200}
+        deadline = time.monotonic() + 60
+        while True:   # it left: whatever it had comes back
+            stats = watcher.health()["stats"]
+            if (stats["num_running"] == stats["num_waiting"] == 0
+                    and stats["kv_blocks_free"] == stats["kv_blocks_total"]):
+                break
+            assert time.monotonic() < deadline, f"never idle after it left: {stats}"
+            time.sleep(0.1)
+        assert sdk.generate([1, 2, 3], GREEDY).token_ids == expected_sdk
+    log = server.log.read_text(errors="replace")[len(log_before):]
+    assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
+    about = [line for line in log.splitlines() if "folio-frontend" in line and "client" in line]
+    assert len(about) <= 3, about

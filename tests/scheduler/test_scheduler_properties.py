@@ -1,0 +1,666 @@
+"""Property-based tests of the block pools and the scheduler against a fake executor.
+
+Each example steps serially (plan, result, plan...) or one step ahead, as the scheduler
+process does with async scheduling: plan N+1 is made before result N is applied, and the
+fake executor runs the plans in order, appending its own samples.
+Random arrivals (prompts built from a few shared prefixes, n in {1, 2, 3}), aborts, steps,
+under config variants drawn once per example (block size, pool sizes, chunked prefill,
+prefix caching, recompute / swap / auto preemption, a sliding window or none). After every
+rule each block of the GPU pool and of the swap pool is in exactly one state with the right
+reference count (the null block of a sliding-window pool in none), and the fake executor's
+KV contents agree with what the scheduler believes for every position still in a window. At the end every request
+finishes within a bounded number of steps with the tokens it would have had alone, and both
+pools are entirely free.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+
+import pytest
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from folio.scheduler.block_pool import BlockPool, chain_hash
+from folio.scheduler.request import NEVER, RequestStatus
+from folio.scheduler.scheduler import Scheduler
+from folio.shared.outputs import child_request_id
+from folio.shared.config import SchedulerConfig
+from folio.shared.outputs import EngineOutput, FinishReason
+from folio.shared.sampling_params import SamplingParams
+from tests.fake_executor import FakeExecutor, extend_digests, sample
+
+VOCAB = 64
+EOS = 3
+MAX_MODEL_LEN = 40
+PREFIXES = [[(7 * i + 5 * k) % VOCAB for i in range(24)] for k in range(1, 4)]
+
+
+@st.composite
+def configs(draw) -> SchedulerConfig:
+    block_size = draw(st.sampled_from([2, 4]))
+    chunked = draw(st.booleans())
+    budget = (draw(st.sampled_from([3, 8, 16, 64])) if chunked
+              else draw(st.sampled_from([MAX_MODEL_LEN, 64])))
+    mode = draw(st.sampled_from(["recompute", "swap", "auto"]))
+    # Auto: swapping a block costs 2 s, recomputing a token 1 / prefill_tokens_per_s, so a
+    # victim swaps (when the swap pool has room) if its blocks are on average more than
+    # 1/4, 1/2 or 3/4 full.
+    prefill_tokens_per_s = block_size / draw(st.sampled_from([8, 4, 8 / 3]))
+    # Every layer windowed (the scheduler frees blocks behind the window), or not.
+    sliding_window = draw(st.sampled_from([None, None, 1, 3, 6, 13, 39]))
+    return SchedulerConfig(
+        num_kv_blocks=draw(st.integers(24, 64)) // block_size,
+        block_size=block_size,
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_num_batched_tokens=budget,
+        max_model_len=MAX_MODEL_LEN,
+        enable_chunked_prefill=chunked,
+        eos_token_ids=(EOS,),
+        vocab_size=VOCAB,
+        enable_prefix_caching=draw(st.booleans()),
+        preemption_mode=mode,
+        num_swap_blocks=draw(st.sampled_from([0, 3, 6, 16])),
+        bytes_per_block=1,
+        prefill_tokens_per_s=prefill_tokens_per_s,
+        swap_bytes_per_s=1.0,
+        sliding_window=sliding_window,
+    )
+
+
+def expected_outputs(prompt: list[int], sampling: SamplingParams, max_request_len: int
+                     ) -> tuple[list[int], str]:
+    """What a request produces when run alone: the fake executor's tokens, until a stop."""
+    tokens = list(prompt)
+    digests = extend_digests([], tokens)
+    output: list[int] = []
+    while True:
+        token = sample(digests[-1], VOCAB)
+        output.append(token)
+        tokens.append(token)
+        extend_digests(digests, tokens)
+        if len(output) > sampling.min_tokens and token == EOS:
+            return output, FinishReason.STOP
+        if len(output) >= sampling.max_tokens or len(tokens) >= max_request_len:
+            return output, FinishReason.LENGTH
+
+
+class Driver:
+    """A scheduler and a fake executor stepping together; records every output. With
+    `ahead`, one plan is always made before the previous step's result is applied."""
+
+    def __init__(self, config: SchedulerConfig, ahead: bool = False) -> None:
+        self.config = config
+        self.ahead = ahead
+        self.sent: deque = deque()       # plans the fake executor has not run yet
+        self.inflight: deque = deque()   # those of them whose results are due
+        self.executed: list = []          # every plan the fake executor ran, in order
+        self.seen: dict[int, object] = {}   # handle -> Request, to note its block contents
+        self.scheduler = Scheduler(config)
+        self.executor = FakeExecutor(config.block_size, config.num_kv_blocks,
+                                     config.num_swap_blocks, VOCAB, config.sliding_window)
+        self.expected: dict[str, tuple[list[int], str]] = {}   # by sample id
+        self.emitted: dict[str, list[int]] = {}
+        self.finished: dict[str, str] = {}
+        self.aborted: set[str] = set()
+        self.groups: dict[str, list[str]] = {}                  # request id -> sample ids
+        # Prefix hash -> the fake KV its block must hold, for every full block ever computed.
+        self.block_contents: dict[bytes, list] = {}
+
+    def add(self, request_id: str, prompt: list[int], sampling: SamplingParams) -> bool:
+        limit = self.config.max_request_len
+        never_fits = len(prompt) + (sampling.max_tokens or 0) > limit
+        try:
+            ids = self.scheduler.add_request(request_id, prompt, sampling)
+        except ValueError:
+            assert never_fits
+            return False
+        assert not never_fits
+        assert ids == [child_request_id(request_id, i, sampling.n) for i in range(sampling.n)]
+        expected = expected_outputs(prompt, sampling, self.config.max_request_len)
+        for sample_id in ids:
+            request = self.scheduler.requests[sample_id]
+            self.seen[request.handle] = request
+            self.expected[sample_id] = expected
+            self.emitted[sample_id] = []
+        self.groups[request_id] = ids
+        return True
+
+    def abort(self, request_id: str) -> None:
+        live = [i for i in self.groups.get(request_id, [request_id])
+                if i in self.scheduler.requests]
+        assert self.scheduler.abort_request(request_id) == bool(live)
+        self.aborted.update(live)   # reported by the next update
+
+    def step(self, abort_in_flight=None) -> None:
+        """One result applied; `abort_in_flight(driver)` runs while its plan (and, ahead,
+        the next one) is out."""
+        if not self.inflight:
+            self._send()
+        if self.ahead and self.inflight:
+            self._send()
+        head = self.inflight[0] if self.inflight else None
+        result = None
+        while self.sent:
+            plan = self.sent.popleft()
+            outcome = self.executor.execute(plan)
+            self.executed.append(plan)
+            if plan is head:
+                result = outcome
+                break
+        if abort_in_flight is not None and head is not None:
+            abort_in_flight(self)
+        if head is not None:
+            self.inflight.popleft()
+            for output in self.scheduler.update(head, result):
+                self._record(output)
+        self._note_block_contents()
+
+    def _send(self) -> None:
+        scheduler, config = self.scheduler, self.config
+        plan = scheduler.schedule()
+        assert plan.num_scheduled_tokens <= config.max_num_batched_tokens
+        assert len(plan.new_requests) + len(plan.running_handles) <= config.max_num_seqs
+        for output in scheduler.take_pending_outputs():
+            self._record(output)
+        if plan.is_empty and not plan.dropped_handles:
+            return
+        self.sent.append(plan)
+        if not plan.is_empty:
+            self.inflight.append(plan)
+
+    def _note_block_contents(self) -> None:
+        """The fake KV each block hash names, from the requests' own hash chains."""
+        size = self.config.block_size
+        for handle, request in list(self.seen.items()):
+            tokens = request.all_token_ids
+            digests = extend_digests([], tokens[:len(request.block_hashes) * size])
+            for index, block_hash in enumerate(request.block_hashes):
+                if block_hash not in self.block_contents:
+                    positions = range(index * size, (index + 1) * size)
+                    self.block_contents[block_hash] = [(p, tokens[p], digests[p])
+                                                       for p in positions]
+            if request.status is RequestStatus.FINISHED:
+                del self.seen[handle]
+
+    def _record(self, output: EngineOutput) -> None:
+        sample_id = output.request_id
+        assert sample_id not in self.finished, f"{sample_id} reported after it finished"
+        tokens = self.emitted[sample_id]
+        tokens.extend(output.new_token_ids)
+        expected, reason = self.expected[sample_id]
+        assert tokens == expected[:len(tokens)], f"{sample_id}: {tokens} vs alone {expected}"
+        if output.finished:
+            self.finished[sample_id] = output.finish_reason
+            assert (output.finish_reason == FinishReason.ABORT) == (sample_id in self.aborted)
+            if output.finish_reason != FinishReason.ABORT:
+                assert (tokens, output.finish_reason) == (expected, reason), sample_id
+
+    def drain(self) -> int:
+        """Step with no new arrivals until idle; returns the steps it took."""
+        limit = 100 + 4 * self.config.max_request_len * len(self.scheduler.requests)
+        steps = 0
+        while self.scheduler.has_work() or self.sent:
+            assert steps < limit, f"not idle after {steps} steps: {self.scheduler.stats()}"
+            self.step()
+            steps += 1
+        return steps
+
+    def assert_idle(self) -> None:
+        scheduler = self.scheduler
+        assert not scheduler.requests
+        assert not (scheduler.running or scheduler.waiting or scheduler.swapped)
+        assert scheduler.pool.num_free == scheduler.pool.num_usable
+        assert scheduler.stats()["kv_blocks_free"] == scheduler.stats()["kv_blocks_total"]
+        assert scheduler.swap_pool.num_free == scheduler.swap_pool.num_blocks
+        assert not self.executor.requests, "executor still holds finished requests"
+        assert not self.sent and not scheduler.kv.unconfirmed_blocks()
+        assert set(self.finished) == set(self.emitted), "a request never finished"
+
+
+# ---- invariants -------------------------------------------------------------------------
+
+
+def check_pool(pool: BlockPool, owners: Counter, name: str) -> None:
+    """Each block free, cached-free or used, with as many references as holders; the null
+    block (if any) in none of those states."""
+    unreferenced = set(pool._unreferenced)
+    cached_free = 0
+    null = pool.null_block
+    if null is not None:
+        assert pool.ref_count(null) == 0 and pool.block_hash(null) is None
+        assert null not in unreferenced and owners[null] == 0, f"{name} null block in use"
+    for block_id in range(pool.num_blocks):
+        if block_id == null:
+            continue
+        refs = pool.ref_count(block_id)
+        assert refs == owners[block_id], f"{name} block {block_id}: {refs} refs, " \
+            f"{owners[block_id]} holders"
+        assert (refs == 0) == (block_id in unreferenced), f"{name} block {block_id} queue"
+        block_hash = pool.block_hash(block_id)
+        if block_hash is not None:
+            assert pool.lookup(block_hash) == block_id, f"{name} block {block_id} hash"
+            cached_free += refs == 0
+    assert len(pool._unreferenced) == len(unreferenced)
+    assert all(pool.block_hash(b) == h for h, b in pool._cached.items())
+    assert pool.num_cached_free == cached_free
+    assert pool.num_free + pool.num_used == pool.num_usable
+    assert pool.num_free == sum(1 for b in range(pool.num_blocks)
+                                if pool.ref_count(b) == 0 and b != null)
+
+
+def check_scheduler(driver: Driver) -> None:
+    scheduler, config, executor = driver.scheduler, driver.config, driver.executor
+    size = config.block_size
+    # What the plans not yet run will do: the fake executor lags the scheduler by them.
+    ahead_tokens: Counter = Counter()
+    ahead_blocks: dict[int, list[int]] = {}
+    ahead_new: set[int] = set()
+    ahead_swap_out: set[int] = set()
+    for plan in driver.sent:
+        ahead_tokens.update(dict(zip(plan.running_handles, plan.running_num_tokens)))
+        for handle, blocks in plan.new_block_ids.items():
+            ahead_blocks.setdefault(handle, []).extend(blocks)
+        ahead_new.update(new.handle for new in plan.new_requests)
+        ahead_swap_out.update(dst for _, dst in plan.swap_out)
+    unconfirmed = scheduler.kv.unconfirmed_blocks()
+    statuses = {RequestStatus.WAITING: list(scheduler.waiting),
+                RequestStatus.SWAPPED: list(scheduler.swapped),
+                RequestStatus.RUNNING: list(scheduler.running),
+                RequestStatus.FORKING: [child for owner in scheduler.requests.values()
+                                        for child in owner.fork_children]}
+    placed = [id(r) for queue in statuses.values() for r in queue]
+    assert len(placed) == len(set(placed)) == len(scheduler.requests), "request misplaced"
+    for status, queue in statuses.items():
+        assert all(r.status is status for r in queue), status
+        assert all(scheduler.requests.get(r.request_id) is r for r in queue)
+    live = {i for i in driver.emitted if i not in driver.finished and i not in driver.aborted}
+    assert set(scheduler.requests) == live, "a request was lost or invented"
+
+    assert len(scheduler.running) <= config.max_num_seqs
+    assert [r.admit_seq for r in scheduler.running] == sorted(
+        r.admit_seq for r in scheduler.running)
+    gpu_owners, swap_owners = Counter(), Counter()
+    null = scheduler.pool.null_block
+    for request in scheduler.requests.values():
+        tokens = request.all_token_ids
+        freed = request.num_freed_blocks
+        live = request.block_ids[freed:]
+        # Freed entries are the leading ones and name the null block; the rest are distinct.
+        # (A swapped request keeps its count for swap-in, without a table.)
+        if request.status is not RequestStatus.SWAPPED:
+            assert request.block_ids[:freed] == [null] * freed, request
+        assert null not in live and len(live) == len(set(live)), request
+        if config.sliding_window is None:
+            assert freed == 0
+        else:
+            assert len(live) <= config.window_peak_blocks, request
+        gpu_owners.update(live)
+        swap_owners.update(request.cpu_block_ids)
+        assert request.fork_children == [] or request.output_token_ids == []
+        # The counts cached for the per-step loops (scheduler/request.py) match what they
+        # cache, through preemption, swaps, forks, prefix hits, windows and failed steps.
+        assert request.prompt_len == len(request.prompt_token_ids), request
+        assert request.num_tokens == len(tokens), request
+        assert request.stop_num_tokens == request.prompt_len + request.stop_length_at
+        assert request.num_slots == len(request.block_ids) * size, request
+        if not config.enable_prefix_caching:
+            assert request.register_at in (0, NEVER), request
+        elif request.register_at:   # 0: never given a table yet, so "ask"
+            assert request.register_at == (request.num_registered + 1) * size, request
+        if request.status is RequestStatus.RUNNING:
+            assert request.register_at, request
+        # Prefix hashes name this request's own tokens, block by block.
+        parent = None
+        for index, block_hash in enumerate(request.block_hashes):
+            parent = chain_hash(parent, tokens[index * size:(index + 1) * size])
+            assert block_hash == parent, f"{request}: stale hash of block {index}"
+        if request.status is not RequestStatus.RUNNING:
+            assert not request.block_ids, f"{request} holds GPU blocks"
+        if request.status is not RequestStatus.SWAPPED:
+            assert not request.cpu_block_ids, f"{request} holds swap blocks"
+        if request.status in (RequestStatus.WAITING, RequestStatus.FORKING):
+            assert request.num_computed_tokens == 0 and not request.on_executor
+        assert request.num_pending >= 0
+        if request.status is RequestStatus.SWAPPED:
+            assert not request.on_executor
+            if not ahead_swap_out & set(request.cpu_block_ids):   # its swap-out has run
+                executor.check_context(tokens, request.cpu_block_ids,
+                                       request.num_computed_tokens, swap=True,
+                                       what=f"swapped {request}", first=freed * size,
+                                       first_block=freed)
+        if request.status is RequestStatus.RUNNING:
+            assert request.num_computed_tokens <= len(tokens)
+            assert len(request.block_ids) * size >= request.num_computed_tokens
+            assert len(request.block_ids) <= -(-len(tokens) // size)
+            if request.on_executor and request.handle not in ahead_new:
+                held = executor.requests[request.handle]
+                # The executor's table is append-only: entries freed since it was sent still
+                # name their old blocks there, and no query reads them.
+                table = held.blocks + ahead_blocks.get(request.handle, [])
+                assert table[freed:] == live and len(table) == len(request.block_ids)
+                assert held.tokens == tokens
+                assert held.computed + ahead_tokens[request.handle] == \
+                    request.num_computed_tokens
+                executor.check_context(tokens, held.blocks, held.computed,
+                                       what=f"running {request}",
+                                       first=executor.first_read(held.computed))
+    check_pool(scheduler.pool, gpu_owners, "GPU")
+    check_pool(scheduler.swap_pool, swap_owners, "swap")
+    assert scheduler.swap_pool.num_cached_free == 0 and not scheduler.swap_pool._cached
+    if not config.enable_prefix_caching:
+        assert not scheduler.pool._cached
+    # A block the prefix cache names holds the KV of the tokens its hash names.
+    for block_hash, block_id in scheduler.pool._cached.items():
+        if block_id in unconfirmed:
+            continue   # its step has not run yet
+        assert executor.block_contents(block_id) == driver.block_contents[block_hash], (
+            f"cached block {block_id} holds {executor.block_contents(block_id)}")
+    on_executor = {r.handle for r in scheduler.requests.values() if r.on_executor}
+    assert on_executor - ahead_new <= executor.requests.keys()
+
+
+# ---- the state machine ------------------------------------------------------------------
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.driver: Driver | None = None
+        self.count = 0
+
+    @initialize(config=configs(), ahead=st.booleans())
+    def start(self, config, ahead):
+        self.driver = Driver(config, ahead)
+
+    @rule(arrivals=st.lists(st.tuples(
+        st.sampled_from(range(len(PREFIXES) + 1)), st.integers(0, 24),
+        st.lists(st.integers(0, VOCAB - 1), max_size=12), st.integers(1, 3),
+        st.integers(1, 16)), min_size=1, max_size=3))
+    def add(self, arrivals):
+        """A burst of requests: a shared prefix (or none), a tail, n and max_tokens each."""
+        for prefix, prefix_len, tail, n, max_tokens in arrivals:
+            prompt = (PREFIXES[prefix][:prefix_len] if prefix < len(PREFIXES) else []) + tail
+            if not prompt:
+                prompt = [prefix_len % VOCAB]
+            request_id = f"r{self.count}"
+            self.count += 1
+            self.driver.add(request_id, prompt, SamplingParams(n=n, max_tokens=max_tokens))
+
+    @precondition(lambda self: self.driver and self.driver.scheduler.requests)
+    @rule(data=st.data(), whole=st.booleans())
+    def abort(self, data, whole):
+        scheduler = self.driver.scheduler
+        if whole:
+            request_id = data.draw(st.sampled_from(sorted(
+                r.split("#")[0] for r in scheduler.requests)))
+        else:
+            request_id = data.draw(st.sampled_from(sorted(scheduler.requests)))
+        self.driver.abort(request_id)
+
+    @precondition(lambda self: self.driver and self.driver.scheduler.requests)
+    @rule(data=st.data())
+    def abort_in_flight(self, data):
+        """An abort that arrives while a step is out: its result names a forgotten request."""
+        def abort(driver):
+            if driver.scheduler.requests:
+                driver.abort(data.draw(st.sampled_from(sorted(driver.scheduler.requests))))
+        self.driver.step(abort)
+
+    @rule(request_id=st.sampled_from(["r0", "nobody", "r1#5"]))
+    def abort_unknown(self, request_id):
+        if not any(r == request_id or r.startswith(request_id + "#")
+                   for r in self.driver.scheduler.requests):
+            assert not self.driver.scheduler.abort_request(request_id)
+
+    @rule(steps=st.integers(1, 6))
+    def step(self, steps):
+        for _ in range(steps):
+            self.driver.step()
+
+    @invariant()
+    def consistent(self):
+        if self.driver is not None:
+            check_scheduler(self.driver)
+
+    def teardown(self):
+        if self.driver is None:
+            return
+        # No request waits forever: with no new arrivals everything finishes, then every
+        # block of both pools is free (cached-free counts as free).
+        self.driver.drain()
+        check_scheduler(self.driver)
+        self.driver.assert_idle()
+        for name, count in self.driver.scheduler.counters.items():
+            if count and name != "prefix_cache_queries":
+                event(name)   # see --hypothesis-show-statistics
+
+
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+# ---- fixed cases ------------------------------------------------------------------------
+
+
+def _workload(driver: Driver, count: int, steps_between: int = 1) -> None:
+    for i in range(count):
+        prefix = PREFIXES[i % len(PREFIXES)][:8 + 4 * (i % 4)]
+        tail = [(i * 13 + k) % VOCAB for k in range(i % 5)]
+        driver.add(f"w{i}", prefix + tail, SamplingParams(n=1 + i % 3, max_tokens=6 + i % 9))
+        for _ in range(steps_between):
+            driver.step()
+        check_scheduler(driver)
+    driver.drain()
+    check_scheduler(driver)
+    driver.assert_idle()
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_every_mechanism_fires(ahead):
+    """A fixed workload under auto preemption with a small swap pool: prefix hits, forks,
+    and preemptions both ways all happen, and outputs match runs alone (serially, and with
+    each plan made before the previous result is applied)."""
+    config = SchedulerConfig(num_kv_blocks=12, block_size=4, max_num_seqs=6,
+                             max_num_batched_tokens=16, max_model_len=MAX_MODEL_LEN,
+                             eos_token_ids=(EOS,), vocab_size=VOCAB, preemption_mode="auto",
+                             num_swap_blocks=6, bytes_per_block=1, swap_bytes_per_s=1.0,
+                             prefill_tokens_per_s=1.0)
+    driver = Driver(config, ahead)
+    _workload(driver, 24)
+    stats = driver.scheduler.stats()
+    assert stats["prefix_cache_hits"] > 0
+    assert stats["forks"] > 0
+    assert stats["preemptions_swap"] > 0
+    assert stats["preemptions_recompute"] > 0
+    assert stats["kv_blocks_cached"] > 0
+
+
+def test_block_pool_refcounts():
+    pool = BlockPool(4)
+    a = pool.allocate(2)
+    pool.share(a[0])
+    pool.release(a)
+    assert pool.num_free == 3 and pool.ref_count(a[0]) == 1
+    pool.release([a[0]])
+    assert pool.num_free == 4
+    try:
+        pool.release([a[0]])
+    except ValueError as error:
+        assert "released while free" in str(error)
+    else:
+        raise AssertionError("double release must fail")
+
+
+def _burst_config(**changes) -> SchedulerConfig:
+    return SchedulerConfig(**{**dict(
+        num_kv_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=256,
+        max_model_len=MAX_MODEL_LEN, eos_token_ids=(EOS,), vocab_size=VOCAB), **changes})
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_burst_shares_blocks_scheduled_in_the_same_step(ahead):
+    """Five requests with a 20-token common prefix, admitted in one step: the last four take
+    the first one's five blocks at once (the fake executor writes every row before checking
+    what each row attends to, as the real one does per layer)."""
+    driver = Driver(_burst_config(), ahead)
+    for i in range(5):
+        driver.add(f"b{i}", PREFIXES[0][:20] + [i, i + 1], SamplingParams(max_tokens=6))
+    driver.step()
+    assert driver.scheduler.stats()["prefix_cache_hits"] == 4 * 20
+    assert len(driver.scheduler.running) == 5
+    check_scheduler(driver)
+    driver.drain()
+    driver.assert_idle()
+
+
+def test_a_failed_step_leaves_no_registered_block_to_find():
+    prompt = PREFIXES[1][:20] + [9]
+    params = SamplingParams(max_tokens=4)
+    for failed in (False, True):
+        scheduler = Scheduler(_burst_config())
+        scheduler.add_request("a", prompt, params)
+        scheduler.schedule()                 # registers a's five full blocks
+        if failed:
+            scheduler.discard_unconfirmed()  # ... but the step never ran
+        scheduler.abort_request("a")
+        scheduler.add_request("b", prompt, params)
+        (new,) = scheduler.schedule().new_requests
+        assert new.num_computed_tokens == (0 if failed else 20)
+        if failed:
+            assert scheduler.pool.num_cached_free == 0
+
+
+def test_one_step_ahead_throws_away_the_step_after_a_stop():
+    """A request whose token in step N is EOS was already scheduled in step N+1: that work
+    is dropped, no token follows the EOS, and its blocks come back."""
+    prompt = next(p for p in ([k, 2 * k % VOCAB] for k in range(1, VOCAB))
+                  if expected_outputs(p, SamplingParams(max_tokens=30), MAX_MODEL_LEN)[1]
+                  == FinishReason.STOP)
+    expected, _ = expected_outputs(prompt, SamplingParams(max_tokens=30), MAX_MODEL_LEN)
+    driver = Driver(_burst_config(), ahead=True)
+    driver.add("s", prompt, SamplingParams(max_tokens=30))
+    driver.drain()
+    driver.assert_idle()
+    assert driver.emitted["s"] == expected and driver.finished["s"] == FinishReason.STOP
+    # One step per token, plus the one ahead of the EOS: it ran, its token was dropped.
+    computing = [p for p in driver.executed
+                 if p.running_handles == [0] or [n.handle for n in p.new_requests] == [0]]
+    assert len(computing) == len(expected) + 1
+    assert driver.executed[-1].dropped_handles == [0]
+
+
+def test_one_step_ahead_skips_a_request_ending_by_length():
+    """Nothing is scheduled past max_tokens: the step in flight samples the last token."""
+    driver = Driver(_burst_config(), ahead=True)
+    driver.add("m", [1, 2, 3], SamplingParams(max_tokens=1, ignore_eos=True))
+    driver.step()   # sends the prompt; the plan ahead finds nothing to do
+    assert driver.scheduler.stats()["steps"] == 2 and len(driver.sent) == 0
+    assert driver.finished["m"] == FinishReason.LENGTH
+    driver.drain()   # the forget notice
+    driver.assert_idle()
+    assert [len(p.new_requests) + len(p.running_handles) for p in driver.executed] == [1, 0]
+
+
+# ---- sliding window ---------------------------------------------------------------------
+
+
+def _window_config(**changes) -> SchedulerConfig:
+    return SchedulerConfig(**{**dict(
+        num_kv_blocks=8, block_size=4, max_num_seqs=4, max_num_batched_tokens=8,
+        max_model_len=MAX_MODEL_LEN, eos_token_ids=(EOS,), vocab_size=VOCAB,
+        sliding_window=6), **changes})
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_window_serves_prompts_longer_than_the_pool(ahead):
+    """7 usable blocks (28 tokens) and a window of 6: a request never holds more than
+    window_peak_blocks = 5, so 36-token prompts run with the tokens they would have had
+    alone, and the pool is all free when idle."""
+    config = _window_config()
+    assert config.window_peak_blocks == 5 and config.max_request_len == MAX_MODEL_LEN
+    driver = Driver(config, ahead)
+    freed = 0
+    for i in range(4):
+        prompt = [(11 * i + 3 * k) % VOCAB for k in range(30 + 2 * i)]
+        assert len(prompt) > config.usable_kv_blocks * config.block_size or i < 2
+        assert driver.add(f"long{i}", prompt, SamplingParams(max_tokens=4 + i % 3,
+                                                             ignore_eos=True))
+    while driver.scheduler.has_work() or driver.sent:
+        driver.step()
+        check_scheduler(driver)
+        freed = max([freed] + [r.num_freed_blocks for r in driver.scheduler.running])
+    driver.assert_idle()
+    assert freed >= 6                      # blocks behind the window went back as it moved
+    stats = driver.scheduler.stats()
+    assert stats["kv_blocks_total"] == 7 and stats["num_finished"] == 4
+
+
+def test_window_peak_above_the_pool_keeps_the_cap():
+    """Where one request's window and step could not fit the pool, the pool stays the cap."""
+    config = _window_config(sliding_window=30, max_num_batched_tokens=16)
+    assert config.window_peak_blocks == 13 > config.usable_kv_blocks
+    assert config.max_request_len == 7 * 4
+    scheduler = Scheduler(config)
+    with pytest.raises(ValueError, match="capacity"):
+        scheduler.add_request("x", [1] * 29, SamplingParams())
+
+
+def test_a_model_with_a_global_layer_frees_nothing():
+    """No sliding_window from the executor (some layer attends to everything): the table
+    keeps every block, none is null, and the pool has no reserved block."""
+    driver = Driver(_window_config(sliding_window=None, num_kv_blocks=16))
+    driver.add("g", list(range(1, 30)), SamplingParams(max_tokens=6, ignore_eos=True))
+    for _ in range(4):
+        driver.step()
+        check_scheduler(driver)
+    (request,) = driver.scheduler.running
+    assert request.num_freed_blocks == 0 and driver.scheduler.pool.null_block is None
+    assert len(request.block_ids) == len(set(request.block_ids)) == 8
+    driver.drain()
+    driver.assert_idle()
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_window_with_prefix_hits_forks_and_swaps(ahead):
+    """The fixed workload of test_every_mechanism_fires with a window of 5: prefix hits
+    (their blocks behind the window released at once), forks sharing only what the window
+    reads, swaps moving only live blocks."""
+    config = SchedulerConfig(num_kv_blocks=10, block_size=4, max_num_seqs=6,
+                             max_num_batched_tokens=8, max_model_len=MAX_MODEL_LEN,
+                             eos_token_ids=(EOS,), vocab_size=VOCAB, preemption_mode="auto",
+                             num_swap_blocks=6, bytes_per_block=1, swap_bytes_per_s=1.0,
+                             prefill_tokens_per_s=1.0, sliding_window=5)
+    driver = Driver(config, ahead)
+    _workload(driver, 24)
+    stats = driver.scheduler.stats()
+    assert stats["prefix_cache_hits"] > 0 and stats["forks"] > 0
+    assert stats["preemptions_swap"] > 0
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["serial", "one-step-ahead"])
+def test_window_prefix_hit_after_its_leading_blocks_were_evicted(ahead):
+    """A prompt computed before is found again although its first blocks were evicted: a
+    windowed hit needs only the blocks its first new token's window reads."""
+    config = _window_config(enable_prefix_caching=True)
+    driver = Driver(config, ahead)
+    prompt = [(5 * k + 1) % VOCAB for k in range(28)]
+    driver.add("a", prompt, SamplingParams(max_tokens=1))
+    driver.drain()
+    cached = driver.scheduler.pool.num_cached_free
+    # Another prompt takes the least recently released blocks: a's first ones.
+    driver.add("b", [(7 * k + 2) % VOCAB for k in range(9)], SamplingParams(max_tokens=1))
+    driver.drain()
+    assert driver.scheduler.pool.lookup(chain_hash(None, prompt[:4])) is None   # evicted
+    assert driver.scheduler.pool.num_cached_free <= cached
+    hits = driver.scheduler.stats()["prefix_cache_hits"]
+    driver.add("c", prompt, SamplingParams(max_tokens=3))
+    driver.step()
+    (request,) = driver.scheduler.running
+    # usable = 27 // 4 = 6 blocks; a hit of 6 needs blocks 4 and 5 (window 6 from position 24).
+    assert driver.scheduler.stats()["prefix_cache_hits"] - hits == 24
+    assert request.num_freed_blocks == 4 or ahead   # one step ahead it has moved on
+    check_scheduler(driver)
+    driver.drain()
+    driver.assert_idle()
