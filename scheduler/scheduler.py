@@ -49,6 +49,7 @@ from folio.scheduler.request import Request, RequestStatus
 from folio.scheduler.stop import finish_reason_after_token, stop_triggers
 from folio.shared.config import SchedulerConfig
 from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
+from folio.shared.request_limits import ids_problem, length_problem
 from folio.shared.sampling_params import SamplingParams, check_against_model
 from folio.shared.step import NewRequest, StepPlan, StepResult
 
@@ -386,24 +387,14 @@ class Scheduler:
         return request
 
     def _check_fits(self, prompt_token_ids: list[int], max_tokens: int | None) -> None:
-        if not prompt_token_ids:
-            raise ValueError("prompt must contain at least one token")
         limit = self.config.max_request_len
         what = ("max_model_len" if limit == self.config.max_model_len
                 else "the KV cache's capacity (num_kv_blocks * block_size)")
-        if len(prompt_token_ids) > limit:
-            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens, more than {what} = "
-                             f"{limit}")
-        wanted = len(prompt_token_ids) + (max_tokens or 0)
-        if max_tokens is not None and wanted > limit:
-            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) plus max_tokens "
-                             f"({max_tokens}) is {wanted} tokens, more than {what} = {limit}")
-        vocab = self.config.vocab_size
-        for token_id in prompt_token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or not (
-                    0 <= token_id < vocab):
-                raise ValueError(f"prompt token id {token_id!r} is outside the vocabulary "
-                                 f"[0, {vocab})")
+        problem = ids_problem(prompt_token_ids, self.config.vocab_size) if not prompt_token_ids \
+            else length_problem(len(prompt_token_ids), max_tokens, limit, what) \
+            or ids_problem(prompt_token_ids, self.config.vocab_size)
+        if problem is not None:
+            raise ValueError(problem)
 
     def _tokens_to_schedule(self, request: Request, budget: int) -> int:
         remaining = request.num_uncomputed_tokens

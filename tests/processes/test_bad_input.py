@@ -16,7 +16,7 @@ def llm(llama_dir):
 
 
 def test_prompt_longer_than_max_model_len(llm):
-    with pytest.raises(ValueError, match=r"201 tokens, more than max_model_len = 200"):
+    with pytest.raises(ValueError, match=r"201 tokens, more than this model's maximum context length max_model_len = 200"):
         llm.generate([[5] * 10, [7] * 201], SamplingParams(max_tokens=4))
     stats = llm.stats()
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
