@@ -15,6 +15,7 @@ from folio.executor.kv_cache import allocate_kv_cache, bytes_per_block
 from folio.executor.linear import PackedLinear, pack_linears
 from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
+from folio.executor.models.hf_config import read_model_config
 from folio.executor.models.longrope import recompute_crossing
 from folio.executor.ops import select_ops
 from folio.executor.sampler import Sampler, score_tokens
@@ -65,7 +66,7 @@ class Executor:
                              "serve`), which starts the ranks")
         self.config = config
         self.tp = tp
-        self.model_config = ModelConfig.from_dir(config.model)
+        self.model_config = read_model_config(config.model)
         if tp is not None:
             self.model_config = tp.shard_config(self.model_config)
         self.device = resolve_device(config.device)

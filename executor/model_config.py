@@ -1,21 +1,12 @@
-"""The parts of a Hugging Face config.json that Folio's model needs, parsed and checked.
+"""The parts of a Hugging Face config.json that Folio's model needs, as frozen values.
 
-The per-architecture reading lives in executor/models/hf_config.py (no torch there: the
-command line's checks read configs before any process starts)."""
+executor/models/hf_config.py reads them from a model directory (read_model_config) and
+checks them; executor/models/describe.py writes the start-up line."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-# Every architecture Folio builds (executor/models/registry.py holds one entry for each).
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM",
-)
 
 @dataclass(frozen=True)
 class RopeConfig:
@@ -91,28 +82,11 @@ class ModelConfig:
             return self.local_rope
         return self.rope
 
-    def describe(self) -> str:
-        """One start-up line, e.g. 'Gemma3ForCausalLM: 26 layers, GQA 8/4, sliding window
-        512 on 22 of 26 layers, rope 1e6/1e4'."""
-        from folio.executor.models.describe import describe
-
-        return describe(self)
-
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
-        model_dir = Path(model_dir)
-        config_path = model_dir / "config.json"
-        if not config_path.is_file():
-            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-        generation = model_dir / "generation_config.json"
-        gen = json.loads(generation.read_text(encoding="utf-8")) if generation.is_file() else {}
-        return cls.from_dict(raw, gen)
+    def from_dir(cls, model_dir) -> "ModelConfig":
+        """Transitional, for folio/preflight.py only (owned elsewhere in issue 26): once it
+        calls executor/models/hf_config.read_model_config, delete this (it is the last
+        import back into the reader)."""
+        from folio.executor.models.hf_config import read_model_config
 
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None
-                  ) -> "ModelConfig":
-        from folio.executor.models.hf_config import parse_config
-
-        return parse_config(cls, raw, generation or {})
-
+        return read_model_config(model_dir)

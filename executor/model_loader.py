@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from folio.executor.model_config import ModelConfig
-from folio.executor.models.registry import ARCHITECTURES
+from folio.executor.models.architectures import ARCHITECTURES
+from folio.executor.models.decoder import CausalLM
+from folio.executor.models.describe import describe
 from folio.executor.ops import KernelOps
 from folio.executor.weights import iterate_weights
 
@@ -20,9 +22,9 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
                device: torch.device, max_positions: int, tp=None) -> nn.Module:
     """`tp` (executor/parallel.py's TensorParallel): `config` is this rank's share, and
     each tensor is sliced to this rank's part as it streams in."""
-    spec = ARCHITECTURES[config.architecture]
+    weight_names = ARCHITECTURES[config.architecture].weights
     with torch.device("meta"):
-        model = spec.model(config, ops, max_positions)
+        model = CausalLM(config, ops, max_positions)
         if tp is not None:
             tp.parallelize(model)
     model = model.to_empty(device=device).to(dtype)
@@ -30,7 +32,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
     filled = dict.fromkeys(params, 0)   # elements written, to tell a complete checkpoint
     seen: set[tuple] = set()
     for name, tensor in iterate_weights(model_dir):
-        target = spec.weights.target(name)
+        target = weight_names.target(name)
         if target is None:
             continue
         param_name, expert, part = target
@@ -52,7 +54,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s) or part(s) of them, "
                          f"e.g. {missing[:3]}")
     model.init_rotary()
-    log.info("model: %s", config.describe())
+    log.info("model: %s", describe(config))
     return model.eval()
 
 

@@ -98,10 +98,10 @@ def blocks_in_memory(model, gib: float, block_size: int, dtype: str | None = Non
 
 
 def _model_config(path: str):
-    from folio.executor.model_config import ModelConfig   # reads config.json; no torch
+    from folio.executor.models.hf_config import read_model_config   # no torch
 
     try:
-        return ModelConfig.from_dir(path)
+        return read_model_config(path)
     except (OSError, ValueError, KeyError) as error:
         raise SystemExit(f"folio simulate: --model {path}: {error}") from None
 

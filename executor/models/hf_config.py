@@ -1,64 +1,54 @@
-"""config.json -> ModelConfig for every supported architecture (no torch import here).
+"""config.json -> ModelConfig for every supported architecture (no torch import here: the
+command line's checks read configs before any process starts).
 
-Each architecture differs from Llama in a few switches (Traits); everything else is read
-the same way. Where transformers derives a value (windowed layers, the longrope attention
-factor, Gemma's layer pattern), it is derived here the same way.
+Each architecture differs from Llama in a few switches (executor/models/architectures.py);
+everything else is read the same way. Where transformers derives a value (windowed layers,
+the longrope attention factor, Gemma's layer pattern), it is derived here the same way.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from folio.executor.model_config import (SUPPORTED_ARCHITECTURES, ModelConfig, MoeConfig,
-                                   RopeConfig)
+from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
+from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
+                                                 Architecture)
 
-
-@dataclass(frozen=True)
-class Traits:
-    qkv_bias: bool | None = None        # None: the config's attention_bias
-    o_bias: bool | None = None
-    qk_norm: bool = False
-    gemma: bool = False
-    windows: str = "all"                # "all", "qwen" (use_sliding_window) or "gemma2"/"gemma3"
-    moe: str | None = None              # "mixtral" or "qwen3_moe"
-    partial_rotary: bool = False
-    head_dim: int | None = None         # transformers' default when the config has none
-    softcaps: tuple[float | None, float | None] = (None, None)   # defaults: attention, final
-    window: int | None = None           # sliding_window when the config has none
-
-
-TRAITS = {
-    "LlamaForCausalLM": Traits(windows="none"),
-    "MistralForCausalLM": Traits(),
-    "Qwen2ForCausalLM": Traits(qkv_bias=True, o_bias=False, windows="qwen"),
-    "Qwen3ForCausalLM": Traits(qk_norm=True, windows="qwen", head_dim=128),
-    "Qwen3MoeForCausalLM": Traits(qk_norm=True, windows="qwen", moe="qwen3_moe", head_dim=128),
-    "MixtralForCausalLM": Traits(moe="mixtral"),
-    "Phi3ForCausalLM": Traits(qkv_bias=False, o_bias=False, partial_rotary=True),
-    "Gemma2ForCausalLM": Traits(gemma=True, windows="gemma2", head_dim=256,
-                                softcaps=(50.0, 30.0), window=4096),
-    "Gemma3ForCausalLM": Traits(gemma=True, qk_norm=True, windows="gemma3", head_dim=256,
-                                window=4096),
-}
-assert tuple(TRAITS) == SUPPORTED_ARCHITECTURES
 
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
-def parse_config(cls: type[ModelConfig], raw: dict[str, Any], generation: dict[str, Any]
-                 ) -> ModelConfig:
+def read_model_config(model_dir: str | Path) -> ModelConfig:
+    """The model directory's config.json, with generation_config.json's eos_token_id."""
+    model_dir = Path(model_dir)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no config.json in model directory {model_dir}")
+    raw = json.loads(config_path.read_text(encoding="utf-8"))
+    generation = model_dir / "generation_config.json"
+    gen = json.loads(generation.read_text(encoding="utf-8")) if generation.is_file() else {}
+    return parse_model_config(raw, gen)
+
+
+def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = None
+                       ) -> ModelConfig:
+    """A parsed config.json (and generation_config.json) -> ModelConfig; ValueError names
+    what Folio cannot serve."""
+    generation = generation or {}
     architectures = raw.get("architectures") or []
-    architecture = architectures[0] if architectures else "<none>"
-    if architecture not in TRAITS:
-        raise ValueError(f"unsupported architecture {architecture!r}; Folio supports "
+    name = architectures[0] if architectures else "<none>"
+    if name not in ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {name!r}; Folio supports "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
-    traits = TRAITS[architecture]
-    act_key = "hidden_activation" if traits.gemma else "hidden_act"
-    act = raw.get(act_key) or ("gelu_pytorch_tanh" if traits.gemma else "silu")
+    arch = ARCHITECTURES[name]
+    act_key = "hidden_activation" if arch.gemma else "hidden_act"
+    act = raw.get(act_key) or ("gelu_pytorch_tanh" if arch.gemma else "silu")
     if act not in _ACTIVATIONS:
-        raise ValueError(f"unsupported {act_key} {act!r} for {architecture}; Folio supports "
+        raise ValueError(f"unsupported {act_key} {act!r} for {name}; Folio supports "
                          f"{', '.join(_ACTIVATIONS)}")
     num_heads = raw["num_attention_heads"]
     num_kv_heads = raw.get("num_key_value_heads") or num_heads
@@ -66,14 +56,14 @@ def parse_config(cls: type[ModelConfig], raw: dict[str, Any], generation: dict[s
         raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
                          f"num_key_value_heads ({num_kv_heads})")
     num_layers = raw["num_hidden_layers"]
-    head_dim = raw.get("head_dim") or traits.head_dim or raw["hidden_size"] // num_heads
+    head_dim = raw.get("head_dim") or arch.head_dim or raw["hidden_size"] // num_heads
     bias = bool(raw.get("attention_bias", False))
-    windows = _layer_windows(raw, traits, num_layers)
-    rope, local_rope, rotary_dim = _ropes(raw, traits, head_dim)
+    windows = _layer_windows(raw, arch, num_layers)
+    rope, local_rope, rotary_dim = _ropes(raw, arch, head_dim)
     eos = generation.get("eos_token_id", raw.get("eos_token_id"))
-    scalar = raw.get("query_pre_attn_scalar", 256) if traits.gemma else None
-    return cls(
-        architecture=architecture,
+    scalar = raw.get("query_pre_attn_scalar", 256) if arch.gemma else None
+    return ModelConfig(
+        architecture=name,
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
         num_layers=num_layers,
@@ -83,53 +73,53 @@ def parse_config(cls: type[ModelConfig], raw: dict[str, Any], generation: dict[s
         intermediate_size=raw["intermediate_size"],
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", traits.gemma)),
-        qkv_bias=bias if traits.qkv_bias is None else traits.qkv_bias,
-        o_bias=bias if traits.o_bias is None else traits.o_bias,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch.gemma)),
+        qkv_bias=bias if arch.qkv_bias is None else arch.qkv_bias,
+        o_bias=bias if arch.o_bias is None else arch.o_bias,
         mlp_bias=bool(raw.get("mlp_bias", False)),
         rope=rope,
         torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
         sliding_window=max((w for w in windows if w), default=None),
         eos_token_ids=_as_id_tuple(eos),
         hidden_act=_ACTIVATIONS[act],
-        qk_norm=traits.qk_norm,
-        gemma=traits.gemma,
+        qk_norm=arch.qk_norm,
+        gemma=arch.gemma,
         query_scale=None if scalar is None else float(scalar) ** -0.5,
-        attn_softcap=_positive(raw, "attn_logit_softcapping", traits.softcaps[0])
-        if traits.gemma else None,
-        final_softcap=_positive(raw, "final_logit_softcapping", traits.softcaps[1])
-        if traits.gemma else None,
+        attn_softcap=_positive(raw, "attn_logit_softcapping", arch.softcaps[0])
+        if arch.gemma else None,
+        final_softcap=_positive(raw, "final_logit_softcapping", arch.softcaps[1])
+        if arch.gemma else None,
         layer_windows=windows if any(windows) else (),
         local_rope=local_rope,
         rotary_dim=rotary_dim,
-        moe=_moe(raw, traits, num_layers),
+        moe=_moe(raw, arch, num_layers),
     )
 
 
-def _layer_windows(raw: dict[str, Any], traits: Traits, num_layers: int
+def _layer_windows(raw: dict[str, Any], arch: Architecture, num_layers: int
                    ) -> tuple[int | None, ...]:
-    window = raw.get("sliding_window", traits.window)
-    if not window or traits.windows == "none":
+    window = raw.get("sliding_window", arch.window)
+    if not window or arch.windows == "none":
         return ()
-    if traits.windows == "qwen" and not raw.get("use_sliding_window", False):
+    if arch.windows == "qwen" and not raw.get("use_sliding_window", False):
         return ()
     types = raw.get("layer_types")
     if types:
         if len(types) != num_layers:
             raise ValueError(f"layer_types has {len(types)} entries for {num_layers} layers")
         return tuple(window if kind == "sliding_attention" else None for kind in types)
-    if traits.windows == "gemma2":      # even layers local, odd layers global
+    if arch.windows == "gemma2":      # even layers local, odd layers global
         return tuple(window if i % 2 == 0 else None for i in range(num_layers))
-    if traits.windows == "gemma3":      # every pattern-th layer global
+    if arch.windows == "gemma3":      # every pattern-th layer global
         pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
         return tuple(window if (i + 1) % pattern else None for i in range(num_layers))
-    if traits.windows == "qwen":        # the first max_window_layers layers are global
+    if arch.windows == "qwen":        # the first max_window_layers layers are global
         first = raw.get("max_window_layers", num_layers)
         return tuple(window if i >= first else None for i in range(num_layers))
     return (window,) * num_layers
 
 
-def _ropes(raw: dict[str, Any], traits: Traits, head_dim: int
+def _ropes(raw: dict[str, Any], arch: Architecture, head_dim: int
            ) -> tuple[RopeConfig, RopeConfig | None, int | None]:
     # transformers >= 5 writes "rope_parameters" (theta inside; Gemma 3: one per layer
     # type); older configs write "rope_theta" plus an optional "rope_scaling".
@@ -145,7 +135,7 @@ def _ropes(raw: dict[str, Any], traits: Traits, head_dim: int
     partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
     rotary_dim = None
     if partial != 1.0:
-        if not traits.partial_rotary:
+        if not arch.partial_rotary:
             raise ValueError("partial_rotary_factor != 1 is supported for Phi3ForCausalLM only")
         rotary_dim = int(head_dim * partial)
         if rotary_dim < 2 or rotary_dim % 2:
@@ -194,15 +184,15 @@ def _longrope(rope: RopeConfig, params: dict[str, Any], raw: dict[str, Any],
                    long_factor=tuple(map(float, long)), attention_factor=float(attention))
 
 
-def _moe(raw: dict[str, Any], traits: Traits, num_layers: int) -> MoeConfig | None:
-    if traits.moe is None:
+def _moe(raw: dict[str, Any], arch: Architecture, num_layers: int) -> MoeConfig | None:
+    if arch.moe is None:
         return None
     experts = raw.get("num_local_experts") or raw.get("num_experts")
     top_k = raw.get("num_experts_per_tok")
     if not experts or not top_k or not 1 <= top_k <= experts:
         raise ValueError(f"num_experts_per_tok ({top_k}) must be between 1 and the number "
                          f"of experts ({experts})")
-    if traits.moe == "mixtral":
+    if arch.moe == "mixtral":
         return MoeConfig(experts, top_k, raw["intermediate_size"], True, (True,) * num_layers)
     step = raw.get("decoder_sparse_step") or 1
     dense = set(raw.get("mlp_only_layers") or ())

@@ -11,9 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from folio.executor.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
+from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
-from folio.executor.models.registry import ARCHITECTURES
+from folio.executor.models.architectures import SUPPORTED_ARCHITECTURES
+from folio.executor.models.describe import describe
+from folio.executor.models.hf_config import parse_model_config, read_model_config
 from folio.executor.ops import TORCH_OPS, AttentionInputs
 from folio.executor.rotary import longrope_positions, rotary_cos_sin_cache
 from folio.tiny_models import make_random_checkpoint
@@ -23,11 +25,16 @@ _BASE = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4,
 
 
 def _config(arch: str, **extra) -> ModelConfig:
-    return ModelConfig.from_dict({"architectures": [arch], **_BASE, **extra})
+    return parse_model_config({"architectures": [arch], **_BASE, **extra})
 
 
-def test_every_supported_architecture_has_a_registry_entry():
-    assert tuple(ARCHITECTURES) == SUPPORTED_ARCHITECTURES
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHITECTURES)
+def test_every_supported_architecture_reads_a_config(arch):
+    experts = {"num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 8}
+    config = _config(arch, **experts)
+    assert config.architecture == arch and config.num_layers == 4
+    assert (config.moe is not None) == ("Moe" in arch or "Mixtral" in arch)
 
 
 def test_unsupported_architecture_is_one_line_naming_the_supported(tmp_path):
@@ -50,7 +57,7 @@ def test_gemma3_old_config_layers_ropes_and_description():
     assert config.layer_rope(0).theta == 1e4 and config.layer_rope(2).theta == 1e6
     assert config.attention_scale == 64 ** -0.5 and config.hidden_act == "gelu_tanh"
     assert config.tie_word_embeddings and config.gemma and config.qk_norm
-    assert config.describe() == ("Gemma3ForCausalLM: 6 layers, GQA 4/2, head_dim 8, q/k norm, "
+    assert describe(config) == ("Gemma3ForCausalLM: 6 layers, GQA 4/2, head_dim 8, q/k norm, "
                                  "sliding window 512 on 4 of 6 layers, rope 1e6/1e4")
 
 
@@ -75,7 +82,7 @@ def test_longrope_tables_match_transformers():
                     original_max_position_embeddings=64, rope_parameters=dict(rope))
     raw = json.loads(hf.to_json_string())
     raw["architectures"] = ["Phi3ForCausalLM"]
-    config = ModelConfig.from_dict(raw)
+    config = parse_model_config(raw)
     assert config.rotary_dim == 8
     table = rotary_cos_sin_cache(config.rope, 8, 100, torch.device("cpu"))
     positions = torch.arange(100, dtype=torch.float)
@@ -113,7 +120,7 @@ def test_expert_checkpoints_per_expert_stacked_and_incomplete(tmp_path):
                                intermediate_size=16, num_local_experts=3,
                                num_experts_per_tok=2, dtype="bfloat16")
     _stack_experts(stacked)
-    config = ModelConfig.from_dir(per_expert)
+    config = read_model_config(per_expert)
     models = [load_model(path, config, TORCH_OPS, torch.float32, torch.device("cpu"), 64)
               for path in (per_expert, stacked)]
     original = load_file(str(per_expert / "model.safetensors"))
@@ -141,7 +148,7 @@ def test_window_shorter_than_the_prompt_matches_transformers(arch, extra, tmp_pa
 
     make_random_checkpoint(tmp_path, arch=arch, vocab_size=64, hidden_size=32,
                            intermediate_size=32, **extra)
-    config = ModelConfig.from_dir(tmp_path)
+    config = read_model_config(tmp_path)
     tokens, block = 40, 16   # the 40-token prompt is far past the 12-token window
     model = load_model(tmp_path, config, TORCH_OPS, torch.float32, torch.device("cpu"), 64)
     ids = torch.randint(0, 64, (tokens,), generator=torch.Generator().manual_seed(0))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from folio.executor.executor import kv_window
-from folio.executor.model_config import ModelConfig
+from folio.executor.models.hf_config import parse_model_config
 from folio import LLM, SamplingParams
 from folio.kernels import cpu_attention
 from folio.shared import messages as m
@@ -83,14 +83,14 @@ def test_the_window_is_reported_only_when_every_layer_has_one():
     base = dict(architecture="MistralForCausalLM", hidden_size=64, num_hidden_layers=3,
                 num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
                 vocab_size=1024, max_position_embeddings=512, rms_norm_eps=1e-6)
-    mistral = ModelConfig.from_dict({**base, "architectures": ["MistralForCausalLM"],
-                                     "sliding_window": 100})
+    mistral = parse_model_config({**base, "architectures": ["MistralForCausalLM"],
+                                "sliding_window": 100})
     assert kv_window(mistral, 512) == 100
     assert kv_window(mistral, 100) is None          # the window excludes nothing there
-    gemma3 = ModelConfig.from_dict({
+    gemma3 = parse_model_config({
         **base, "architectures": ["Gemma3ForCausalLM"], "head_dim": 16, "sliding_window": 100,
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]})
     assert gemma3.layer_windows == (100, None, 100)
     assert kv_window(gemma3, 512) is None           # a global layer reads everything
-    llama = ModelConfig.from_dict({**base, "architectures": ["LlamaForCausalLM"]})
+    llama = parse_model_config({**base, "architectures": ["LlamaForCausalLM"]})
     assert kv_window(llama, 512) is None

@@ -1,20 +1,13 @@
-"""Architecture name -> how its config is read, the module built, and where each
-checkpoint tensor goes.
+"""Where each checkpoint tensor goes in Folio's model (no torch import here).
 
-Every architecture is the shared decoder (executor/models/decoder.py) with the options its
-config switches on; what differs per entry is its config Traits and its checkpoint names.
+Folio stores q/k/v and gate/up fused and each layer's experts stacked; a checkpoint's names
+map onto those places, after an architecture's own renames (executor/models/architectures.py).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-from torch import nn
-
-from folio.executor.model_config import SUPPORTED_ARCHITECTURES
-from folio.executor.models.decoder import CausalLM
-from folio.executor.models.hf_config import TRAITS, Traits
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Checkpoint modules that Folio stores fused: (fused module, its slice in order).
@@ -68,18 +61,3 @@ class WeightNames:
             fused, part = _FUSED[module]
             return f"{prefix}{fused}.{leaf}", None, part
         return prefix + rest, None, None
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    traits: Traits                  # how executor/models/hf_config.py reads its config
-    model: type[nn.Module]
-    weights: WeightNames
-
-
-_MIXTRAL_NAMES = WeightNames(renames=(("block_sparse_moe.", "mlp."),))
-
-ARCHITECTURES = {name: ArchSpec(TRAITS[name], CausalLM,
-                                _MIXTRAL_NAMES if name == "MixtralForCausalLM"
-                                else WeightNames())
-                 for name in SUPPORTED_ARCHITECTURES}
