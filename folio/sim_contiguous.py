@@ -10,16 +10,8 @@ caching off, and its numbers come out of the same code and the same arithmetic.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from folio.simulate import Machine, TraceRequest
-
-
-def length(request: TraceRequest) -> int:
-    """Prompt plus output, as max_model_len counts it (the last sampled token is never
-    written to the cache, so a request holds one slot fewer)."""
-    return request.prompt_tokens + request.output_tokens
+from folio.sim_inputs import Machine, TraceRequest
 
 
 def reserved(machine: Machine, reserve_tokens: int) -> Machine | None:
@@ -36,7 +28,7 @@ def reserved(machine: Machine, reserve_tokens: int) -> Machine | None:
 def baselines(machine: Machine, trace: list[TraceRequest]) -> list[tuple[str, Machine | None]]:
     """(name, machine) for reserving max_model_len, and for the trace's true maximum (the
     best any static reservation could do, knowing every request's length in advance)."""
-    true_max = max(map(length, trace))
+    true_max = max(r.length for r in trace)
     limit = machine.max_model_len
     return [(f"contiguous, reserve max_model_len={limit}", reserved(machine, limit)),
             (f"contiguous, reserve true max={true_max}", reserved(machine, true_max))]

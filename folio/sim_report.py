@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from folio.simulate import Machine, Run, TraceRequest, compare, load_trace, simulate
+from folio.sim_inputs import Machine, TraceRequest, load_trace
+from folio.simulate import Run, compare, simulate
 from folio.shared.config import PREEMPTION_MODES
 
 

@@ -1,51 +1,25 @@
 """`folio simulate`: replay a request trace through the real Scheduler on a fake executor
 of a given speed and memory, and compare paging with contiguous reservation.
 
-A trace is JSONL, one request a line: {"arrival": s, "prompt_tokens": n, "output_tokens":
-n, "prefix": id (optional), "prefix_tokens": n (optional; default the whole prompt)}.
-Requests with the same prefix id start with the same prefix_tokens token ids. Time is
-simulated: a step takes ms_per_step plus its tokens at tokens_per_s.
+The trace and the machine are folio/sim_inputs.py's. Time is simulated: a step takes
+ms_per_step plus its tokens at tokens_per_s.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from folio.sim_contiguous import baselines
+from folio.sim_inputs import Machine, TraceRequest
 from folio.scheduler.scheduler import Scheduler
 from folio.shared.config import SchedulerConfig
 from folio.shared.sampling_params import SamplingParams
 from folio.shared.step import StepPlan, StepResult
 
 VOCAB = 32000
-
-
-@dataclass(frozen=True)
-class TraceRequest:
-    arrival: float
-    prompt_tokens: int
-    output_tokens: int
-    prefix: str | None = None
-    prefix_tokens: int | None = None
-    name: str = ""
-
-
-@dataclass(frozen=True)
-class Machine:
-    num_kv_blocks: int
-    block_size: int = 16
-    max_model_len: int = 2048
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    ms_per_step: float = 10.0
-    tokens_per_s: float | None = None   # None: a step's cost does not grow with its tokens
-    enable_prefix_caching: bool = True
-    preemption_mode: str = "recompute"
 
 
 @dataclass
@@ -177,7 +151,7 @@ def simulate(trace: list[TraceRequest], machine: Machine, name: str = "paged",
 
 def compare(trace: list[TraceRequest], machine: Machine) -> list[Run]:
     """The paged policy, then contiguous reservation of max_model_len and of the true max."""
-    longest = max(r.prompt_tokens + r.output_tokens for r in trace)
+    longest = max(r.length for r in trace)
     if longest > machine.max_model_len:
         raise ValueError(f"a request of {longest} tokens (prompt plus output) is longer than "
                          f"max_model_len = {machine.max_model_len}")
@@ -186,26 +160,3 @@ def compare(trace: list[TraceRequest], machine: Machine) -> list[Run]:
         if reserved is not None:
             runs.append(simulate(trace, reserved, name))
     return runs
-
-
-def load_trace(path: str | Path) -> list[TraceRequest]:
-    trace = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-            request = TraceRequest(
-                arrival=float(item["arrival"]), prompt_tokens=int(item["prompt_tokens"]),
-                output_tokens=int(item["output_tokens"]),
-                prefix=None if item.get("prefix") is None else str(item["prefix"]),
-                prefix_tokens=item.get("prefix_tokens"), name=str(item.get("name", "")))
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"{path}:{number}: not a trace line ({error})") from None
-        if request.arrival < 0 or request.prompt_tokens < 1 or request.output_tokens < 1:
-            raise ValueError(f"{path}:{number}: arrival >= 0, prompt_tokens and "
-                             "output_tokens >= 1")
-        trace.append(request)
-    if not trace:
-        raise ValueError(f"{path}: no requests")
-    return trace

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from folio.sim_report import lockers, rounds
-from folio.simulate import Machine, TraceRequest, compare, load_trace, percentile, simulate
+from folio.sim_inputs import Machine, TraceRequest, load_trace
+from folio.simulate import compare, percentile, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 
