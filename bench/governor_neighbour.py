@@ -5,7 +5,7 @@ same server with a busy-loop process beside it for a while, alternated (A B A B)
     python bench/governor_neighbour.py --num-prompts 256 --neighbour-start 3 --neighbour-s 15
 
 Each run starts `folio serve` (bench/serve_race.py's server and checkpoint, logging at INFO
-into OUT_DIR/logs/), sends a short warm-up, then bench/serve.py's workload twice against it:
+into OUT_DIR/logs/), sends a short warm-up, then bench/serve_client.py's workload twice against it:
 `during` and `after` (another seed). In the `neighbour` variant one process spinning in
 a Python loop starts `--neighbour-start` s into `during` and stops `--neighbour-s` s later;
 the `clean` variant has none. `after` shows whether the server got its speed back once the
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.serve import add_workload_args, build_workload, run_benchmark  # noqa: E402
+from bench.serve_client import add_workload_args, build_workload, run_benchmark  # noqa: E402
 from bench.serve_race import SERVED_NAME, Server, serving_model_dir  # noqa: E402
 
 GOVERNOR_LINE = re.compile(r"^(\S+ \S+) folio-executor INFO (CPU threads (\d+) -> (\d+): .*)$")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import zmq  # noqa: E402
 
-from bench.data_parallel import stop  # noqa: E402
+from bench.serve_process import stop  # noqa: E402
 from folio import SamplingParams  # noqa: E402
 from folio.client import Client  # noqa: E402
 from folio.shared import messages as m  # noqa: E402

@@ -1,272 +1,56 @@
 """Serving benchmark for any OpenAI-compatible server (`/v1/completions`, streamed).
 
-    python bench/serve.py run --base-url http://127.0.0.1:8000 --vocab-size 8192 \
+    python bench/serve.py run --base-url http://127.0.0.1:8000 --vocab-size 8192 \\
         --max-concurrency 64 -o folio.json --label folio
-    python bench/serve.py run --base-url http://127.0.0.1:8000 --model-dir DIR \
+    python bench/serve.py run --base-url http://127.0.0.1:8000 --model-dir DIR \\
         --request-rate 4 -o folio-rate4.json
     python bench/serve.py plot folio.json vllm.json -o serve.png   # latency vs load
-    python bench/serve.py race --help                                # folio serve vs vllm serve
+    python bench/serve.py race --help       # folio serve vs vllm serve, alternated
+    python bench/serve.py variants --help   # folio serve under flag sets, alternated
 
-Workload (fixed seed): `--num-prompts` prompts of `--input-len` random token ids (sent as
-token ids, or as text decoded from them with `--prompt-format text`), each asking for exactly
-`--output-len` tokens (`ignore_eos`, a vLLM extension Folio accepts too), greedy. Requests
-start at a Poisson `--request-rate` (default: all at once) with at most `--max-concurrency`
-in flight. Reports request and output throughput and TTFT, TPOT, ITL and end-to-end latency
-(mean, p50, p90, p99, ms) as JSON. Loopback servers only; every request has a timeout and the
-whole run a deadline. Servers with prefix caching remember a run's prompts: against a live
-server, give each run its own `--seed` (`race` does).
+`run` is the client alone (bench/serve_client.py: the workload and the report), `plot`
+draws reports (bench/serve_plot.py), `race` starts the servers itself
+(bench/serve_race.py), `variants` races `folio serve` configurations against each other
+(bench/serve_variants.py: CPU placement, data-parallel replicas, any flag or variable).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import ipaddress
-import json
-import os
-import random
-import socket
 import sys
-import time
 from pathlib import Path
-from urllib.parse import urlparse
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-MAX_PROMPTS = 10_000
+from bench import serve_client  # noqa: E402
 
-
-def check_loopback(base_url: str) -> None:
-    host = urlparse(base_url).hostname or ""
-    addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback
-                                for a in addresses):
-        raise SystemExit(f"{base_url}: this benchmark drives loopback servers only")
-
-
-def make_prompts(num: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    # Ids from 3 up: the local tokenizers keep 0-2 for special tokens.
-    low = 3 if vocab_size > 16 else 1
-    return [[rng.randrange(low, vocab_size) for _ in range(input_len)] for _ in range(num)]
-
-
-def to_text(prompts: list[list[int]], tokenizer_dir: Path) -> list[str]:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    return [tokenizer.decode(p) for p in prompts]
-
-
-def percentiles(values: list[float]) -> dict[str, float | None]:
-    """Mean and p50/p90/p99 (linear interpolation), in the values' unit."""
-    if not values:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        pos = q * (len(ordered) - 1)
-        low = int(pos)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-    return {"mean": sum(ordered) / len(ordered), "p50": at(0.5), "p90": at(0.9),
-            "p99": at(0.99)}
-
-
-async def one_request(session, url: str, body: dict, timeout: float) -> dict:
-    """Streams one completion; times the first token chunk and each one after it."""
-    start = time.perf_counter()
-    chunks: list[float] = []
-    usage = None
-    try:
-        async with asyncio.timeout(timeout):
-            async with session.post(url, json=body) as response:
-                if response.status != 200:
-                    text = (await response.read()).decode(errors="replace")[:300]
-                    return {"ok": False, "error": f"HTTP {response.status}: {text}"}
-                async for line in response.content:   # one SSE line at a time
-                    if not line.startswith(b"data: "):
-                        continue
-                    data = line[6:].rstrip()
-                    if data == b"[DONE]":
-                        break
-                    event = json.loads(data)
-                    if "error" in event:
-                        return {"ok": False, "error": str(event["error"])[:300]}
-                    if event.get("usage"):
-                        usage = event["usage"]
-                    for choice in event.get("choices", []):
-                        # A token chunk carries text, or is not the bare finish marker
-                        # (Folio ends with an empty-text chunk holding finish_reason).
-                        if choice.get("text") or choice.get("finish_reason") is None:
-                            chunks.append(time.perf_counter())
-    except Exception as error:   # timeouts, HTTP and JSON errors: report, keep going
-        return {"ok": False, "error": f"{type(error).__name__}: {error}"[:300]}
-    end = time.perf_counter()
-    if not chunks:
-        return {"ok": False, "error": "no tokens streamed"}
-    tokens = usage["completion_tokens"] if usage else len(chunks)
-    prompt_tokens = usage["prompt_tokens"] if usage else None
-    ttft = chunks[0] - start
-    return {"ok": True, "ttft": ttft, "e2e": end - start, "output_tokens": tokens,
-            "prompt_tokens": prompt_tokens,
-            "tpot": (end - start - ttft) / (tokens - 1) if tokens > 1 else None,
-            "itl": [b - a for a, b in zip(chunks, chunks[1:])], "chunks": len(chunks)}
-
-
-async def _models(session, base_url: str) -> str:
-    async with session.get(f"{base_url}/v1/models") as response:
-        response.raise_for_status()
-        return (await response.json())["data"][0]["id"]
-
-
-async def run_benchmark(base_url: str, prompts: list, output_len: int, *, model: str | None,
-                        max_concurrency: int | None, request_rate: float, seed: int,
-                        request_timeout: float, deadline: float, api_key: str | None = None
-                        ) -> dict:
-    import aiohttp   # its C HTTP parser: the client takes less of the cores it shares
-
-    check_loopback(base_url)
-    base_url = base_url.rstrip("/")
-    slots = max_concurrency or len(prompts)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    connector = aiohttp.TCPConnector(limit=slots)
-    async with aiohttp.ClientSession(connector=connector, headers=headers, trust_env=False,
-                                     timeout=aiohttp.ClientTimeout(total=None),
-                                     read_bufsize=2**20) as client:
-        model = model or await _models(client, base_url)
-        semaphore = asyncio.Semaphore(slots)
-        rng = random.Random(seed + 1)
-
-        async def limited(prompt) -> dict:
-            async with semaphore:
-                body = {"model": model, "prompt": prompt, "max_tokens": output_len,
-                        "temperature": 0, "ignore_eos": True, "stream": True,
-                        "stream_options": {"include_usage": True}}
-                return await one_request(client, f"{base_url}/v1/completions", body,
-                                         request_timeout)
-
-        load_before = os.getloadavg()
-        start = time.perf_counter()
-        tasks = []
-        try:
-            async with asyncio.timeout(deadline):
-                for index, prompt in enumerate(prompts):
-                    if index and request_rate != float("inf"):   # Poisson arrivals
-                        await asyncio.sleep(rng.expovariate(request_rate))
-                    tasks.append(asyncio.create_task(limited(prompt)))
-                results = await asyncio.gather(*tasks)
-        except TimeoutError:
-            for task in tasks:
-                task.cancel()
-            raise SystemExit(f"the run passed its deadline of {deadline} s") from None
-        duration = time.perf_counter() - start
-        load_after = os.getloadavg()
-    return summarize(results, duration, model=model, base_url=base_url,
-                     max_concurrency=max_concurrency, request_rate=request_rate,
-                     loadavg=(load_before, load_after))
-
-
-def summarize(results: list[dict], duration: float, **config) -> dict:
-    done = [r for r in results if r["ok"]]
-    errors = [r["error"] for r in results if not r["ok"]]
-    output = sum(r["output_tokens"] for r in done)
-    prompt = sum(r["prompt_tokens"] or 0 for r in done)
-    ms = lambda values: {k: (v * 1000 if v is not None else None)   # noqa: E731
-                         for k, v in percentiles(values).items()}
-    load_before, load_after = config.pop("loadavg")
-    rate = config["request_rate"]
-    return {**config, "request_rate": None if rate == float("inf") else rate,
-            "num_prompts": len(results), "completed": len(done), "failed": len(errors),
-            "errors": errors[:5], "duration_s": duration,
-            "total_input_tokens": prompt, "total_output_tokens": output,
-            "request_throughput": len(done) / duration,
-            "output_throughput": output / duration,
-            "total_token_throughput": (prompt + output) / duration,
-            "ttft_ms": ms([r["ttft"] for r in done]),
-            "tpot_ms": ms([r["tpot"] for r in done if r["tpot"] is not None]),
-            "itl_ms": ms([x for r in done for x in r["itl"]]),
-            "e2e_ms": ms([r["e2e"] for r in done]),
-            "loadavg_1m_before": load_before[0], "loadavg_1m_after": load_after[0]}
-
-
-def _vocab_size(args) -> int:
-    if args.vocab_size:
-        return args.vocab_size
-    if args.model_dir:
-        return json.loads((args.model_dir / "config.json").read_text())["vocab_size"]
-    raise SystemExit("give --vocab-size or --model-dir (its config.json has the vocabulary)")
-
-
-def build_workload(args, seed: int | None = None, num: int | None = None) -> list:
-    num = args.num_prompts if num is None else num
-    if not 1 <= num <= MAX_PROMPTS:
-        raise SystemExit(f"--num-prompts must be in [1, {MAX_PROMPTS}]")
-    seed = args.seed if seed is None else seed
-    prompts = make_prompts(num, args.input_len, _vocab_size(args), seed)
-    if args.prompt_format == "text":
-        if not args.model_dir:
-            raise SystemExit("--prompt-format text needs --model-dir (its tokenizer.json)")
-        return to_text(prompts, args.model_dir)
-    return prompts
-
-
-def add_workload_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vocab-size", type=int, default=None)
-    parser.add_argument("--model-dir", type=Path, default=None,
-                        help="checkpoint: its vocabulary size (and tokenizer, for text)")
-    parser.add_argument("--prompt-format", choices=("ids", "text"), default="ids")
-    parser.add_argument("--request-timeout", type=float, default=600.0)
-    parser.add_argument("--deadline", type=float, default=3600.0,
-                        help="seconds the whole run may take")
+COMMANDS = {"race": "bench.serve_race", "variants": "bench.serve_variants"}
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in COMMANDS:   # they parse their own flags
+        import importlib
+
+        importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="drive one server")
-    run.add_argument("--base-url", required=True, help="http://127.0.0.1:PORT")
-    run.add_argument("--model", default=None, help="model name (default: /v1/models' first)")
-    run.add_argument("--api-key", default=None)
-    run.add_argument("--label", default=None, help="server name in plots (default: URL)")
-    run.add_argument("--max-concurrency", type=int, default=None)
-    run.add_argument("--request-rate", type=float, default=float("inf"))
-    run.add_argument("-o", "--out", type=Path, default=None, help="JSON report path")
-    add_workload_args(run)
+    serve_client.add_run_args(sub.add_parser("run", help="drive one server"))
     plot = sub.add_parser("plot", help="latency vs load, one line per server")
     plot.add_argument("files", nargs="+", type=Path)
     plot.add_argument("-o", "--out", type=Path, required=True)
     sub.add_parser("race", help="folio serve vs vllm serve, alternated (race --help)")
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["race"]:
-        from bench.serve_race import main as race_main
-        race_main(argv[1:])
-        return
+    sub.add_parser("variants", help="folio serve flag sets, alternated (variants --help)")
     args = parser.parse_args(argv)
     if args.command == "plot":
         from bench.serve_plot import plot_files
+
         plot_files(args.files, args.out)
         print(f"chart: {args.out}")
         return
-    prompts = build_workload(args)
-    result = asyncio.run(run_benchmark(
-        args.base_url, prompts, args.output_len, model=args.model,
-        max_concurrency=args.max_concurrency, request_rate=args.request_rate, seed=args.seed,
-        request_timeout=args.request_timeout, deadline=args.deadline, api_key=args.api_key))
-    result.update(label=args.label or args.base_url, input_len=args.input_len,
-                  output_len=args.output_len, seed=args.seed, prompt_format=args.prompt_format)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    print(text)
+    serve_client.run(args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     python bench/serve.py race --skip-vllm --concurrency 4 --num-prompts 8
 
 Per round, for each server in turn (Folio, then vLLM): start it on a free loopback port,
-wait for /health and /v1/models, send a short untimed warm-up, run bench/serve.py's workload
+wait for /health and /v1/models, send a short untimed warm-up, run bench/serve_client.py's workload
 at each load, stop it (SIGTERM to its process group, then SIGKILL after 60 s). Both serve
 the same directory: bench/throughput.py's checkpoint with a byte-level BPE tokenizer of the
 same vocabulary trained locally beside it (vLLM's server needs a tokenizer; prompts are sent
@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.serve import add_workload_args, build_workload, run_benchmark  # noqa: E402
+from bench.serve_client import add_workload_args, build_workload, run_benchmark  # noqa: E402
+from bench.serve_process import free_port  # noqa: E402
 
 SERVED_NAME = "bench"
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors")
@@ -52,14 +53,6 @@ def serving_model_dir(cache: Path) -> Path:
                 link.symlink_to((source / name).resolve())
         train_tokenizer(target, vocab_size=MODEL_SHAPE["vocab_size"])
     return target
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Server:

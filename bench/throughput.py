@@ -2,10 +2,15 @@
 
     python bench/throughput.py                 # both engines, prints tok/s and the ratio
     python bench/throughput.py --skip-hf       # Folio only
+    python bench/throughput.py --skip-hf --dtype bfloat16 --cpu-threads 1
+    python bench/throughput.py --step-times    # Folio's prefill tok/s and decode ms/step
 
 Workload: 64 requests, prompt lengths 16-512 and output lengths 16-256 drawn with a fixed
 seed, random token ids, greedy decoding, EOS ignored so both engines make the same number of
 tokens. Model: a ~32M-parameter Llama-shaped checkpoint with random weights, built locally.
+`--step-times` runs Folio alone, step by step, on the same model and requests (64 output
+tokens each): the first steps are prompt chunks under the 2048-token budget, then decode
+steps while all the requests run; it prints the prefill rate and the median decode step.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -102,6 +108,34 @@ def run_hf(model: Path, prompts, outputs) -> dict:
     return {"seconds": elapsed, "output_tokens": useful, "tok_per_s": useful / elapsed}
 
 
+def step_times(model: Path, prompts, args) -> dict:
+    """Executor time per step, prompt steps apart from full-batch decode steps."""
+    from folio import LLM, SamplingParams
+
+    llm = LLM(str(model), skip_tokenizer_init=True, dtype=args.dtype,
+              cpu_threads=args.cpu_threads)
+    engine = llm.engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=64,
+                                                           ignore_eos=True))
+    prefill_tokens, prefill_s, decode_ms = 0, 0.0, []
+    for _ in range(40):
+        plan = engine.scheduler.schedule()
+        start = time.perf_counter()
+        result = engine.executor.execute(plan)
+        elapsed = time.perf_counter() - start
+        engine.scheduler.update(plan, result)
+        if plan.new_requests:
+            prefill_tokens += plan.num_scheduled_tokens
+            prefill_s += elapsed
+        elif len(plan.running_handles) == len(prompts):
+            decode_ms.append(elapsed * 1e3)
+    median = statistics.median(decode_ms) if decode_ms else float("nan")
+    return {"prefill_tokens": prefill_tokens, "prefill_tok_per_s": prefill_tokens / prefill_s,
+            "decode_steps": len(decode_ms), "decode_ms_median": median,
+            "decode_tok_per_s": len(prompts) * 1e3 / median}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,11 +149,21 @@ def main() -> None:
     parser.add_argument("--cpu-threads", type=int, default=None,
                         help="Folio's torch threads (default: one per usable core)")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--step-times", action="store_true",
+                        help="Folio alone: prefill tok/s and decode ms/step at the full batch")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
     model = build_model(args.model_dir)
     prompts, outputs = workload(args.num_requests, args.seed)
+    if args.step_times:
+        times = step_times(model, prompts, args)
+        print(json.dumps(times, indent=2) if args.json else
+              f"prefill: {times['prefill_tokens']} tokens at {times['prefill_tok_per_s']:.0f} "
+              f"tok/s (steps mixing prompt chunks and decodes)\n"
+              f"decode, {len(prompts)} running: median {times['decode_ms_median']:.1f} ms/step "
+              f"over {times['decode_steps']} steps = {times['decode_tok_per_s']:.0f} tok/s")
+        return
     report = {"requests": len(prompts), "prompt_tokens": sum(map(len, prompts)),
               "output_tokens": sum(outputs), "folio": run_folio(model, prompts, outputs, args)}
     if not args.skip_hf:

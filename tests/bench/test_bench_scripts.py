@@ -1,4 +1,5 @@
-"""bench/serve.py against a real `folio serve`, and bench/peer.py's Folio-only path."""
+"""bench/serve.py against a real `folio serve`, its variants' parsing, bench/throughput.py's
+step times, and bench/peer.py's Folio-only path."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 
 from bench.peer import compare_tokens
 from bench.peer_floor import workload_flops
-from bench.serve import check_loopback, percentiles
+from bench.serve_client import check_loopback, percentiles
+from bench.serve_variants import parse_variant
 from tests.http_server import HttpServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,20 +43,23 @@ def test_percentiles_and_token_comparison():
                      "first_divergence_positions": [1, 2]}
 
 
-def test_sampler_draw_bench_times_both_draws():
-    run = _bench("-m", "bench.sampler_draw", "--rows", "4", "--vocab", "64", "--reps", "2")
-    assert run.returncode == 0, run.stderr
-    vocab, rows, race, cdf = run.stdout.splitlines()[1].split()
-    assert (vocab, rows) == ("64", "4") and float(race) > 0 and float(cdf) > 0
+def test_serve_variants_read_flags_and_environment():
+    assert parse_variant("passive=--cpu-placement=shared,--cpu-threads=2;OMP_WAIT_POLICY=PASSIVE") \
+        == ("passive", ["--cpu-placement=shared", "--cpu-threads=2"],
+            {"OMP_WAIT_POLICY": "PASSIVE"})
+    assert parse_variant("dp2=--data-parallel-size=2") == ("dp2", ["--data-parallel-size=2"], {})
+    with pytest.raises(SystemExit, match="NAME=FLAG"):
+        parse_variant("=--seed=1")
 
 
-def test_decode_scaling_bench_fits_a_line_through_the_sizes(llama_dir):
-    run = _bench("bench/decode_scaling.py", "--model", str(llama_dir), "--batches", "1", "3",
-                 "--rounds", "1", "--prompt-len", "8", "--steps", "3")
-    assert run.returncode == 0, run.stderr
-    lines = run.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines[:2]] == ["round 0 batch 1", "round 0 batch 3"]
-    assert lines[2].startswith("best of rounds, fitted:") and "ms per running request" in lines[2]
+@pytest.mark.slow
+def test_throughput_step_times_split_prompt_and_decode_steps(tmp_path):
+    run = _bench("bench/throughput.py", "--step-times", "--json", "--num-requests", "2",
+                 "--model-dir", str(tmp_path / "model"), timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    times = json.loads(run.stdout)
+    assert times["prefill_tokens"] > 0 and times["prefill_tok_per_s"] > 0
+    assert times["decode_steps"] > 0 and times["decode_ms_median"] > 0
 
 
 def test_floor_flops_by_hand():
