@@ -7,11 +7,12 @@ from typing import Any
 
 from folio.engine import InProcessEngine
 from folio.preflight import check_engine
+from folio.frontend.input_processor import InputProcessor, ModelFacts, ProcessedPrompt
 from folio.frontend.tokenizer import load_tokenizer
 from folio.frontend.output_processor import RequestState, SampleState, vllm_logprob
 from folio.shared.config import EngineConfig
 from folio.shared.outputs import CompletionOutput, RequestOutput
-from folio.shared.sampling_params import SamplingParams, check_against_model
+from folio.shared.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 
@@ -27,6 +28,11 @@ class LLM:
         self.engine = InProcessEngine(self.config)
         self.tokenizer = None if self.config.skip_tokenizer_init \
             else load_tokenizer(self.config.tokenizer_path)
+        # The server's input checks (frontend/input_processor.py), against this engine.
+        self.inputs = InputProcessor(self.tokenizer)
+        self.facts = ModelFacts(self.engine.executor.model_config.vocab_size,
+                                self.engine.scheduler.config.max_model_len,
+                                self.config.max_logprobs, self.config.max_n)
         self._counter = 0
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
@@ -41,19 +47,19 @@ class LLM:
             raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompt_list)} "
                              "prompts; pass one, or one per prompt")
         # Tokenize and validate everything before queueing anything.
-        encoded = [self._encode(p) for p in prompt_list]
-        for sampling in param_list:
-            self._check(sampling)
+        prepared = [self._prepare(p, sampling) for p, sampling in zip(prompt_list, param_list)]
         results: list[RequestOutput] = []
         states: list[RequestState] = []
         samples: dict[str, tuple[RequestState, SampleState]] = {}
         try:
-            for prompt, token_ids, sampling in zip(prompt_list, encoded, param_list):
+            for prompt, ready, sampling in zip(prompt_list, prepared, param_list):
+                token_ids = ready.ids
                 request_id = f"req-{self._counter}"
                 self._counter += 1
                 results.append(RequestOutput(
                     request_id, prompt if isinstance(prompt, str) else None, token_ids))
-                state = RequestState(self.tokenizer, sampling, token_ids, vllm_logprob)
+                state = RequestState(self.tokenizer, sampling, token_ids, vllm_logprob,
+                                     ready.stops)
                 states.append(state)
                 for sample_id, sample in zip(
                         self.engine.add_request(request_id, token_ids, sampling), state.samples):
@@ -80,32 +86,26 @@ class LLM:
             result.finished = True
         return results
 
-    def _check(self, sampling: SamplingParams) -> None:
-        vocab = self.engine.executor.model_config.vocab_size
-        check_against_model(sampling, vocab, self.config.max_logprobs, self.config.max_n)
-        if sampling.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this LLM was made with "
-                             "skip_tokenizer_init=True")
+    def _prepare(self, prompt: Prompt, sampling: SamplingParams) -> ProcessedPrompt:
+        """The input processor's checks, as the server runs them (an InputError is a
+        ValueError), then the grammar (the server admits it apart, within a budget)."""
+        if isinstance(prompt, str):
+            ready = self.inputs.process(sampling, self.facts, prompt=prompt)
+        elif isinstance(prompt, (list, tuple)) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ready = self.inputs.process(sampling, self.facts, token_ids=list(prompt))
+        else:
+            raise TypeError("a prompt must be a string or a list of token ids")
         if sampling.structured_output is not None:
             from folio.shared.structured_output import grammar_error
 
             error = grammar_error(sampling.structured_output)
             if error is not None:
                 raise ValueError(f"structured_output: {error}")
+        return ready
 
     def stats(self) -> dict[str, int | float]:
         return self.engine.stats()
-
-    def _encode(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer; this LLM was made with "
-                                 "skip_tokenizer_init=True, so pass token ids")
-            return self.tokenizer.encode(prompt, add_special_tokens=True)
-        if isinstance(prompt, (list, tuple)) and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return list(prompt)
-        raise TypeError("a prompt must be a string or a list of token ids")
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -24,7 +24,7 @@ from folio.frontend.liveness import SchedulerHeartbeat
 from folio.frontend.output_processor import RequestState, SampleState, wire_logprob
 from folio.frontend.grammar_admission import GrammarAdmission
 from folio.frontend.prep import Preparer
-from folio.frontend.prompts import check_text_size, max_token_chars
+from folio.frontend.input_processor import InputProcessor, ModelFacts
 from folio.frontend.stop_strings import StopStrings
 from folio.shared import messages as m
 from folio.shared.codes import RefusalCode
@@ -85,7 +85,7 @@ class EngineClient:
     def __init__(self, tokenizer: Any, scheduler_address: str,
                  ctx: zmq.asyncio.Context, keys: CurveKeys | None = None) -> None:
         self.tokenizer = tokenizer
-        self.token_chars = max_token_chars(tokenizer)
+        self.inputs = InputProcessor(tokenizer)   # prompts and parameters, checked
         self.frontend_id = f"fe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # No identity of our own: the scheduler's ROUTER assigns one per connection, so no
         # peer can pose as this frontend; frontend_id is only the name its hello gives.
@@ -145,9 +145,14 @@ class EngineClient:
     def max_model_len(self) -> int | None:
         return self.info.max_model_len if self.info else None
 
+    @property
+    def facts(self) -> ModelFacts:
+        """What the input processor checks a request against (engine_info's figures)."""
+        return ModelFacts(self.vocab_size, self.max_model_len, *self.limits)
+
     def check_text_size(self, chars: int) -> None:
-        """PromptError for text that cannot fit the context, before it is tokenized."""
-        check_text_size(chars, self.max_model_len, self.token_chars)
+        """InputError for text that cannot fit the context, before it is tokenized."""
+        self.inputs.check_text(chars, self.facts)
 
     def dead_reason(self) -> str:
         if not self.scheduler_alive:

@@ -1,8 +1,11 @@
-"""Turns what a client sent (text, token ids or chat messages) into checked prompt ids."""
+"""Text and chat messages to prompt ids, and the text-size bound; frontend/input_processor.py
+runs them with the checks."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from folio.shared.request_limits import ids_problem, length_problem
 
 
 class PromptError(ValueError):
@@ -55,12 +58,9 @@ def check_text_size(chars: int, max_model_len: int | None, token_chars: int) -> 
 
 
 def check_prompt(ids: list[int], vocab_size: int, max_model_len: int | None) -> None:
-    if not ids:
-        raise PromptError("prompt must contain at least one token")
-    if max_model_len is not None and len(ids) > max_model_len:   # cheap check first
-        raise PromptError(f"prompt has {len(ids)} tokens, more than this model's maximum "
-                          f"context length max_model_len = {max_model_len}")
-    if min(ids) < 0 or max(ids) >= vocab_size:
-        bad = next(t for t in ids if not 0 <= t < vocab_size)
-        raise PromptError(f"prompt token id {bad} is outside the vocabulary "
-                          f"[0, {vocab_size})")
+    """Kept for callers not yet on frontend/input_processor.py (which checks max_tokens too)."""
+    if ids and max_model_len is not None and len(ids) > max_model_len:   # cheap check first
+        raise PromptError(length_problem(len(ids), None, max_model_len))
+    problem = ids_problem(ids, vocab_size)
+    if problem is not None:
+        raise PromptError(problem)

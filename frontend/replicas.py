@@ -41,6 +41,7 @@ class Replicas:
         self.addresses = list(scheduler_addresses)
         first = self.clients[0]
         self.tokenizer = first.tokenizer
+        self.inputs = first.inputs
         self.prep = first.prep
         self.grammars = first.grammars
         self.observers: list[Any] = []
@@ -105,6 +106,10 @@ class Replicas:
     @property
     def max_model_len(self) -> int | None:
         return self._informed().max_model_len
+
+    @property
+    def facts(self):
+        return self._informed().facts
 
     def check_text_size(self, chars: int) -> None:
         self._informed().check_text_size(chars)

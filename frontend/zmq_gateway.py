@@ -24,12 +24,10 @@ import zmq.asyncio
 
 from folio.frontend.client_cutoff import CutOffClients, GoneClients
 from folio.frontend.engine_client import EngineClient, FinalResult
-from folio.frontend.prompts import check_prompt, prompt_ids
-from folio.frontend.stop_strings import StopStrings
+from folio.frontend.input_processor import InputError, ProcessedPrompt
 from folio.shared import messages as m
 from folio.shared.codes import FinishReason, RefusalCode
 from folio.shared.config import MAX_REQUESTS_PER_CLIENT
-from folio.shared.sampling_params import check_against_model
 from folio.shared.security import CurveKeys, make_server
 from folio.shared.transport import check_bind_address, configure, send_now
 from folio.shared.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
@@ -149,7 +147,7 @@ class ZmqGateway:
                     self.reply(client, m.encode_error(request.id, RefusalCode.INVALID,
                                                       str(error)), request.id)
                     return
-                self._start(client, request, *prepared)
+                self._start(client, request, prepared)
         elif msg_type == "abort":
             client_id = m.decode_client_query(body).request_id
             request_id = self.by_client.get(client, {}).get(client_id)
@@ -196,12 +194,14 @@ class ZmqGateway:
                 raise ProtocolError(f"unexpected message type {msg_type!r} on this socket")
             if msg_type != "generate":
                 return msg_type, Body(msg_type, raw), None
-            too_long = self._too_long(raw.get("prompt_token_ids"))
-            if too_long is not None:   # before checking millions of ids one by one
-                return "too_long", client_id, too_long
+            token_ids = raw.get("prompt_token_ids")
+            if isinstance(token_ids, list):   # before checking millions of ids one by one
+                self.engine.inputs.check_count(len(token_ids), self.engine.facts)
             request = m.GenerateRequest.decode(Body(msg_type, raw))
         except ProtocolError as error:
             return "malformed", client_id, error
+        except InputError as error:
+            return "too_long", client_id, str(error)
         try:
             return "generate", request, self._prepare(request)
         except ValueError as error:
@@ -209,13 +209,6 @@ class ZmqGateway:
         except Exception as error:   # a tokenizer failure must still be answered
             log.exception("could not prepare request %r", request.id)
             return "refused", request, f"could not prepare the prompt: {error}"
-
-    def _too_long(self, token_ids) -> str | None:
-        limit = self.engine.max_model_len
-        if isinstance(token_ids, list) and limit is not None and len(token_ids) > limit:
-            return (f"prompt has {len(token_ids)} tokens, more than this model's maximum "
-                    f"context length max_model_len = {limit}")
-        return None
 
     async def _on_large(self, client: bytes, job: asyncio.Future) -> None:
         try:
@@ -235,7 +228,7 @@ class ZmqGateway:
                     self.reply(client, m.encode_error(what.id, RefusalCode.INVALID,
                                                       str(detail)), what.id)
                 else:
-                    self._start(client, what, *detail)
+                    self._start(client, what, detail)
         except ProtocolError as error:
             self._bad_message(client, "", error)
         finally:
@@ -272,31 +265,23 @@ class ZmqGateway:
             self.reply(client, m.encode_error(request.id, *reason), request.id)
         return reason is not None
 
-    def _prepare(self, request: m.GenerateRequest) -> tuple[list[int], StopStrings | None]:
-        """Prompt ids and stop tables of a generate (ValueError: refuse it)."""
-        engine = self.engine
-        engine.check_text_size(len(request.prompt or "") + sum(
-            len(message["content"]) for message in request.messages or ()))
-        ids = prompt_ids(engine.tokenizer, prompt=request.prompt,
-                         token_ids=request.prompt_token_ids, messages=request.messages)
-        check_prompt(ids, engine.vocab_size, engine.max_model_len)
-        limit = engine.max_model_len
-        if limit is not None and request.params.max_tokens is None and len(ids) >= limit:
-            raise ValueError(f"prompt has {len(ids)} tokens, leaving no room for a generated "
-                             f"token under this model's max_model_len = {limit}")
-        check_against_model(request.params, engine.vocab_size, *engine.limits)
-        return ids, StopStrings(request.params.stop) if request.params.stop else None
+    def _prepare(self, request: m.GenerateRequest) -> ProcessedPrompt:
+        """Prompt ids and stop tables of a generate, checked by the input processor (the
+        HTTP API's and folio.LLM's too); an InputError (a ValueError) refuses it."""
+        return self.engine.inputs.process(
+            request.params, self.engine.facts, prompt=request.prompt,
+            token_ids=request.prompt_token_ids, messages=request.messages)
 
-    def _start(self, client: bytes, request: m.GenerateRequest, ids: list[int],
-               stops: StopStrings | None) -> None:
+    def _start(self, client: bytes, request: m.GenerateRequest,
+               prepared: ProcessedPrompt) -> None:
         if request.params.structured_output is not None:   # refused here, not in the engine
             self.preparing[client] = self.preparing.get(client, 0) + 1
-            asyncio.create_task(self._admit_then_start(client, request, ids, stops))
+            asyncio.create_task(self._admit_then_start(client, request, prepared))
             return
-        self._submit(client, request, ids, stops)
+        self._submit(client, request, prepared)
 
     async def _admit_then_start(self, client: bytes, request: m.GenerateRequest,
-                                ids: list[int], stops: StopStrings | None) -> None:
+                                prepared: ProcessedPrompt) -> None:
         """A structured request's grammar is admitted as over HTTP: off the event loop and
         within the grammar budget (frontend/grammar_admission.py), then it starts."""
         try:
@@ -311,15 +296,15 @@ class ZmqGateway:
                     "structured_output: " + " ".join(error.split())[:500]),
                     request.id)
             elif not self._refused(client, request):   # the state may have moved meanwhile
-                self._submit(client, request, ids, stops)
+                self._submit(client, request, prepared)
         finally:
             self._prepared(client)
 
-    def _submit(self, client: bytes, request: m.GenerateRequest, ids: list[int],
-                stops: StopStrings | None) -> None:
+    def _submit(self, client: bytes, request: m.GenerateRequest,
+                prepared: ProcessedPrompt) -> None:
         sink = _ClientSink(self, client, request.id, request.stream)
         self.by_client.setdefault(client, {})[request.id] = self.engine.submit(
-            ids, request.params, sink, request.deadline, stops)
+            prepared.ids, request.params, sink, request.deadline, prepared.stops)
 
     async def _on_health(self, client: bytes, client_id: str) -> None:
         engine = self.engine

@@ -21,6 +21,7 @@ import zmq.asyncio
 
 from bench.nonreading_client import non_reading_dealer
 from folio.frontend.engine_client import FinalResult, SampleResult
+from folio.frontend.input_processor import InputProcessor, ModelFacts
 from folio.frontend.prep import Preparer
 from folio.frontend.zmq_gateway import ClientLimits, ZmqGateway
 from folio.shared import messages as m
@@ -40,14 +41,12 @@ class FakeEngine:
     def __init__(self) -> None:
         self.prep = Preparer()
         self.tokenizer = None
-        self.vocab_size, self.max_model_len, self.limits = 1024, 256, (20, 64)
+        self.inputs = InputProcessor(None)   # token-id prompts only
+        self.facts = ModelFacts(vocab_size=1024, max_model_len=256, max_logprobs=20, max_n=64)
         self.draining, self.engine_alive = False, True
         self.sinks: dict[str, object] = {}
         self.submitted: list[str] = []
         self.aborted: list[str] = []
-
-    def check_text_size(self, chars: int) -> None:
-        pass
 
     def submit(self, ids, params, sink, deadline=None, stops=None) -> str:
         request_id = f"r{len(self.submitted)}"
