@@ -9,6 +9,7 @@ from folio.engine import InProcessEngine
 from folio.preflight import check_engine
 from folio.frontend.input_processor import InputProcessor, ModelFacts, ProcessedPrompt
 from folio.frontend.tokenizer import load_tokenizer
+from folio.frontend.output_loop import OutputEvents, OutputLoop
 from folio.frontend.output_processor import RequestState, SampleState, vllm_logprob
 from folio.shared.config import EngineConfig
 from folio.shared.outputs import CompletionOutput, RequestOutput
@@ -50,7 +51,8 @@ class LLM:
         prepared = [self._prepare(p, sampling) for p, sampling in zip(prompt_list, param_list)]
         results: list[RequestOutput] = []
         states: list[RequestState] = []
-        samples: dict[str, tuple[RequestState, SampleState]] = {}
+        # Nothing to stream: the states hold every result when the engine is done.
+        outputs: OutputLoop[None] = OutputLoop(OutputEvents(), self.engine.abort_request)
         try:
             for prompt, ready, sampling in zip(prompt_list, prepared, param_list):
                 token_ids = ready.ids
@@ -61,20 +63,10 @@ class LLM:
                 state = RequestState(self.tokenizer, sampling, token_ids, vllm_logprob,
                                      ready.stops)
                 states.append(state)
-                for sample_id, sample in zip(
-                        self.engine.add_request(request_id, token_ids, sampling), state.samples):
-                    samples[sample_id] = (state, sample)
+                outputs.track(request_id, None, state,
+                              self.engine.add_request(request_id, token_ids, sampling))
             while self.engine.has_unfinished_requests():
-                for output in self.engine.step():
-                    found = samples.get(output.request_id)   # None: an earlier call's abort
-                    if found is None:
-                        continue
-                    state, sample = found
-                    if sample.finished:
-                        continue
-                    state.add(sample, output)
-                    if sample.abort_engine:   # a stop string ended it: free it now
-                        self.engine.abort_request(output.request_id)
+                outputs.feed(self.engine.step())   # an earlier call's abort: not tracked
         except BaseException:
             for result in results:
                 self.engine.abort_request(result.request_id)

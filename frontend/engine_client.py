@@ -1,8 +1,8 @@
 """The frontend's link to the scheduler, shared by every gateway (ZeroMQ SDK, HTTP).
 
 A gateway submits token ids with sampling parameters and a sink; the engine client turns
-the scheduler's per-step token ids into text (stop strings included) with the output
-processor (frontend/output_processor.py, shared with folio.LLM), and calls the sink:
+the scheduler's per-step token ids into text (stop strings included) through the output
+loop (frontend/output_loop.py, shared with folio.LLM), and calls the sink:
 `delta` for every step (streams), then one `final` per sample, or one `error`.
 """
 
@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 
 from folio.frontend.liveness import SchedulerHeartbeat
+from folio.frontend.output_loop import OutputEvents, OutputLoop
 from folio.frontend.output_processor import RequestState, SampleState, wire_logprob
 from folio.frontend.grammar_admission import GrammarAdmission
 from folio.frontend.prep import Preparer
@@ -28,7 +29,7 @@ from folio.frontend.input_processor import InputProcessor, ModelFacts
 from folio.frontend.stop_strings import StopStrings
 from folio.shared import messages as m
 from folio.shared.codes import RefusalCode
-from folio.shared.outputs import EngineOutput, child_request_id
+from folio.shared.outputs import child_request_id
 from folio.shared.sampling_params import SamplingParams
 from folio.shared.security import CurveKeys, make_peer
 from folio.shared.transport import (DOWN_EVENTS, UP_EVENTS, Relink, configure, monitor_socket,
@@ -99,8 +100,7 @@ class EngineClient:
         self.prep = Preparer()
         self.grammars = GrammarAdmission(tokenizer)   # structured outputs' admission
         self.requests: dict[str, _Request] = {}
-        # sample id -> (request id, request, sample): one lookup per token on the hot path.
-        self.samples: dict[str, tuple[str, _Request, SampleState]] = {}
+        self.outputs: OutputLoop[_Request] = OutputLoop(_ClientEvents(self), self._abort_sample)
         self.counter = itertools.count()
         self.info: m.EngineInfo | None = None
         self.scheduler_seen = 0.0   # last message read on the event loop
@@ -183,8 +183,7 @@ class EngineClient:
         sample_ids = [child_request_id(request_id, i, params.n) for i in range(params.n)]
         request = _Request(sink, state, sample_ids)
         self.requests[request_id] = request
-        for sample_id, sample in zip(sample_ids, state.samples):
-            self.samples[sample_id] = (request_id, request, sample)
+        self.outputs.track(request_id, request, state, sample_ids)
         if deadline_s is not None:
             request.deadline = asyncio.get_running_loop().call_later(
                 deadline_s, self._expire, request_id, deadline_s)
@@ -258,12 +257,13 @@ class EngineClient:
                 if msg_type == "outputs":
                     outputs = m.decode_outputs(body)
                     for output in outputs.entries:
-                        self._on_output(output)
+                        self.outputs.on_output(output)
                         if time.monotonic() - turn_started > LOOP_SLICE_S:
                             await asyncio.sleep(0)
                             turn_started = time.monotonic()
+                    on_token = self.outputs.on_token
                     for request_id, token_id in zip(outputs.ids, outputs.tokens):
-                        self._on_plain_token(request_id, token_id)
+                        on_token(request_id, token_id)
                 elif msg_type == "engine_info":
                     self._on_engine_info(m.EngineInfo.decode(body))
                 elif msg_type == "rejected":
@@ -302,66 +302,23 @@ class EngineClient:
             self._fail(request_id, RefusalCode.ENGINE_DEAD, f"the scheduler gave up on this "
                        f"frontend ({reason}) and aborted the request; retry it")
 
-    def _on_output(self, output: EngineOutput) -> None:
-        found = self.samples.get(output.request_id)
-        if found is None:
-            return
-        base, request, sample = found
-        if output.error is not None:
-            self._fail(base, RefusalCode.ENGINE_DEAD, output.error)
-            return
-        if sample.finish_reason is not None:
-            return   # already ended by a stop string
-        if output.queued_s is not None:
-            self._notify("queued", request, seconds=output.queued_s)
-        self._note_tokens(request, len(output.new_token_ids))
-        delta = request.state.add(sample, output)
-        self._emit(output.request_id, base, request, sample, delta, output.new_token_ids)
+    def _abort_sample(self, sample_id: str) -> None:
+        self._send(m.encode_abort(sample_id))
 
-    def _on_plain_token(self, request_id: str, token_id: int) -> None:
-        """The columnar fast path: one token, no finish, no logprobs."""
-        found = self.samples.get(request_id)
-        if found is not None:
-            base, request, sample = found
-            if sample.finish_reason is None:
-                new_ids = [token_id]   # the sink keeps it
-                self._note_tokens(request, 1)
-                self._emit(request_id, base, request, sample, sample.add(new_ids), new_ids)
-
-    def _note_tokens(self, request: _Request, count: int) -> None:
-        if count:
-            now = time.monotonic()
-            if request.first_token is None:
-                request.first_token = now
-                self._notify("first_token", request)
-            elif self.observers:
-                self._notify("tokens", request, gap=now - request.last_token, count=count)
-            request.last_token = now
-
-    def _emit(self, sample_id: str, base: str, request: _Request, sample: SampleState,
-              delta: str, new_ids: list[int]) -> None:
-        """Give the sink what a step changed; on a sample's end, abort it at the scheduler
-        if a stop string cut it short, and give the final result once all samples ended."""
-        if delta or new_ids:
-            request.sink.delta(sample.index, delta, new_ids, sample.new_logprobs)
-        if sample.finish_reason is None:
-            return
-        if sample.abort_engine:
-            self._send(m.encode_abort(sample_id))   # free its blocks now
+    def _finished(self, request_id: str, request: _Request) -> None:
+        """Every sample ended: the sink gets the final result."""
+        self._forget(request_id, request)
         state = request.state
-        if state.finished:
-            self._forget(base, request)
-            result = FinalResult(
-                [SampleResult(s.index, s.text, s.token_ids, s.finish_reason, s.stop_reason,
-                              s.logprobs) for s in state.samples],
-                len(state.prompt_ids), state.prompt_logprobs)
-            self._notify("finished", request, result=result)
-            request.sink.final(result)
+        result = FinalResult(
+            [SampleResult(s.index, s.text, s.token_ids, s.finish_reason, s.stop_reason,
+                          s.logprobs) for s in state.samples],
+            len(state.prompt_ids), state.prompt_logprobs)
+        self._notify("finished", request, result=result)
+        request.sink.final(result)
 
     def _forget(self, request_id: str, request: _Request) -> None:
         del self.requests[request_id]
-        for sample_id in request.sample_ids:
-            del self.samples[sample_id]
+        self.outputs.untrack(request.sample_ids)
         if request.deadline is not None:
             request.deadline.cancel()
 
@@ -429,3 +386,38 @@ class EngineClient:
                         "last report)", error, self.unsent)
             self.unsent, self.unsent_logged_at = 0, now
         return False
+
+
+class _ClientEvents(OutputEvents[_Request]):
+    """The output loop's news, for an engine client: timing for the metrics, each step to
+    the request's sink, an error or the end of every sample to the client."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+
+    def error(self, request_id: str, request: _Request, message: str) -> bool:
+        self.client._fail(request_id, RefusalCode.ENGINE_DEAD, message)
+        return True
+
+    def tokens(self, request: _Request, count: int, queued_s: float | None) -> None:
+        if queued_s is not None:
+            self.client._notify("queued", request, seconds=queued_s)
+        if count:
+            now = time.monotonic()
+            if request.first_token is None:
+                request.first_token = now
+                self.client._notify("first_token", request)
+            elif self.client.observers:
+                self.client._notify("tokens", request, gap=now - request.last_token,
+                                    count=count)
+            request.last_token = now
+
+    def step(self, request: _Request, sample: SampleState, delta: str,
+             new_ids: list[int]) -> None:
+        if delta or new_ids:
+            request.sink.delta(sample.index, delta, new_ids, sample.new_logprobs)
+
+    def finished(self, request_id: str, request: _Request) -> None:
+        self.client._finished(request_id, request)

@@ -190,15 +190,15 @@ def test_the_engine_client_aborts_a_sample_its_stop_string_ended(tokenizer):
         ids = tokenizer.encode("a block of code")
         request_id = client.submit([1, 2], SamplingParams(n=2, stop=["code"]), sink)
         for token_id in ids:
-            client._on_plain_token(f"{request_id}#1", token_id)
+            client.outputs.on_token(f"{request_id}#1", token_id)
         assert sent[-1] == m.encode_abort(f"{request_id}#1")
-        client._on_output(EngineOutput(f"{request_id}#1", [], "abort"))   # ignored: ended
-        client._on_output(EngineOutput(f"{request_id}#0", ids[:2], "length"))
+        client.outputs.on_output(EngineOutput(f"{request_id}#1", [], "abort"))   # ignored: ended
+        client.outputs.on_output(EngineOutput(f"{request_id}#0", ids[:2], "length"))
         [result] = sink.finals
         assert [(s.index, s.text, s.finish_reason, s.stop_reason) for s in result.samples] == [
             (0, tokenizer.decode(ids[:2]), "length", None), (1, "a block of ", "stop", "code")]
         assert "".join(text for index, text, _ in sink.deltas if index == 1) == "a block of "
-        assert not client.requests and not client.samples   # nothing kept for it
+        assert not client.requests and not client.outputs.samples   # nothing kept for it
     finally:
         client.close()
         ctx.term()
