@@ -1,4 +1,8 @@
-"""/v1/completions and /v1/chat/completions over the engine client, in OpenAI's shapes."""
+"""/v1/completions and /v1/chat/completions over the engine client, in OpenAI's shapes.
+
+Each route's body arrives parsed and checked (frontend/openai_requests.py); what needs the
+engine is done here: the structured output's admission, the prompt's tokens and their
+checks against the model, the submission, and the answer (whole or streamed)."""
 
 from __future__ import annotations
 
@@ -8,20 +12,19 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
+from folio.frontend.api_errors import ApiError, invalid, too_long
 from folio.frontend.completion_body import (MAX_RESPONSE_LOGPROBS, Choice, PromptAnswer,
-                                      completion_response, logprob_entries,
-                                      too_large_message)
+                                            completion_response, logprob_entries,
+                                            too_large_message)
 from folio.frontend.engine_client import EngineClient, FinalResult
-from folio.frontend.openai_fields import CHAT_FIELDS, COMPLETION_FIELDS, check_fields
 from folio.frontend.openai_logprobs import completion_logprobs
-from folio.frontend.openai_protocol import (ApiError, chat_messages, completion_prompts, invalid,
-                                      sampling_params, stream_options, too_long)
+from folio.frontend.openai_requests import ChatRequest, CompletionRequest
 from folio.frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
-from folio.frontend.structured_request import admit, structured_spec
-from folio.frontend.tool_calls import ToolPlan, openai_calls, tool_plan
+from folio.frontend.structured_request import admit
+from folio.frontend.tool_calls import ToolPlan, openai_calls
 from folio.frontend.tool_parsers import stream_holdback
 from folio.shared.codes import RefusalCode
 from folio.shared.sampling_params import SamplingParams, check_against_model
@@ -96,20 +99,8 @@ class _Job:
             self.engine.abort(request_id)
 
 
-def _deadline(body: dict[str, Any]) -> float | None:
-    """Folio's extra body field: seconds after which the server aborts the request."""
-    value = body.get("deadline")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            0 < value <= 86400):
-        raise invalid("deadline must be a number of seconds in (0, 86400]", "deadline")
-    return float(value)
-
-
 async def _submit(engine: EngineClient, prompts: list[list[int]], params: SamplingParams,
-                  body: dict[str, Any], stream: bool) -> _Job:
-    deadline = _deadline(body)
+                  deadline: float | None, stream: bool) -> _Job:
     stops = await engine.stop_strings(params)   # once for every prompt and sample
     if engine.draining:
         raise ApiError(503, "the server is shutting down; retry later", code="shutting_down")
@@ -218,18 +209,6 @@ def _sse(data: Any) -> str:
 
 # ---- /v1/completions ---------------------------------------------------------------------
 
-def _score_only(body: dict[str, Any], echo: bool) -> bool:
-    """max_tokens 0 (with echo): score the prompt, generate nothing, as vLLM does."""
-    if type(body.get("max_tokens")) is not int or body["max_tokens"] != 0:
-        return False
-    if not echo:
-        raise invalid("max_tokens must be >= 1; 0 is allowed with echo (score the prompt "
-                      "only)", "max_tokens")
-    if body.get("min_tokens"):
-        raise invalid("min_tokens must be 0 when max_tokens is 0", "min_tokens")
-    return True
-
-
 async def _echo_text(engine: EngineClient, prompt: str | list[int], ids: list[int]) -> str:
     """The prompt as sent (OpenAI and vLLM echo the string itself), or token ids decoded."""
     if isinstance(prompt, str):
@@ -253,58 +232,36 @@ def _prompt_answer(engine: EngineClient, first_index: int, result: FinalResult,
     return PromptAnswer(choices, echoed)
 
 
-async def create_completion(engine: EngineClient, body: dict[str, Any], model: str):
-    check_fields(body, COMPLETION_FIELDS, "/v1/completions")
-    options = stream_options(body)
-    logprobs = body.get("logprobs")
-    max_logprobs = engine.limits[0]
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                 or not 0 <= logprobs <= max_logprobs):
-        raise invalid(f"logprobs must be an integer in [0, {max_logprobs}]", "logprobs")
-    echo = body.get("echo", False)
-    if not isinstance(echo, bool):
-        raise invalid("echo must be a boolean", "echo")
-    if echo and options.stream:
-        raise invalid("echo is not supported with stream", "echo")
-    score_only = _score_only(body, echo)
-    # Scoring runs as max_tokens 1 and drops the sampled token: prompt log-probs come from
-    # the prefill's raw logits, which the sampled token cannot change.
-    params = sampling_params({**body, "max_tokens": 1} if score_only else body, "max_tokens",
-                             logprobs)
-    if echo and logprobs is not None:
-        params = replace(params, prompt_logprobs=logprobs)
-    structured = structured_spec(body)
-    if structured is not None:
-        if score_only:
-            raise invalid("max_tokens 0 generates nothing to constrain; drop "
-                          f"{structured[1]} or ask for tokens", structured[1])
-        params = replace(params, structured_output=structured[0])
-        await admit(engine.grammars, structured)   # off the loop, budgeted
-    prompts = completion_prompts(body.get("prompt"))
+async def create_completion(engine: EngineClient, request: CompletionRequest, model: str):
+    """(the job, the answer: a dict, a Response built in pieces, or an SSE stream)."""
+    params, prompts, echo, logprobs = (request.params, request.prompts, request.echo,
+                                       request.logprobs)
+    await admit(engine.grammars, request.constraint)   # off the loop, budgeted
     for prompt in prompts:
         if isinstance(prompt, str):
             _refuse_long_text(engine, len(prompt), "prompt")
     chars = sum(len(p) for p in prompts if isinstance(p, str))
     ids = await engine.prep.run(chars, _tokenize, engine.tokenizer, prompts)
     for one in ids:
-        _check(engine, one, params, "prompt", score_only)
-    if logprobs is not None and not options.stream:   # a stream's events go out one by one
-        sizes = ([len(one) for one in ids], params.n, echo, 0 if score_only
-                 else params.max_tokens, logprobs)
+        _check(engine, one, params, "prompt", request.score_only)
+    if logprobs is not None and not request.stream.stream:   # a stream's go out one by one
+        sizes = ([len(one) for one in ids], params.n, echo, request.generated_tokens,
+                 logprobs)
         if logprob_entries(*sizes) > MAX_RESPONSE_LOGPROBS:
             raise invalid(too_large_message(*sizes, "logprobs"), "logprobs")
-    job = await _submit(engine, ids, params, body, options.stream)
+    job = await _submit(engine, ids, params, request.deadline, request.stream.stream)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    if options.stream:
-        return job, _stream_completion(job, request_id, created, model, options.include_usage)
+    if request.stream.stream:
+        return job, _stream_completion(job, request_id, created, model,
+                                       request.stream.include_usage)
     try:
         results = await _collect(job)
     except BaseException:
         job.abort()
         raise
     usage = _usage(results)
-    if score_only:
+    if request.score_only:
         usage = {**usage, "completion_tokens": 0, "total_tokens": usage["prompt_tokens"]}
     head = {"id": request_id, "object": "text_completion", "created": created,
             "model": model}
@@ -313,12 +270,12 @@ async def create_completion(engine: EngineClient, body: dict[str, Any], model: s
         prefix = await _echo_text(engine, prompts[prompt_index],
                                   ids[prompt_index]) if echo else ""
         answers.append(_prompt_answer(engine, prompt_index * params.n, result, prefix,
-                                      ids[prompt_index], echo, score_only))
+                                      ids[prompt_index], echo, request.score_only))
     if logprobs is None:
         return job, {**head, "choices": [vars(c) for a in answers for c in a.choices],
                      "usage": usage}
     entries = logprob_entries([len(one) for one in ids], params.n, echo,
-                              0 if score_only else params.max_tokens, logprobs)
+                              request.generated_tokens, logprobs)
     return job, await completion_response(head, answers, usage, entries)
 
 
@@ -369,51 +326,26 @@ def _chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | Non
     return {"content": content}
 
 
-async def create_chat_completion(engine: EngineClient, body: dict[str, Any], model: str,
-                                 tool_parser: str | None = None):
-    check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
-    options = stream_options(body)
-    want_logprobs = body.get("logprobs", False)
-    if not isinstance(want_logprobs, bool):
-        raise invalid("logprobs must be a boolean", "logprobs")
-    top = body.get("top_logprobs")
-    max_logprobs = engine.limits[0]
-    if top is not None:
-        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= max_logprobs:
-            raise invalid(f"top_logprobs must be an integer in [0, {max_logprobs}]",
-                          "top_logprobs")
-        if not want_logprobs:
-            raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
-    params = sampling_params(body, "max_completion_tokens",
-                             (top or 0) if want_logprobs else None)
-    _check_tool_choice(body.get("tool_choice"))
-    tools = tool_plan(body, tool_parser)
-    structured = structured_spec(body)
-    if tools.spec is not None and structured is not None:
-        raise invalid(f"{structured[1]}: tool_choice {tools.mode} already constrains the "
-                      "answer (to tool calls); send one or the other", structured[1])
-    spec = tools.spec or (structured[0] if structured else None)
-    await admit(engine.grammars, (tools.spec, "tools") if tools.spec is not None
-                else structured, tools.schemas)   # off the loop, budgeted
-    if spec is not None:
-        params = replace(params, structured_output=spec)
-    messages = chat_messages(body.get("messages"))
-    chars = sum(len(message["content"]) for message in messages)
+async def create_chat_completion(engine: EngineClient, request: ChatRequest, model: str):
+    """(the job, the answer: a dict or an SSE stream)."""
+    tools, params = request.tools, request.params
+    await admit(engine.grammars, request.constraint, tools.schemas)   # off the loop, budgeted
+    chars = request.chars
     _refuse_long_text(engine, chars, "messages")
     if tools.tools and "tools" not in str(getattr(engine.tokenizer, "chat_template", "")):
         raise invalid("tools: this model's chat template does not render tools", "tools")
     try:
-        ids = await engine.prep.run(chars, chat_prompt_ids, engine.tokenizer, messages,
-                                    tools.tools)
+        ids = await engine.prep.run(chars, chat_prompt_ids, engine.tokenizer,
+                                    request.messages, tools.tools)
     except ValueError as error:
         raise invalid(str(error), "messages") from None
     _check(engine, ids, params, "messages")
-    job = await _submit(engine, [ids], params, body, options.stream)
+    job = await _submit(engine, [ids], params, request.deadline, request.stream.stream)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    if options.stream:
-        return job, _stream_chat(job, request_id, created, model, options.include_usage,
-                                 tools)
+    if request.stream.stream:
+        return job, _stream_chat(job, request_id, created, model,
+                                 request.stream.include_usage, tools)
     try:
         (result,) = await _collect(job)
     except BaseException:
@@ -427,15 +359,6 @@ async def create_chat_completion(engine: EngineClient, body: dict[str, Any], mod
                         "stop_reason": s.stop_reason})
     return job, {"id": request_id, "object": "chat.completion", "created": created,
                  "model": model, "choices": choices, "usage": _usage([result])}
-
-
-def _check_tool_choice(choice: Any) -> None:
-    """The named form's name is a string before tool_plan looks it up (a list there is
-    unhashable: a TypeError, not the 400 it deserves)."""
-    if isinstance(choice, dict) and isinstance(choice.get("function"), dict) \
-            and not isinstance(choice["function"].get("name"), str):
-        raise invalid("tool_choice.function.name must be a string (a function in tools)",
-                      "tool_choice")
 
 
 def _finish_reason(tools: ToolPlan, calls: list, finish: str | None) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from folio.frontend.openai_protocol import ApiError
+from folio.frontend.api_errors import ApiError
 
 # Sampling fields both routes honour (OpenAI's, then the vLLM extras Folio implements).
 _SAMPLING = frozenset({

@@ -1,4 +1,6 @@
-"""OpenAI request bodies -> Folio sampling parameters, with OpenAI-style errors."""
+"""The fields of OpenAI request bodies, each parsed and checked: the sampling parameters, the
+prompts, the chat messages, the stream options; and the names the model is served under.
+frontend/openai_requests.py puts them together into one typed request per route."""
 
 from __future__ import annotations
 
@@ -6,6 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from folio.default_model import default_model_path
+from folio.frontend.api_errors import invalid
+from folio.frontend.tool_calls import message_tool_calls
 from folio.shared.sampling_params import SamplingParams
 
 MAX_PROMPTS = 64   # n is bounded by the scheduler's --max-n (engine_info), not here
@@ -14,42 +19,29 @@ MAX_PROMPTS = 64   # n is bounded by the scheduler's --max-n (engine_info), not 
 _PASS_THROUGH = ("temperature", "top_p", "n", "seed", "presence_penalty", "frequency_penalty",
                  "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
                  "skip_special_tokens", "include_stop_str_in_output", "stop_token_ids")
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, error_type: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = error_type or {400: "invalid_request_error", 401: "authentication_error",
-                                   404: "not_found_error", 503: "service_unavailable"
-                                   }.get(status, "server_error")
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def invalid(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param, "invalid_value" if param else None)
-
-
-def too_long(message: str, param: str) -> ApiError:
-    """OpenAI's one code for a prompt, or prompt + max_tokens, over the context length."""
-    return ApiError(400, message, param, "context_length_exceeded")
+DEFAULT_MODEL_NAME = "folio-default"   # the built-in model's name (folio/default_model)
 
 
 def served_names(given: str | list[str] | None, model: str) -> list[str]:
     """--served-model-name's names (one string, from FOLIO_SERVED_MODEL_NAME, holds
-    several separated by spaces), else the checkpoint directory's own name."""
+    several separated by spaces), else DEFAULT_MODEL_NAME for the built-in model, else the
+    checkpoint directory's own name."""
     names = given.split() if isinstance(given, str) else list(given or [])
-    return names or [Path(model.rstrip("/\\")).name or model]
+    if names:
+        return names
+    if _is_default_model(model):
+        return [DEFAULT_MODEL_NAME]
+    return [Path(model.rstrip("/\\")).name or model]
 
 
-@dataclass
+def _is_default_model(model: str) -> bool:
+    try:
+        return Path(model).resolve() == default_model_path().resolve()
+    except FileNotFoundError:   # not shipped here: no model can be it
+        return False
+
+
+@dataclass(frozen=True)
 class StreamOptions:
     stream: bool
     include_usage: bool
@@ -130,8 +122,6 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
     """Messages with string content or text parts; roles are passed to the chat template.
     An assistant message's tool_calls and a tool message's tool_call_id (and name) are
     kept for templates that render them."""
-    from folio.frontend.tool_calls import message_tool_calls
-
     if not isinstance(messages, list) or not messages:
         raise invalid("messages must be a non-empty list", "messages")
     result = []

@@ -17,9 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from folio.frontend.api_errors import ApiError, invalid
 from folio.frontend.grammar_admission import GrammarAdmission
-
-from folio.frontend.openai_protocol import ApiError, invalid
 from folio.shared.structured_output import KINDS, check_spec
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",

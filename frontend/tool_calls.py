@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from folio.frontend.openai_protocol import ApiError, invalid
+from folio.frontend.api_errors import ApiError, invalid
 from folio.frontend.structured_request import checked
 from folio.frontend.tool_parsers import PARSERS, Call, parse
 

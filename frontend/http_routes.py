@@ -1,0 +1,170 @@
+"""The HTTP API's routes, as plain handlers. What they serve (the engine client, the model's
+names, the metrics, the tool-call parser) is the app's `Served`, in `app.state.served`;
+frontend/http_server.py's `create_app` puts it there and adds ROUTES.
+
+Each POST body is read within bounds (frontend/http_body.py), its `model` checked against
+the names served, then parsed once into its typed request (frontend/openai_requests.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.requests import Request
+
+from folio.frontend.api_errors import ApiError
+from folio.frontend.engine_client import EngineClient
+from folio.frontend.http_answers import respond
+from folio.frontend.http_body import read_json
+from folio.frontend.metrics import Metrics
+from folio.frontend.openai_api import create_chat_completion, create_completion
+from folio.frontend.openai_requests import (ChatRequest, CompletionRequest, DetokenizeRequest,
+                                            ServerTerms, TokenizeRequest)
+from folio.frontend.openai_tokenize import detokenize, tokenize
+
+RETRY_AFTER_S = "1"
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the routes serve. Several names: each is accepted, the first is the one
+    answers report."""
+
+    engine: EngineClient
+    names: tuple[str, ...]
+    metrics: Metrics
+    created: int                    # the models' "created" time
+    tool_call_parser: str | None
+
+    @property
+    def model(self) -> str:
+        return self.names[0]
+
+    def terms(self) -> ServerTerms:
+        return ServerTerms(self.engine.limits[0], self.tool_call_parser)
+
+
+def _served(request: Request) -> Served:
+    return request.app.state.served
+
+
+def _unknown_model(served: Served, name: Any) -> ApiError:
+    return ApiError(404, f"the model {name!r} does not exist; this server serves "
+                    f"{', '.join(map(repr, served.names))}", "model", "model_not_found")
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    """The JSON body, its `model` (when given) one of the names served."""
+    body = await read_json(request)
+    name = body.get("model")
+    served = _served(request)
+    if name is not None and name not in served.names:
+        raise _unknown_model(served, name)
+    return body
+
+
+def _card(served: Served, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": served.created, "owned_by": "folio",
+            "max_model_len": served.engine.max_model_len}
+
+
+async def list_models(request: Request) -> dict[str, Any]:
+    served = _served(request)
+    return {"object": "list", "data": [_card(served, name) for name in served.names]}
+
+
+async def get_model(request: Request, name: str) -> dict[str, Any]:
+    served = _served(request)
+    if name not in served.names:
+        raise _unknown_model(served, name)
+    return _card(served, name)
+
+
+async def completions(request: Request) -> Response:
+    served = _served(request)
+    parsed = CompletionRequest.parse(await _body(request), served.terms())
+    return await respond(request, create_completion(served.engine, parsed, served.model))
+
+
+async def chat_completions(request: Request) -> Response:
+    served = _served(request)
+    parsed = ChatRequest.parse(await _body(request), served.terms())
+    return await respond(request, create_chat_completion(served.engine, parsed,
+                                                         served.model))
+
+
+async def tokenize_route(request: Request) -> dict[str, Any]:
+    parsed = TokenizeRequest.parse(await _body(request))
+    return await tokenize(_served(request).engine, parsed)
+
+
+async def detokenize_route(request: Request) -> dict[str, Any]:
+    parsed = DetokenizeRequest.parse(await _body(request))
+    return await detokenize(_served(request).engine, parsed)
+
+
+async def health(request: Request) -> Response:
+    engine = _served(request).engine
+    if engine.draining:
+        return JSONResponse({"status": "draining", "reason": "the server is shutting down"},
+                            status_code=503, headers={"Retry-After": RETRY_AFTER_S})
+    # Data-parallel replicas: healthy while one serves; the body lists each. A
+    # tensor-parallel executor lists its ranks (under each replica, with replicas).
+    details = ({"replicas": engine.replica_health()}
+               if hasattr(engine, "replica_health") else {})
+    ranks = engine.rank_health() if hasattr(engine, "rank_health") else []
+    if ranks:
+        details["ranks"] = ranks
+    if engine.engine_alive:
+        return JSONResponse({"status": "ok", **details})
+    return JSONResponse({"status": "unhealthy", "reason": engine.dead_reason(), **details},
+                        status_code=503, headers={"Retry-After": RETRY_AFTER_S})
+
+
+async def prometheus(request: Request) -> Response:
+    served = _served(request)
+    stats = await served.engine.stats(timeout=0.5)
+    return Response(served.metrics.render(stats),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def kv_map(request: Request) -> Response:
+    engine = _served(request).engine
+    snapshot = await engine.kv_map(timeout=1.0)
+    if snapshot is None:
+        raise ApiError(503, "no page map: " + (engine.dead_reason() if not
+                       engine.engine_alive else "the scheduler did not answer in time"),
+                       code="engine_unavailable")
+    return JSONResponse({"object": "kv_map", **snapshot}, headers={"Cache-Control": "no-store"})
+
+
+def _page(name: str) -> HTMLResponse:
+    page = resources.files("folio.frontend").joinpath(f"static/{name}")
+    return HTMLResponse(page.read_text(encoding="utf-8"))
+
+
+async def kv_page() -> HTMLResponse:
+    return _page("kv.html")
+
+
+async def chat_page() -> HTMLResponse:
+    return _page("chat.html")
+
+
+# (method, path, handler)
+ROUTES = (
+    ("GET", "/v1/models", list_models),
+    ("GET", "/v1/models/{name:path}", get_model),
+    ("POST", "/v1/completions", completions),
+    ("POST", "/v1/chat/completions", chat_completions),
+    ("POST", "/tokenize", tokenize_route),
+    ("POST", "/detokenize", detokenize_route),
+    ("GET", "/health", health),
+    ("GET", "/metrics", prometheus),
+    ("GET", "/v1/kv/map", kv_map),
+    ("GET", "/kv", kv_page),
+    ("GET", "/", chat_page),
+)
