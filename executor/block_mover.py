@@ -11,18 +11,7 @@ import time
 
 import torch
 
-from folio.executor.model_config import ModelConfig
-
-KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def allocate_swap_pool(config: ModelConfig, num_blocks: int, block_size: int,
-                       dtype: torch.dtype, device: torch.device) -> KVCaches:
-    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    pin = device.type == "cuda"   # pinned host memory makes non-blocking copies possible
-    return [(torch.empty(shape, dtype=dtype, pin_memory=pin),
-             torch.empty(shape, dtype=dtype, pin_memory=pin))
-            for _ in range(config.num_layers)]
+from folio.executor.kv_cache import KVCaches
 
 
 class BlockMover:

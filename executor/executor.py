@@ -7,11 +7,11 @@ import time
 
 import torch
 
-from folio.executor.block_mover import BlockMover, allocate_swap_pool, measure_swap_bytes_per_s
+from folio.executor.block_mover import BlockMover, measure_swap_bytes_per_s
 from folio.executor.grammar import GrammarMasks
 from folio.executor.input_batch import InputBatch
 from folio.executor.cpu_threads import apply_cpu_threads
-from folio.executor.kv_cache import allocate_kv_cache, bytes_per_block
+from folio.executor.kv_cache import allocate_kv_cache, allocate_swap_pool, bytes_per_block
 from folio.executor.linear import PackedLinear, pack_linears
 from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
@@ -84,12 +84,12 @@ class Executor:
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.linear_backend = pack_linears(self.model, self.device, self.dtype,
                                            config.linear_backend)
+        self.bytes_per_block = bytes_per_block(self.model_config, config.block_size, self.dtype)
         self.num_kv_blocks = self._num_kv_blocks()
         if tp is not None:
             self.num_kv_blocks = tp.agree(self.num_kv_blocks)
         self.kv_caches = allocate_kv_cache(self.model_config, self.num_kv_blocks,
                                            config.block_size, self.dtype, self.device)
-        self.bytes_per_block = bytes_per_block(self.model_config, config.block_size, self.dtype)
         self.num_swap_blocks = self._num_swap_blocks()
         if tp is not None:
             self.num_swap_blocks = tp.agree(self.num_swap_blocks)
@@ -202,14 +202,13 @@ class Executor:
     def _num_kv_blocks(self) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        per_block = bytes_per_block(self.model_config, self.config.block_size, self.dtype)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             budget = total * self.config.gpu_memory_utilization - (total - free)
             budget -= self._activation_reserve()
         else:
             budget = self.config.cpu_kv_cache_gib * 2**30
-        blocks = int(budget // per_block)
+        blocks = int(budget // self.bytes_per_block)
         if blocks < 1:
             raise ValueError("no memory left for the KV cache; lower max_num_batched_tokens "
                              "or raise gpu_memory_utilization / cpu_kv_cache_gib")

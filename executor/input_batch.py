@@ -149,21 +149,22 @@ class InputBatch:
             * block_size + positions % block_size
         device = self.device
         attention = AttentionInputs(
-            slot_mapping=_to(slots, device),
-            block_tables=_to(np.ascontiguousarray(rows.tables[row_of, :max_blocks]), device),
-            seq_lens=_to((begins + lengths).astype(np.int32), device),
-            query_start_loc=_to(starts.astype(np.int32), device),
+            slot_mapping=to_device(slots, device),
+            block_tables=to_device(np.ascontiguousarray(rows.tables[row_of, :max_blocks]), device),
+            seq_lens=to_device((begins + lengths).astype(np.int32), device),
+            query_start_loc=to_device(starts.astype(np.int32), device),
         )
         return StepInputs(
-            input_ids=_to(input_ids, device),
-            positions=_to(positions, device),
+            input_ids=to_device(input_ids, device),
+            positions=to_device(positions, device),
             attention=attention,
-            logits_indices=_to(np.asarray(sampled_at, dtype=np.int64), device),
+            logits_indices=to_device(np.asarray(sampled_at, dtype=np.int64), device),
             sampled=sampled,
             prompt_scoring=scoring,
         )
 
 
-def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A step's host array as a tensor on `device` (on the CPU, the same memory)."""
     tensor = torch.from_numpy(array)
     return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)

@@ -94,8 +94,7 @@ def blocks_in_memory(model, gib: float, block_size: int, dtype: str | None = Non
     """KV blocks of `model` (an executor ModelConfig) in `gib` GiB: K and V per layer, as
     executor/kv_cache.py lays them out."""
     element = DTYPE_BYTES.get(dtype or model.torch_dtype, 4)
-    per_block = 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * element
-    return int(gib * 2**30 // per_block)
+    return int(gib * 2**30 // model.kv_block_bytes(block_size, element))
 
 
 def _model_config(path: str):

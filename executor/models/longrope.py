@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from folio.executor.input_batch import to_device
 from folio.executor.ops import AttentionInputs, KernelOps
 
 
@@ -48,15 +49,12 @@ def recompute_crossing(model: torch.nn.Module, ops: KernelOps, original: int,
         tables.append(np.pad(blocks, (0, width - len(blocks))))
     starts_out = np.concatenate([[0], np.cumsum(lens)])
     inputs = AttentionInputs(
-        slot_mapping=_to(np.concatenate(slots), device),
-        block_tables=_to(np.stack(tables).astype(np.int32), device),
-        seq_lens=_to(np.asarray(lens, dtype=np.int32), device),
-        query_start_loc=_to(starts_out.astype(np.int32), device))
-    model(_to(np.concatenate(ids).astype(np.int64), device),
-          _to(np.concatenate(positions), device), kv_caches,
+        slot_mapping=to_device(np.concatenate(slots), device),
+        block_tables=to_device(np.stack(tables).astype(np.int32), device),
+        seq_lens=to_device(np.asarray(lens, dtype=np.int32), device),
+        query_start_loc=to_device(starts_out.astype(np.int32), device))
+    model(to_device(np.concatenate(ids).astype(np.int64), device),
+          to_device(np.concatenate(positions), device), kv_caches,
           ops.prepare(inputs, block_size), long_rope=True)
     return len(picked)
 
-
-def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
