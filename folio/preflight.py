@@ -1,6 +1,8 @@
-"""Settings checked before any process starts (or any weight is read): the model directory
-(config.json, architecture, safetensors headers) and the scheduler's constraints that need
-the checkpoint's context limit, and the TCP ports to bind. Each problem is a SettingError naming the setting."""
+"""The checks of settings against the machine, before any process starts (or any weight is
+read): the model directory (config.json, architecture, safetensors headers), the
+scheduler's constraints that need the checkpoint's context limit, memory, and the TCP ports
+to bind. folio/checks.py runs them for each command, folio.LLM for itself. Each problem is a
+SettingError naming the setting."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import struct
 from pathlib import Path
 
 from folio.executor.model_config import ModelConfig
+from folio.executor.models.hf_config import read_model_config
 from folio.placement import executor_runs_on_cpu
 from folio.shared.config import EngineConfig, ExecutorCapacity, SchedulerConfig, SettingError
 
@@ -22,7 +25,7 @@ def check_model_dir(model: str) -> ModelConfig:
     if not path.is_dir():
         raise SettingError("model", f"{model}: no such directory")
     try:
-        config = ModelConfig.from_dir(path)
+        config = read_model_config(path)
     except FileNotFoundError as error:
         raise SettingError("model", f"{model}: {error}") from None
     except json.JSONDecodeError as error:

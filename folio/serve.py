@@ -6,13 +6,16 @@ new one); a crashed scheduler or frontend, or too many executor crashes, stop ev
 and `folio serve` exits 1. With --data-parallel-size M it runs M scheduler+executor pairs
 (replicas, each its own KV pool and sockets) behind the frontend, which routes each request
 to one; there a crashed scheduler is restarted too (its replica's requests fail, the others
-serve on), and on CPU each replica's executor gets its own share of the cores. Ctrl-C or SIGTERM drains the frontend first (running requests
-may finish within --shutdown-timeout), then stops the others and removes the run directory.
+serve on), and on CPU each replica's executor gets its own share of the cores. Ctrl-C or
+SIGTERM drains the frontend first (running requests may finish within --shutdown-timeout),
+then stops the others and removes the run directory.
+
+Its settings arrive checked (folio/checks.py's ServePlan); each child's command line is
+generated from them (folio/flags.py's config_flags).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -21,15 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-from folio.cli import (api_key, check_bind, check_http, check_links, config_flags,
-                       config_values, engine_config, engine_flags, resolve_model,
-                       scheduler_args_of_serve)
-from folio.preflight import check_engine, check_ports_free
+from folio.checks import ServePlan
+from folio.flags import config_flags
+from folio.frontend.openai_protocol import served_names
 from folio.placement import executor_runs_on_cpu, pin, plan_placement
 from folio.shared.cpus import usable_cores
-from folio.frontend.openai_protocol import served_names
-from folio.scheduler.service import SchedulerServiceConfig
-from folio.shared.config import SettingError, policy_values
 from folio.shared.transport import ipc_address, make_run_dir
 
 STOP_GRACE_S = 5.0
@@ -46,48 +45,26 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.model = resolve_model(args.model)
-        self.config = engine_config(args, self.model)
-        # Every setting is checked before the run directory or any process exists.
-        check_http(args)
-        if args.executor_restarts < 0:
-            raise SettingError("executor_restarts", f"must be >= 0, got "
-                               f"{args.executor_restarts}")
-        check_engine(self.config)
-        if args.zmq_address:
-            check_bind(zmq_address=args.zmq_address)
-            check_links(bool(args.curve_keys), args.insecure_transport,
-                        zmq_address=args.zmq_address)
-        check_ports_free(args.host, args.port, args.zmq_address)
-        self.replicas = getattr(args, "data_parallel_size", 1)
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
-                or self.replicas < 1:
-            raise SettingError("data_parallel_size", f"must be a positive integer, got "
-                               f"{self.replicas!r}")
+    def __init__(self, plan: ServePlan) -> None:
+        """`plan` is checked (folio/checks.py): nothing here refuses a setting."""
+        self.plan = plan
+        self.model = plan.engine.model
+        self.config = plan.engine
+        self.replicas = plan.serve.data_parallel_size
         self.run_dir = make_run_dir()
-        try:
-            self.scheduler_configs = [SchedulerServiceConfig(
-                **policy_values(self.config),
-                frontend_address=ipc_address(self.run_dir, "scheduler-frontends" + suffix),
-                executor_address=ipc_address(self.run_dir, "scheduler-executor" + suffix),
-                curve_keys=args.curve_keys, shutdown_timeout_s=args.shutdown_timeout,
-                **config_values(args, SchedulerServiceConfig, skip=scheduler_args_of_serve()))
-                for suffix in self._suffixes()]
-        except SettingError:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-            raise
+        self.scheduler_configs = [plan.scheduler_config(
+            frontend_address=ipc_address(self.run_dir, "scheduler-frontends" + suffix),
+            executor_address=ipc_address(self.run_dir, "scheduler-executor" + suffix))
+            for suffix in self._suffixes()]
         self.scheduler_config = self.scheduler_configs[0]
         self.frontend_address = ",".join(c.frontend_address for c in self.scheduler_configs)
-        self.client_address = args.zmq_address or ipc_address(self.run_dir, "client")
+        self.client_address = plan.serve.zmq_address or ipc_address(self.run_dir, "client")
         on_cpu = executor_runs_on_cpu(self.config.device)
-        self.placement = plan_placement(args.cpu_placement, usable_cores(), on_cpu)
-        self.replica_cores = replica_cores(args.cpu_placement, usable_cores(), on_cpu,
-                                           self.replicas)
+        policy = plan.serve.cpu_placement
+        self.placement = plan_placement(policy, usable_cores(), on_cpu)
+        self.replica_cores = replica_cores(policy, usable_cores(), on_cpu, self.replicas)
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
-        self.api_key = api_key(args)
 
     def _suffixes(self) -> list[str]:
         """Process and socket name suffixes: none with one replica, -0, -1, ... with more."""
@@ -99,37 +76,32 @@ class Supervisor:
                 for role in ("scheduler", "executor")] + ["frontend"]
 
     def command(self, name: str) -> list[str]:
+        """A child's command line, its flags generated from the checked settings."""
         role, _, index = name.partition("-")
         replica = int(index or 0)
-        base = [sys.executable, "-m", "folio", "--log-level", self.args.log_level, role]
-        if role == "scheduler":   # every flag generated from its config
+        plan = self.plan
+        base = [sys.executable, "-m", "folio", "--log-level", plan.log_level, role]
+        if role == "scheduler":
             return base + config_flags(self.scheduler_configs[replica])
-        if self.args.curve_keys:
-            base += ["--curve-keys", self.args.curve_keys]
-        if role != "executor":
-            base += ["--shutdown-timeout", str(self.args.shutdown_timeout)]
-        if role == "frontend":
-            base += ["--max-requests-per-client", str(self.args.max_requests_per_client)]
-            if self.args.insecure_transport:   # the client address was checked above
-                base += ["--insecure-transport"]
+        transport = config_flags(plan.transport, skip=("insecure_transport",))
         if role == "executor":
             return base + ["--model", self.model, "--scheduler-address",
-                           self.scheduler_configs[replica].executor_address,
-                           *engine_flags(self.config)]
+                           self.scheduler_configs[replica].executor_address, *transport,
+                           *config_flags(self.config, skip=("model",))]
+        if plan.transport.insecure_transport:   # the client address was checked
+            transport.append("--insecure-transport")
         http = []
-        if self.args.port:
-            http = ["--host", self.args.host, "--port", str(self.args.port),
-                    "--served-model-name",
-                    *served_names(self.args.served_model_name, self.model)]
-            if self.args.metrics_public:
-                http += ["--metrics-public"]
-            if self.args.tool_call_parser:
-                http += ["--tool-call-parser", self.args.tool_call_parser]
-            if self.args.allowed_hosts:
-                http += ["--allowed-hosts", self.args.allowed_hosts]
+        if plan.http.port:   # the key goes in the environment (child_env), never here
+            http = [*config_flags(plan.http, skip=("served_model_name", "api_key",
+                                                   "api_key_file")),
+                    "--served-model-name", *self.served_names()]
         return base + ["--model", self.config.tokenizer_path,
                        "--client-address", self.client_address,
-                       "--scheduler-address", self.frontend_address, *http]
+                       "--scheduler-address", self.frontend_address, *transport,
+                       *config_flags(plan.shutdown), *config_flags(plan.limits), *http]
+
+    def served_names(self) -> list[str]:
+        return served_names(self.plan.http.served_model_name, self.model)
 
     def start(self, name: str) -> None:
         role, _, index = name.partition("-")
@@ -150,8 +122,8 @@ class Supervisor:
         `ps` shows to every user), and no other process."""
         env = {k: v for k, v in os.environ.items()
                if k not in ("FOLIO_API_KEY", "FOLIO_API_KEY_FILE")}
-        if role == "frontend" and self.api_key:
-            env["FOLIO_API_KEY"] = self.api_key
+        if role == "frontend" and self.plan.api_key:
+            env["FOLIO_API_KEY"] = self.plan.api_key
         return env
 
     def run(self) -> int:
@@ -173,12 +145,14 @@ class Supervisor:
             if any(p.poll() is not None for p in self.procs.values()):
                 return
             client = Client(self.client_address, connect_timeout=1.0,
-                            curve_keys=self.args.curve_keys)
+                            curve_keys=self.plan.transport.curve_keys)
             try:
                 if client.health(timeout=1.0).get("ok"):
-                    http = (f"  HTTP (OpenAI API):  http://{self.args.host}:{self.args.port}/v1"
-                            f"  (chat page at /)\n" if self.args.port else "")
-                    print(f"Folio is serving {self.model}\n"
+                    http_settings = self.plan.http
+                    http = (f"  HTTP (OpenAI API):  http://{http_settings.host}:"
+                            f"{http_settings.port}/v1  (chat page at /)\n"
+                            if http_settings.port else "")
+                    print(f"Folio is serving {self.served_names()[0]} (model {self.model})\n"
                           f"  clients connect to: {self.client_address}\n{http}"
                           f"  run directory:      {self.run_dir}\n"
                           f"  CPU placement:      {self._describe_placement()}\n"
@@ -211,10 +185,10 @@ class Supervisor:
                 # With replicas a scheduler is restarted too: the others serve meanwhile.
                 restartable = role == "executor" or (role == "scheduler" and self.replicas > 1)
                 done = restarts.get(index, 0)
-                if restartable and code != 2 and done < self.args.executor_restarts:
+                if restartable and code != 2 and done < self.plan.serve.executor_restarts:
                     restarts[index] = done + 1
                     print(f"folio serve: {name} exited with {code}; restarting it "
-                          f"({done + 1}/{self.args.executor_restarts})",
+                          f"({done + 1}/{self.plan.serve.executor_restarts})",
                           file=sys.stderr, flush=True)
                     self.start(name)
                     continue
@@ -232,7 +206,7 @@ class Supervisor:
         if frontend is not None and frontend.poll() is None:   # drain first
             frontend.send_signal(signal.SIGTERM)
             try:
-                frontend.wait(timeout=self.args.shutdown_timeout + STOP_GRACE_S)
+                frontend.wait(timeout=self.plan.shutdown.shutdown_timeout_s + STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 pass
         for proc in self.procs.values():
@@ -265,6 +239,6 @@ def replica_cores(policy: str, cores: list[int], executor_on_cpu: bool, replicas
     return [tuple(cores[i * share:(i + 1) * share]) for i in range(replicas)]
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(plan: ServePlan) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    return Supervisor(args).run()
+    return Supervisor(plan).run()

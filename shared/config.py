@@ -3,14 +3,23 @@
 SchedulingPolicy is what a user sets for the scheduler; EngineConfig adds what the executor
 needs (a user's whole engine). SchedulerConfig is the policy plus the executor's capacity
 (number of KV blocks, context limit, EOS ids), known once the executor has said hello.
-Each default and each flag's help sentence is written here once: the command line is
-generated from these fields (folio/cli.py).
+Each default, help sentence and check is written here once (shared/settings.py's
+`setting`): the command line, the FOLIO_* variables and docs/configuration.md are generated
+from these fields (folio/flags.py). The settings of the processes around the engine
+(transport, shutdown, HTTP) are in shared/service_settings.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from folio.shared.settings import (SettingError, at_least, check_fields, fraction,
+                                   non_negative_int, optional, positive_int, power_of_two,
+                                   above, setting)
+
+__all__ = ["SettingError", "setting", "SchedulingPolicy", "EngineConfig", "ExecutorCapacity",
+           "SchedulerConfig", "policy_values"]
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -21,50 +30,31 @@ SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain m
 SHUTDOWN_HELP = "on SIGTERM, seconds running requests may take to finish before they are aborted"
 MAX_REQUESTS_PER_CLIENT = 4096   # frontend: one SDK connection's requests in flight
 MAX_REQUESTS_PER_CLIENT_HELP = ("requests one SDK client (one ZeroMQ connection) may have in "
-                                "flight; more are refused as queue_full (default: 4096)")
+                                "flight; more are refused as queue_full")
 CURVE_KEYS_HELP = ("CURVE keys directory (`folio keys`): every ZeroMQ socket encrypts and "
                    "refuses peers without the keys (default: no CURVE)")
 
 
-class SettingError(ValueError):
-    """A setting no engine can run with; `setting` is the field's name (the flag's too)."""
-
-    def __init__(self, setting: str, problem: str) -> None:
-        super().__init__(f"{setting} {problem}")
-        self.setting = setting
-        self.problem = problem
-
-
-def setting(default: Any, help: str, flag: str | None = None) -> Any:
-    """A config field with the sentence its --flag's help shows (and its flag name when
-    that is not the field's name); default MISSING makes a required field."""
-    metadata = {"help": help, **({"flag": flag} if flag else {})}
-    return field(default=default, metadata=metadata)
-
-
 @dataclass(frozen=True, kw_only=True)
 class SchedulingPolicy:
-    max_num_seqs: int = setting(256, "requests running at once")
-    max_num_batched_tokens: int = setting(2048, "tokens computed per step, over all requests")
+    max_num_seqs: int = setting(256, "requests running at once", check=positive_int)
+    max_num_batched_tokens: int = setting(
+        2048, "tokens computed per step, over all requests", check=positive_int)
     enable_chunked_prefill: bool = setting(
         True, "split long prompts across steps (off: max-num-batched-tokens must hold a "
         "whole max-model-len prompt)")
     enable_prefix_caching: bool = setting(True, "reuse KV blocks of identical prompt prefixes")
     preemption_mode: str = setting(
         "recompute", "how a request is preempted when KV blocks run out: recompute its "
-        "tokens later, swap its blocks to CPU, or auto (the cheaper of the two)")
-    max_logprobs: int = setting(20, "the largest logprobs / prompt_logprobs a request may ask")
-    max_n: int = setting(64, "the largest n (samples per prompt) a request may ask")
+        "tokens later, swap its blocks to CPU, or auto (the cheaper of the two)",
+        choices=PREEMPTION_MODES)
+    max_logprobs: int = setting(20, "the largest logprobs / prompt_logprobs a request may ask",
+                                check=non_negative_int)
+    max_n: int = setting(64, "the largest n (samples per prompt) a request may ask",
+                         check=positive_int)
 
     def __post_init__(self) -> None:
-        _positive("max_num_seqs", self.max_num_seqs)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
-        _positive("max_n", self.max_n)
-        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
-                or self.max_logprobs < 0:
-            raise SettingError("max_logprobs", f"must be an integer >= 0, got "
-                               f"{self.max_logprobs!r}")
+        check_fields(self)   # every declared check, the subclasses' fields' too
 
 
 def policy_values(config: SchedulingPolicy) -> dict[str, Any]:
@@ -79,58 +69,44 @@ class EngineConfig(SchedulingPolicy):
                                     "directory)")
     skip_tokenizer_init: bool = setting(False, "token ids in and out, no tokenizer loaded")
     dtype: str = setting("auto", "weights' and activations' type; auto: the checkpoint's "
-                         "on GPU (float32 ones as bfloat16), float32 on CPU")
-    device: str = setting("auto", "where the executor computes; auto: CUDA when available")
-    block_size: int = setting(16, "tokens per KV block (a power of two)")
+                         "on GPU (float32 ones as bfloat16), float32 on CPU", choices=DTYPES)
+    device: str = setting("auto", "where the executor computes; auto: CUDA when available",
+                          choices=DEVICES)
+    block_size: int = setting(16, "tokens per KV block (a power of two)", check=power_of_two)
     num_kv_blocks: int | None = setting(None, "KV blocks in the pool (default: sized from "
-                                        "cpu-kv-cache-gib or gpu-memory-utilization)")
+                                        "cpu-kv-cache-gib or gpu-memory-utilization)",
+                                        check=optional(positive_int))
     cpu_kv_cache_gib: float = setting(1.0, "KV pool size on CPU in GiB, when num-kv-blocks "
-                                      "is not given")
+                                      "is not given", check=above(0))
     gpu_memory_utilization: float = setting(0.9, "share of GPU memory for weights and the "
-                                            "KV pool, when num-kv-blocks is not given")
+                                            "KV pool, when num-kv-blocks is not given",
+                                            check=fraction)
     max_model_len: int | None = setting(None, "context limit in tokens (default: the "
-                                        "model's max_position_embeddings)")
-    swap_space: float = setting(1.0, "GiB of CPU swap pool, when preemption may swap")
-    num_swap_blocks: int | None = setting(None, "CPU swap blocks (default: from swap-space)")
+                                        "model's max_position_embeddings)",
+                                        check=optional(positive_int))
+    swap_space: float = setting(1.0, "GiB of CPU swap pool, when preemption may swap",
+                                check=at_least(0, " GiB"))
+    num_swap_blocks: int | None = setting(None, "CPU swap blocks (default: from swap-space)",
+                                          check=optional(non_negative_int))
     attention_backend: str = setting("auto", "attention kernels; auto: triton on CUDA, cpu "
-                                     "when its C++ operator is built, else torch")
+                                     "when its C++ operator is built, else torch",
+                                     choices=ATTENTION_BACKENDS)
     linear_backend: str = setting("auto", "CPU matmuls: onednn (prepacked weights), torch "
-                                  "(plain F.linear); auto: onednn where torch has it")
+                                  "(plain F.linear); auto: onednn where torch has it",
+                                  choices=LINEAR_BACKENDS)
     cpu_threads: int | None = setting(None, "executor's torch threads on CPU (default: "
                                       "one per core it may use, fewer while other busy "
-                                      "processes hold those cores)")
+                                      "processes hold those cores)",
+                                      check=optional(positive_int))
     seed: int = setting(0, "seed of requests that do not set their own")
     tensor_parallel_size: int = setting(
         1, "executor ranks the model is split across (one per GPU; on CPU, processes "
-        "sharing its cores)")
+        "sharing its cores)", check=positive_int)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise SettingError("model", "must be a path to a checkpoint directory")
         super().__post_init__()
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("device", self.device, DEVICES)
-        _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        _choice("linear_backend", self.linear_backend, LINEAR_BACKENDS)
-        if self.cpu_threads is not None:
-            _positive("cpu_threads", self.cpu_threads)
-        if self.num_swap_blocks is not None and self.num_swap_blocks < 0:
-            raise SettingError("num_swap_blocks", f"must be >= 0, got {self.num_swap_blocks}")
-        if self.swap_space < 0:
-            raise SettingError("swap_space", f"must be >= 0 GiB, got {self.swap_space}")
-        _positive("tensor_parallel_size", self.tensor_parallel_size)
-        _positive("block_size", self.block_size)
-        if self.block_size & (self.block_size - 1):
-            raise SettingError("block_size", f"must be a power of two, got {self.block_size}")
-        if self.num_kv_blocks is not None:
-            _positive("num_kv_blocks", self.num_kv_blocks)
-        if self.max_model_len is not None:
-            _positive("max_model_len", self.max_model_len)
-        if not 0 < self.cpu_kv_cache_gib:
-            raise SettingError("cpu_kv_cache_gib", f"must be > 0, got {self.cpu_kv_cache_gib}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise SettingError("gpu_memory_utilization",
-                               f"must be in (0, 1], got {self.gpu_memory_utilization}")
 
     @property
     def tokenizer_path(self) -> str:
@@ -237,11 +213,7 @@ class SchedulerConfig(SchedulingPolicy):
         )
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise SettingError(name, f"must be one of {', '.join(allowed)}; got {value!r}")
-
-
 def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SettingError(name, f"must be a positive integer, got {value!r}")
+    problem = positive_int(value)
+    if problem is not None:
+        raise SettingError(name, problem)

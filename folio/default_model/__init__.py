@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["default_model_path", "WEIGHTS_DIR"]
+__all__ = ["default_model_path", "resolve_model", "WEIGHTS_DIR"]
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 
@@ -46,3 +46,8 @@ def default_model_path() -> Path:
             "Reinstall folio, or rebuild it with `python -m folio.default_model.build`, "
             "or pass --model explicitly.")
     return WEIGHTS_DIR
+
+
+def resolve_model(model: str | None) -> str:
+    """The checkpoint directory a command serves: the one given, else the built-in model."""
+    return model or str(default_model_path())

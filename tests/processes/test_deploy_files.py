@@ -1,6 +1,7 @@
 """Dockerfile, compose.yaml and compose.cpu.yaml checked without a Docker engine: the Compose
 specification's JSON schema, hadolint, and what the deployment promises (GPU reservation,
-ports, health checks, CURVE, read-only model, drain time), plus the README's settings table.
+ports, health checks, CURVE, read-only model, drain time), plus docs/configuration.md, the
+settings page generated from the declarations.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from folio.cli import build_parser, env_name, env_settable
+from folio.cli import build_parser
 from tests.compose_local import load_compose
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,29 +186,47 @@ def test_dockerfile_structure():
         assert entry in ignored
 
 
-def _deployment_table() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Deployment", 1)[1].split("\n## ", 1)[0]
-    tables = re.findall(r"(?:^\|.*\|\n)+", section, re.M)
-    assert len(tables) == 1, "the Deployment section has one settings table"
-    return tables[0]
+def test_configuration_page_is_current():
+    """docs/configuration.md is generated from the declared settings: a setting added,
+    renamed or given another default without `python -m folio.settings_doc` fails here."""
+    from folio.settings_doc import PAGE, configuration_page
+
+    assert PAGE.read_text() == configuration_page(), \
+        "docs/configuration.md is stale: run python -m folio.settings_doc"
 
 
-def test_readme_table_lists_every_setting(compose):
-    table = _deployment_table()
+def test_configuration_page_lists_every_setting():
+    page = (ROOT / "docs/configuration.md").read_text()
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a.choices, dict))
     missing = []
-    for role in ("serve", "frontend", "scheduler", "executor", "keys", "probe"):
-        for action in sub.choices[role]._actions:
-            if not action.option_strings or action.dest == "help":
+    for role, role_parser in sub.choices.items():
+        section = page.split(f"\n## folio {role}\n", 1)[1].split("\n## ", 1)[0]
+        for action in role_parser._actions:
+            if not action.option_strings or action.dest in ("help", "log_level"):
                 continue
-            needed = [f"`{action.option_strings[0]}`"]
-            if env_settable(action):
-                needed.append(f"`{env_name(action.dest)}`")
-            missing += [f"{role}: {n}" for n in needed if n not in table]
-    missing += [n for n in ("`--log-level`", "`FOLIO_LOG_LEVEL`", "`FOLIO_ALLOW_WILDCARD`")
-                if n not in table]
+            needed = [f"`{action.option_strings[0]}"]
+            if action.dest in role_parser.env_names:
+                needed.append(f"`{role_parser.env_names[action.dest]}`")
+            missing += [f"{role}: {n}" for n in needed if n not in section]
+    missing += [n for n in ("`--log-level", "`FOLIO_LOG_LEVEL`", "`FOLIO_ALLOW_WILDCARD`")
+                if n not in page]
     variables = set(re.findall(r"\$\{(\w+)", (ROOT / "compose.yaml").read_text()))
-    missing += [f"compose: {v}" for v in sorted(variables) if f"`{v}`" not in table]
+    missing += [f"compose: {v}" for v in sorted(variables) if f"`{v}`" not in page]
     assert missing == []
+
+
+def test_compose_environment_sets_only_declared_variables(compose):
+    """A FOLIO_* name compose.yaml hands a service is one that service's command reads."""
+    from folio.settings import ENVIRONMENT_ONLY
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a.choices, dict))
+    unknown = []
+    for name, service in compose["services"].items():
+        role = service["command"][0]
+        known = {*sub.choices[role].env_names.values(), *parser.env_names.values(),
+                 *ENVIRONMENT_ONLY}
+        unknown += [f"{name}: {v}" for v in service.get("environment", {})
+                    if v.startswith("FOLIO_") and v not in known]
+    assert unknown == []

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from folio.cli import build_parser, engine_config, engine_flags
+from folio.cli import build_parser
+from folio.flags import config_flags, config_of
 from folio.scheduler.scheduler import Scheduler
-from folio.shared.config import SchedulerConfig
+from folio.shared.config import EngineConfig, SchedulerConfig
 from folio.shared.sampling_params import SamplingParams
 
 
@@ -15,13 +16,13 @@ def test_engine_flags_round_trip():
         "executor", "--scheduler-address", "ipc:///tmp/x.sock", "--num-swap-blocks", "8",
         "--num-kv-blocks", "100", "--max-model-len", "256", "--no-enable-prefix-caching",
         "--preemption-mode", "auto", "--dtype", "float32", "--tokenizer", "/tok"])
-    config = engine_config(args, "/model")
+    config = config_of(EngineConfig, args, model="/model")
     assert (config.num_swap_blocks, config.num_kv_blocks, config.max_model_len) == (8, 100, 256)
     assert config.enable_prefix_caching is False and config.preemption_mode == "auto"
     assert config.tokenizer == "/tok"
-    again = engine_config(build_parser().parse_args(
-        ["executor", "--scheduler-address", "ipc:///tmp/x.sock", *engine_flags(config)]),
-        "/model")
+    again = config_of(EngineConfig, build_parser().parse_args(
+        ["executor", "--scheduler-address", "ipc:///tmp/x.sock",
+         *config_flags(config, skip=("model",))]), model="/model")
     assert again == config
 
 

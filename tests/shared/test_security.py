@@ -103,7 +103,7 @@ def test_settings_come_from_folio_variables(monkeypatch):
     monkeypatch.setenv("FOLIO_PORT", "")   # empty: unset
     args = build_parser().parse_args(["frontend", "--client-address", "tcp://127.0.0.1:5555"])
     assert (args.curve_keys, args.scheduler_address, args.client_curve,
-            args.shutdown_timeout, args.port) == ("/keys", "tcp://scheduler:5556", False, 7.5,
+            args.shutdown_timeout_s, args.port) == ("/keys", "tcp://scheduler:5556", False, 7.5,
                                                   None)
     flagged = build_parser().parse_args(["frontend", "--client-address", "x",
                                          "--curve-keys", "/other", "--client-curve"])
@@ -205,7 +205,7 @@ def test_tcp_without_curve_that_others_could_reach_is_refused(argv, flag, capsys
 
 
 def test_insecure_transport_lets_a_plain_tcp_link_through(tmp_path):
-    from folio.cli import check_links
+    from folio.checks import check_links
     from folio.shared.config import SettingError
 
     with pytest.raises(SettingError):

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from folio.cli import build_parser, config_flags, config_values
+from folio.cli import build_parser
+from folio.flags import config_flags, config_values
 from folio.default_model import default_model_path
 from folio.scheduler.service import SchedulerService, SchedulerServiceConfig
 from folio.shared import messages as m
@@ -260,13 +261,14 @@ def test_scheduler_flags_round_trip_through_its_config():
 
 
 def test_serve_passes_its_scheduler_settings_to_the_scheduler(tmp_path, monkeypatch):
+    from folio.checks import check_serve
     from folio.serve import Supervisor
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     args = build_parser().parse_args([
         "serve", "--max-num-seqs", "5", "--no-async-scheduling", "--step-timeout", "9",
         "--max-queued-tokens", "100", "--shutdown-timeout", "3", "--max-n", "2"])
-    supervisor = Supervisor(args)
+    supervisor = Supervisor(check_serve(args))
     try:
         command = supervisor.command("scheduler")
         parsed = build_parser().parse_args(command[command.index("scheduler"):])

@@ -1,0 +1,177 @@
+"""Every check across settings, in one place, run once per command before it starts any
+process, binds any socket or reads any weight.
+
+Each `check_<command>` makes the command's config dataclasses from the parsed arguments
+(their fields' own checks run there, shared/settings.py), then checks what no single field
+can: the model directory against the engine settings (folio/preflight.py), addresses this
+process binds, links others could reach without CURVE, the API key's two sources, the ports
+`folio serve` will bind. Each problem is a SettingError naming the setting; `folio` prints
+it as one line naming the flag and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from folio.default_model import resolve_model
+from folio.flags import config_of, config_values
+from folio.preflight import check_engine, check_ports_free
+from folio.scheduler.service import SchedulerServiceConfig
+from folio.settings import (SERVE_SCHEDULER_SKIP, ExecutorLinks, FrontendLinks, KeysSettings,
+                            ProbeSettings, ServeSettings)
+from folio.shared.config import EngineConfig, SettingError, policy_values
+from folio.shared.service_settings import (ClientLimitSettings, HttpSettings,
+                                           ShutdownSettings, TransportSettings)
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """`folio serve`'s settings, checked: what the supervisor starts its processes with."""
+
+    log_level: str
+    serve: ServeSettings
+    engine: EngineConfig          # its model resolved (the built-in one when none given)
+    http: HttpSettings
+    api_key: str | None           # from --api-key or --api-key-file
+    limits: ClientLimitSettings
+    scheduler: dict[str, Any]     # SchedulerServiceConfig's own fields, but the skipped ones
+    shutdown: ShutdownSettings
+    transport: TransportSettings
+
+    def scheduler_config(self, frontend_address: str, executor_address: str
+                         ) -> SchedulerServiceConfig:
+        return SchedulerServiceConfig(
+            **policy_values(self.engine), frontend_address=frontend_address,
+            executor_address=executor_address, curve_keys=self.transport.curve_keys,
+            shutdown_timeout_s=self.shutdown.shutdown_timeout_s, **self.scheduler)
+
+
+@dataclass(frozen=True)
+class ExecutorPlan:
+    scheduler_address: str
+    engine: EngineConfig
+    curve_keys: str | None
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    probe: ProbeSettings
+    curve_keys: str | None
+
+
+def check_serve(args: argparse.Namespace) -> ServePlan:
+    serve = config_of(ServeSettings, args)
+    http = config_of(HttpSettings, args)
+    transport = config_of(TransportSettings, args)
+    plan = ServePlan(
+        log_level=args.log_level, serve=serve,
+        engine=config_of(EngineConfig, args, model=resolve_model(serve.model)),
+        http=http, api_key=api_key(http), limits=config_of(ClientLimitSettings, args),
+        scheduler=config_values(args, SchedulerServiceConfig, skip=SERVE_SCHEDULER_SKIP),
+        shutdown=config_of(ShutdownSettings, args), transport=transport)
+    plan.scheduler_config("ipc://checked", "ipc://checked")   # its own checks, before its
+    check_engine(plan.engine)                                 # addresses exist
+    if serve.zmq_address:
+        check_bind(zmq_address=serve.zmq_address)
+        check_links(bool(transport.curve_keys), transport.insecure_transport,
+                    zmq_address=serve.zmq_address)
+    check_ports_free(http.host, http.port, serve.zmq_address)
+    return plan
+
+
+def check_frontend(args: argparse.Namespace):
+    from folio.frontend.service import FrontendConfig
+
+    links = config_of(FrontendLinks, args)
+    http = config_of(HttpSettings, args)
+    transport = config_of(TransportSettings, args)
+    check_bind(client_address=links.client_address)
+    curve, insecure = bool(transport.curve_keys), transport.insecure_transport
+    check_links(curve, insecure, scheduler_address=links.scheduler_address)
+    check_links(curve and links.client_curve, insecure, client_address=links.client_address)
+    model = resolve_model(links.model)
+    if not Path(model).is_dir():
+        raise SettingError("model", f"{model}: no such directory")
+    http_values = {**asdict(http), "port": http.port or None, "api_key": api_key(http)}
+    del http_values["api_key_file"]   # read into api_key
+    return FrontendConfig(
+        **{**asdict(links), "model": model}, **http_values,
+        **asdict(config_of(ShutdownSettings, args)),
+        **asdict(config_of(ClientLimitSettings, args)), curve_keys=transport.curve_keys)
+
+
+def check_scheduler(args: argparse.Namespace) -> SchedulerServiceConfig:
+    config = config_of(SchedulerServiceConfig, args)
+    check_bind(frontend_address=config.frontend_address,
+               executor_address=config.executor_address)
+    check_links(bool(config.curve_keys), config.insecure_transport, ("executor_address",),
+                frontend_address=config.frontend_address,
+                executor_address=config.executor_address)
+    return config
+
+
+def check_executor(args: argparse.Namespace) -> ExecutorPlan:
+    links = config_of(ExecutorLinks, args)
+    transport = config_of(TransportSettings, args)
+    check_links(bool(transport.curve_keys), transport.insecure_transport,
+                ("scheduler_address",), scheduler_address=links.scheduler_address)
+    engine = config_of(EngineConfig, args, model=resolve_model(links.model))
+    check_engine(engine)   # before torch is imported
+    return ExecutorPlan(links.scheduler_address, engine, transport.curve_keys)
+
+
+def check_keys(args: argparse.Namespace) -> KeysSettings:
+    return config_of(KeysSettings, args)
+
+
+def check_probe(args: argparse.Namespace) -> ProbePlan:
+    return ProbePlan(config_of(ProbeSettings, args), config_of(TransportSettings, args).curve_keys)
+
+
+CHECKS = {"serve": check_serve, "frontend": check_frontend, "scheduler": check_scheduler,
+          "executor": check_executor, "keys": check_keys, "probe": check_probe}
+
+
+def api_key(http: HttpSettings) -> str | None:
+    """--api-key (or FOLIO_API_KEY), or the first line of --api-key-file."""
+    if not http.api_key_file:
+        return http.api_key
+    if http.api_key:
+        raise SettingError("api_key_file", "and --api-key (FOLIO_API_KEY) are both given: "
+                           "give one of them")
+    try:
+        lines = Path(http.api_key_file).read_text(encoding="utf-8").strip().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SettingError("api_key_file", f"{http.api_key_file}: cannot read it ({error})") \
+            from None
+    if not lines or not lines[0].strip():
+        raise SettingError("api_key_file", f"{http.api_key_file} is empty")
+    return lines[0].strip()
+
+
+def check_bind(**addresses: str) -> None:
+    """Addresses this process binds: a scheme Folio speaks, no wildcard unless allowed."""
+    from folio.shared.transport import check_bind_address
+
+    for name, address in addresses.items():
+        try:
+            check_bind_address(address)
+        except ValueError as error:
+            raise SettingError(name, str(error)) from None
+
+
+def check_links(curve: bool, insecure: bool, executor_link: tuple[str, ...] = (),
+                **addresses: str) -> None:
+    """No unauthenticated TCP link others could use, unless --insecure-transport."""
+    from folio.shared.transport import insecure_link
+
+    if insecure:
+        return
+    for name, value in addresses.items():
+        for address in value.split(","):   # a frontend may list several schedulers
+            problem = insecure_link(address.strip(), curve, name in executor_link)
+            if problem is not None:
+                raise SettingError(name, problem)
