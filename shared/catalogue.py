@@ -1,64 +1,44 @@
-"""Every message type, and which types each socket accepts: the one list of both.
+"""Every message type, and which types each link accepts: derived from the declarations.
 
-A receiver passes its link's set to `shared.messages.decode`, which refuses any other type.
-docs/protocol.md §2 has the same table; tests/shared/test_protocol_doc.py checks that every type
-here is documented and that every encoder packs a type of some link.
+Each message is declared once (shared/client_messages.py, scheduler_messages.py,
+executor_messages.py, kv_map_wire.py) with the links that carry it; this module gathers
+them. A receiver passes its link's set to `shared.messages.decode`, which refuses any other
+type. docs/protocol.md §2 has the same table; tests/shared/test_protocol_doc.py checks it.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
+from folio.shared import client_messages, executor_messages, kv_map_wire, scheduler_messages
+from folio.shared.links import Link
+from folio.shared.schema import Message
 
-class MessageType(StrEnum):
-    # client (SDK) <-> frontend gateway
-    GENERATE = "generate"
-    DELTA = "delta"
-    FINAL = "final"
-    ERROR = "error"
-    HEALTH = "health"            # request and reply
-    KV_MAP = "kv_map"            # request and reply, here and scheduler -> frontend
-    ABORT = "abort"              # client -> frontend and frontend -> scheduler
-    # frontend <-> scheduler
-    FRONTEND_HELLO = "frontend_hello"
-    ADD = "add"
-    STATS_REQUEST = "stats_request"
-    KV_MAP_REQUEST = "kv_map_request"
-    HEARTBEAT = "heartbeat"      # frontend or executor -> scheduler, and the scheduler's reply
-    ENGINE_INFO = "engine_info"
-    OUTPUTS = "outputs"
-    REJECTED = "rejected"
-    STATS = "stats"
-    FRONTEND_DROPPED = "frontend_dropped"
-    # scheduler <-> executor
-    EXECUTOR_HELLO = "executor_hello"
-    RESULT = "result"
-    EXECUTOR_ERROR = "executor_error"
-    PLAN = "plan"
-    RESET = "reset"
-    PING = "ping"
+DECLARATIONS: tuple[Message, ...] = (*client_messages.DECLARED, *scheduler_messages.DECLARED,
+                                     *executor_messages.DECLARED, *kv_map_wire.DECLARED)
+
+# A type code may have one declaration per direction (`health`: the query and the reply).
+MessageType = StrEnum("MessageType", {d.type.upper(): d.type for d in DECLARATIONS})
 
 
-T = MessageType
+def types_on(link: Link) -> frozenset[str]:
+    return frozenset(MessageType(d.type) for d in DECLARATIONS if link in d.links)
 
-CLIENT_TO_GATEWAY = frozenset({T.GENERATE, T.ABORT, T.HEALTH, T.KV_MAP})
-GATEWAY_TO_CLIENT = frozenset({T.DELTA, T.FINAL, T.ERROR, T.HEALTH, T.KV_MAP})
-FRONTEND_TO_SCHEDULER = frozenset({T.FRONTEND_HELLO, T.ADD, T.ABORT, T.STATS_REQUEST,
-                                   T.KV_MAP_REQUEST, T.HEARTBEAT})
-SCHEDULER_TO_FRONTEND = frozenset({T.ENGINE_INFO, T.OUTPUTS, T.REJECTED, T.STATS, T.KV_MAP,
-                                   T.FRONTEND_DROPPED})
-# The frontend's heartbeat socket (frontend/liveness.py): the scheduler's answers.
-SCHEDULER_TO_FRONTEND_HEARTBEAT = frozenset({T.HEARTBEAT})
-EXECUTOR_TO_SCHEDULER = frozenset({T.EXECUTOR_HELLO, T.RESULT, T.EXECUTOR_ERROR, T.HEARTBEAT})
-SCHEDULER_TO_EXECUTOR = frozenset({T.PLAN, T.RESET, T.PING})
-# Tensor parallelism: rank 0 passes each plan and reset on, as the same bytes.
-RANK0_TO_RANKS = frozenset({T.PLAN, T.RESET})
 
-LINKS = (("client -> frontend", CLIENT_TO_GATEWAY), ("frontend -> client", GATEWAY_TO_CLIENT),
-         ("frontend -> scheduler", FRONTEND_TO_SCHEDULER),
-         ("scheduler -> frontend", SCHEDULER_TO_FRONTEND),
-         ("scheduler -> frontend heartbeat", SCHEDULER_TO_FRONTEND_HEARTBEAT),
-         ("executor -> scheduler", EXECUTOR_TO_SCHEDULER),
-         ("scheduler -> executor", SCHEDULER_TO_EXECUTOR),
-         ("executor rank 0 -> ranks", RANK0_TO_RANKS))
-ALL_TYPES = frozenset().union(*(types for _, types in LINKS))
+def declaration(msg_type: str, link: Link) -> Message:
+    """The declaration of `msg_type` as `link` carries it."""
+    (found,) = (d for d in DECLARATIONS if d.type == msg_type and link in d.links)
+    return found
+
+
+CLIENT_TO_GATEWAY = types_on(Link.CLIENT_TO_GATEWAY)
+GATEWAY_TO_CLIENT = types_on(Link.GATEWAY_TO_CLIENT)
+FRONTEND_TO_SCHEDULER = types_on(Link.FRONTEND_TO_SCHEDULER)
+SCHEDULER_TO_FRONTEND = types_on(Link.SCHEDULER_TO_FRONTEND)
+SCHEDULER_TO_FRONTEND_HEARTBEAT = types_on(Link.SCHEDULER_TO_FRONTEND_HEARTBEAT)
+EXECUTOR_TO_SCHEDULER = types_on(Link.EXECUTOR_TO_SCHEDULER)
+SCHEDULER_TO_EXECUTOR = types_on(Link.SCHEDULER_TO_EXECUTOR)
+RANK0_TO_RANKS = types_on(Link.RANK0_TO_RANKS)
+
+LINKS = tuple((link.value, types_on(link)) for link in Link)
+ALL_TYPES = frozenset(MessageType)

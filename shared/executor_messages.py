@@ -1,30 +1,24 @@
-"""Scheduler <-> executor messages: the executor's hello and step results, the scheduler's
-plans, resets and pings (docs/protocol.md §6). `plan` and `result` are the per-step hot path:
-short keys, handles instead of request ids, flat lists."""
+"""Scheduler <-> executor messages, each declared once (shared/schema.py; docs/protocol.md
+§6): the executor's hello and step results, the scheduler's plans, resets and pings. `plan`
+and `result` are the per-step hot path: short keys, handles instead of request ids, flat
+lists, and hand-written codecs that tests/shared/test_message_types.py holds to their
+declarations."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 from folio.shared.config import ExecutorCapacity
+from folio.shared.links import Link
 from folio.shared.sampling_params import sampling_from_wire
+from folio.shared.schema import (Bool, Field, Float, Int, Ints, Items, ListOf, Message, Nil,
+                                 Sampling, Shape, Str, number_text)
 from folio.shared.step import NewRequest, StepPlan, StepResult
 from folio.shared.wire import MAX_BLOCK_ID, MAX_TOKEN_ID, Body, ProtocolError, pack
 
 MAX_FAILURE_CHARS = 500   # why one request failed in a step (result `x`)
-
-
-def encode_hello_executor(capacity: ExecutorCapacity, pid: int,
-                          ranks: tuple[int, ...] = ()) -> bytes:
-    """`ranks`: the pid of each tensor-parallel rank in rank order (empty: one process)."""
-    return pack("executor_hello", {"ranks": list(ranks),
-        "num_kv_blocks": capacity.num_kv_blocks, "block_size": capacity.block_size,
-        "max_model_len": capacity.max_model_len, "vocab_size": capacity.vocab_size,
-        "eos_token_ids": list(capacity.eos_token_ids), "pid": pid,
-        "num_swap_blocks": capacity.num_swap_blocks, "bytes_per_block": capacity.bytes_per_block,
-        "prefill_tokens_per_s": capacity.prefill_tokens_per_s,
-        "swap_bytes_per_s": capacity.swap_bytes_per_s,
-        "sliding_window": capacity.sliding_window or 0, "rewrites_kv": capacity.rewrites_kv})
+MAX_RUN_TOKENS = 1 << 24   # tokens one plan asks of one running request
+MAX_TOP_K = 1024   # top-k alternatives per logprobs entry
 
 
 class ExecutorHello(NamedTuple):
@@ -33,22 +27,42 @@ class ExecutorHello(NamedTuple):
     ranks: tuple[int, ...] = ()   # tensor-parallel ranks' pids, rank 0 first
 
 
-def decode_hello_executor(body: Body) -> ExecutorHello:
-    capacity = ExecutorCapacity(
-        num_kv_blocks=body.int("num_kv_blocks", 1, MAX_BLOCK_ID),
-        block_size=body.int("block_size", 1, 1 << 16),
-        max_model_len=body.int("max_model_len", 1, 1 << 30),
-        vocab_size=body.int("vocab_size", 1, MAX_TOKEN_ID),
-        eos_token_ids=tuple(body.ints("eos_token_ids", 0, MAX_TOKEN_ID, max_len=64)),
-        num_swap_blocks=body.int("num_swap_blocks", 0, MAX_BLOCK_ID),
-        bytes_per_block=body.int("bytes_per_block", 0),
-        prefill_tokens_per_s=max(0.0, body.float("prefill_tokens_per_s")),
-        swap_bytes_per_s=max(0.0, body.float("swap_bytes_per_s")),
-        # Optional (0 or absent: some layer attends to the whole context).
-        sliding_window=body.int("sliding_window", 0, 1 << 30, optional=True) or None,
-        rewrites_kv=body.bool("rewrites_kv"))
-    ranks = body.ints("ranks", 0, 1 << 31, max_len=1024, optional=True) or []
-    return ExecutorHello(capacity, body.int("pid", 0), tuple(ranks))
+def _hello(values: dict[str, Any]) -> ExecutorHello:
+    pid, ranks = values.pop("pid"), tuple(values.pop("ranks"))
+    values["prefill_tokens_per_s"] = max(0.0, values["prefill_tokens_per_s"])
+    values["swap_bytes_per_s"] = max(0.0, values["swap_bytes_per_s"])
+    values["sliding_window"] = values["sliding_window"] or None   # 0: no window
+    values["eos_token_ids"] = tuple(values["eos_token_ids"])
+    return ExecutorHello(ExecutorCapacity(**values), pid, ranks)
+
+
+EXECUTOR_HELLO = Message("executor_hello", (Link.EXECUTOR_TO_SCHEDULER,), (
+    # `ranks`: the pid of each tensor-parallel rank in rank order (empty: one process).
+    Field("ranks", Ints(0, 1 << 31, 1024), default=()),
+    Field("num_kv_blocks", Int(1, MAX_BLOCK_ID)),
+    Field("block_size", Int(1, 1 << 16)),
+    Field("max_model_len", Int(1, 1 << 30)),
+    Field("vocab_size", Int(1, MAX_TOKEN_ID)),
+    Field("eos_token_ids", Ints(0, MAX_TOKEN_ID, 64)),
+    Field("pid", Int(0)),
+    Field("num_swap_blocks", Int(0, MAX_BLOCK_ID)),
+    Field("bytes_per_block", Int(0)),
+    Field("prefill_tokens_per_s", Float()),   # negative (and NaN) read as 0
+    Field("swap_bytes_per_s", Float()),
+    Field("sliding_window", Int(0, 1 << 30), default=0),   # 0: some layer sees everything
+    Field("rewrites_kv", Bool(), default=False),
+), build=_hello, summary="an executor's capacity, on every handshake and reset")
+
+
+def encode_hello_executor(capacity: ExecutorCapacity, pid: int,
+                          ranks: tuple[int, ...] = ()) -> bytes:
+    """`ranks`: the pid of each tensor-parallel rank in rank order (empty: one process)."""
+    values = {f.name: getattr(capacity, f.name, None) for f in EXECUTOR_HELLO.fields}
+    return EXECUTOR_HELLO.pack(**values | {"pid": pid, "ranks": ranks,
+                                           "sliding_window": capacity.sliding_window or 0})
+
+
+decode_hello_executor = EXECUTOR_HELLO.decode
 
 
 def encode_plan(plan: StepPlan) -> bytes:
@@ -72,7 +86,7 @@ def encode_plan(plan: StepPlan) -> bytes:
 def decode_plan(body: Body) -> StepPlan:
     plan = StepPlan(step_id=body.int("s", 0))
     plan.running_handles = body.ints("h")
-    plan.running_num_tokens = body.ints("k", 1, 1 << 24)
+    plan.running_num_tokens = body.ints("k", 1, MAX_RUN_TOKENS)
     if len(plan.running_handles) != len(plan.running_num_tokens):
         raise ProtocolError("plan: 'h' and 'k' must have the same length")
     for item in body.list("n", optional=True):
@@ -121,8 +135,8 @@ def decode_logprob_entry(entry: Any, where: str):
     if not isinstance(entry, list) or len(entry) != 4:
         raise ProtocolError(f"{where}: a logprobs entry is [logprob, rank, ids, logprobs]")
     one = Body(where, dict(zip(("lp", "r", "ids", "lps"), entry)))
-    ids = one.ints("ids", 0, MAX_TOKEN_ID, max_len=1024)
-    values = one.list("lps", max_len=1024)
+    ids = one.ints("ids", 0, MAX_TOKEN_ID, max_len=MAX_TOP_K)
+    values = one.list("lps", max_len=MAX_TOP_K)
     if len(values) != len(ids) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         raise ProtocolError(f"{where}: top-k logprobs must be numbers, one per id")
@@ -156,24 +170,82 @@ def decode_result(body: Body) -> StepResult:
     return result
 
 
+EXECUTOR_ERROR = Message("executor_error", (Link.EXECUTOR_TO_SCHEDULER,), (
+    Field("s", Int(0), "step_id"),
+    Field("message", Str(2000, cut=2000)),   # "<ExceptionType>: <text>"
+), value="ExecutorError", summary="applying a plan raised")
+ExecutorError = EXECUTOR_ERROR.value
+
+# The scheduler probing that the executor's connection is still there; not answered.
+PING = Message("ping", (Link.SCHEDULER_TO_EXECUTOR,), (), summary="a probe of the link")
+# The scheduler gave up on the executor's state: empty the batch, say hello again.
+RESET = Message("reset", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (),
+                summary="forget everything and say hello again")
+
+
 def encode_executor_error(step_id: int, message: str) -> bytes:
-    return pack("executor_error", {"s": step_id, "message": message[:2000]})
-
-
-class ExecutorError(NamedTuple):
-    step_id: int
-    message: str   # "<ExceptionType>: <text>"
-
-
-def decode_executor_error(body: Body) -> ExecutorError:
-    return ExecutorError(body.int("s", 0), body.str("message", 2000))
+    return EXECUTOR_ERROR.pack(step_id=step_id, message=message)
 
 
 def encode_ping() -> bytes:
-    """The scheduler probing that the executor's connection is still there; not answered."""
-    return pack("ping", {})
+    return PING.pack()
 
 
 def encode_reset() -> bytes:
-    """The scheduler gave up on the executor's state: empty the batch, say hello again."""
-    return pack("reset", {})
+    return RESET.pack()
+
+
+decode_executor_error = EXECUTOR_ERROR.decode
+
+# ---- plan and result: declared for the doc and the tests, coded by hand above ----------
+
+LOGPROB_ENTRY = Items("logprobs entry", (
+    Field("logprob", Float()),
+    Field("rank", Int(1)),
+    Field("top ids", Ints(0, MAX_TOKEN_ID, MAX_TOP_K)),
+    Field("top logprobs", ListOf(Float(), MAX_TOP_K)),   # one per id
+))
+_BLOCK_PAIRS = Ints(0, MAX_BLOCK_ID)   # flat (source, destination) pairs: even length
+_PAIRS_RULE = f"[0, {number_text(MAX_BLOCK_ID)}], even length"
+
+NEW_REQUEST = Shape("plan.n", (
+    Field("h", Int(0)),
+    Field("t", Ints(0, MAX_TOKEN_ID)),
+    Field("p", Int(1), rule="[1, len(`t`)]"),
+    Field("c", Int(0), rule="[0, len(`t`)]"),
+    Field("k", Int(1), rule="[1, len(`t`)], and `c + k ≤ len(t)`"),
+    Field("b", Ints(0, MAX_BLOCK_ID)),
+    Field("sp", Sampling(engine=True)),
+))
+
+PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (
+    Field("s", Int(0)),
+    Field("h", Ints()),
+    Field("k", Ints(1, MAX_RUN_TOKENS), rule=f"[1, {number_text(MAX_RUN_TOKENS)}], "
+                                           "as many as `h`"),
+    Field("n", ListOf(NEW_REQUEST), default=None),
+    Field("b", ListOf(Items("plan.b", (Field("handle", Int()),
+                                       Field("block ids", Ints(0, MAX_BLOCK_ID))))),
+          default=None),
+    Field("f", Ints(), default=None),
+    Field("so", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
+    Field("si", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
+    Field("cp", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
+), codec=(encode_plan, decode_plan), summary="one step's work")
+
+RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (
+    Field("s", Int(0)),
+    Field("h", Ints()),
+    Field("t", Ints(0, MAX_TOKEN_ID), rule=f"[0, {number_text(MAX_TOKEN_ID)}], as many as `h`"),
+    Field("ms", Float(), default=0.0),
+    Field("lp", ListOf(Nil(LOGPROB_ENTRY), 1 << 20), default=None,
+          rule="one per handle of `h`, nil for a request that did not ask"),
+    Field("plp", ListOf(Items("result.plp", (
+        Field("handle", Int(0)), Field("start", Int(1)),
+        Field("entries", ListOf(LOGPROB_ENTRY, 1 << 20))))), default=None),
+    Field("x", ListOf(Items("result.x", (
+        Field("handle", Int(0)),
+        Field("reason", Str(MAX_FAILURE_CHARS, cut=MAX_FAILURE_CHARS))))), default=None),
+), codec=(encode_result, decode_result), summary="one step's sampled tokens")
+
+DECLARED = (EXECUTOR_HELLO, RESULT, EXECUTOR_ERROR, PLAN, RESET, PING)

@@ -1,75 +1,107 @@
 """The page map (`kv_map`): the scheduler's reply to `kv_map_request`, and the frontend's to
-a client's `kv_map`. Block ids and request ids only, checked field by field on decode."""
+a client's `kv_map`. Block ids and request ids only. Its shape is declared here field by
+field (docs/protocol.md §5 "The page map"); decoding checks every field against it, then
+what one field says of another (indices name a listed request, one entry per block)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from folio.shared.wire import MAX_BLOCK_ID, Body, ProtocolError, pack
+from folio.shared.links import Link
+from folio.shared.schema import (Field, Float, Int, Ints, Items, ListOf, MapOf, Message, Shape,
+                                 Str)
+from folio.shared.wire import MAX_BLOCK_ID, ProtocolError
 
 MAX_KV_MAP_BLOCKS = 1 << 22    # per-block arrays longer than this are not sent
 MAX_KV_MAP_REQUESTS = 1 << 16
 KV_MAP_STATES = frozenset({"waiting", "running", "swapped", "preempted", "forking"})
 
+_INDICES = Ints(0, MAX_KV_MAP_REQUESTS - 1, MAX_KV_MAP_REQUESTS)   # into `requests`
+_PER_BLOCK = Ints(0, MAX_BLOCK_ID, MAX_KV_MAP_BLOCKS)
+_OWNERS = Ints(-1, MAX_KV_MAP_REQUESTS - 1, MAX_KV_MAP_BLOCKS)   # -1: none
+
+REQUEST = Shape("kv_map.requests", (
+    Field("id", Str()),
+    Field("state", Str(16), rule="one of " + ", ".join(f"`{s}`" for s in sorted(KV_MAP_STATES))),
+    Field("blocks", Ints(0, MAX_BLOCK_ID)),
+    Field("swap_blocks", Ints(0, MAX_BLOCK_ID)),
+    *(Field(name, Int(0)) for name in ("computed", "tokens", "prompt_tokens")),
+    Field("max_tokens", Int(0), default=None, send_nil=True),
+    Field("preemptions", Int(0)),
+    Field("wait_s", Float()),
+    Field("age_s", Float()),
+))
+BLOCKS = Shape("kv_map.blocks", (
+    Field("state", Str(MAX_KV_MAP_BLOCKS), rule="one of `F`, `U`, `C` per block"),
+    Field("ref", _PER_BLOCK), Field("fill", _PER_BLOCK), Field("owner", _OWNERS)))
+SWAP = Shape("kv_map.swap", (
+    Field("state", Str(MAX_KV_MAP_BLOCKS), rule="one of `F`, `U` per block"),
+    Field("fill", _PER_BLOCK), Field("owner", _OWNERS)))
+PAGE_MAP = Shape("kv_map.map", (
+    Field("block_size", Int(1, 1 << 16)),
+    Field("num_blocks", Int(0, MAX_BLOCK_ID)),
+    Field("max_model_len", Int(1, 1 << 30)),
+    Field("step", Int(0)),
+    Field("requests", ListOf(REQUEST, MAX_KV_MAP_REQUESTS)),
+    Field("running", _INDICES), Field("swapped", _INDICES), Field("waiting", _INDICES),
+    Field("shared", ListOf(Items("kv_map.shared", (
+        Field("block id", Int(0, MAX_BLOCK_ID)), Field("owners", _INDICES))),
+        MAX_KV_MAP_BLOCKS)),
+    Field("totals", MapOf(Float(), 64)),
+    Field("contiguous", MapOf(Float(), 64)),
+    Field("blocks", BLOCKS, default=None),   # absent for a pool too large for these arrays
+    Field("swap", SWAP, default=None),
+    Field("replica", Int(0, 1 << 16), default=None),   # set by a data-parallel frontend
+))
+
+KV_MAP = Message("kv_map", (Link.SCHEDULER_TO_FRONTEND, Link.GATEWAY_TO_CLIENT), (
+    Field("map", PAGE_MAP, rule="`kv_map.map` (below), or `{}` without an executor"),
+    Field("id", Str(), "request_id", default=None),   # the frontend's reply to a client
+), summary="the page map")
+DECLARED = (KV_MAP,)
+
 
 def encode_kv_map(snapshot: dict[str, Any] | None, request_id: str | None = None) -> bytes:
     """The scheduler's page map (scheduler/kv_map.py), or {} without an executor; with
     request_id, the frontend's reply to a client's kv_map."""
-    body: dict[str, Any] = {"map": snapshot or {}}
-    if request_id is not None:
-        body["id"] = request_id
-    return pack("kv_map", body)
+    return KV_MAP.pack(map=snapshot or {}, request_id=request_id)
 
 
-def decode_kv_map(body: Body) -> dict[str, Any] | None:
+def decode_kv_map(body) -> dict[str, Any] | None:
     """The page map, checked field by field (None: no executor attached)."""
-    raw = body.map("map")
-    if not raw:
+    raw = body.body.get("map")
+    if raw == {}:
         return None
-    top = Body("kv_map.map", raw)
-    num_blocks = top.int("num_blocks", 0, MAX_BLOCK_ID)
-    top.int("block_size", 1, 1 << 16)
-    top.int("max_model_len", 1, 1 << 30)
-    top.int("step", 0)
-    requests = top.list("requests", MAX_KV_MAP_REQUESTS)
-    last = len(requests) - 1
-    for item in requests:
-        if not isinstance(item, dict):
-            raise ProtocolError("kv_map: each request must be a map")
-        one = Body("kv_map.requests", item)
-        one.str("id")
-        if one.str("state", 16) not in KV_MAP_STATES:
-            raise one.fail("state", f"one of {sorted(KV_MAP_STATES)}")
-        for name in ("blocks", "swap_blocks"):
-            one.ints(name, 0, MAX_BLOCK_ID)
-        for name in ("computed", "tokens", "prompt_tokens", "preemptions"):
-            one.int(name, 0)
-        one.int("max_tokens", 0, optional=True)
-        one.float("wait_s")
-        one.float("age_s")
+    snapshot = KV_MAP.read_fields(body)["map"]
+    _check_references(snapshot)
+    return snapshot
+
+
+def _check_references(snapshot: dict[str, Any]) -> None:
+    """What the declared shape cannot say: states, indices that name a listed request, one
+    entry per block, shared blocks inside the pool."""
+    last = len(snapshot["requests"]) - 1
+    for request in snapshot["requests"]:
+        if request["state"] not in KV_MAP_STATES:
+            raise ProtocolError(f"kv_map.requests: field 'state' must be one of "
+                                f"{sorted(KV_MAP_STATES)}")
     for name in ("running", "swapped", "waiting"):
-        top.ints(name, 0, last, MAX_KV_MAP_REQUESTS)
-    for entry in top.list("shared", MAX_KV_MAP_BLOCKS):
-        if not (isinstance(entry, list) and len(entry) == 2):
+        if any(i > last for i in snapshot[name]):
+            raise ProtocolError(f"kv_map.map: field {name!r} must index into 'requests'")
+    num_blocks = snapshot["num_blocks"]
+    for block_id, owners in snapshot["shared"]:
+        if block_id >= num_blocks or any(i > last for i in owners):
             raise ProtocolError("kv_map: 'shared' entries are [block id, [owners]]")
-        Body("kv_map.shared", {"b": entry[0], "o": entry[1]}).int("b", 0, num_blocks - 1)
-        Body("kv_map.shared", {"o": entry[1]}).ints("o", 0, last, MAX_KV_MAP_REQUESTS)
-    for name in ("totals", "contiguous"):
-        section = top.map(name)
-        for key in section:
-            Body(f"kv_map.{name}", section).float(key)
     for name, states in (("blocks", "FUC"), ("swap", "FU")):
-        if name not in raw:
-            continue   # a pool too large for per-block arrays
-        pages = Body(f"kv_map.{name}", top.map(name))
-        state = pages.str("state", MAX_KV_MAP_BLOCKS)
-        length = len(state)
-        if (name == "blocks" and length != num_blocks) or not set(state) <= set(states):
-            raise pages.fail("state", f"one character of {states!r} per block")
-        arrays = ("ref", "fill", "owner") if name == "blocks" else ("fill", "owner")
-        for array in arrays:
-            low = -1 if array == "owner" else 0
-            high = last if array == "owner" else MAX_BLOCK_ID
-            if len(pages.ints(array, low, high, MAX_KV_MAP_BLOCKS)) != length:
-                raise pages.fail(array, "one entry per block")
-    return raw
+        pages = snapshot.get(name)
+        if pages is None:
+            continue
+        length = len(pages["state"])
+        if (name == "blocks" and length != num_blocks) or not set(pages["state"]) <= set(states):
+            raise ProtocolError(f"kv_map.{name}: field 'state' must be one character of "
+                                f"{states!r} per block")
+        for array in ("ref", "fill", "owner") if name == "blocks" else ("fill", "owner"):
+            values = pages[array]
+            if len(values) != length or (array == "owner" and values and max(values) > last):
+                raise ProtocolError(f"kv_map.{name}: field {array!r} must have one entry per "
+                                    "block, owners indexing into 'requests'")

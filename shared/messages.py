@@ -1,46 +1,55 @@
 """The message catalogue: every message that crosses a socket, its encoder and decoder.
 
-docs/protocol.md documents each one. Types are short strings (shared/catalogue.py lists
-them and which socket accepts which); bodies are msgpack maps with short keys on the
-per-step hot path (plan, result, outputs). Each link's messages live in a module of their
-own; this one re-exports them all, so callers use `from shared import messages as m`.
+docs/protocol.md documents each one. Each message is declared once, with its fields, their
+bounds and the links that carry it (shared/schema.py is the vocabulary), in a module per
+link: client_messages.py, scheduler_messages.py, executor_messages.py, kv_map_wire.py (the
+counters of `stats` in stats_wire.py). Their encoders and decoders come from those
+declarations; catalogue.py gathers the types per link. This module re-exports them all, so
+callers use `from folio.shared import messages as m`. Bodies are msgpack maps with short
+keys on the per-step hot path (plan, result, outputs), whose codecs are hand-written.
 Decoders return typed values (NamedTuples where callers unpack them, dataclasses else).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
-from folio.shared.catalogue import (ALL_TYPES, CLIENT_TO_GATEWAY, EXECUTOR_TO_SCHEDULER,  # noqa: F401
-                              FRONTEND_TO_SCHEDULER, GATEWAY_TO_CLIENT, LINKS, RANK0_TO_RANKS,
-                              SCHEDULER_TO_EXECUTOR, SCHEDULER_TO_FRONTEND,
-                              SCHEDULER_TO_FRONTEND_HEARTBEAT, MessageType)
-from folio.shared.client_messages import (CLIENT_TYPES, MAX_DEADLINE_S, MAX_MESSAGES,  # noqa: F401
-                                    MAX_PROMPT_CHARS, ClientQuery, DeltaReply, ErrorReply,
-                                    FinalReply, GenerateRequest, decode_client_query,
-                                    HealthReply, decode_delta, decode_error, decode_final,
-                                    decode_health,
-                                    encode_delta, encode_error, encode_final, encode_generate,
-                                    encode_health, encode_health_query, encode_kv_map_query)
+from folio.shared.catalogue import (ALL_TYPES, CLIENT_TO_GATEWAY, DECLARATIONS,  # noqa: F401
+                                    EXECUTOR_TO_SCHEDULER, FRONTEND_TO_SCHEDULER,
+                                    GATEWAY_TO_CLIENT, LINKS, RANK0_TO_RANKS,
+                                    SCHEDULER_TO_EXECUTOR, SCHEDULER_TO_FRONTEND,
+                                    SCHEDULER_TO_FRONTEND_HEARTBEAT, MessageType)
+from folio.shared.client_messages import (MAX_DEADLINE_S, MAX_MESSAGES,  # noqa: F401
+                                          MAX_PROMPT_CHARS, ClientQuery, DeltaReply,
+                                          ErrorReply, FinalReply, GenerateRequest, HealthReply,
+                                          decode_client_query, decode_delta, decode_error,
+                                          decode_final, decode_health, encode_delta,
+                                          encode_error, encode_final, encode_generate,
+                                          encode_health, encode_health_query,
+                                          encode_kv_map_query)
 from folio.shared.codes import FinishReason, RefusalCode, refusal_code  # noqa: F401
 from folio.shared.executor_messages import (ExecutorError, ExecutorHello,  # noqa: F401
-                                      decode_executor_error, decode_hello_executor,
-                                      decode_logprob_entry, decode_plan, decode_result,
-                                      encode_executor_error, encode_hello_executor,
-                                      encode_ping, encode_plan, encode_reset, encode_result)
+                                            decode_executor_error, decode_hello_executor,
+                                            decode_logprob_entry, decode_plan, decode_result,
+                                            encode_executor_error, encode_hello_executor,
+                                            encode_ping, encode_plan, encode_reset,
+                                            encode_result)
 from folio.shared.kv_map_wire import (KV_MAP_STATES, MAX_KV_MAP_BLOCKS,  # noqa: F401
-                                MAX_KV_MAP_REQUESTS, decode_kv_map, encode_kv_map)
+                                      MAX_KV_MAP_REQUESTS, decode_kv_map, encode_kv_map)
 from folio.shared.sampling_params import sampling_from_wire  # noqa: F401
 from folio.shared.scheduler_messages import (MAX_DROPPED_IDS, Abort, AddRequest,  # noqa: F401
-                                       EngineInfo, FrontendDropped, FrontendHello, Rejected,
-                                       decode_abort, decode_add, decode_frontend_dropped,
-                                       decode_frontend_hello, decode_outputs, decode_rejected,
-                                       decode_stats, encode_abort, encode_add,
-                                       encode_frontend_dropped, encode_frontend_hello,
-                                       encode_kv_map_request, encode_outputs, encode_rejected,
-                                       encode_stats, encode_stats_request)
+                                             EngineInfo, FrontendDropped, FrontendHello,
+                                             Heartbeat, Rejected, decode_abort, decode_add,
+                                             decode_frontend_dropped, decode_frontend_hello,
+                                             decode_heartbeat, decode_outputs,
+                                             decode_rejected, decode_stats, encode_abort,
+                                             encode_add, encode_frontend_dropped,
+                                             encode_frontend_hello, encode_heartbeat,
+                                             encode_kv_map_request, encode_outputs,
+                                             encode_rejected, encode_stats,
+                                             encode_stats_request)
 from folio.shared.wire import (MAX_BLOCK_ID, MAX_ID_LEN, MAX_TOKEN_ID, Body,  # noqa: F401
-                         ProtocolError, pack, unpack)
+                               ProtocolError, pack, unpack)
+
+CLIENT_TYPES = CLIENT_TO_GATEWAY   # the name the gateway used before the catalogue
 
 FINISH_REASONS = tuple(FinishReason)   # the name used before the enum
 
@@ -62,23 +71,3 @@ def peek_id(data: bytes) -> str:
     value = body.get("id", "")
     return value if isinstance(value, str) and 0 < len(value) <= MAX_ID_LEN else ""
 
-
-# ---- heartbeat: frontend and executor -> scheduler, and the scheduler's reply -------------
-
-def encode_heartbeat(pid: int, frontend: str | None = None) -> bytes:
-    body: dict[str, Any] = {"pid": pid}
-    if frontend is not None:   # from a frontend's heartbeat thread, on a socket of its own
-        body["frontend"] = frontend
-    return pack("heartbeat", body)
-
-
-class Heartbeat(NamedTuple):
-    pid: int | None        # an executor's (must be the attached one's); a frontend's is not read
-    frontend: str | None   # set by a frontend's heartbeat thread
-
-
-def decode_heartbeat(body: Body) -> Heartbeat:
-    frontend = body.str("frontend", optional=True)
-    if frontend is not None:
-        return Heartbeat(None, frontend)
-    return Heartbeat(body.int("pid", 0), None)

@@ -1,18 +1,28 @@
-"""Frontend <-> scheduler messages (docs/protocol.md §5): requests in (`add`, `abort`),
-news out (`outputs`, `rejected`, `frontend_dropped`), the engine's capacity (`engine_info`)
-and the queries behind health checks (`stats`, `kv_map`; the map is in kv_map_wire.py)."""
+"""Frontend <-> scheduler messages, each declared once (shared/schema.py; docs/protocol.md
+§5): requests in (`add`, `abort`), news out (`outputs`, `rejected`, `frontend_dropped`), the
+engine's capacity (`engine_info`), the queries behind health checks (`stats`, `kv_map`; the
+map is in kv_map_wire.py, the counters in stats_wire.py) and the heartbeat that frontends
+and executors send and the scheduler answers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from folio.shared.codes import FinishReason, RefusalCode, refusal_code
+from folio.shared.codes import FinishReason, RefusalCode
 from folio.shared.config import SchedulingPolicy
-from folio.shared.executor_messages import decode_logprob_entry
+from folio.shared.executor_messages import LOGPROB_ENTRY, decode_logprob_entry
+from folio.shared.links import Link
 from folio.shared.outputs import EngineOutput, StepOutputs
-from folio.shared.sampling_params import SamplingParams, sampling_from_wire
+from folio.shared.sampling_params import SamplingParams
+from folio.shared.schema import (Bool, Code, Field, Float, Int, Ints, Items, ListOf, MapOf,
+                                 Message, Sampling, Str)
+from folio.shared.stats_wire import STATS
 from folio.shared.wire import MAX_ID_LEN, MAX_TOKEN_ID, Body, ProtocolError, pack
+
+MAX_DROPPED_IDS = 4096   # request ids per frontend_dropped message
+MAX_OUTPUT_ITEMS = 1 << 20
+_ID = Field("id", Str(), "request_id")
 
 
 @dataclass
@@ -30,96 +40,134 @@ class EngineInfo:
     executor_ranks: tuple[int, ...] = ()
 
     def encode(self) -> bytes:
-        return pack("engine_info", {
-            "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
-            "num_kv_blocks": self.num_kv_blocks, "block_size": self.block_size,
-            "eos_token_ids": list(self.eos_token_ids), "executor_alive": self.executor_alive,
-            "max_logprobs": self.max_logprobs, "max_n": self.max_n,
-            "executor_ranks": list(self.executor_ranks)})
+        return ENGINE_INFO.pack(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     @classmethod
     def decode(cls, body: Body) -> "EngineInfo":
-        return cls(max_model_len=body.int("max_model_len", 1),
-                   vocab_size=body.int("vocab_size", 1),
-                   num_kv_blocks=body.int("num_kv_blocks", 1),
-                   block_size=body.int("block_size", 1),
-                   eos_token_ids=tuple(body.ints("eos_token_ids", 0, MAX_TOKEN_ID, 64)),
-                   executor_alive=body.bool("executor_alive", True),
-                   max_logprobs=_or_default(body.int("max_logprobs", 0, 1 << 20,
-                                                     optional=True), cls.max_logprobs),
-                   max_n=_or_default(body.int("max_n", 1, 1 << 20, optional=True), cls.max_n),
-                   executor_ranks=tuple(body.ints("executor_ranks", 0, 1 << 31, 1024,
-                                                  optional=True)))
+        return ENGINE_INFO.decode(body)
 
 
-def _or_default(value: int | None, default: int) -> int:
-    return default if value is None else value
+def _engine_info(values: dict[str, Any]) -> EngineInfo:
+    return EngineInfo(**values | {"eos_token_ids": tuple(values["eos_token_ids"]),
+                                  "executor_ranks": tuple(values["executor_ranks"])})
 
+
+ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
+    Field("max_model_len", Int(1)),
+    Field("vocab_size", Int(1)),
+    Field("num_kv_blocks", Int(1)),
+    Field("block_size", Int(1)),
+    Field("eos_token_ids", Ints(0, MAX_TOKEN_ID, 64)),
+    Field("executor_alive", Bool(), default=True),
+    Field("max_logprobs", Int(0, 1 << 20), default=SchedulingPolicy.max_logprobs),
+    Field("max_n", Int(1, 1 << 20), default=SchedulingPolicy.max_n),
+    Field("executor_ranks", Ints(0, 1 << 31, 1024), default=()),
+), value=EngineInfo, build=_engine_info, summary="the engine's capacity and limits")
+assert [f.name for f in fields(EngineInfo)] == [f.name for f in ENGINE_INFO.fields]
+
+ADD = Message("add", (Link.FRONTEND_TO_SCHEDULER,), (
+    _ID,
+    Field("prompt", Ints(0, MAX_TOKEN_ID), "prompt_token_ids"),
+    Field("params", Sampling(engine=True)),   # stop strings stay in the frontend
+), value="AddRequest", summary="a request to schedule")
+
+# A request id, or one sample of it: "id#i". The SDK's abort has the same shape.
+ABORT = Message("abort", (Link.CLIENT_TO_GATEWAY, Link.FRONTEND_TO_SCHEDULER), (_ID,),
+                value="Abort", summary="cancels a request")
+
+# frontend_id: fe-<pid>-<6 hex>, the same over reconnections.
+FRONTEND_HELLO = Message("frontend_hello", (Link.FRONTEND_TO_SCHEDULER,),
+                         (Field("id", Str(), "frontend_id"),), value="FrontendHello",
+                         summary="a frontend's name, on every handshake")
+STATS_REQUEST = Message("stats_request", (Link.FRONTEND_TO_SCHEDULER,), (),
+                        summary="asks for `stats`")
+KV_MAP_REQUEST = Message("kv_map_request", (Link.FRONTEND_TO_SCHEDULER,), (),
+                         summary="asks for `kv_map`")
+
+
+def _heartbeat(values: dict[str, Any]):
+    # A frontend's heartbeat thread names its frontend; its pid is not read.
+    frontend = values["frontend"]
+    return Heartbeat(None, frontend) if frontend is not None else Heartbeat(values["pid"], None)
+
+
+HEARTBEAT = Message("heartbeat", (Link.FRONTEND_TO_SCHEDULER, Link.EXECUTOR_TO_SCHEDULER,
+                                  Link.SCHEDULER_TO_FRONTEND_HEARTBEAT), (
+    Field("pid", Int(0)),   # an executor's must be the attached one's
+    Field("frontend", Str(), default=None),   # set by a frontend's heartbeat thread
+), value="Heartbeat", build=_heartbeat, summary="proof of life")
+
+REJECTED = Message("rejected", (Link.SCHEDULER_TO_FRONTEND,), (
+    _ID,
+    Field("message", Str(4000, cut=2000)),
+    Field("code", Code(RefusalCode)),   # a code this build does not know stays a string
+), value="Rejected", order=("request_id", "code", "message"), summary="an `add` refused")
+
+STATS_REPLY = Message("stats", (Link.SCHEDULER_TO_FRONTEND,), (Field("stats", STATS),),
+                      build=lambda values: values["stats"], summary="the scheduler's counters")
+
+FRONTEND_DROPPED = Message("frontend_dropped", (Link.SCHEDULER_TO_FRONTEND,), (
+    Field("ids", ListOf(Str(MAX_ID_LEN), MAX_DROPPED_IDS), "request_ids"),
+    Field("reason", Str(4000, cut=2000)),
+), value="FrontendDropped", summary="requests of a frontend the scheduler gave up on")
+
+AddRequest, Abort, FrontendHello = ADD.value, ABORT.value, FRONTEND_HELLO.value
+Heartbeat, Rejected, FrontendDropped = HEARTBEAT.value, REJECTED.value, FRONTEND_DROPPED.value
+
+
+# ---- the encoders and decoders callers use: each one line over its declaration ----------
 
 def encode_add(request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> bytes:
-    return pack("add", {"id": request_id, "prompt": prompt_token_ids,
-                        "params": params.engine_dict()})   # stop strings stay in the frontend
-
-
-class AddRequest(NamedTuple):
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-
-
-def decode_add(body: Body) -> AddRequest:
-    return AddRequest(body.str("id"), body.ints("prompt", 0, MAX_TOKEN_ID),
-                      sampling_from_wire(body, "params"))
+    return ADD.pack(request_id=request_id, prompt_token_ids=prompt_token_ids, params=params)
 
 
 def encode_abort(request_id: str) -> bytes:
     """A frontend's (or an SDK client's: the same shape) abort of one request or sample."""
-    return pack("abort", {"id": request_id})
-
-
-class Abort(NamedTuple):
-    request_id: str   # a request id, or one sample of it: "id#i"
-
-
-def decode_abort(body: Body) -> Abort:
-    return Abort(body.str("id"))
+    return ABORT.pack(request_id=request_id)
 
 
 def encode_frontend_hello(frontend_id: str) -> bytes:
-    return pack("frontend_hello", {"id": frontend_id})
-
-
-class FrontendHello(NamedTuple):
-    frontend_id: str   # fe-<pid>-<6 hex>: the same over reconnections
-
-
-def decode_frontend_hello(body: Body) -> FrontendHello:
-    return FrontendHello(body.str("id"))
+    return FRONTEND_HELLO.pack(frontend_id=frontend_id)
 
 
 def encode_stats_request() -> bytes:
-    return pack("stats_request", {})
+    return STATS_REQUEST.pack()
 
 
 def encode_kv_map_request() -> bytes:
-    return pack("kv_map_request", {})
+    return KV_MAP_REQUEST.pack()
+
+
+def encode_heartbeat(pid: int, frontend: str | None = None) -> bytes:
+    return HEARTBEAT.pack(pid=pid, frontend=frontend)
 
 
 def encode_rejected(request_id: str, message: str,
                     code: RefusalCode | str = RefusalCode.REJECTED) -> bytes:
-    return pack("rejected", {"id": request_id, "message": message[:2000], "code": code})
+    return REJECTED.pack(request_id=request_id, message=message, code=code)
 
 
-class Rejected(NamedTuple):
-    request_id: str
-    code: RefusalCode | str   # a code this build does not know stays a string
-    message: str
+def encode_stats(stats: dict[str, Any]) -> bytes:
+    return STATS_REPLY.pack(stats=stats)
 
 
-def decode_rejected(body: Body) -> Rejected:
-    return Rejected(body.str("id"), refusal_code(body.str("code", 32)),
-                    body.str("message", 4000))
+def encode_frontend_dropped(request_ids: list[str], reason: str) -> list[bytes]:
+    """The scheduler gave up on a frontend and aborted these requests (in chunks)."""
+    return [FRONTEND_DROPPED.pack(request_ids=request_ids[i:i + MAX_DROPPED_IDS],
+                                  reason=reason)
+            for i in range(0, len(request_ids), MAX_DROPPED_IDS)]
 
+
+decode_add = ADD.decode
+decode_abort = ABORT.decode
+decode_frontend_hello = FRONTEND_HELLO.decode
+decode_heartbeat = HEARTBEAT.decode
+decode_rejected = REJECTED.decode
+decode_stats = STATS_REPLY.decode   # the counters, checked (stats_wire.py)
+decode_frontend_dropped = FRONTEND_DROPPED.decode
+
+
+# ---- outputs: the per-step hot path, a hand-written columnar codec ----------------------
 
 def encode_outputs(outputs: StepOutputs | list[EngineOutput]) -> bytes:
     """Columnar: plain tokens as "i" (request ids) and "t" (one token each), the rest as "o"."""
@@ -183,32 +231,23 @@ def _finish_reason(value: str | None) -> FinishReason | None:
         raise ProtocolError(f"outputs: unknown finish reason {value!r}") from None
 
 
-def encode_stats(stats: dict[str, Any]) -> bytes:
-    return pack("stats", {"stats": stats})
 
+OUTPUT_ITEM = Items("outputs.o", (
+    Field("id", Str()),
+    Field("token ids", Ints(0, MAX_TOKEN_ID)),
+    Field("finish reason", Code(FinishReason, strict=True), default=None, send_nil=True),
+    Field("error", Str(4000), default=None, send_nil=True),
+    Field("logprobs", ListOf(LOGPROB_ENTRY, 1 << 16), default=None, send_nil=True),
+    Field("prompt logprobs", ListOf(LOGPROB_ENTRY, MAX_OUTPUT_ITEMS), default=None),
+), min_len=4)
 
-def decode_stats(body: Body) -> dict[str, Any]:
-    """The scheduler's counters, passed through unchecked (docs/protocol.md §5)."""
-    return body.map("stats")
+OUTPUTS = Message("outputs", (Link.SCHEDULER_TO_FRONTEND,), (
+    Field("o", ListOf(OUTPUT_ITEM, MAX_OUTPUT_ITEMS)),
+    Field("i", ListOf(Str(MAX_ID_LEN), MAX_OUTPUT_ITEMS), default=None),
+    Field("t", Ints(0, MAX_TOKEN_ID, MAX_OUTPUT_ITEMS), default=None),
+    # A value that is not a non-negative number is ignored, not refused.
+    Field("q", MapOf(Float(0), 1 << 16), default=None),
+), codec=(encode_outputs, decode_outputs), summary="one step's news for one frontend")
 
-
-MAX_DROPPED_IDS = 4096   # request ids per frontend_dropped message
-
-
-def encode_frontend_dropped(request_ids: list[str], reason: str) -> list[bytes]:
-    """The scheduler gave up on a frontend and aborted these requests (in chunks)."""
-    return [pack("frontend_dropped", {"ids": request_ids[i:i + MAX_DROPPED_IDS],
-                                      "reason": reason[:2000]})
-            for i in range(0, len(request_ids), MAX_DROPPED_IDS)]
-
-
-class FrontendDropped(NamedTuple):
-    request_ids: list[str]
-    reason: str
-
-
-def decode_frontend_dropped(body: Body) -> FrontendDropped:
-    ids = body.list("ids", MAX_DROPPED_IDS)
-    if not all(isinstance(i, str) and len(i) <= 256 for i in ids):
-        raise ProtocolError("frontend_dropped: 'ids' must be request ids")
-    return FrontendDropped(ids, body.str("reason", 4000))
+DECLARED = (ENGINE_INFO, ADD, ABORT, FRONTEND_HELLO, STATS_REQUEST, KV_MAP_REQUEST, HEARTBEAT,
+            REJECTED, STATS_REPLY, FRONTEND_DROPPED, OUTPUTS)

@@ -1,0 +1,31 @@
+"""The scheduler's counters (`stats.stats`, and a frontend's `health.stats`), declared: each
+known key with its type and range. Decoding checks every one that is present and keeps
+only those (a key this build does not know is dropped, as unknown body keys are), so a
+peer cannot pass a huge or wrongly typed map on to /metrics or an SDK caller."""
+
+from __future__ import annotations
+
+from folio.shared.schema import Bool, Field, Float, Int, Ints, ListOf, Shape
+
+# Every count is of samples; with no executor attached only the last three are present.
+_COUNTS = ("kv_blocks_total", "kv_blocks_free", "kv_blocks_used", "kv_blocks_cached")
+_FIELDS = (
+    *(Field(key, Int(0), default=None) for key in _COUNTS),
+    Field("kv_slot_utilization", Float(0, 1), default=None),
+    *(Field(key, Int(0), default=None) for key in (
+        "swap_blocks_total", "swap_blocks_free", "num_running", "num_waiting", "num_swapped",
+        "steps", "preemptions_recompute", "preemptions_swap", "prefix_cache_queries",
+        "prefix_cache_hits", "num_finished", "forks")),
+    Field("executor_alive", Bool(), default=None),
+    Field("executor_ranks", Ints(0, 1 << 31, 1024), default=None),
+    Field("num_frontends", Int(0), default=None),
+)
+
+STATS = Shape("stats.stats", _FIELDS)
+
+# A frontend with data-parallel replicas sums their counts and lists each one's own.
+MAX_REPLICAS = 1024
+REPLICA_STATS = Shape("health.stats.replicas", (Field("replica", Int(0, MAX_REPLICAS)),
+                                                *_FIELDS))
+HEALTH_STATS = Shape("health.stats", (
+    *_FIELDS, Field("replicas", ListOf(REPLICA_STATS, MAX_REPLICAS), default=None)))
