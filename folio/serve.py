@@ -148,22 +148,25 @@ class Supervisor:
                             curve_keys=self.plan.transport.curve_keys)
             try:
                 if client.health(timeout=1.0).get("ok"):
-                    http_settings = self.plan.http
-                    http = (f"  HTTP (OpenAI API):  http://{http_settings.host}:"
-                            f"{http_settings.port}/v1  (chat page at /)\n"
-                            if http_settings.port else "")
-                    print(f"Folio is serving {self.served_names()[0]} (model {self.model})\n"
-                          f"  clients connect to: {self.client_address}\n{http}"
-                          f"  run directory:      {self.run_dir}\n"
-                          f"  CPU placement:      {self._describe_placement()}\n"
-                          f"  pids: " + ", ".join(f"{r}={p.pid}" for r, p in self.procs.items()),
-                          flush=True)
+                    print(self.banner(), flush=True)
                     return
             except Exception:   # not up yet: keep waiting
                 pass
             finally:
                 client.close()
             time.sleep(0.5)
+
+    def banner(self) -> str:
+        """What `folio serve` prints once the frontend answers: the served model's name
+        (the one clients ask for) first."""
+        http = self.plan.http
+        http_line = (f"  HTTP (OpenAI API):  http://{http.host}:{http.port}/v1  (chat page "
+                     "at /)\n" if http.port else "")
+        return (f"Folio is serving {self.served_names()[0]} (model {self.model})\n"
+                f"  clients connect to: {self.client_address}\n{http_line}"
+                f"  run directory:      {self.run_dir}\n"
+                f"  CPU placement:      {self._describe_placement()}\n"
+                f"  pids: " + ", ".join(f"{r}={p.pid}" for r, p in self.procs.items()))
 
     def _describe_placement(self) -> str:
         if self.replica_cores is None:

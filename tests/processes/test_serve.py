@@ -59,6 +59,8 @@ def test_serve_starts_three_processes_and_stops_cleanly(llama_dir, tmp_path):
             if "clients connect to:" in line:
                 break
         assert any(address in line for line in lines), "".join(lines)
+        assert any(line.startswith(f"Folio is serving {llama_dir.name} (model ")
+                   for line in lines), "".join(lines)
         run_dir = next(line.split(":", 1)[1].strip() for line in
                        iter(proc.stdout.readline, "") if "run directory" in line)
         children = _children(proc.pid)
@@ -85,6 +87,24 @@ def test_serve_starts_three_processes_and_stops_cleanly(llama_dir, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("flags, name", [([], "folio-default"),
+                                         (["--served-model-name", "a", "b"], "a")])
+def test_banner_names_the_served_model(flags, name, tmp_path, monkeypatch):
+    """The name clients ask for comes first: the built-in model's own, or the first given."""
+    from folio.checks import check_serve
+    from folio.cli import build_parser
+    from folio.serve import Supervisor
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    supervisor = Supervisor(check_serve(build_parser().parse_args(
+        ["serve", "--port", "0", *flags])))
+    try:
+        first = supervisor.banner().splitlines()[0]
+        assert first == f"Folio is serving {name} (model {supervisor.model})"
+    finally:
+        supervisor.stop_all()
 
 
 def test_unreachable_server_is_a_clear_error(tmp_path):
