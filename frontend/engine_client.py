@@ -1,4 +1,5 @@
-"""The frontend's link to the scheduler, shared by every gateway (ZeroMQ SDK, HTTP).
+"""The frontend's link to the scheduler, shared by every gateway (ZeroMQ SDK, HTTP); it
+implements frontend/engine_protocol.py's `Engine` (as the data-parallel replicas do).
 
 A gateway submits token ids with sampling parameters and a sink; the engine client turns
 the scheduler's per-step token ids into text (stop strings included) through the output
@@ -15,11 +16,12 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 import zmq.asyncio
 
+from folio.frontend.engine_protocol import FinalResult, SampleResult, Sink
 from folio.frontend.liveness import SchedulerHeartbeat
 from folio.frontend.output_loop import OutputEvents, OutputLoop
 from folio.frontend.output_processor import RequestState, SampleState, wire_logprob
@@ -43,32 +45,6 @@ HEARTBEAT_S = 0.5
 STALL_S = 1.0   # the watch loop turns every 0.2 s: a longer gap means this process stalled
 UNSENT_LOG_S = 5.0   # at most one "could not reach the scheduler" line this often
 LOOP_SLICE_S = 0.02   # the most the scheduler loop holds the event loop before it yields
-
-
-@dataclass
-class SampleResult:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    stop_reason: str | None
-    logprobs: list[dict[str, Any]] | None     # per token: token_id, logprob, rank, text, top
-
-
-@dataclass
-class FinalResult:
-    samples: list[SampleResult]
-    prompt_tokens: int
-    prompt_logprobs: list[dict[str, Any]] | None   # from the second prompt token on
-
-
-class Sink(Protocol):
-    def delta(self, index: int, text: str, token_ids: list[int],
-              logprobs: list[dict[str, Any]] | None) -> None: ...
-
-    def final(self, result: FinalResult) -> None: ...
-
-    def error(self, code: str, message: str) -> None: ...
 
 
 @dataclass
@@ -123,6 +99,10 @@ class EngineClient:
     @property
     def engine_alive(self) -> bool:
         return self.scheduler_alive and self.info is not None and self.info.executor_alive
+
+    def replica_health(self) -> None:
+        """One scheduler: no replicas to report."""
+        return None
 
     def rank_health(self) -> list[dict[str, Any]]:
         """A tensor-parallel executor's ranks (none for one process). A rank that dies takes

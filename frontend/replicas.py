@@ -1,5 +1,5 @@
 """Data-parallel replicas behind one frontend: one engine client per replica's scheduler,
-seen by the gateways as one engine.
+seen by the gateways as one engine (frontend/engine_protocol.py's `Engine`).
 
 Each request goes to one replica (frontend/routing.py: its prompt's prefix, else the least
 loaded); its outputs, abort and failure stay with that replica's client, so a replica that
@@ -17,7 +17,9 @@ from typing import Any
 
 import zmq.asyncio
 
-from folio.frontend.engine_client import EngineClient, Sink
+from folio.frontend.engine_client import EngineClient
+from folio.frontend.engine_protocol import Sink
+from folio.frontend.input_processor import ModelFacts
 from folio.frontend.routing import PrefixRouter, ReplicaLoad, RoutingConfig
 from folio.frontend.stop_strings import StopStrings
 from folio.shared.sampling_params import SamplingParams
@@ -108,7 +110,7 @@ class Replicas:
         return self._informed().max_model_len
 
     @property
-    def facts(self):
+    def facts(self) -> ModelFacts:
         return self._informed().facts
 
     def check_text_size(self, chars: int) -> None:
@@ -120,6 +122,10 @@ class Replicas:
 
     def replica_health(self) -> list[dict[str, Any]]:
         return [self._health_of(i, c) for i, c in enumerate(self.clients)]
+
+    def rank_health(self) -> list[dict[str, Any]]:
+        """Empty: each replica's ranks are listed under it (replica_health)."""
+        return []
 
     def _health_of(self, index: int, client: EngineClient) -> dict[str, Any]:
         health = {"replica": index, "address": self.addresses[index],

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import zmq.asyncio
 
 from folio.frontend.engine_client import EngineClient
+from folio.frontend.engine_protocol import Engine
 from folio.frontend.tokenizer import load_tokenizer
 from folio.frontend.zmq_gateway import ClientLimits, ZmqGateway
 from folio.shared.config import MAX_REQUESTS_PER_CLIENT, SHUTDOWN_TIMEOUT_S
@@ -69,7 +70,7 @@ class FrontendService:
         if len(addresses) > 1:   # data-parallel replicas: one engine client each
             from folio.frontend.replicas import Replicas
 
-            self.engine = Replicas(self.tokenizer, addresses, self.ctx, keys)
+            self.engine: Engine = Replicas(self.tokenizer, addresses, self.ctx, keys)
         else:
             self.engine = EngineClient(self.tokenizer, addresses[0], self.ctx, keys)
         self.gateway = ZmqGateway(self.engine, config.client_address, self.ctx, client_keys,

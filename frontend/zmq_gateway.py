@@ -23,7 +23,7 @@ import zmq
 import zmq.asyncio
 
 from folio.frontend.client_cutoff import CutOffClients, GoneClients
-from folio.frontend.engine_client import EngineClient, FinalResult
+from folio.frontend.engine_protocol import Engine, FinalResult
 from folio.frontend.input_processor import InputError, ProcessedPrompt
 from folio.shared import messages as m
 from folio.shared.codes import FinishReason, RefusalCode
@@ -79,7 +79,7 @@ class _ClientSink:
 
 
 class ZmqGateway:
-    def __init__(self, engine: EngineClient, address: str, ctx: zmq.asyncio.Context,
+    def __init__(self, engine: Engine, address: str, ctx: zmq.asyncio.Context,
                  keys: CurveKeys | None = None, limits: ClientLimits = ClientLimits()
                  ) -> None:
         self.engine = engine
@@ -313,7 +313,7 @@ class ZmqGateway:
             client_id, ok=engine.engine_alive and not engine.draining, draining=engine.draining,
             scheduler=engine.scheduler_alive, executor=engine.engine_alive,
             frontend_id=engine.frontend_id, stats=stats,
-            replicas=engine.replica_health() if hasattr(engine, "replica_health") else None),
+            replicas=engine.replica_health()),
             client_id)
 
     async def _on_kv_map(self, client: bytes, client_id: str) -> None:
