@@ -26,6 +26,10 @@ class AttentionInputs:
     plan: Any = None                  # backend-specific precomputation
 
 
+def _unplanned(inputs: AttentionInputs, block_size: int) -> AttentionInputs:
+    return inputs   # kernels that read the block tables as they are
+
+
 @dataclass(frozen=True)
 class KernelOps:
     name: str
@@ -37,7 +41,7 @@ class KernelOps:
     # window W (per layer): a query at position p sees keys p - W < j <= p; softcap c:
     # scores = c * tanh(scores / c) before the softmax.
     attention: Callable[..., torch.Tensor]
-    prepare: Callable[[AttentionInputs, int], AttentionInputs]
+    prepare: Callable[[AttentionInputs, int], AttentionInputs] = _unplanned
     # MoE experts: (hidden [T,H], w13 [E,2I,H], w2 [E,H,I], topk_weights [T,k], topk_ids [T,k])
     fused_moe: Callable[..., torch.Tensor] = moe_reference.fused_moe_ref
 
@@ -84,7 +88,6 @@ def triton_ops() -> KernelOps:
     return KernelOps(name="triton", rms_norm=rms_norm, rotary=kernels.rotary_embedding,
                      reshape_and_cache=kernels.reshape_and_cache,
                      silu_and_mul=reference.silu_and_mul_ref, attention=attention,
-                     prepare=lambda inputs, block_size: inputs,
                      fused_moe=kernels.fused_moe)
 
 
@@ -103,7 +106,6 @@ def cpu_ops() -> KernelOps:
     return KernelOps(name="cpu", rms_norm=cpu_fused.rms_norm_cpu, rotary=cpu_fused.rotary_cpu,
                      reshape_and_cache=cpu_fused.reshape_and_cache_cpu,
                      silu_and_mul=cpu_fused.silu_and_mul_cpu, attention=attention,
-                     prepare=lambda inputs, block_size: inputs,
                      fused_moe=CpuFusedMoe())
 
 
