@@ -1,10 +1,12 @@
 """Nonsense settings are refused up front: one line naming the setting, exit status 2, no
 process started (`folio serve`, each role), a ValueError from `LLM(...)`; the scheduler
-survives an executor hello that makes an invalid config; the flags, --help and README
-a newcomer meets agree with the config dataclasses."""
+survives an executor hello that makes an invalid config; every flag, FOLIO_* variable and
+--help line is generated from the declared settings, and `folio serve` hands its settings
+to its processes unchanged."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -279,6 +281,95 @@ def test_serve_passes_its_scheduler_settings_to_the_scheduler(tmp_path, monkeypa
             (5, False, 9.0, 100, 3.0, 2)
     finally:
         supervisor.stop_all()
+
+
+def test_serve_passes_its_frontend_settings_to_the_frontend(tmp_path, monkeypatch):
+    from folio.checks import check_frontend, check_serve
+    from folio.serve import Supervisor
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("FOLIO_API_KEY", "secret")
+    args = build_parser().parse_args([
+        "serve", "--port", "0", "--host", "127.0.0.2", "--served-model-name", "a", "b",
+        "--metrics-public", "--tool-call-parser", "hermes", "--allowed-hosts", "x,y",
+        "--shutdown-timeout", "4", "--max-requests-per-client", "7"])
+    supervisor = Supervisor(check_serve(args))
+    try:
+        supervisor.plan = dataclasses.replace(supervisor.plan, http=dataclasses.replace(
+            supervisor.plan.http, port=8123))   # as if 8123 were free: HTTP flags go too
+        command = supervisor.command("frontend")
+        assert "secret" not in command   # the key travels in the environment only
+        monkeypatch.setenv("FOLIO_API_KEY", supervisor.child_env("frontend")["FOLIO_API_KEY"])
+        config = check_frontend(build_parser().parse_args(command[command.index("frontend"):]))
+        assert (config.host, config.port, config.served_model_name, config.api_key,
+                config.metrics_public, config.tool_call_parser, config.allowed_hosts,
+                config.shutdown_timeout_s, config.max_requests_per_client) == \
+            ("127.0.0.2", 8123, ["a", "b"], "secret", True, "hermes", "x,y", 4.0, 7)
+        assert config.scheduler_address == supervisor.frontend_address
+    finally:
+        supervisor.stop_all()
+
+
+def test_every_declared_setting_is_a_flag_with_its_default_and_variable():
+    from folio.flags import env_name, flag_name
+    from folio.settings import COMMANDS
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a.choices, dict))
+    for command in COMMANDS:
+        role_parser = sub.choices[command.name]
+        actions = {a.dest: a for a in role_parser._actions}
+        for group in command.groups:
+            for spec in dataclasses.fields(group.config):
+                if spec.name in group.skip:
+                    continue
+                action = actions[spec.name]
+                if not spec.metadata.get("positional"):
+                    assert action.option_strings[0] == "--" + flag_name(spec)
+                default = group.defaults.get(spec.name, spec.default)
+                if spec.metadata.get("repeat"):
+                    default = []
+                if default is dataclasses.MISSING:
+                    assert action.required or not action.option_strings, spec.name
+                else:
+                    assert action.default == default, (command.name, spec.name)
+                assert role_parser.env_names.get(spec.name) == env_name(spec)
+    assert sub.choices["keys"].env_names["curve_keys"] == "FOLIO_CURVE_KEYS"   # --dir
+
+
+def test_a_bad_folio_variable_is_refused_in_one_line(tmp_path):
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FOLIO_")}
+    result = subprocess.run([sys.executable, "-m", "folio", "serve"], capture_output=True,
+                            text=True, timeout=120, env={**env, "FOLIO_PORT": "eighty"},
+                            cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "environment variable FOLIO_PORT='eighty'" in lines[0]
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--api-key", "k", "--api-key-file", "{file}"], "both given"),
+    (["--api-key-file", "{empty}"], "is empty"),
+    (["--api-key-file", "{missing}"], "cannot read"),
+])
+def test_api_key_file_problems_are_one_line_errors(flags, words, tmp_path, capsys):
+    from folio.cli import main
+
+    (tmp_path / "key").write_text("k2\n")
+    (tmp_path / "empty").write_text("\n")
+    paths = {"file": tmp_path / "key", "empty": tmp_path / "empty",
+             "missing": tmp_path / "missing"}
+    assert main(["serve", "--port", "0", *[f.format(**paths) for f in flags]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("folio serve: error: --api-key-file")
+    assert words in err
+
+
+def test_serve_and_the_cli_do_not_import_each_other():
+    out = subprocess.run([sys.executable, "-c", "import sys, folio.serve; "
+                          "print('folio.cli' in sys.modules)"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_log_level_before_or_after_the_subcommand(monkeypatch):
