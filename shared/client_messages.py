@@ -61,18 +61,19 @@ GENERATE = Message("generate", (Link.CLIENT_TO_GATEWAY,), (
     Field("prompt", Str(MAX_PROMPT_CHARS), default=None),
     Field("prompt_token_ids", Ints(0, MAX_TOKEN_ID), default=None),
     Field("messages", ListOf(Shape("generate.messages", (
-        Field("role", Str(64)), Field("content", Str(MAX_PROMPT_CHARS)))), MAX_MESSAGES),
+        Field("role", Str(64)), Field("content", Str(MAX_PROMPT_CHARS))), table=False),
+        MAX_MESSAGES),
         default=None),
-), value=GenerateRequest, build=_generate, summary="a request to run")
+), value=GenerateRequest, build=_generate, summary="a request to run", table=True)
 
 DELTA = Message("delta", (Link.GATEWAY_TO_CLIENT,), (
     _ID,
     Field("text", Str(MAX_TEXT_CHARS)),
     Field("token_ids", Ints(0, MAX_TOKEN_ID)),
     Field("logprobs", _LOGPROBS, default=None),
-), value="DeltaReply", summary="a stream's new text and tokens")
+), value="DeltaReply", summary="a stream's new text and tokens", table=True)
 
-USAGE = Shape("final.usage", tuple(Field(k, Int()) for k in USAGE_FIELDS))
+USAGE = Shape("final.usage", tuple(Field(k, Int()) for k in USAGE_FIELDS), table=False)
 FINAL = Message("final", (Link.GATEWAY_TO_CLIENT,), (
     _ID,
     Field("text", Str(MAX_TEXT_CHARS)),
@@ -82,22 +83,23 @@ FINAL = Message("final", (Link.GATEWAY_TO_CLIENT,), (
     Field("usage", USAGE),
     Field("logprobs", _LOGPROBS, default=None),
     Field("prompt_logprobs", _LOGPROBS, default=None),   # from the second prompt token on
-), value="FinalReply", summary="a request's end")
+), value="FinalReply", summary="a request's end", table=True)
 
 ERROR = Message("error", (Link.GATEWAY_TO_CLIENT,), (
     Field("id", Str(), "request_id", default=""),
     Field("code", Code(RefusalCode), default=""),   # a code this build does not know: a str
     Field("message", Str(4000, cut=4000), default=""),
-), value="ErrorReply", summary="a request refused or failed")
+), value="ErrorReply", summary="a request refused or failed", table=True)
 
 # A client's `abort`, `health` or `kv_map`: the id alone.
 HEALTH_QUERY = Message("health", (Link.CLIENT_TO_GATEWAY,), (_ID,), value="ClientQuery",
-                       summary="asks for the health reply")
+                       summary="asks for the health reply", doc_name="health query")
 KV_MAP_QUERY = Message("kv_map", (Link.CLIENT_TO_GATEWAY,), (_ID,), value=HEALTH_QUERY.value,
-                       summary="asks for the page map")
+                       summary="asks for the page map", doc_name="kv_map query")
 
 RANK = Shape("health.replicas.ranks", (
-    Field("rank", Int(0, 1 << 16)), Field("pid", Int(0)), Field("status", Str(32))))
+    Field("rank", Int(0, 1 << 16)), Field("pid", Int(0)), Field("status", Str(32))),
+    table=False)
 REPLICA = Shape("health.replicas", (
     Field("replica", Int(0, MAX_REPLICAS)),
     Field("address", Str(4096), default=None),
@@ -106,7 +108,7 @@ REPLICA = Shape("health.replicas", (
     Field("in_flight", Int(0), default=None),
     Field("routed", Int(0), default=None),
     Field("ranks", ListOf(RANK, 1 << 16), default=None),
-))
+), table=False)
 HEALTH = Message("health", (Link.GATEWAY_TO_CLIENT,), (
     _ID,
     Field("ok", Bool(), default=False),   # serving: an executor attached and not draining
@@ -114,9 +116,11 @@ HEALTH = Message("health", (Link.GATEWAY_TO_CLIENT,), (
     Field("scheduler", Bool(), default=False),
     Field("executor", Bool(), default=False),
     Field("frontend_id", Str(), default=""),
-    Field("stats", HEALTH_STATS),
+    Field("stats", HEALTH_STATS, rule="`stats.stats` (§5); with data-parallel replicas also "
+                                      "`replicas`: per replica `replica` (int) and its "
+                                      "own `stats.stats`"),
     Field("replicas", ListOf(REPLICA, MAX_REPLICAS), default=None),   # data-parallel only
-), value="HealthReply", summary="the frontend's health")
+), value="HealthReply", summary="the frontend's health", table=True)
 
 DeltaReply, FinalReply, ErrorReply = DELTA.value, FINAL.value, ERROR.value
 ClientQuery, HealthReply = HEALTH_QUERY.value, HEALTH.value

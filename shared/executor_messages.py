@@ -47,11 +47,11 @@ EXECUTOR_HELLO = Message("executor_hello", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("pid", Int(0)),
     Field("num_swap_blocks", Int(0, MAX_BLOCK_ID)),
     Field("bytes_per_block", Int(0)),
-    Field("prefill_tokens_per_s", Float()),   # negative (and NaN) read as 0
-    Field("swap_bytes_per_s", Float()),
+    Field("prefill_tokens_per_s", Float(), rule="any; negative (and NaN) read as 0"),
+    Field("swap_bytes_per_s", Float(), rule="same"),
     Field("sliding_window", Int(0, 1 << 30), default=0),   # 0: some layer sees everything
     Field("rewrites_kv", Bool(), default=False),
-), build=_hello, summary="an executor's capacity, on every handshake and reset")
+), build=_hello, summary="an executor's capacity, on every handshake and reset", table=True)
 
 
 def encode_hello_executor(capacity: ExecutorCapacity, pid: int,
@@ -231,7 +231,7 @@ PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (
     Field("so", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
     Field("si", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
     Field("cp", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
-), codec=(encode_plan, decode_plan), summary="one step's work")
+), codec=(encode_plan, decode_plan), summary="one step's work", table=True)
 
 RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("s", Int(0)),
@@ -246,6 +246,7 @@ RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("x", ListOf(Items("result.x", (
         Field("handle", Int(0)),
         Field("reason", Str(MAX_FAILURE_CHARS, cut=MAX_FAILURE_CHARS))))), default=None),
-), codec=(encode_result, decode_result), summary="one step's sampled tokens")
+), codec=(encode_result, decode_result), summary="one step's sampled tokens",
+   table=True)
 
 DECLARED = (EXECUTOR_HELLO, RESULT, EXECUTOR_ERROR, PLAN, RESET, PING)

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from folio.shared.links import Link
-from folio.shared.schema import (Field, Float, Int, Ints, Items, ListOf, MapOf, Message, Shape,
+from folio.shared.schema import (Field, Float, Int, Ints, Items, ListOf, Message, Number, Shape,
                                  Str)
-from folio.shared.wire import MAX_BLOCK_ID, ProtocolError
+from folio.shared.wire import MAX_BLOCK_ID, Body, ProtocolError
 
 MAX_KV_MAP_BLOCKS = 1 << 22    # per-block arrays longer than this are not sent
 MAX_KV_MAP_REQUESTS = 1 << 16
@@ -33,10 +33,10 @@ REQUEST = Shape("kv_map.requests", (
 ))
 BLOCKS = Shape("kv_map.blocks", (
     Field("state", Str(MAX_KV_MAP_BLOCKS), rule="one of `F`, `U`, `C` per block"),
-    Field("ref", _PER_BLOCK), Field("fill", _PER_BLOCK), Field("owner", _OWNERS)))
+    Field("ref", _PER_BLOCK), Field("fill", _PER_BLOCK), Field("owner", _OWNERS)), table=False)
 SWAP = Shape("kv_map.swap", (
     Field("state", Str(MAX_KV_MAP_BLOCKS), rule="one of `F`, `U` per block"),
-    Field("fill", _PER_BLOCK), Field("owner", _OWNERS)))
+    Field("fill", _PER_BLOCK), Field("owner", _OWNERS)), table=False)
 PAGE_MAP = Shape("kv_map.map", (
     Field("block_size", Int(1, 1 << 16)),
     Field("num_blocks", Int(0, MAX_BLOCK_ID)),
@@ -47,18 +47,16 @@ PAGE_MAP = Shape("kv_map.map", (
     Field("shared", ListOf(Items("kv_map.shared", (
         Field("block id", Int(0, MAX_BLOCK_ID)), Field("owners", _INDICES))),
         MAX_KV_MAP_BLOCKS)),
-    Field("totals", MapOf(Float(), 64)),
-    Field("contiguous", MapOf(Float(), 64)),
+    Field("totals", Shape("kv_map.totals", tuple(Field(key, Number(0)) for key in (
+        "total", "used", "cached", "free", "shared", "slots_filled", "slot_utilization",
+        "swap_total", "swap_used", "running", "swapped", "waiting", "requests")), table=False)),
+    Field("contiguous", Shape("kv_map.contiguous", tuple(Field(key, Number(0)) for key in (
+        "reserve_tokens", "blocks_per_request", "requests", "blocks_needed", "fits",
+        "slots_filled", "slot_utilization")), table=False)),
     Field("blocks", BLOCKS, default=None),   # absent for a pool too large for these arrays
     Field("swap", SWAP, default=None),
     Field("replica", Int(0, 1 << 16), default=None),   # set by a data-parallel frontend
 ))
-
-KV_MAP = Message("kv_map", (Link.SCHEDULER_TO_FRONTEND, Link.GATEWAY_TO_CLIENT), (
-    Field("map", PAGE_MAP, rule="`kv_map.map` (below), or `{}` without an executor"),
-    Field("id", Str(), "request_id", default=None),   # the frontend's reply to a client
-), summary="the page map")
-DECLARED = (KV_MAP,)
 
 
 def encode_kv_map(snapshot: dict[str, Any] | None, request_id: str | None = None) -> bytes:
@@ -67,7 +65,7 @@ def encode_kv_map(snapshot: dict[str, Any] | None, request_id: str | None = None
     return KV_MAP.pack(map=snapshot or {}, request_id=request_id)
 
 
-def decode_kv_map(body) -> dict[str, Any] | None:
+def decode_kv_map(body: Body) -> dict[str, Any] | None:
     """The page map, checked field by field (None: no executor attached)."""
     raw = body.body.get("map")
     if raw == {}:
@@ -75,6 +73,13 @@ def decode_kv_map(body) -> dict[str, Any] | None:
     snapshot = KV_MAP.read_fields(body)["map"]
     _check_references(snapshot)
     return snapshot
+
+
+KV_MAP = Message("kv_map", (Link.SCHEDULER_TO_FRONTEND, Link.GATEWAY_TO_CLIENT), (
+    Field("map", PAGE_MAP, rule="`kv_map.map` (below), or `{}` without an executor"),
+    Field("id", Str(), "request_id", default=None),   # the frontend's reply to a client
+), codec=(encode_kv_map, decode_kv_map), summary="the page map")
+DECLARED = (KV_MAP,)
 
 
 def _check_references(snapshot: dict[str, Any]) -> None:

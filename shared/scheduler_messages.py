@@ -62,14 +62,15 @@ ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("max_logprobs", Int(0, 1 << 20), default=SchedulingPolicy.max_logprobs),
     Field("max_n", Int(1, 1 << 20), default=SchedulingPolicy.max_n),
     Field("executor_ranks", Ints(0, 1 << 31, 1024), default=()),
-), value=EngineInfo, build=_engine_info, summary="the engine's capacity and limits")
+), value=EngineInfo, build=_engine_info, summary="the engine's capacity and limits",
+   table=True)
 assert [f.name for f in fields(EngineInfo)] == [f.name for f in ENGINE_INFO.fields]
 
 ADD = Message("add", (Link.FRONTEND_TO_SCHEDULER,), (
     _ID,
     Field("prompt", Ints(0, MAX_TOKEN_ID), "prompt_token_ids"),
     Field("params", Sampling(engine=True)),   # stop strings stay in the frontend
-), value="AddRequest", summary="a request to schedule")
+), value="AddRequest", summary="a request to schedule", table=True)
 
 # A request id, or one sample of it: "id#i". The SDK's abort has the same shape.
 ABORT = Message("abort", (Link.CLIENT_TO_GATEWAY, Link.FRONTEND_TO_SCHEDULER), (_ID,),
@@ -239,7 +240,7 @@ OUTPUT_ITEM = Items("outputs.o", (
     Field("error", Str(4000), default=None, send_nil=True),
     Field("logprobs", ListOf(LOGPROB_ENTRY, 1 << 16), default=None, send_nil=True),
     Field("prompt logprobs", ListOf(LOGPROB_ENTRY, MAX_OUTPUT_ITEMS), default=None),
-), min_len=4)
+), min_len=4, table=True)
 
 OUTPUTS = Message("outputs", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("o", ListOf(OUTPUT_ITEM, MAX_OUTPUT_ITEMS)),

@@ -27,10 +27,12 @@ def number_text(value: float) -> str:
     if isinstance(value, float) and not value.is_integer():
         return str(value)
     value = int(value)
+    if value < 0:
+        return "−" + number_text(-value)
     for offset, suffix in ((0, ""), (1, "−1")):
-        power = (abs(value) + offset).bit_length() - 1
-        if power >= 16 and abs(value) + offset == 1 << power:
-            return ("−" if value < 0 else "") + f"2{str(power).translate(_SUPERSCRIPT)}{suffix}"
+        power = (value + offset).bit_length() - 1
+        if power >= 16 and value + offset == 1 << power:
+            return f"2{str(power).translate(_SUPERSCRIPT)}{suffix}"
     return str(value)
 
 
@@ -97,6 +99,23 @@ class Float(Kind):
             return f"{'>' if self.low_open else '≥'} {number_text(self.low)}"
         return (f"{'(' if self.low_open else '['}{number_text(self.low)}, "
                 f"{number_text(self.high)}]")
+
+
+@dataclass(frozen=True)
+class Number(Kind):
+    """An int or a float, kept as sent (a count stays an int), at least `low` if given."""
+
+    low: float | None = None
+    type_text = "number"
+
+    def read(self, value, body, key):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or (self.low is not None and not value >= self.low):
+            raise body.fail(key, "a number" + ("" if self.low is None else f" ≥ {self.low}"))
+        return value
+
+    def range_text(self):
+        return "" if self.low is None else f"≥ {number_text(self.low)}"
 
 
 @dataclass(frozen=True)
@@ -236,6 +255,7 @@ class Shape(Kind):
 
     name: str
     fields: tuple["Field", ...]
+    table: bool = True   # a table of its own in docs/protocol.md, else described inline
     type_text = "map"
 
     def read(self, value, body, key):
@@ -245,7 +265,9 @@ class Shape(Kind):
         return {f.key: f.read(inner) for f in self.fields if f.key in value or f.required}
 
     def range_text(self):
-        return f"`{self.name}` (below)"
+        if self.table:
+            return f"`{self.name}` (below)"
+        return "{" + "; ".join(f.compact() for f in self.fields) + "}"
 
 
 @dataclass(frozen=True)
@@ -255,6 +277,7 @@ class Items(Kind):
     name: str
     fields: tuple["Field", ...]
     min_len: int | None = None
+    table: bool = False   # a table of its own in docs/protocol.md, else described inline
     type_text = "array"
 
     def read(self, value, body, key):
@@ -266,7 +289,9 @@ class Items(Kind):
         return [f.read(inner) for f in self.fields[:len(value)]]
 
     def range_text(self):
-        return "[" + ", ".join(f.key for f in self.fields) + "]"
+        if self.table:
+            return f"`{self.name}` (below)"
+        return "[" + "; ".join(f.compact(quote=False) for f in self.fields) + "]"
 
 
 @dataclass(frozen=True)
@@ -349,6 +374,14 @@ class Field:
     def range_text(self) -> str:
         return self.kind.range_text() if self.rule is None else self.rule
 
+    def compact(self, quote: bool = True) -> str:
+        """The field in a few words, for a row that describes a whole map or array."""
+        parts = [self.kind.type_text, self.range_text()]
+        if not self.required:
+            parts.append(self.presence_text())
+        name = f"`{self.key}`" if quote else self.key
+        return f"{name}: " + ", ".join(p for p in parts if p)
+
     def presence_text(self) -> str:
         if self.required:
             return "required"
@@ -360,7 +393,9 @@ class Field:
 def _value_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    return repr(value) if isinstance(value, str) else str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return f'`"{value}"`' if isinstance(value, str) else str(value)
 
 
 @dataclass(frozen=True)
@@ -370,8 +405,9 @@ class Message:
     `value`: what decoding gives. A name makes a NamedTuple of the fields' attrs (in
     `order`, else field order); a class is called with the attrs as keywords; `build`
     (values by attr -> value) replaces both. `codec`: a hand-written (encode, decode)
-    pair for a message of the per-step hot path; its fields stay declared here for the
-    doc and tests/shared/test_message_types.py, which holds the codec to them."""
+    pair, for a message of the per-step hot path (plan, result, outputs) or one whose
+    fields refer to each other (the page map); its fields stay declared here, for the doc
+    and for tests/shared/test_message_types.py, which holds the codec to them."""
 
     type: str
     links: tuple[str, ...]
@@ -381,6 +417,8 @@ class Message:
     build: Callable[[dict[str, Any]], Any] | None = None
     codec: tuple[Callable, Callable] | None = None
     summary: str = ""   # for docs: what it is, in a few words
+    table: bool = False   # a field table of its own in docs/protocol.md
+    doc_name: str | None = None   # that table's name, where the type has two declarations
     _plan: tuple = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
@@ -391,6 +429,10 @@ class Message:
         object.__setattr__(self, "_plan", tuple(
             (f.name, f.key, f.kind.wire if type(f.kind).wire is not Kind.wire else None,
              f.required or f.send_nil) for f in self.fields))
+
+    @property
+    def name(self) -> str:
+        return self.doc_name or self.type
 
     def pack(self, **values: Any) -> bytes:
         """The message with these attrs (a missing non-required one: left out)."""

@@ -26,6 +26,7 @@ STATS = Shape("stats.stats", _FIELDS)
 # A frontend with data-parallel replicas sums their counts and lists each one's own.
 MAX_REPLICAS = 1024
 REPLICA_STATS = Shape("health.stats.replicas", (Field("replica", Int(0, MAX_REPLICAS)),
-                                                *_FIELDS))
+                                                *_FIELDS), table=False)
 HEALTH_STATS = Shape("health.stats", (
-    *_FIELDS, Field("replicas", ListOf(REPLICA_STATS, MAX_REPLICAS), default=None)))
+    *_FIELDS, Field("replicas", ListOf(REPLICA_STATS, MAX_REPLICAS), default=None)),
+    table=False)

@@ -152,3 +152,84 @@ def test_the_sdk_decodes_health_replies_with_and_without_replicas():
     assert not two.ok and [r["replica"] for r in two.replicas] == [0, 1]
     with pytest.raises(ProtocolError, match="stats"):
         m.decode_health(Body("health", {"id": "c", "ok": True, "stats": [1]}))
+
+
+# ---- every decoder, generated or hand-written, holds to its declaration ---------------------
+
+def _declared_samples():
+    """(declaration, a body with every field) for each declaration, from the doc test's full
+    samples: the body of its type that has the most of its keys and all its required ones."""
+    from folio.shared.catalogue import DECLARATIONS
+    from tests.shared.test_protocol_doc import _samples
+
+    bodies = [unpack(p) for payloads in _samples().values() for p in payloads]
+    for declaration in DECLARATIONS:
+        keys = {f.key for f in declaration.fields}
+        fits = [body for msg_type, body in bodies if msg_type == declaration.type
+                and set(body) <= keys
+                and all(f.key in body for f in declaration.fields if f.required)]
+        assert fits, f"no full sample of {declaration.name}"
+        body = max(fits, key=len)
+        if declaration.type == "generate":   # one prompt of the three kinds, as it must be
+            body = {k: v for k, v in body.items() if k not in ("prompt_token_ids", "messages")}
+        yield declaration, body
+
+
+def _out_of_bounds(kind, value):
+    """Values the declared kind refuses, and values at its bounds that it accepts."""
+    from folio.shared.schema import INT64, Bool, Code, Float, Int, Ints, Str
+
+    bad, good = (["x"] if not isinstance(kind, (Str, Code)) else [5]), []
+    if isinstance(kind, Int):
+        bad += [True, 1.5, kind.high + 1] + ([kind.low - 1] if kind.low > INT64[0] else [])
+        good += [kind.low, kind.high]
+    elif isinstance(kind, Ints) and value:
+        bad += [[kind.high + 1, *value[1:]], [True, *value[1:]]]
+        bad += [[kind.low - 1, *value[1:]]] if kind.low > INT64[0] else []
+        good += [[kind.high, *value[1:]], [kind.low, *value[1:]]]
+    elif isinstance(kind, Float) and kind.high is not None:
+        bad += [kind.high * 2 + 1, float("nan")]
+    elif isinstance(kind, Str) and kind.max_len <= 1 << 20:
+        bad += ["x" * (kind.max_len + 1)]
+    elif isinstance(kind, Bool):
+        bad += [1]
+    elif isinstance(kind, Code) and kind.strict:
+        bad += ["from_a_newer_peer"]
+    return bad, good
+
+
+def test_each_decoder_refuses_what_its_declaration_refuses():
+    """For every declared field of every message (the hot path's hand-written codecs too):
+    missing when required, of the wrong type or past its bounds, the message is refused; at
+    its bounds, and with a key nobody declared, it is read."""
+    checked = 0
+    for declaration, body in _declared_samples():
+        declaration.decode(Body(declaration.type, body | {"zz_not_declared": 1}))
+        for field in declaration.fields:
+            if field.required:
+                with pytest.raises(ProtocolError):
+                    declaration.decode(Body(declaration.type,
+                                            {k: v for k, v in body.items() if k != field.key}))
+            bad, good = _out_of_bounds(field.kind, body.get(field.key))
+            for value in bad:
+                with pytest.raises(ProtocolError):
+                    declaration.decode(Body(declaration.type, body | {field.key: value}))
+                    pytest.fail(f"{declaration.name}.{field.key} = {value!r} was read")
+            for value in good:
+                declaration.decode(Body(declaration.type, body | {field.key: value}))
+            checked += 1
+    assert checked > 60
+
+
+def test_stats_and_the_page_map_are_checked_and_bounded():
+    stats = {"num_running": 3, "kv_slot_utilization": 0.5, "executor_alive": True,
+             "executor_ranks": [11, 12], "from_a_newer_scheduler": 1}
+    decoded = m.decode_stats(_body(m.encode_stats(stats)))
+    assert decoded == {k: v for k, v in stats.items() if k != "from_a_newer_scheduler"}
+    for bad in ({"num_running": "3"}, {"num_running": -1}, {"executor_alive": 1},
+                {"kv_slot_utilization": 2.0}, {"executor_ranks": list(range(2000))}):
+        with pytest.raises(ProtocolError):
+            m.decode_stats(_body(m.encode_stats(bad)))
+    with pytest.raises(ProtocolError):
+        m.decode_health(_body(m.encode_health("c", True, False, True, True, "fe",
+                                              {"replicas": [{"num_running": 1}]})))
