@@ -1,26 +1,31 @@
-"""Block tables over the device BlockPool and the CPU SwapSpace. KVCacheManager is the only
-writer of a request's block_ids, num_registered, num_freed_blocks, block_hashes and
-cpu_block_ids, and of the two counts cached from them for the scheduler's per-step loops
-(num_slots, register_at: see _retable; PrefixCache, its helper, keeps register_at when it
-moves num_registered): the scheduler works in token counts ("slots for this request's next k
-tokens?") and hands back what it was given (prefix hits) or puts it in the plan (copy and
-swap pairs) without looking inside.
+"""Block tables over the device BlockPool and the CPU SwapSpace. KVCacheManager holds every
+request's table (scheduler/block_table.py: device block ids, swap block ids, the prefix
+cache's progress, the counts cached from them) and alone writes it. The scheduler works in
+token counts and asks ("slots for this request's next k tokens?", "its table, for the
+plan"); it hands back what it was given (a cached prefix) or puts it in the plan (copy and
+swap pairs) without looking inside. The page map and the tests read a table through the
+same small methods (block_ids, num_freed_blocks, swap_block_ids).
+
+A table lives from a request's first admission (or fork) until forget; a preemption by
+recompute empties it, a swap-out keeps only its swap blocks.
 
 A block is taken only when a token needs a slot; full blocks are registered in the prefix
-cache and found again by later requests (scheduler/prefix_cache.py).
+cache and found again by later requests (scheduler/prefix_cache.py, which keeps the
+requests' hash chains).
 
 Sliding window (every layer windowed, the largest window W): a token at position p reads
 keys p - W < j <= p, so once a request's next token is at p, its blocks wholly before
 p - W + 1 are read by no layer again. They are released (a registered one stays findable
 as cached-free) and their table entries name the pool's null block: the table keeps its
 length, so positions still map to entries, and the freed entries are always the leading
-ones (request.num_freed_blocks)."""
+ones (num_freed_blocks)."""
 
 from __future__ import annotations
 
 from folio.scheduler.block_pool import BlockPool
-from folio.scheduler.prefix_cache import PrefixCache
-from folio.scheduler.request import NEVER, Request
+from folio.scheduler.block_table import NEVER, BlockTable
+from folio.scheduler.prefix_cache import CachedPrefix, PrefixCache
+from folio.scheduler.request import Request
 from folio.scheduler.swap_space import SwapSpace
 from folio.shared.config import SchedulerConfig
 
@@ -35,10 +40,8 @@ class KVCacheManager:
         self.window_peak_blocks = config.window_peak_blocks
         self.prefix = PrefixCache(self.pool, config.block_size, config.enable_prefix_caching,
                                   self.dead_blocks if window is not None else None)
+        self._tables: dict[int, BlockTable] = {}   # by request handle
         self._copies: list[tuple[int, int]] = []   # fork copies not yet in a plan
-        # register_full_blocks without its test, for the scheduler's per-request loops,
-        # which test num_tokens >= request.register_at in line: one call, not two.
-        self.register_filled = self.prefix.register
 
     # ---- counts -------------------------------------------------------------------------
 
@@ -48,10 +51,6 @@ class KVCacheManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
-
-    def live_blocks(self, request: Request) -> list[int]:
-        """The request's table without its freed entries."""
-        return request.block_ids[request.num_freed_blocks:]
 
     def stats(self, running: list[Request]) -> dict[str, int | float]:
         pool, swap = self.pool, self.swap.pool
@@ -71,65 +70,122 @@ class KVCacheManager:
         filled: dict[int, int] = {}
         for request in running:
             computed = request.num_computed_tokens
-            first = request.num_freed_blocks
-            for index, block_id in enumerate(request.block_ids[first:], first):
+            table = self._tables[request.handle]
+            first = table.num_freed
+            for index, block_id in enumerate(table.block_ids[first:], first):
                 tokens = min(size, max(0, computed - index * size))
                 filled[block_id] = max(filled.get(block_id, 0), tokens)
         slots = len(filled) * size
         return sum(filled.values()) / slots if slots else 1.0
 
+    # ---- a request's table, read ------------------------------------------------------
+
+    def block_ids(self, request: Request) -> list[int]:
+        """The request's device table in reading order (a copy; [] while it holds none).
+        The first num_freed_blocks entries name the null block."""
+        table = self._tables.get(request.handle)
+        return list(table.block_ids) if table is not None else []
+
+    def num_freed_blocks(self, request: Request) -> int:
+        """Leading entries freed behind a sliding window (kept while swapped out)."""
+        table = self._tables.get(request.handle)
+        return table.num_freed if table is not None else 0
+
+    def num_live_blocks(self, request: Request) -> int:
+        """Device blocks the request holds: what a swap-out copies."""
+        table = self._tables[request.handle]
+        return len(table.block_ids) - table.num_freed
+
+    def swap_block_ids(self, request: Request) -> list[int]:
+        """The CPU blocks holding the request's live blocks while swapped out (a copy)."""
+        table = self._tables.get(request.handle)
+        return list(table.cpu_block_ids) if table is not None else []
+
+    def block_hashes(self, request: Request) -> list[bytes]:
+        """Prefix hashes of the request's full blocks, in order (a copy)."""
+        return self.prefix.block_hashes(request)
+
+    def handles(self) -> set[int]:
+        """The handles of the requests it holds a table or a hash chain for (until forget)."""
+        return self._tables.keys() | self.prefix.handles()
+
     # ---- slots --------------------------------------------------------------------------
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        """Slots for the request's next `num_new_tokens` tokens after its computed ones.
-        Blocks behind the window of the first of them are released first. Returns the
-        blocks appended to its table ([] when the last block has room), or None, appending
-        nothing, when the pool is short."""
-        first = request.num_computed_tokens
+    def allocate_slots(self, request: Request, num_new_tokens: int, step: int
+                       ) -> list[int] | tuple[()] | None:
+        """Slots for the request's next `num_new_tokens` tokens after its computed ones,
+        which step `step` computes: blocks behind the window of the first of them are
+        released first, and the full blocks among them become findable (unconfirmed until
+        the step's result). Returns the blocks appended to its table (empty when the last
+        block has room), or None, changing nothing, when the pool is short. The scheduler
+        calls it for every running request every step: the common case costs one lookup
+        and one compare."""
+        table = self._tables[request.handle]
+        end = request.num_computed_tokens + num_new_tokens
+        if end < table.work_at:
+            return ()   # the common decode step: the last block has room, none fills
+        return self._grow(request, table, end, step)
+
+    def _grow(self, request: Request, table: BlockTable, end: int, step: int
+              ) -> list[int] | tuple[()] | None:
         if self.sliding_window is not None:
-            self._free_outside_window(request, first)
-        end = first + num_new_tokens
-        slots = request.num_slots
+            self._free_outside_window(table, request.num_computed_tokens)
+        slots = table.num_slots
         if end <= slots:
-            return []   # the common decode case: the last block still has room
-        table = request.block_ids
-        size = self.block_size
-        if end <= slots + size:   # one block more: a decode step that crossed into it
+            new_blocks: list[int] | tuple[()] = ()   # the common decode case: room left
+        elif end <= slots + self.block_size:   # one block more: a decode step crossed into it
             block_id = self.pool.allocate_one()
             if block_id is None:
                 return None
-            table.append(block_id)
-            request.num_slots = slots + size
-            return [block_id]
-        missing = -(-end // size) - len(table)
-        pool = self.pool
-        if missing > pool.num_free:
-            return None
-        new_blocks = pool.allocate(missing)
-        table.extend(new_blocks)
-        request.num_slots = len(table) * size
+            table.block_ids.append(block_id)
+            table.num_slots = slots + self.block_size
+            new_blocks = [block_id]
+        else:
+            block_ids = table.block_ids
+            missing = self.blocks_for(end) - len(block_ids)
+            if missing > self.pool.num_free:
+                return None
+            new_blocks = self.pool.allocate(missing)
+            block_ids.extend(new_blocks)
+            table.num_slots = len(block_ids) * self.block_size
+        if end >= table.register_at:
+            self._register(request, table, end, step)
+        self._set_work_at(table)
         return new_blocks
 
     def free(self, request: Request) -> None:
-        """Release every block the request holds, on the device and in the swap space."""
-        self.pool.release(request.block_ids)   # the null entries are skipped
-        request.block_ids = []
-        request.num_registered = 0
-        request.num_freed_blocks = 0
-        self._retable(request)
-        if request.cpu_block_ids:
-            self.swap.drop(request)
+        """Release every block the request holds, on the device and in the swap space
+        (preempted to be recomputed: its prefix hashes stay for its next admission)."""
+        table = self._tables.get(request.handle)
+        if table is None:
+            return
+        self.pool.release(table.block_ids)   # the null entries are skipped
+        table.block_ids = []
+        table.num_registered = 0
+        table.num_freed = 0
+        if table.cpu_block_ids:
+            self.swap.drop(table.cpu_block_ids)
+            table.cpu_block_ids = []
+        self._retable(table)
+
+    def forget(self, request: Request) -> None:
+        """The request finished: free its blocks and drop its table and hashes."""
+        self.free(request)
+        self._tables.pop(request.handle, None)
+        self.prefix.forget(request)
 
     # ---- admission ----------------------------------------------------------------------
 
-    def find_cached_prefix(self, request: Request) -> list[int]:
-        """Blocks already holding the request's leading full blocks (pass them to can_admit
-        and admit; they count len(hits) * block_size computed tokens)."""
-        return self.prefix.find(request)
+    def find_cached_prefix(self, request: Request) -> CachedPrefix:
+        """Blocks already holding the request's leading full blocks, and the tokens they
+        count (pass it to can_admit and admit)."""
+        hits = self.prefix.find(request)
+        return CachedPrefix(hits, len(hits) * self.block_size)
 
-    def can_admit(self, request: Request, hits: list[int]) -> bool:
-        """Whether the pool holds the blocks of the whole request after the hits (with a
-        window: at most its peak footprint)."""
+    def can_admit(self, request: Request, cached: CachedPrefix) -> bool:
+        """Whether the pool holds the blocks of the whole request after the cached prefix
+        (with a window: at most its peak footprint)."""
+        hits = cached.blocks
         needed = self.blocks_for(request.num_tokens) - len(hits)
         kept = hits
         if self.sliding_window is not None:
@@ -141,15 +197,20 @@ class KVCacheManager:
         reclaimable = sum(1 for b in kept if refs(b) == 0)   # cached-free: counted as free
         return needed <= self.pool.num_free - reclaimable
 
-    def admit(self, request: Request, hits: list[int], num_new_tokens: int) -> list[int]:
-        """Start the request's table from the hits (request.num_computed_tokens already
-        counts them) with slots for `num_new_tokens` more; can_admit said they fit."""
-        for block_id in hits:
+    def admit(self, request: Request, cached: CachedPrefix, num_new_tokens: int,
+              step: int) -> list[int] | tuple[()]:
+        """Start the request's table from the cached prefix (request.num_computed_tokens
+        already counts it) with slots for `num_new_tokens` more, computed by step `step`;
+        can_admit said they fit. Returns the blocks appended after the prefix."""
+        table = self._tables.get(request.handle)
+        if table is None:
+            table = self._tables[request.handle] = BlockTable()
+        for block_id in cached.blocks:
             self.pool.share(block_id)
-        request.block_ids = list(hits)
-        request.num_registered = len(hits)
-        self._retable(request)
-        new_blocks = self.allocate_slots(request, num_new_tokens)
+        table.block_ids = list(cached.blocks)
+        table.num_registered = len(cached.blocks)
+        self._retable(table)
+        new_blocks = self.allocate_slots(request, num_new_tokens, step)
         assert new_blocks is not None, "admission checked the free blocks"
         return new_blocks
 
@@ -160,21 +221,23 @@ class KVCacheManager:
         reference, the partial one copied (the copy goes into the next plan, take_copies).
         False, changing nothing, when no block is free or (sliding window) the parent
         already freed a block the child's last prompt token reads."""
-        prompt_len = len(parent.prompt_token_ids)
+        prompt_len = parent.prompt_len
         shared = (prompt_len - 1) // self.block_size   # full blocks before the last token
         dead = self.dead_blocks(prompt_len - 1)
-        if self.pool.num_free < 1 or parent.num_freed_blocks > dead:
+        parent_table = self._tables[parent.handle]
+        if self.pool.num_free < 1 or parent_table.num_freed > dead:
             return False
-        table = parent.block_ids
-        for block_id in table[dead:shared]:
+        block_ids = parent_table.block_ids
+        for block_id in block_ids[dead:shared]:
             self.pool.share(block_id)
         (copy,) = self.pool.allocate(1)
-        self._copies.append((table[shared], copy))
-        child.block_ids = [self.pool.null_block] * dead + table[dead:shared] + [copy]
-        child.num_freed_blocks = dead
-        child.block_hashes = list(parent.block_hashes[:shared])
-        child.num_registered = shared
-        self._retable(child)
+        self._copies.append((block_ids[shared], copy))
+        table = self._tables[child.handle] = BlockTable()
+        table.block_ids = [self.pool.null_block] * dead + block_ids[dead:shared] + [copy]
+        table.num_freed = dead
+        table.num_registered = shared
+        self._retable(table)
+        self.prefix.fork(parent, child, shared)
         return True
 
     def take_copies(self) -> list[tuple[int, int]]:
@@ -186,56 +249,95 @@ class KVCacheManager:
 
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
         """Move the request's live blocks to the swap space (the caller checked
-        num_free_swap_blocks) and release them; returns the (device, CPU) pairs to copy.
-        The count of freed entries stays, so swap_in restores them as null entries."""
-        pairs = self.swap.store(request, self.live_blocks(request))
-        self.pool.release(request.block_ids)
-        request.block_ids = []
-        request.num_registered = 0
-        self._retable(request)
-        return pairs
+        num_free_swap_blocks against num_live_blocks) and release them; returns the
+        (device, CPU) pairs to copy. The count of freed entries stays, so swap_in restores
+        them as null entries."""
+        table = self._tables[request.handle]
+        live = table.block_ids[table.num_freed:]
+        table.cpu_block_ids = self.swap.store(live)
+        self.pool.release(table.block_ids)
+        table.block_ids = []
+        table.num_registered = 0
+        self._retable(table)
+        return list(zip(live, table.cpu_block_ids))
 
-    def swap_in(self, request: Request, num_new_tokens: int) -> list[tuple[int, int]] | None:
+    def swap_in(self, request: Request, num_new_tokens: int, step: int
+                ) -> list[tuple[int, int]] | None:
         """Device blocks for a swapped-out request's computed tokens and `num_new_tokens`
-        more; returns the (CPU, device) pairs to copy, or None, changing nothing, when the
-        pool is short."""
-        freed = request.num_freed_blocks   # entries that left the window stay null
-        needed = self.blocks_for(request.num_computed_tokens + num_new_tokens) - freed
+        more, computed by step `step`; returns the (CPU, device) pairs to copy, or None,
+        changing nothing, when the pool is short."""
+        table = self._tables[request.handle]
+        freed = table.num_freed   # entries that left the window stay null
+        end = request.num_computed_tokens + num_new_tokens
+        needed = self.blocks_for(end) - freed
         if needed > self.pool.num_free:
             return None
         device_blocks = self.pool.allocate(needed)
-        pairs = self.swap.load(request, device_blocks)
-        request.block_ids = ([self.pool.null_block] * freed + device_blocks if freed
-                             else device_blocks)
-        self._retable(request)
+        pairs = self.swap.load(table.cpu_block_ids, device_blocks)
+        table.cpu_block_ids = []
+        table.block_ids = ([self.pool.null_block] * freed + device_blocks if freed
+                           else device_blocks)
+        self._retable(table)
+        if end >= table.register_at:
+            self._register(request, table, end, step)
         return pairs
 
-    def _retable(self, request: Request) -> None:
-        """Cache what the scheduler's per-step loops test, after block_ids or
-        num_registered changed: the slots the table holds, and the token count at which a
-        block fills that the prefix cache has not registered (NEVER with it off)."""
+    def _retable(self, table: BlockTable) -> None:
+        """Cache what the per-step calls test, after block_ids or num_registered changed:
+        the slots the table holds, and the token count at which a block fills that the
+        prefix cache has not registered (NEVER with it off)."""
         size = self.block_size
-        request.num_slots = len(request.block_ids) * size
-        request.register_at = ((request.num_registered + 1) * size if self.prefix.enabled
-                               else NEVER)
+        table.num_slots = len(table.block_ids) * size
+        table.register_at = (table.num_registered + 1) * size if self.prefix.enabled else NEVER
+        self._set_work_at(table)
+
+    def _set_work_at(self, table: BlockTable) -> None:
+        """After num_slots or register_at changed: the first token count allocate_slots
+        has work at (0 with a sliding window: any call may free blocks)."""
+        if self.sliding_window is not None:
+            table.work_at = 0
+        else:
+            slots_end = table.num_slots + 1
+            register_at = table.register_at
+            table.work_at = slots_end if slots_end < register_at else register_at
 
     # ---- prefix cache -------------------------------------------------------------------
 
     def register_full_blocks(self, request: Request, num_tokens: int, step: int) -> None:
         """Make the full blocks among the request's first `num_tokens` tokens findable,
-        unconfirmed until step `step`'s result arrives (confirm_through)."""
-        # Cheap test first: most decode steps fill no block.
-        if num_tokens >= request.register_at:
-            self.prefix.register(request, num_tokens, step)
+        unconfirmed until step `step`'s result arrives (confirm_through): for a token just
+        learned that a step already planned computes (its block may be full now). Called
+        for every token a step returns: the common case costs one lookup and a compare."""
+        table = self._tables[request.handle]
+        if num_tokens >= table.register_at:
+            self._register(request, table, num_tokens, step)
+
+    def _register(self, request: Request, table: BlockTable, num_tokens: int,
+                  step: int) -> None:
+        done = self.prefix.register(request, table.block_ids, table.num_registered,
+                                    num_tokens, step)
+        table.num_registered = done
+        table.register_at = (done + 1) * self.block_size
+        self._set_work_at(table)
 
     def confirm_through(self, step: int) -> None:
         """Steps up to `step` ran: their blocks hold what their hashes say."""
         self.prefix.confirm_through(step)
 
-    def discard_unconfirmed(self, running: list[Request]) -> None:
+    def discard_unconfirmed(self) -> None:
         """A step failed: no later request may find the blocks registered for steps that
-        never returned (they may hold garbage)."""
-        self.prefix.discard_unconfirmed(running)
+        never returned (they may hold garbage); the tables that registered them rewind."""
+        lost = self.prefix.discard_unconfirmed()
+        if not lost:
+            return
+        size = self.block_size
+        for table in self._tables.values():
+            for index, block_id in enumerate(table.block_ids[:table.num_registered]):
+                if block_id in lost:
+                    table.num_registered = index
+                    table.register_at = (index + 1) * size
+                    self._set_work_at(table)
+                    break
 
     def unconfirmed_blocks(self) -> set[int]:
         return self.prefix.unconfirmed_blocks()
@@ -248,14 +350,14 @@ class KVCacheManager:
             return 0
         return max(0, first_position - self.sliding_window + 1) // self.block_size
 
-    def _free_outside_window(self, request: Request, first_position: int) -> None:
-        dead = min(self.dead_blocks(first_position), len(request.block_ids))
-        start = request.num_freed_blocks
+    def _free_outside_window(self, table: BlockTable, first_position: int) -> None:
+        block_ids = table.block_ids
+        dead = min(self.dead_blocks(first_position), len(block_ids))
+        start = table.num_freed
         if dead <= start:
             return
-        table = request.block_ids
-        self.pool.release(table[start:dead])
+        self.pool.release(block_ids[start:dead])
         null = self.pool.null_block
         for index in range(start, dead):
-            table[index] = null
-        request.num_freed_blocks = dead
+            block_ids[index] = null
+        table.num_freed = dead

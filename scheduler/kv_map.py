@@ -5,17 +5,20 @@ token, and its owner (an index into `requests`; a shared block lists all of its 
 `shared`). Per request: its block table in reading order, progress and state. Block ids and
 request ids only, never token ids. The cost is a few list copies of the pool's length plus
 one pass over the block tables of the requests holding blocks.
+
+Built from the KV manager (which holds the tables and the pools) and the scheduler's queues,
+passed in: Scheduler.kv_map() calls it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Sequence
+from typing import Any
 
+from folio.scheduler.kv_manager import KVCacheManager
 from folio.scheduler.request import Request, RequestStatus
-
-if TYPE_CHECKING:
-    from folio.scheduler.scheduler import Scheduler
+from folio.shared.config import SchedulerConfig
 
 MAX_LISTED_QUEUED = 256      # waiting (and forking) requests listed; the rest only counted
 MAX_MAP_BLOCKS = 1 << 22     # a larger pool is sent without its per-block arrays
@@ -27,15 +30,18 @@ def _state(request: Request) -> str:
     return request.status.value
 
 
-def build_kv_map(scheduler: Scheduler) -> dict[str, Any]:
-    config = scheduler.config
+def build_kv_map(kv: KVCacheManager, config: SchedulerConfig, *, running: Sequence[Request],
+                 swapped: Collection[Request], waiting: Collection[Request],
+                 num_requests: int, steps: int) -> dict[str, Any]:
+    """The snapshot of `kv`'s pools and of the requests in the three queues (`waiting` in
+    order, each with its forking children); `num_requests` counts every live request and
+    `steps` the steps planned so far."""
     size = config.block_size
-    pool, swap_pool = scheduler.pool, scheduler.swap_pool
+    pool, swap_pool = kv.pool, kv.swap.pool
     now = time.monotonic()
-    waiting = list(scheduler.waiting)[:MAX_LISTED_QUEUED]
-    forking = [child for owner in (*scheduler.running, *waiting) for child in owner.fork_children]
-    listed = [*scheduler.running, *scheduler.swapped, *waiting,
-              *forking[:MAX_LISTED_QUEUED]]
+    waiting_listed = list(waiting)[:MAX_LISTED_QUEUED]
+    forking = [child for owner in (*running, *waiting_listed) for child in owner.fork_children]
+    listed = [*running, *swapped, *waiting_listed, *forking[:MAX_LISTED_QUEUED]]
     index = {id(request): i for i, request in enumerate(listed)}
 
     n = pool.num_blocks
@@ -44,10 +50,10 @@ def build_kv_map(scheduler: Scheduler) -> dict[str, Any]:
     owner = [-1] * n
     shared: dict[int, list[int]] = {}
     filled = 0
-    for i, request in enumerate(scheduler.running):
+    for i, request in enumerate(running):
         computed = request.num_computed_tokens
-        first = request.num_freed_blocks   # entries freed behind a sliding window: null
-        for position, block_id in enumerate(request.block_ids[first:], first):
+        first = kv.num_freed_blocks(request)   # entries freed behind a sliding window: null
+        for position, block_id in enumerate(kv.block_ids(request)[first:], first):
             tokens = min(size, max(0, computed - position * size))
             if owner[block_id] < 0:
                 owner[block_id] = i
@@ -66,9 +72,9 @@ def build_kv_map(scheduler: Scheduler) -> dict[str, Any]:
     swap_state = bytearray(b"F") * swap_n
     swap_fill = [0] * swap_n
     swap_owner = [-1] * swap_n
-    for request in scheduler.swapped:
+    for request in swapped:
         computed = request.num_computed_tokens
-        for position, block_id in enumerate(request.cpu_block_ids):
+        for position, block_id in enumerate(kv.swap_block_ids(request)):
             swap_state[block_id] = 85
             swap_fill[block_id] = min(size, max(0, computed - position * size))
             swap_owner[block_id] = index[id(request)]
@@ -79,20 +85,19 @@ def build_kv_map(scheduler: Scheduler) -> dict[str, Any]:
               "slots_filled": filled,
               "slot_utilization": filled / (used * size) if used else 1.0,
               "swap_total": swap_n, "swap_used": swap_n - swap_pool.num_free,
-              "running": len(scheduler.running), "swapped": len(scheduler.swapped),
-              "waiting": len(scheduler.waiting) + sum(
-                  len(r.fork_children) for r in scheduler.waiting),
-              "requests": len(scheduler.requests)}
+              "running": len(running), "swapped": len(swapped),
+              "waiting": len(waiting) + sum(len(r.fork_children) for r in waiting),
+              "requests": num_requests}
     snapshot: dict[str, Any] = {
         "block_size": size, "num_blocks": n, "max_model_len": config.max_model_len,
-        "step": scheduler._next_step,   # steps planned so far, as stats()["steps"]
-        "requests": [_request(r, now) for r in listed],
-        "running": list(range(len(scheduler.running))),
-        "swapped": [index[id(r)] for r in scheduler.swapped],
-        "waiting": [index[id(r)] for r in waiting],
+        "step": steps,   # steps planned so far, as stats()["steps"]
+        "requests": [_request(kv, r, now) for r in listed],
+        "running": list(range(len(running))),
+        "swapped": [index[id(r)] for r in swapped],
+        "waiting": [index[id(r)] for r in waiting_listed],
         "shared": [[block_id, owners] for block_id, owners in shared.items()],
         "totals": counts,
-        "contiguous": contiguous(scheduler, listed),
+        "contiguous": contiguous(config, listed, num_requests),
     }
     if n <= MAX_MAP_BLOCKS:
         snapshot["blocks"] = {"state": state.decode(), "ref": pool.ref_counts(),
@@ -103,10 +108,10 @@ def build_kv_map(scheduler: Scheduler) -> dict[str, Any]:
     return snapshot
 
 
-def _request(request: Request, now: float) -> dict[str, Any]:
+def _request(kv: KVCacheManager, request: Request, now: float) -> dict[str, Any]:
     age = now - request.arrival_time
     return {"id": request.request_id, "state": _state(request),
-            "blocks": list(request.block_ids), "swap_blocks": list(request.cpu_block_ids),
+            "blocks": kv.block_ids(request), "swap_blocks": kv.swap_block_ids(request),
             # tokens: known ones plus those the step in flight samples (computed counts them)
             "computed": request.num_computed_tokens,
             "tokens": request.num_tokens + request.num_pending,
@@ -117,15 +122,16 @@ def _request(request: Request, now: float) -> dict[str, Any]:
             "age_s": round(age, 4)}
 
 
-def contiguous(scheduler: Scheduler, listed: list[Request]) -> dict[str, Any]:
+def contiguous(config: SchedulerConfig, listed: list[Request], num_requests: int
+               ) -> dict[str, Any]:
     """What reserving max_model_len slots per request, in one piece, would need for the same
-    requests: the layout the paged cache replaces."""
-    config = scheduler.config
+    requests (`num_requests` of them, the first of them `listed`): the layout the paged cache
+    replaces."""
     size, reserve = config.block_size, config.max_model_len
     per_request = -(-reserve // size)
     fits = config.num_kv_blocks // per_request
     held = [min(r.num_tokens, reserve) for r in listed[:fits]]
-    total = len(scheduler.requests)
+    total = num_requests
     return {"reserve_tokens": reserve, "blocks_per_request": per_request,
             "requests": total, "blocks_needed": total * per_request, "fits": fits,
             "slots_filled": sum(held),

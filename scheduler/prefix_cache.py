@@ -1,15 +1,26 @@
 """Prefix-cache lookups and registrations for KVCacheManager (its only caller): a full
 block is named by the chained SHA-256 of its parent's hash and its token ids, and enters
 the cache when the step computing its last token is planned, unconfirmed until that step's
-result arrives; a failed step takes its registrations back."""
+result arrives; a failed step takes its registrations back.
+
+It keeps each request's hash chain (token-derived: kept across preemptions, until forget),
+never a block table: the manager hands it the block ids to register and writes back what
+it answers."""
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from folio.scheduler.block_pool import BlockPool, chain_hash
-from folio.scheduler.request import NEVER, Request
+from folio.scheduler.request import Request
+
+
+class CachedPrefix(NamedTuple):
+    """What find_cached_prefix found: the blocks holding a request's leading full blocks
+    (leading null entries for those behind a sliding window) and the tokens they count."""
+    blocks: list[int]
+    num_tokens: int
 
 
 class PrefixCache:
@@ -19,6 +30,8 @@ class PrefixCache:
         self.block_size = block_size
         self.enabled = enabled
         self._dead_blocks = dead_blocks   # a sliding window's, else None
+        # Prefix hashes of each request's full blocks, in order, by request handle.
+        self._hashes: dict[int, list[bytes]] = {}
         # Registrations whose step has not returned yet: (step id, block ids).
         self._unconfirmed: deque[tuple[int, list[int]]] = deque()
 
@@ -28,11 +41,12 @@ class PrefixCache:
         if not self.enabled or request.sampling.prompt_logprobs is not None:
             return []   # prompt logprobs need every prompt position computed
         usable = (request.num_tokens - 1) // self.block_size
-        _extend_hashes(request, usable, self.block_size)
+        hashes = self._hashes_of(request)
+        _extend_hashes(request, hashes, usable, self.block_size)
         if self._dead_blocks is not None:
-            return self._windowed_prefix(request.block_hashes[:usable])
+            return self._windowed_prefix(hashes[:usable])
         hits = []
-        for block_hash in request.block_hashes[:usable]:
+        for block_hash in hashes[:usable]:
             block_id = self.pool.lookup(block_hash)
             if block_id is None:
                 break
@@ -57,45 +71,64 @@ class PrefixCache:
         dead = dead_blocks(best * self.block_size)
         return [self.pool.null_block] * dead + found[dead:best]
 
-    def register(self, request: Request, num_tokens: int, step: int) -> None:
+    def register(self, request: Request, block_ids: list[int], start: int, num_tokens: int,
+                 step: int) -> int:
         """Make the full blocks among the request's first `num_tokens` tokens findable by
         later requests, as soon as those tokens are scheduled: a request admitted later in
         the same step reads them after the step's forward pass wrote them (each layer writes
         the cache for every token before attending). Only tokens whose ids are known count.
-        Keeps request.register_at (see KVCacheManager._retable) on every path."""
-        if not self.enabled:
-            request.register_at = NEVER
-            return
+        `block_ids` is its table, of which the first `start` blocks are registered; returns
+        how many are now."""
         size = self.block_size
-        table = request.block_ids
         known = request.num_tokens
         full = (num_tokens if num_tokens < known else known) // size
-        if full > len(table):
-            full = len(table)
-        start = request.num_registered
-        if full > start:
-            hashes = request.block_hashes
-            first = start * size - request.prompt_len
-            if full == start + 1 == len(hashes) + 1 and first >= 0:
-                # A decode step filled one block of output: hash it and register it here.
-                block_hash = chain_hash(hashes[-1] if start else None,
-                                        request.output_token_ids[first:first + size])
-                hashes.append(block_hash)
-                request.num_registered = full
-                request.register_at = (full + 1) * size
-                block_id = table[start]
-                if self.pool.register(block_id, block_hash):
-                    self._unconfirmed_in(step, [block_id])
-                return
-            if len(hashes) < full:
-                _extend_hashes(request, full, size)
-            register = self.pool.register
-            registered = [block_id for block_id, block_hash in zip(
-                table[start:full], hashes[start:full]) if register(block_id, block_hash)]
-            request.num_registered = start = full
-            if registered:
-                self._unconfirmed_in(step, registered)
-        request.register_at = (start + 1) * size
+        if full > len(block_ids):
+            full = len(block_ids)
+        if full <= start:
+            return start
+        hashes = self._hashes_of(request)
+        first = start * size - request.prompt_len
+        if full == start + 1 == len(hashes) + 1 and first >= 0:
+            # A decode step filled one block of output: hash it and register it here.
+            block_hash = chain_hash(hashes[-1] if start else None,
+                                    request.output_token_ids[first:first + size])
+            hashes.append(block_hash)
+            block_id = block_ids[start]
+            if self.pool.register(block_id, block_hash):
+                self._unconfirmed_in(step, [block_id])
+            return full
+        if len(hashes) < full:
+            _extend_hashes(request, hashes, full, size)
+        register = self.pool.register
+        registered = [block_id for block_id, block_hash in zip(
+            block_ids[start:full], hashes[start:full]) if register(block_id, block_hash)]
+        if registered:
+            self._unconfirmed_in(step, registered)
+        return full
+
+    def fork(self, parent: Request, child: Request, num_blocks: int) -> None:
+        """The child shares the parent's first `num_blocks` full blocks: their hashes too."""
+        hashes = self._hashes.get(parent.handle)
+        if hashes is not None:
+            self._hashes[child.handle] = hashes[:num_blocks]
+
+    def block_hashes(self, request: Request) -> list[bytes]:
+        """The request's hash chain so far (a copy)."""
+        return list(self._hashes.get(request.handle, ()))
+
+    def handles(self) -> set[int]:
+        """The handles of the requests it holds a hash chain for."""
+        return set(self._hashes)
+
+    def forget(self, request: Request) -> None:
+        """The request finished: drop its hash chain."""
+        self._hashes.pop(request.handle, None)
+
+    def _hashes_of(self, request: Request) -> list[bytes]:
+        hashes = self._hashes.get(request.handle)
+        if hashes is None:
+            hashes = self._hashes[request.handle] = []
+        return hashes
 
     def _unconfirmed_in(self, step: int, blocks: list[int]) -> None:
         """Blocks registered for `step`, unconfirmed until its result: one entry per step."""
@@ -110,24 +143,20 @@ class PrefixCache:
         while unconfirmed and unconfirmed[0][0] <= step:
             unconfirmed.popleft()
 
-    def discard_unconfirmed(self, running: list[Request]) -> None:
+    def discard_unconfirmed(self) -> set[int]:
+        """Forget every unconfirmed registration; returns the blocks it named (the manager
+        rewinds the tables that registered them)."""
         lost = self.unconfirmed_blocks()
         self._unconfirmed.clear()
         for block_id in lost:
             self.pool.unregister(block_id)
-        for request in running:
-            for index, block_id in enumerate(request.block_ids[:request.num_registered]):
-                if block_id in lost:
-                    request.num_registered = index
-                    request.register_at = (index + 1) * self.block_size
-                    break
+        return lost
 
     def unconfirmed_blocks(self) -> set[int]:
         return {block_id for _, blocks in self._unconfirmed for block_id in blocks}
 
 
-def _extend_hashes(request: Request, count: int, size: int) -> None:
-    hashes = request.block_hashes
+def _extend_hashes(request: Request, hashes: list[bytes], count: int, size: int) -> None:
     index = len(hashes)
     parent = hashes[-1] if hashes else None
     while index < count:

@@ -1,4 +1,6 @@
-"""A request as the scheduler sees it: token ids, progress, blocks and state."""
+"""A request as the scheduler sees it: token ids, token counts and state. Its blocks are
+not here: KVCacheManager holds every block table (scheduler/kv_manager.py), keyed by the
+request's handle."""
 
 from __future__ import annotations
 
@@ -16,22 +18,17 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-# A register_at no token count reaches (the prefix cache is off).
-NEVER = 1 << 62
-
-
 class Request:
     __slots__ = ("request_id", "handle", "prompt_token_ids", "output_token_ids", "sampling",
-                 "status", "num_computed_tokens", "block_ids", "block_hashes", "num_registered",
-                 "cpu_block_ids", "finish_reason", "on_executor", "num_pending", "admit_seq",
-                 "resumed_step", "num_preemptions", "fork_children", "prompt_logprobs_next",
-                 "arrival_time", "queue_s", "num_freed_blocks", "stop_length_at", "stop_ids",
-                 "prompt_len", "num_tokens", "num_slots", "register_at", "stop_num_tokens")
+                 "status", "num_computed_tokens", "finish_reason", "on_executor",
+                 "num_pending", "admit_seq", "resumed_step", "num_preemptions",
+                 "fork_children", "prompt_logprobs_next", "arrival_time", "queue_s",
+                 "stop_length_at", "stop_ids", "prompt_len", "num_tokens", "stop_num_tokens")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
         self.request_id = request_id
-        self.handle = handle
+        self.handle = handle   # unique per Scheduler: the executor's and the KV manager's key
         self.prompt_token_ids = prompt_token_ids   # never changes
         self.output_token_ids: list[int] = []
         # Cached counts the per-step loops read instead of len() and products, each kept
@@ -45,19 +42,6 @@ class Request:
         self.sampling = sampling
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
-        self.block_ids: list[int] = []
-        self.block_hashes: list[bytes] = []    # prefix hashes of the full blocks, in order
-        self.num_registered = 0                # leading blocks already in the prefix cache
-        # KVCacheManager's, with block_ids and num_registered: len(block_ids) * block_size,
-        # and the token count at which register_full_blocks has work again,
-        # (num_registered + 1) * block_size (NEVER with the prefix cache off; 0, meaning
-        # "ask", until the manager first sets it).
-        self.num_slots = 0
-        self.register_at = 0
-        # Leading table entries freed once they left every layer's window (sliding-window
-        # models): they name the null block. Kept while swapped out.
-        self.num_freed_blocks = 0
-        self.cpu_block_ids: list[int] = []
         self.finish_reason: str | None = None
         self.on_executor = False   # whether the executor holds this request's state
         # Tokens that steps in flight will sample, not yet reported: a step scheduled ahead
@@ -85,4 +69,4 @@ class Request:
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.value}, "
-                f"computed={self.num_computed_tokens}/{self.num_tokens}, blocks={self.block_ids})")
+                f"handle={self.handle}, computed={self.num_computed_tokens}/{self.num_tokens})")

@@ -10,8 +10,9 @@ is preempted (never one that was just resumed while an older one could go): its 
 either copied to the CPU swap pool or dropped and recomputed later, as the preemption mode
 and its cost estimate say. Either way it keeps the tokens it has produced so far.
 
-Block tables are KVCacheManager's alone (scheduler/kv_manager.py): this module works in
-token counts, asks it for slots, forks and swaps, and puts the pairs it returns in the plan.
+Block tables are KVCacheManager's alone (scheduler/kv_manager.py holds and writes them):
+this module works in token counts, asks it for slots, forks and swaps, puts the pairs it
+returns in the plan, and asks it for a request's table when the plan sends it whole.
 
 `n > 1` runs as n sibling requests: the first computes the prompt; the others then fork
 from it, sharing its full prompt blocks by reference count and copying the partial one.
@@ -65,7 +66,7 @@ class _Scheduled:
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.kv = KVCacheManager(config)   # the only writer of block tables
+        self.kv = KVCacheManager(config)   # holds and writes every block table
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
         self.running: list[Request] = []          # by admit_seq: last = newest
@@ -142,20 +143,17 @@ class Scheduler:
         scheduled: list[_Scheduled] = []
         preempted = False
 
-        kv = self.kv
-        windowless = kv.sliding_window is None
         chunked = self.config.enable_chunked_prefill
         running = self.running
         add_handle = plan.running_handles.append
         add_count = plan.running_num_tokens.append
         appended = plan.new_block_ids
-        allocate_slots = kv.allocate_slots
-        register_filled = kv.register_filled
+        allocate_slots = self.kv.allocate_slots
         # The decode loop runs for every running request every step, so it reads the
-        # counts cached on the request (num_tokens, num_slots, register_at: see
-        # scheduler/request.py) rather than working them out. Preemption removes only
-        # requests not yet scheduled (this one or later ones), which the list iterator
-        # tolerates; a preempted `request` ends the loop.
+        # token counts cached on the request (num_tokens, stop_num_tokens: see
+        # scheduler/request.py) rather than working them out, and makes one call to the
+        # KV manager. Preemption removes only requests not yet scheduled (this one or later
+        # ones), which the list iterator tolerates; a preempted `request` ends the loop.
         for request in running:   # budget > 0: max_num_batched_tokens is positive
             computed = request.num_computed_tokens
             pending = request.num_pending
@@ -169,23 +167,19 @@ class Scheduler:
             if num_new == 0:
                 continue
             end = computed + num_new
-            # Inlined for the common decode step (256 requests a step): the last block has
-            # room and no window moves; kv.allocate_slots decides everything else.
-            if end <= request.num_slots and windowless:
-                new_blocks = ()   # no new blocks
-            else:
-                new_blocks = allocate_slots(request, num_new)
-                if new_blocks is None:
-                    index = running.index(request)   # rare: the pool is short
-                    while new_blocks is None:
-                        victim = self._pick_victim(index, step)
-                        self._preempt(victim, plan)
-                        preempted = True
-                        if victim is request:
-                            break
-                        new_blocks = kv.allocate_slots(request, num_new)
-                    if new_blocks is None:
+            # Slots for the new tokens (and their full blocks registered for this step).
+            new_blocks = allocate_slots(request, num_new, step)
+            if new_blocks is None:
+                index = running.index(request)   # rare: the pool is short
+                while new_blocks is None:
+                    victim = self._pick_victim(index, step)
+                    self._preempt(victim, plan)
+                    preempted = True
+                    if victim is request:
                         break
+                    new_blocks = allocate_slots(request, num_new, step)
+                if new_blocks is None:
+                    break
             if request.on_executor:   # the common case goes into the plan at once
                 add_handle(request.handle)
                 add_count(num_new)
@@ -196,8 +190,6 @@ class Scheduler:
                     request.num_pending = pending + 1
             else:
                 scheduled.append(_Scheduled(request, num_new, new_blocks, num_new == remaining))
-            if end >= request.register_at:   # a block filled (kv's own test, inlined)
-                register_filled(request, end, step)
             budget -= num_new
             if budget <= 0:
                 break
@@ -208,6 +200,17 @@ class Scheduler:
         if not preempted and not self.swapped:
             self._admit(scheduled, budget, step)
         return self._build_plan(plan, scheduled)
+
+    def plan_for_executor(self) -> StepPlan | None:
+        """What one step is, for the in-process engine (folio/engine.py) and the scheduler
+        process (scheduler/service.py) alike: plan it; None when the executor has nothing to
+        do in it (no tokens to compute, no handles to forget; outputs already decided, e.g.
+        aborts, still wait in take_pending_outputs). The executor runs the plan, and update
+        applies its result."""
+        plan = self.schedule()
+        if plan.is_empty and not plan.dropped_handles:
+            return None
+        return plan
 
     def update(self, plan: StepPlan, result: StepResult) -> StepOutputs:
         """Apply a step's sampled tokens; return what each request produced or how it ended
@@ -234,7 +237,7 @@ class Scheduler:
                 outputs.append(EngineOutput(request.request_id, [], FinishReason.ERROR,
                                             reason))
         logprobs = result.logprobs or repeat(None)
-        register_filled = self.kv.register_filled
+        register_full_blocks = self.kv.register_full_blocks
         registered_step = self._next_step - 1
         find = by_handle.get
         add_plain_id, add_plain_token = plain_ids.append, plain_tokens.append
@@ -248,10 +251,10 @@ class Scheduler:
             num_tokens = request.num_tokens + 1
             request.num_tokens = num_tokens
             request.num_pending -= 1
-            # A step ahead may be computing the token just learned: its block is full now.
+            # A step planned ahead computes the token just learned: its block may be full now.
             computed = request.num_computed_tokens
-            if computed >= request.register_at:   # kv's own test, inlined
-                register_filled(request, computed, registered_step)
+            if computed >= num_tokens:
+                register_full_blocks(request, computed, registered_step)
             # The common case, tested in line: a plain token (no logprobs, not the first,
             # which reports its queue time and may start forks) that stops nothing.
             if (entry is None and request.prompt_len + 1 < num_tokens < request.stop_num_tokens
@@ -277,7 +280,7 @@ class Scheduler:
     def discard_unconfirmed(self) -> None:
         """A step failed: blocks registered for steps that never returned may hold garbage,
         so no later request may find them. Call it before failing the requests."""
-        self.kv.discard_unconfirmed(self.running)
+        self.kv.discard_unconfirmed()
 
     # ---- introspection ------------------------------------------------------------------
 
@@ -293,7 +296,9 @@ class Scheduler:
 
     def kv_map(self) -> dict:
         """Every block's state and owner, every request's table (scheduler/kv_map.py)."""
-        return build_kv_map(self)
+        return build_kv_map(self.kv, self.config, running=self.running, swapped=self.swapped,
+                            waiting=self.waiting, num_requests=len(self.requests),
+                            steps=self._next_step)
 
     def kv_slot_utilization(self) -> float:
         """Fraction of the slots in used blocks that hold a computed token."""
@@ -317,7 +322,7 @@ class Scheduler:
             num_new = self._tokens_to_schedule(request, budget)
             if num_new == 0:
                 break
-            pairs = self.kv.swap_in(request, num_new)
+            pairs = self.kv.swap_in(request, num_new, step)   # registers full blocks too
             if pairs is None:
                 break
             self.swapped.popleft()
@@ -326,22 +331,22 @@ class Scheduler:
             # Not on the executor since its swap-out: the plan sends its whole table.
             scheduled.append(_Scheduled(request, num_new, [],
                                         num_new == request.num_uncomputed_tokens))
-            self.kv.register_full_blocks(request, request.num_computed_tokens + num_new, step)
             budget -= num_new
         return budget
 
     def _admit(self, scheduled: list[_Scheduled], budget: int, step: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            hits = self.kv.find_cached_prefix(request)
-            if not self.kv.can_admit(request, hits):
+            cached = self.kv.find_cached_prefix(request)
+            if not self.kv.can_admit(request, cached):
                 break
-            request.num_computed_tokens = len(hits) * self.config.block_size
+            request.num_computed_tokens = cached.num_tokens
             num_new = self._tokens_to_schedule(request, budget)
             if num_new == 0:
                 request.num_computed_tokens = 0
                 break
-            new_blocks = self.kv.admit(request, hits, num_new)
+            # Registered now, so the next request admitted in this step shares them.
+            new_blocks = self.kv.admit(request, cached, num_new, step)
             self.counters["prefix_cache_queries"] += request.num_tokens
             self.counters["prefix_cache_hits"] += request.num_computed_tokens
             self.waiting.popleft()
@@ -352,13 +357,11 @@ class Scheduler:
             self._resume(request, step)
             scheduled.append(_Scheduled(request, num_new, new_blocks,
                                         num_new == request.num_uncomputed_tokens))
-            # Registered now, so the next request admitted in this step shares them.
-            self.kv.register_full_blocks(request, request.num_computed_tokens + num_new, step)
             budget -= num_new
 
     def _fork(self, first: Request) -> None:
         """First sample's prompt is computed: start its siblings from its blocks."""
-        prompt_len = len(first.prompt_token_ids)
+        prompt_len = first.prompt_len
         children, first.fork_children = first.fork_children, []
         running = first.status is RequestStatus.RUNNING   # not if preempted meanwhile
         for child in children:
@@ -415,7 +418,7 @@ class Scheduler:
         self.running.remove(request)
         self._drop_on_executor(request)
         request.num_preemptions += 1
-        live = len(self.kv.live_blocks(request))   # freed (null) entries are not copied
+        live = self.kv.num_live_blocks(request)   # freed (null) entries are not copied
         if should_swap(self.config, request.num_computed_tokens, live,
                        self.kv.num_free_swap_blocks):
             plan.swap_out.extend(self.kv.swap_out(request))
@@ -446,7 +449,7 @@ class Scheduler:
             for owner in self.requests.values():
                 if request in owner.fork_children:
                     owner.fork_children.remove(request)
-        self.kv.free(request)   # device and swap blocks
+        self.kv.forget(request)   # device and swap blocks, its table and hashes
         self._drop_on_executor(request)
         if request.fork_children and request.status is not RequestStatus.FINISHED:
             # The siblings cannot fork from a request that ends before its prompt did.
@@ -482,10 +485,10 @@ class Scheduler:
                 plan.new_requests.append(NewRequest(
                     handle=request.handle,
                     token_ids=request.all_token_ids,
-                    prompt_len=len(request.prompt_token_ids),
+                    prompt_len=request.prompt_len,
                     num_computed_tokens=request.num_computed_tokens,
                     num_new_tokens=item.num_new_tokens,
-                    block_ids=list(request.block_ids),
+                    block_ids=self.kv.block_ids(request),
                     sampling=request.sampling,
                 ))
                 request.on_executor = True

@@ -8,8 +8,9 @@ Sockets (both bound here):
   executor side proves it is alive even while it computes (executor_link.py).
 
 The parts: queue limits (admission.py), the steps in flight (steps_in_flight.py, one step
-ahead; what a step is: step_rule.py), the graceful stop (shutdown.py), shared stats and
-page-map answers (reply_cache.py). This module wires them: one thread, one poll loop.
+ahead; what a step is: Scheduler.plan_for_executor), the graceful stop (shutdown.py),
+shared stats and page-map answers (reply_cache.py). This module wires them: one thread, one
+poll loop.
 The scheduler never touches torch.
 """
 
@@ -30,7 +31,6 @@ from folio.scheduler.reply_cache import CachedReply
 from folio.scheduler.request_failure import fail_requests
 from folio.scheduler.scheduler import Scheduler
 from folio.scheduler.shutdown import ShutdownDrain
-from folio.scheduler.step_rule import plan_for_executor
 from folio.scheduler.steps_in_flight import StepsInFlight
 from folio.shared import messages as m
 from folio.shared.codes import RefusalCode
@@ -371,7 +371,7 @@ class SchedulerService:
     def _step(self) -> None:
         scheduler = self.scheduler
         ahead = bool(self.steps.plans)
-        plan = plan_for_executor(scheduler)
+        plan = scheduler.plan_for_executor()
         pending = scheduler.take_pending_outputs()   # aborts: reported now, not with a result
         if pending:
             self.router.route(pending)

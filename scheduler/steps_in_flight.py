@@ -11,8 +11,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from folio.scheduler.step_rule import awaits_result
 from folio.shared.step import StepPlan
+
+
+def awaits_result(plan: StepPlan) -> bool:
+    """Whether the executor answers this plan with a result: only a plan that computes
+    tokens is (a plan of forget notices alone is not: executor/service.py answers non-empty
+    plans only)."""
+    return not plan.is_empty
 
 
 class StepsInFlight:

@@ -1,11 +1,11 @@
 """The CPU swap pool: where a swapped-out request's live blocks wait, one CPU block per
-device block, until it comes back. Only KVCacheManager calls it; the pairs it returns are
-the executor's copy orders (device -> CPU on the way out, CPU -> device on the way in)."""
+device block, until it comes back. Only KVCacheManager calls it (and keeps which CPU blocks
+are whose); the pairs it builds are the executor's copy orders (device -> CPU on the way
+out, CPU -> device on the way in)."""
 
 from __future__ import annotations
 
 from folio.scheduler.block_pool import BlockPool
-from folio.scheduler.request import Request
 
 
 class SwapSpace:
@@ -16,21 +16,18 @@ class SwapSpace:
     def num_free(self) -> int:
         return self.pool.num_free
 
-    def store(self, request: Request, device_blocks: list[int]) -> list[tuple[int, int]]:
-        """Give the request a CPU block for each of `device_blocks`; returns the
-        (device, CPU) pairs to copy out. The caller checked num_free."""
-        cpu_blocks = self.pool.allocate(len(device_blocks))
-        request.cpu_block_ids = cpu_blocks
-        return list(zip(device_blocks, cpu_blocks))
+    def store(self, device_blocks: list[int]) -> list[int]:
+        """A CPU block for each of `device_blocks`, in order (the caller checked num_free):
+        the pairs to copy out are zip(device_blocks, result)."""
+        return self.pool.allocate(len(device_blocks))
 
-    def load(self, request: Request, device_blocks: list[int]) -> list[tuple[int, int]]:
-        """Release the request's CPU blocks; returns the (CPU, device) pairs to copy in.
+    def load(self, cpu_blocks: list[int], device_blocks: list[int]) -> list[tuple[int, int]]:
+        """Release `cpu_blocks`; returns the (CPU, device) pairs to copy in.
         `device_blocks` may be longer (room for the tokens after the swapped ones)."""
-        pairs = list(zip(request.cpu_block_ids, device_blocks))
-        self.drop(request)
+        pairs = list(zip(cpu_blocks, device_blocks))
+        self.pool.release(cpu_blocks)
         return pairs
 
-    def drop(self, request: Request) -> None:
-        """Release the request's CPU blocks without copying them back."""
-        self.pool.release(request.cpu_block_ids)
-        request.cpu_block_ids = []
+    def drop(self, cpu_blocks: list[int]) -> None:
+        """Release CPU blocks without copying them back."""
+        self.pool.release(cpu_blocks)

@@ -1,9 +1,10 @@
 """The per-step fast paths change no behaviour, no value and no byte.
 
-- The counts cached on each request for the scheduler's decode loops (num_tokens,
-  num_slots, register_at, stop_num_tokens) equal what they cache after every step, through
-  recompute and swap preemptions, n > 1 forks, prefix hits, sliding windows, a step in
-  flight and a failed step; outputs still match runs alone (check_scheduler, Driver).
+- The counts cached for the scheduler's decode loops, on each request (num_tokens,
+  stop_num_tokens) and in the KV manager's table rows (num_slots, register_at), equal what
+  they cache after every step, through recompute and swap preemptions, n > 1 forks, prefix
+  hits, sliding windows, a step in flight and a failed step; outputs still match runs alone
+  (check_scheduler, Driver).
 - The unsigned fast test of shared/wire.py check_ints (decode_result's `h` and `t`) accepts
   and refuses exactly what the general check does.
 - bench/step_overhead.py --repeats reports median and minimum per stage, and the
@@ -28,8 +29,10 @@ import pytest
 
 from bench.step_overhead import SCHEDULER_STAGES, breakdown_repeated
 from folio.scheduler.block_pool import BlockPool
+from folio.scheduler.block_table import NEVER
 from folio.scheduler.kv_manager import KVCacheManager
-from folio.scheduler.request import NEVER, Request
+from folio.scheduler.prefix_cache import CachedPrefix
+from folio.scheduler.request import Request
 from folio.scheduler.scheduler import Scheduler
 from folio.shared import messages as m
 from folio.shared.config import SchedulerConfig
@@ -91,9 +94,10 @@ def test_register_at_after_a_failed_step_rewinds_with_num_registered():
     scheduler.add_request("a", PREFIXES[0][:16], SamplingParams(max_tokens=8))
     scheduler.schedule()   # registers the prompt's 4 full blocks, unconfirmed
     (request,) = scheduler.running
-    assert request.num_registered == 4 and request.register_at == 5 * config.block_size
+    row = scheduler.kv._tables[request.handle]   # the manager's own row: nothing else reads it
+    assert row.num_registered == 4 and row.register_at == 5 * config.block_size
     scheduler.discard_unconfirmed()   # that step failed
-    assert request.num_registered == 0 and request.register_at == config.block_size
+    assert row.num_registered == 0 and row.register_at == config.block_size
 
 
 def test_register_at_is_never_with_the_prefix_cache_off():
@@ -101,7 +105,7 @@ def test_register_at_is_never_with_the_prefix_cache_off():
     driver.add("a", PREFIXES[1][:10], SamplingParams(max_tokens=4))
     driver.step()
     (request,) = driver.scheduler.running
-    assert request.register_at == NEVER
+    assert driver.scheduler.kv._tables[request.handle].register_at == NEVER
     driver.drain()
     driver.assert_idle()
 
@@ -237,15 +241,16 @@ def test_allocate_slots_one_block_path():
                                         max_num_batched_tokens=16, max_model_len=64,
                                         vocab_size=100))
     request = Request("r", 0, [1, 2, 3, 4], SamplingParams())
-    assert len(kv.admit(request, [], 4)) == 1
+    assert len(kv.admit(request, CachedPrefix([], 0), 4, step=0)) == 1
+    row = kv._tables[request.handle]   # the manager's own row: nothing else reads it
     request.num_computed_tokens = 4
-    (block,) = kv.allocate_slots(request, 1)           # crosses into the second block
-    assert request.block_ids[-1] == block and request.num_slots == 8
+    (block,) = kv.allocate_slots(request, 1, step=1)   # crosses into the second block
+    assert kv.block_ids(request)[-1] == block and row.num_slots == 8
     request.num_computed_tokens = 8
-    assert len(kv.allocate_slots(request, 1)) == 1     # the last free block
+    assert len(kv.allocate_slots(request, 1, step=2)) == 1   # the last free block
     request.num_computed_tokens = 12
-    assert kv.allocate_slots(request, 1) is None       # none left: nothing changes
-    assert len(request.block_ids) == 3 and request.num_slots == 12
+    assert kv.allocate_slots(request, 1, step=3) is None     # none left: nothing changes
+    assert len(kv.block_ids(request)) == 3 and row.num_slots == 12
 
 
 def test_update_keeps_plain_tokens_aligned_with_their_ids():

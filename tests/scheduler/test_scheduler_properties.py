@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from folio.scheduler.block_pool import BlockPool, chain_hash
-from folio.scheduler.request import NEVER, RequestStatus
+from folio.scheduler.block_table import NEVER
+from folio.scheduler.request import RequestStatus
 from folio.scheduler.scheduler import Scheduler
 from folio.shared.outputs import child_request_id
 from folio.shared.config import SchedulerConfig
@@ -105,8 +106,10 @@ class Driver:
         self.finished: dict[str, str] = {}
         self.aborted: set[str] = set()
         self.groups: dict[str, list[str]] = {}                  # request id -> sample ids
-        # Prefix hash -> the fake KV its block must hold, for every full block ever computed.
+        # Prefix hash -> the fake KV its block must hold, for every full block ever known,
+        # from each request's own tokens (hash chains by handle, extended as tokens come).
         self.block_contents: dict[bytes, list] = {}
+        self.chains: dict[int, list[bytes]] = {}
 
     def add(self, request_id: str, prompt: list[int], sampling: SamplingParams) -> bool:
         limit = self.config.max_request_len
@@ -171,18 +174,23 @@ class Driver:
             self.inflight.append(plan)
 
     def _note_block_contents(self) -> None:
-        """The fake KV each block hash names, from the requests' own hash chains."""
+        """The fake KV each block hash names, from the requests' own tokens."""
         size = self.config.block_size
         for handle, request in list(self.seen.items()):
             tokens = request.all_token_ids
-            digests = extend_digests([], tokens[:len(request.block_hashes) * size])
-            for index, block_hash in enumerate(request.block_hashes):
-                if block_hash not in self.block_contents:
+            chain = self.chains.setdefault(handle, [])
+            full = len(tokens) // size
+            if len(chain) < full:
+                digests = extend_digests([], tokens[:full * size])
+                for index in range(len(chain), full):
                     positions = range(index * size, (index + 1) * size)
-                    self.block_contents[block_hash] = [(p, tokens[p], digests[p])
-                                                       for p in positions]
+                    chain.append(chain_hash(chain[-1] if chain else None,
+                                            tokens[index * size:(index + 1) * size]))
+                    self.block_contents.setdefault(chain[-1], [(p, tokens[p], digests[p])
+                                                               for p in positions])
             if request.status is RequestStatus.FINISHED:
                 del self.seen[handle]
+                del self.chains[handle]
 
     def _record(self, output: EngineOutput) -> None:
         sample_id = output.request_id
@@ -216,6 +224,7 @@ class Driver:
         assert scheduler.swap_pool.num_free == scheduler.swap_pool.num_blocks
         assert not self.executor.requests, "executor still holds finished requests"
         assert not self.sent and not scheduler.kv.unconfirmed_blocks()
+        assert not scheduler.kv.handles(), "the KV manager still holds finished requests"
         assert set(self.finished) == set(self.emitted), "a request never finished"
 
 
@@ -283,63 +292,79 @@ def check_scheduler(driver: Driver) -> None:
         r.admit_seq for r in scheduler.running)
     gpu_owners, swap_owners = Counter(), Counter()
     null = scheduler.pool.null_block
+    kv = scheduler.kv
+    # The manager keeps nothing for a request that finished.
+    assert kv.handles() <= {r.handle for r in scheduler.requests.values()}
     for request in scheduler.requests.values():
         tokens = request.all_token_ids
-        freed = request.num_freed_blocks
-        live = request.block_ids[freed:]
+        # The tables, asked of the manager that holds them.
+        block_ids = kv.block_ids(request)
+        cpu_block_ids = kv.swap_block_ids(request)
+        freed = kv.num_freed_blocks(request)
+        live = block_ids[freed:]
         # Freed entries are the leading ones and name the null block; the rest are distinct.
         # (A swapped request keeps its count for swap-in, without a table.)
         if request.status is not RequestStatus.SWAPPED:
-            assert request.block_ids[:freed] == [null] * freed, request
+            assert block_ids[:freed] == [null] * freed, request
         assert null not in live and len(live) == len(set(live)), request
         if config.sliding_window is None:
             assert freed == 0
         else:
             assert len(live) <= config.window_peak_blocks, request
+        if request.status is RequestStatus.RUNNING:
+            assert kv.num_live_blocks(request) == len(live), request
         gpu_owners.update(live)
-        swap_owners.update(request.cpu_block_ids)
+        swap_owners.update(cpu_block_ids)
         assert request.fork_children == [] or request.output_token_ids == []
         # The counts cached for the per-step loops (scheduler/request.py) match what they
         # cache, through preemption, swaps, forks, prefix hits, windows and failed steps.
         assert request.prompt_len == len(request.prompt_token_ids), request
         assert request.num_tokens == len(tokens), request
         assert request.stop_num_tokens == request.prompt_len + request.stop_length_at
-        assert request.num_slots == len(request.block_ids) * size, request
-        if not config.enable_prefix_caching:
-            assert request.register_at in (0, NEVER), request
-        elif request.register_at:   # 0: never given a table yet, so "ask"
-            assert request.register_at == (request.num_registered + 1) * size, request
+        # So do the manager's (scheduler/block_table.py), read in its own rows: nothing
+        # outside it reads them.
+        row = kv._tables.get(request.handle)
         if request.status is RequestStatus.RUNNING:
-            assert request.register_at, request
+            assert row is not None, request
+        if row is not None:
+            assert row.block_ids == block_ids and row.cpu_block_ids == cpu_block_ids
+            assert row.num_slots == len(row.block_ids) * size, request
+            assert 0 <= row.num_registered <= len(row.block_ids), request
+            if not config.enable_prefix_caching:
+                assert row.register_at == NEVER, request
+            else:
+                assert row.register_at == (row.num_registered + 1) * size, request
+            assert row.work_at == (0 if config.sliding_window is not None
+                                   else min(row.num_slots + 1, row.register_at)), request
         # Prefix hashes name this request's own tokens, block by block.
         parent = None
-        for index, block_hash in enumerate(request.block_hashes):
+        for index, block_hash in enumerate(kv.block_hashes(request)):
             parent = chain_hash(parent, tokens[index * size:(index + 1) * size])
             assert block_hash == parent, f"{request}: stale hash of block {index}"
         if request.status is not RequestStatus.RUNNING:
-            assert not request.block_ids, f"{request} holds GPU blocks"
+            assert not block_ids, f"{request} holds GPU blocks"
         if request.status is not RequestStatus.SWAPPED:
-            assert not request.cpu_block_ids, f"{request} holds swap blocks"
+            assert not cpu_block_ids, f"{request} holds swap blocks"
         if request.status in (RequestStatus.WAITING, RequestStatus.FORKING):
             assert request.num_computed_tokens == 0 and not request.on_executor
         assert request.num_pending >= 0
         if request.status is RequestStatus.SWAPPED:
             assert not request.on_executor
-            if not ahead_swap_out & set(request.cpu_block_ids):   # its swap-out has run
-                executor.check_context(tokens, request.cpu_block_ids,
+            if not ahead_swap_out & set(cpu_block_ids):   # its swap-out has run
+                executor.check_context(tokens, cpu_block_ids,
                                        request.num_computed_tokens, swap=True,
                                        what=f"swapped {request}", first=freed * size,
                                        first_block=freed)
         if request.status is RequestStatus.RUNNING:
             assert request.num_computed_tokens <= len(tokens)
-            assert len(request.block_ids) * size >= request.num_computed_tokens
-            assert len(request.block_ids) <= -(-len(tokens) // size)
+            assert len(block_ids) * size >= request.num_computed_tokens
+            assert len(block_ids) <= -(-len(tokens) // size)
             if request.on_executor and request.handle not in ahead_new:
                 held = executor.requests[request.handle]
                 # The executor's table is append-only: entries freed since it was sent still
                 # name their old blocks there, and no query reads them.
                 table = held.blocks + ahead_blocks.get(request.handle, [])
-                assert table[freed:] == live and len(table) == len(request.block_ids)
+                assert table[freed:] == live and len(table) == len(block_ids)
                 assert held.tokens == tokens
                 assert held.computed + ahead_tokens[request.handle] == \
                     request.num_computed_tokens
@@ -590,7 +615,8 @@ def test_window_serves_prompts_longer_than_the_pool(ahead):
     while driver.scheduler.has_work() or driver.sent:
         driver.step()
         check_scheduler(driver)
-        freed = max([freed] + [r.num_freed_blocks for r in driver.scheduler.running])
+        freed = max([freed] + [driver.scheduler.kv.num_freed_blocks(r)
+                               for r in driver.scheduler.running])
     driver.assert_idle()
     assert freed >= 6                      # blocks behind the window went back as it moved
     stats = driver.scheduler.stats()
@@ -616,8 +642,10 @@ def test_a_model_with_a_global_layer_frees_nothing():
         driver.step()
         check_scheduler(driver)
     (request,) = driver.scheduler.running
-    assert request.num_freed_blocks == 0 and driver.scheduler.pool.null_block is None
-    assert len(request.block_ids) == len(set(request.block_ids)) == 8
+    table = driver.scheduler.kv.block_ids(request)
+    assert driver.scheduler.kv.num_freed_blocks(request) == 0
+    assert driver.scheduler.pool.null_block is None
+    assert len(table) == len(set(table)) == 8
     driver.drain()
     driver.assert_idle()
 
@@ -660,7 +688,7 @@ def test_window_prefix_hit_after_its_leading_blocks_were_evicted(ahead):
     (request,) = driver.scheduler.running
     # usable = 27 // 4 = 6 blocks; a hit of 6 needs blocks 4 and 5 (window 6 from position 24).
     assert driver.scheduler.stats()["prefix_cache_hits"] - hits == 24
-    assert request.num_freed_blocks == 4 or ahead   # one step ahead it has moved on
+    assert driver.scheduler.kv.num_freed_blocks(request) == 4 or ahead   # ahead: moved on
     check_scheduler(driver)
     driver.drain()
     driver.assert_idle()

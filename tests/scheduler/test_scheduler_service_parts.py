@@ -19,8 +19,7 @@ from folio.scheduler.request_failure import fail_requests
 from folio.scheduler.scheduler import Scheduler
 from folio.scheduler.service import SchedulerService, SchedulerServiceConfig
 from folio.scheduler.shutdown import ShutdownDrain
-from folio.scheduler.step_rule import awaits_result, plan_for_executor
-from folio.scheduler.steps_in_flight import StepsInFlight
+from folio.scheduler.steps_in_flight import StepsInFlight, awaits_result
 from folio.shared import messages as m
 from folio.shared.config import ExecutorCapacity, SchedulerConfig
 from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs
@@ -53,7 +52,7 @@ def _run_to_end(scheduler: Scheduler, fake: FakeExecutor) -> dict[str, list[int]
     """Step the scheduler against the fake executor, in process, until nothing is left."""
     tokens: dict[str, list[int]] = {}
     while scheduler.has_work():
-        plan = plan_for_executor(scheduler)
+        plan = scheduler.plan_for_executor()
         if plan is None:
             scheduler.take_pending_outputs()
             continue
@@ -66,17 +65,17 @@ def _run_to_end(scheduler: Scheduler, fake: FakeExecutor) -> dict[str, list[int]
 
 def test_only_plans_with_work_or_forget_notices_go_to_the_executor():
     scheduler, fake = _scheduler(), FakeExecutor(16, 32, vocab_size=1024)
-    assert plan_for_executor(scheduler) is None   # idle: nothing to send
+    assert scheduler.plan_for_executor() is None   # idle: nothing to send
     scheduler.add_request("r", [1, 2, 3], GREEDY)
-    plan = plan_for_executor(scheduler)
+    plan = scheduler.plan_for_executor()
     assert plan is not None and awaits_result(plan)
     scheduler.update(plan, fake.execute(plan))
     scheduler.abort_request("r")
-    forget = plan_for_executor(scheduler)
+    forget = scheduler.plan_for_executor()
     assert forget is not None and forget.dropped_handles and not awaits_result(forget)
     fake.execute(forget)   # the executor forgets the handle; it answers nothing
     assert [o.finish_reason for o in scheduler.take_pending_outputs()] == [FinishReason.ABORT]
-    assert plan_for_executor(scheduler) is None
+    assert scheduler.plan_for_executor() is None
 
 
 def test_the_in_process_engine_steps_by_the_same_rule():
