@@ -86,12 +86,3 @@ class ModelConfig:
         if self.local_rope is not None and self.layer_window(layer) is not None:
             return self.local_rope
         return self.rope
-
-    @classmethod
-    def from_dir(cls, model_dir) -> "ModelConfig":
-        """Transitional, for folio/preflight.py only (owned elsewhere in issue 26): once it
-        calls executor/models/hf_config.read_model_config, delete this (it is the last
-        import back into the reader)."""
-        from folio.executor.models.hf_config import read_model_config
-
-        return read_model_config(model_dir)
