@@ -44,7 +44,7 @@ class Served:
         return self.names[0]
 
     def terms(self) -> ServerTerms:
-        return ServerTerms(self.engine.limits[0], self.tool_call_parser)
+        return ServerTerms(self.engine.facts.max_logprobs, self.tool_call_parser)
 
 
 def _served(request: Request) -> Served:

@@ -2,7 +2,9 @@
 
 Each route's body arrives parsed and checked (frontend/openai_requests.py); what needs the
 engine is done here: the structured output's admission, the prompt's tokens and their
-checks against the model, the submission, and the answer (whole or streamed)."""
+checks against the model and its limits (the engine client's input processor,
+frontend/input_processor.py, which the SDK gateway and folio.LLM use too), the submission,
+and the answer (whole or streamed)."""
 
 from __future__ import annotations
 
@@ -20,14 +22,14 @@ from folio.frontend.completion_body import (MAX_RESPONSE_LOGPROBS, Choice, Promp
                                             completion_response, logprob_entries,
                                             too_large_message)
 from folio.frontend.engine_client import EngineClient, FinalResult
+from folio.frontend.input_processor import InputError, InputProcessor, ModelFacts
 from folio.frontend.openai_logprobs import completion_logprobs
 from folio.frontend.openai_requests import ChatRequest, CompletionRequest
-from folio.frontend.prompts import chat_prompt_ids, check_prompt, prompt_ids
 from folio.frontend.structured_request import admit
 from folio.frontend.tool_calls import ToolPlan, openai_calls
 from folio.frontend.tool_parsers import stream_holdback
 from folio.shared.codes import RefusalCode
-from folio.shared.sampling_params import SamplingParams, check_against_model
+from folio.shared.sampling_params import SamplingParams
 
 log = logging.getLogger("folio.frontend")
 # Steps per sample a stream's unread events may pile up before its reader counts as gone.
@@ -117,48 +119,30 @@ async def _submit(engine: EngineClient, prompts: list[list[int]], params: Sampli
     return _Job(engine, queue, backlog.request_ids, prompts, params.n)
 
 
-def _tokenize(tokenizer: Any, prompts: list[str | list[int]]) -> list[list[int]]:
-    return [prompt_ids(tokenizer, prompt=p) if isinstance(p, str) else p for p in prompts]
+def _tokenize(inputs: InputProcessor, prompts: list[str | list[int]]) -> list[list[int]]:
+    return [inputs.tokenize(prompt=p) if isinstance(p, str) else inputs.tokenize(token_ids=p)
+            for p in prompts]
 
 
-def _refuse_long_text(engine: EngineClient, chars: int, field: str) -> None:
+def _chat_ids(inputs: InputProcessor, messages: list[dict[str, Any]],
+              tools: list[dict[str, Any]] | None) -> list[int]:
+    return inputs.tokenize(messages=messages, tools=tools, param="messages")
+
+
+def _refused(error: InputError) -> ApiError:
+    """The input processor's refusal in OpenAI's words: "does not fit" has its own code."""
+    if error.context_length:
+        return too_long(error.message, error.param)
+    return invalid(error.message, error.param)
+
+
+def _check(engine: EngineClient, facts: ModelFacts, ids: list[int], params: SamplingParams,
+           field: str, score_only: bool = False) -> None:
     try:
-        engine.check_text_size(chars)
-    except ValueError as error:
-        raise too_long(str(error), field) from None
-
-
-def _check_length(limit: int | None, ids: list[int], params: SamplingParams, field: str,
-                  score_only: bool) -> None:
-    if limit is None:
-        return
-    if len(ids) > limit:
-        raise too_long(f"prompt has {len(ids)} tokens, more than this model's maximum "
-                       f"context length max_model_len = {limit}", field)
-    if params.max_tokens is None and len(ids) >= limit:
-        raise too_long(f"prompt has {len(ids)} tokens, leaving no room for a generated token "
-                       f"under max_model_len = {limit}", field)
-    if params.max_tokens is not None and len(ids) + params.max_tokens > limit:
-        if score_only:
-            raise too_long(f"prompt has {len(ids)} tokens: scoring it (max_tokens 0) needs "
-                           f"one position beyond the prompt, and max_model_len = {limit}",
-                           field)
-        raise too_long(f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
-                       f"{len(ids) + params.max_tokens} tokens, more than max_model_len = "
-                       f"{limit}", field)
-
-
-def _check(engine: EngineClient, ids: list[int], params: SamplingParams, field: str,
-           score_only: bool = False) -> None:
-    _check_length(engine.max_model_len, ids, params, field, score_only)
-    try:
-        check_prompt(ids, engine.vocab_size, engine.max_model_len)
-    except ValueError as error:
-        raise invalid(str(error), field) from None
-    try:
-        check_against_model(params, engine.vocab_size, *engine.limits)
-    except ValueError as error:
-        raise invalid(str(error), str(error).split(" ", 1)[0]) from None
+        engine.inputs.check_prompt(ids, params, facts, field, score_only)
+        engine.inputs.check_params(params, facts)
+    except InputError as error:
+        raise _refused(error) from None
 
 
 def _error_from_engine(code: str, message: str) -> ApiError:
@@ -237,13 +221,17 @@ async def create_completion(engine: EngineClient, request: CompletionRequest, mo
     params, prompts, echo, logprobs = (request.params, request.prompts, request.echo,
                                        request.logprobs)
     await admit(engine.grammars, request.constraint)   # off the loop, budgeted
-    for prompt in prompts:
-        if isinstance(prompt, str):
-            _refuse_long_text(engine, len(prompt), "prompt")
-    chars = sum(len(p) for p in prompts if isinstance(p, str))
-    ids = await engine.prep.run(chars, _tokenize, engine.tokenizer, prompts)
+    facts = engine.facts
+    try:
+        for prompt in prompts:   # before tokenizing: text that cannot fit however it splits
+            if isinstance(prompt, str):
+                engine.inputs.check_text(len(prompt), facts, "prompt")
+        chars = sum(len(p) for p in prompts if isinstance(p, str))
+        ids = await engine.prep.run(chars, _tokenize, engine.inputs, prompts)
+    except InputError as error:
+        raise _refused(error) from None
     for one in ids:
-        _check(engine, one, params, "prompt", request.score_only)
+        _check(engine, facts, one, params, "prompt", request.score_only)
     if logprobs is not None and not request.stream.stream:   # a stream's go out one by one
         sizes = ([len(one) for one in ids], params.n, echo, request.generated_tokens,
                  logprobs)
@@ -330,16 +318,19 @@ async def create_chat_completion(engine: EngineClient, request: ChatRequest, mod
     """(the job, the answer: a dict or an SSE stream)."""
     tools, params = request.tools, request.params
     await admit(engine.grammars, request.constraint, tools.schemas)   # off the loop, budgeted
-    chars = request.chars
-    _refuse_long_text(engine, chars, "messages")
+    facts = engine.facts
+    try:
+        engine.inputs.check_text(request.chars, facts, "messages")
+    except InputError as error:
+        raise _refused(error) from None
     if tools.tools and "tools" not in str(getattr(engine.tokenizer, "chat_template", "")):
         raise invalid("tools: this model's chat template does not render tools", "tools")
     try:
-        ids = await engine.prep.run(chars, chat_prompt_ids, engine.tokenizer,
+        ids = await engine.prep.run(request.chars, _chat_ids, engine.inputs,
                                     request.messages, tools.tools)
-    except ValueError as error:
-        raise invalid(str(error), "messages") from None
-    _check(engine, ids, params, "messages")
+    except InputError as error:
+        raise _refused(error) from None
+    _check(engine, facts, ids, params, "messages")
     job = await _submit(engine, [ids], params, request.deadline, request.stream.stream)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())

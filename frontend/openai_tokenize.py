@@ -7,6 +7,7 @@ from typing import Any
 
 from folio.frontend.api_errors import invalid, too_long
 from folio.frontend.engine_client import EngineClient
+from folio.frontend.input_processor import InputError
 from folio.frontend.openai_requests import DetokenizeRequest, TokenizeRequest
 from folio.frontend.prompts import PromptError
 
@@ -35,9 +36,9 @@ async def tokenize(engine: EngineClient, request: TokenizeRequest) -> dict[str, 
     else:
         work = (_encode, tokenizer, request.prompt, request.add_special_tokens)
     try:
-        engine.check_text_size(request.chars)
-    except ValueError as error:
-        raise too_long(str(error), request.field) from None
+        engine.inputs.check_text(request.chars, engine.facts, request.field)
+    except InputError as error:
+        raise too_long(error.message, error.param) from None
     try:
         ids = list(await engine.prep.run(request.chars, *work))
     except PromptError as error:

@@ -12,7 +12,8 @@ import httpx
 import openai
 import pytest
 
-from folio.frontend.openai_protocol import served_names
+from folio.default_model import default_model_path
+from folio.frontend.openai_protocol import DEFAULT_MODEL_NAME, served_names
 from tests.http_server import ROOT, free_port, openai_client, serving
 
 pytestmark = pytest.mark.slow
@@ -140,13 +141,28 @@ def test_served_names_default_to_the_checkpoint_directory():
     assert served_names("a b", "/m") == ["a", "b"]      # FOLIO_SERVED_MODEL_NAME="a b"
 
 
-def test_frontend_reports_the_directory_name(tmp_path, llama_dir):
-    """A frontend with no --served-model-name and no engine still names its model."""
+def test_the_built_in_model_has_a_real_name():
+    """Not its folder's name ("weights"); --served-model-name still wins."""
+    builtin = default_model_path()
+    assert served_names(None, str(builtin)) == [DEFAULT_MODEL_NAME] == ["folio-default"]
+    assert served_names(None, f"{builtin}/") == ["folio-default"]
+    assert served_names(["mine"], str(builtin)) == ["mine"]
+
+
+@pytest.mark.parametrize("which, flags, names", [
+    ("llama", (), None),                       # None: the checkpoint directory's name
+    ("built-in", (), ["folio-default"]),
+    ("built-in", ("--served-model-name", "mine"), ["mine"]),
+])
+def test_frontend_reports_its_model_names(tmp_path, llama_dir, which, flags, names):
+    """A frontend with no engine still names its model."""
+    model = llama_dir if which == "llama" else default_model_path()
+    names = names or [llama_dir.name]
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "folio", "frontend", "--model",
-                             str(llama_dir), "--client-address", f"ipc://{tmp_path}/c.sock",
+                             str(model), "--client-address", f"ipc://{tmp_path}/c.sock",
                              "--scheduler-address", f"ipc://{tmp_path}/nobody.sock",
-                             "--port", str(port)], cwd=ROOT,
+                             "--port", str(port), *flags], cwd=ROOT,
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     try:
         deadline = time.monotonic() + 60
@@ -158,7 +174,7 @@ def test_frontend_reports_the_directory_name(tmp_path, llama_dir):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.3)
-        assert [m["id"] for m in models.json()["data"]] == [llama_dir.name]
+        assert [m["id"] for m in models.json()["data"]] == names
     finally:
         proc.terminate()
         proc.wait(timeout=20)
