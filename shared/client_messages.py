@@ -64,14 +64,14 @@ GENERATE = Message("generate", (Link.CLIENT_TO_GATEWAY,), (
         Field("role", Str(64)), Field("content", Str(MAX_PROMPT_CHARS))), table=False),
         MAX_MESSAGES),
         default=None),
-), value=GenerateRequest, build=_generate, summary="a request to run", table=True)
+), value=GenerateRequest, build=_generate, table=True)
 
 DELTA = Message("delta", (Link.GATEWAY_TO_CLIENT,), (
     _ID,
     Field("text", Str(MAX_TEXT_CHARS)),
     Field("token_ids", Ints(0, MAX_TOKEN_ID)),
     Field("logprobs", _LOGPROBS, default=None),
-), value="DeltaReply", summary="a stream's new text and tokens", table=True)
+), value="DeltaReply", table=True)
 
 USAGE = Shape("final.usage", tuple(Field(k, Int()) for k in USAGE_FIELDS), table=False)
 FINAL = Message("final", (Link.GATEWAY_TO_CLIENT,), (
@@ -83,19 +83,19 @@ FINAL = Message("final", (Link.GATEWAY_TO_CLIENT,), (
     Field("usage", USAGE),
     Field("logprobs", _LOGPROBS, default=None),
     Field("prompt_logprobs", _LOGPROBS, default=None),   # from the second prompt token on
-), value="FinalReply", summary="a request's end", table=True)
+), value="FinalReply", table=True)
 
 ERROR = Message("error", (Link.GATEWAY_TO_CLIENT,), (
     Field("id", Str(), "request_id", default=""),
     Field("code", Code(RefusalCode), default=""),   # a code this build does not know: a str
     Field("message", Str(4000, cut=4000), default=""),
-), value="ErrorReply", summary="a request refused or failed", table=True)
+), value="ErrorReply", table=True)
 
 # A client's `abort`, `health` or `kv_map`: the id alone.
 HEALTH_QUERY = Message("health", (Link.CLIENT_TO_GATEWAY,), (_ID,), value="ClientQuery",
-                       summary="asks for the health reply", doc_name="health query")
+                       doc_name="health query")
 KV_MAP_QUERY = Message("kv_map", (Link.CLIENT_TO_GATEWAY,), (_ID,), value=HEALTH_QUERY.value,
-                       summary="asks for the page map", doc_name="kv_map query")
+                       doc_name="kv_map query")
 
 RANK = Shape("health.replicas.ranks", (
     Field("rank", Int(0, 1 << 16)), Field("pid", Int(0)), Field("status", Str(32))),
@@ -120,7 +120,7 @@ HEALTH = Message("health", (Link.GATEWAY_TO_CLIENT,), (
                                       "`replicas`: per replica `replica` (int) and its "
                                       "own `stats.stats`"),
     Field("replicas", ListOf(REPLICA, MAX_REPLICAS), default=None),   # data-parallel only
-), value="HealthReply", summary="the frontend's health", table=True)
+), value="HealthReply", table=True)
 
 DeltaReply, FinalReply, ErrorReply = DELTA.value, FINAL.value, ERROR.value
 ClientQuery, HealthReply = HEALTH_QUERY.value, HEALTH.value

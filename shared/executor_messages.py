@@ -51,7 +51,7 @@ EXECUTOR_HELLO = Message("executor_hello", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("swap_bytes_per_s", Float(), rule="same"),
     Field("sliding_window", Int(0, 1 << 30), default=0),   # 0: some layer sees everything
     Field("rewrites_kv", Bool(), default=False),
-), build=_hello, summary="an executor's capacity, on every handshake and reset", table=True)
+), build=_hello, table=True)
 
 
 def encode_hello_executor(capacity: ExecutorCapacity, pid: int,
@@ -173,14 +173,13 @@ def decode_result(body: Body) -> StepResult:
 EXECUTOR_ERROR = Message("executor_error", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("s", Int(0), "step_id"),
     Field("message", Str(2000, cut=2000)),   # "<ExceptionType>: <text>"
-), value="ExecutorError", summary="applying a plan raised")
+), value="ExecutorError")
 ExecutorError = EXECUTOR_ERROR.value
 
 # The scheduler probing that the executor's connection is still there; not answered.
-PING = Message("ping", (Link.SCHEDULER_TO_EXECUTOR,), (), summary="a probe of the link")
+PING = Message("ping", (Link.SCHEDULER_TO_EXECUTOR,), ())
 # The scheduler gave up on the executor's state: empty the batch, say hello again.
-RESET = Message("reset", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (),
-                summary="forget everything and say hello again")
+RESET = Message("reset", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), ())
 
 
 def encode_executor_error(step_id: int, message: str) -> bytes:
@@ -231,7 +230,7 @@ PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (
     Field("so", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
     Field("si", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
     Field("cp", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
-), codec=(encode_plan, decode_plan), summary="one step's work", table=True)
+), codec=(encode_plan, decode_plan), table=True)
 
 RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("s", Int(0)),
@@ -246,7 +245,7 @@ RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("x", ListOf(Items("result.x", (
         Field("handle", Int(0)),
         Field("reason", Str(MAX_FAILURE_CHARS, cut=MAX_FAILURE_CHARS))))), default=None),
-), codec=(encode_result, decode_result), summary="one step's sampled tokens",
+), codec=(encode_result, decode_result),
    table=True)
 
 DECLARED = (EXECUTOR_HELLO, RESULT, EXECUTOR_ERROR, PLAN, RESET, PING)

@@ -78,7 +78,7 @@ def decode_kv_map(body: Body) -> dict[str, Any] | None:
 KV_MAP = Message("kv_map", (Link.SCHEDULER_TO_FRONTEND, Link.GATEWAY_TO_CLIENT), (
     Field("map", PAGE_MAP, rule="`kv_map.map` (below), or `{}` without an executor"),
     Field("id", Str(), "request_id", default=None),   # the frontend's reply to a client
-), codec=(encode_kv_map, decode_kv_map), summary="the page map")
+), codec=(encode_kv_map, decode_kv_map))
 DECLARED = (KV_MAP,)
 
 

@@ -62,7 +62,7 @@ ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("max_logprobs", Int(0, 1 << 20), default=SchedulingPolicy.max_logprobs),
     Field("max_n", Int(1, 1 << 20), default=SchedulingPolicy.max_n),
     Field("executor_ranks", Ints(0, 1 << 31, 1024), default=()),
-), value=EngineInfo, build=_engine_info, summary="the engine's capacity and limits",
+), value=EngineInfo, build=_engine_info,
    table=True)
 assert [f.name for f in fields(EngineInfo)] == [f.name for f in ENGINE_INFO.fields]
 
@@ -70,20 +70,17 @@ ADD = Message("add", (Link.FRONTEND_TO_SCHEDULER,), (
     _ID,
     Field("prompt", Ints(0, MAX_TOKEN_ID), "prompt_token_ids"),
     Field("params", Sampling(engine=True)),   # stop strings stay in the frontend
-), value="AddRequest", summary="a request to schedule", table=True)
+), value="AddRequest", table=True)
 
 # A request id, or one sample of it: "id#i". The SDK's abort has the same shape.
 ABORT = Message("abort", (Link.CLIENT_TO_GATEWAY, Link.FRONTEND_TO_SCHEDULER), (_ID,),
-                value="Abort", summary="cancels a request")
+                value="Abort")
 
 # frontend_id: fe-<pid>-<6 hex>, the same over reconnections.
 FRONTEND_HELLO = Message("frontend_hello", (Link.FRONTEND_TO_SCHEDULER,),
-                         (Field("id", Str(), "frontend_id"),), value="FrontendHello",
-                         summary="a frontend's name, on every handshake")
-STATS_REQUEST = Message("stats_request", (Link.FRONTEND_TO_SCHEDULER,), (),
-                        summary="asks for `stats`")
-KV_MAP_REQUEST = Message("kv_map_request", (Link.FRONTEND_TO_SCHEDULER,), (),
-                         summary="asks for `kv_map`")
+                         (Field("id", Str(), "frontend_id"),), value="FrontendHello")
+STATS_REQUEST = Message("stats_request", (Link.FRONTEND_TO_SCHEDULER,), ())
+KV_MAP_REQUEST = Message("kv_map_request", (Link.FRONTEND_TO_SCHEDULER,), ())
 
 
 def _heartbeat(values: dict[str, Any]):
@@ -96,21 +93,21 @@ HEARTBEAT = Message("heartbeat", (Link.FRONTEND_TO_SCHEDULER, Link.EXECUTOR_TO_S
                                   Link.SCHEDULER_TO_FRONTEND_HEARTBEAT), (
     Field("pid", Int(0)),   # an executor's must be the attached one's
     Field("frontend", Str(), default=None),   # set by a frontend's heartbeat thread
-), value="Heartbeat", build=_heartbeat, summary="proof of life")
+), value="Heartbeat", build=_heartbeat)
 
 REJECTED = Message("rejected", (Link.SCHEDULER_TO_FRONTEND,), (
     _ID,
     Field("message", Str(4000, cut=2000)),
     Field("code", Code(RefusalCode)),   # a code this build does not know stays a string
-), value="Rejected", order=("request_id", "code", "message"), summary="an `add` refused")
+), value="Rejected", order=("request_id", "code", "message"))
 
 STATS_REPLY = Message("stats", (Link.SCHEDULER_TO_FRONTEND,), (Field("stats", STATS),),
-                      build=lambda values: values["stats"], summary="the scheduler's counters")
+                      build=lambda values: values["stats"])
 
 FRONTEND_DROPPED = Message("frontend_dropped", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("ids", ListOf(Str(MAX_ID_LEN), MAX_DROPPED_IDS), "request_ids"),
     Field("reason", Str(4000, cut=2000)),
-), value="FrontendDropped", summary="requests of a frontend the scheduler gave up on")
+), value="FrontendDropped")
 
 AddRequest, Abort, FrontendHello = ADD.value, ABORT.value, FRONTEND_HELLO.value
 Heartbeat, Rejected, FrontendDropped = HEARTBEAT.value, REJECTED.value, FRONTEND_DROPPED.value
@@ -248,7 +245,7 @@ OUTPUTS = Message("outputs", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("t", Ints(0, MAX_TOKEN_ID, MAX_OUTPUT_ITEMS), default=None),
     # A value that is not a non-negative number is ignored, not refused.
     Field("q", MapOf(Float(0), 1 << 16), default=None),
-), codec=(encode_outputs, decode_outputs), summary="one step's news for one frontend")
+), codec=(encode_outputs, decode_outputs))
 
 DECLARED = (ENGINE_INFO, ADD, ABORT, FRONTEND_HELLO, STATS_REQUEST, KV_MAP_REQUEST, HEARTBEAT,
             REJECTED, STATS_REPLY, FRONTEND_DROPPED, OUTPUTS)

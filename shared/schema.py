@@ -416,7 +416,6 @@ class Message:
     order: tuple[str, ...] | None = None
     build: Callable[[dict[str, Any]], Any] | None = None
     codec: tuple[Callable, Callable] | None = None
-    summary: str = ""   # for docs: what it is, in a few words
     table: bool = False   # a field table of its own in docs/protocol.md
     doc_name: str | None = None   # that table's name, where the type has two declarations
     _plan: tuple = field(init=False, repr=False, compare=False, default=())
