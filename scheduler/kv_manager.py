@@ -128,11 +128,13 @@ class KVCacheManager:
 
     def _grow(self, request: Request, table: BlockTable, end: int, step: int
               ) -> list[int] | tuple[()] | None:
+        """allocate_slots past its common case: a window to move, blocks to take, or a
+        block that fills."""
         if self.sliding_window is not None:
             self._free_outside_window(table, request.num_computed_tokens)
         slots = table.num_slots
         if end <= slots:
-            new_blocks: list[int] | tuple[()] = ()   # the common decode case: room left
+            new_blocks: list[int] | tuple[()] = ()   # room left
         elif end <= slots + self.block_size:   # one block more: a decode step crossed into it
             block_id = self.pool.allocate_one()
             if block_id is None:
