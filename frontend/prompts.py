@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from folio.shared.request_limits import ids_problem, length_problem
-
 
 class PromptError(ValueError):
     """A prompt that cannot be served; the message names the problem and the limit."""
@@ -31,16 +29,6 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]],
     return list(ids)
 
 
-def prompt_ids(tokenizer: Any, *, prompt: str | None = None,
-               token_ids: list[int] | None = None,
-               messages: list[dict[str, str]] | None = None) -> list[int]:
-    if messages is not None:
-        return chat_prompt_ids(tokenizer, messages)
-    if prompt is not None:
-        return tokenizer.encode(prompt, add_special_tokens=True)
-    return list(token_ids or [])
-
-
 def max_token_chars(tokenizer: Any) -> int:
     """An upper bound on the characters one token decodes to: its longest vocabulary entry
     (byte-level and SentencePiece entries are at least as long as what they decode to)."""
@@ -55,12 +43,3 @@ def check_text_size(chars: int, max_model_len: int | None, token_chars: int) -> 
         raise PromptError(f"prompt of {chars} characters cannot fit this model's maximum "
                           f"context length max_model_len = {max_model_len} tokens (a token "
                           f"here is at most {token_chars} characters)")
-
-
-def check_prompt(ids: list[int], vocab_size: int, max_model_len: int | None) -> None:
-    """Kept for callers not yet on frontend/input_processor.py (which checks max_tokens too)."""
-    if ids and max_model_len is not None and len(ids) > max_model_len:   # cheap check first
-        raise PromptError(length_problem(len(ids), None, max_model_len))
-    problem = ids_problem(ids, vocab_size)
-    if problem is not None:
-        raise PromptError(problem)
