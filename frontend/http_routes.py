@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.requests import Request
 
 from folio.frontend.api_errors import ApiError
-from folio.frontend.engine_client import EngineClient
+from folio.frontend.engine_protocol import Engine
 from folio.frontend.http_answers import respond
 from folio.frontend.http_body import read_json
 from folio.frontend.metrics import Metrics
@@ -33,7 +33,7 @@ class Served:
     """What the routes serve. Several names: each is accepted, the first is the one
     answers report."""
 
-    engine: EngineClient
+    engine: Engine
     names: tuple[str, ...]
     metrics: Metrics
     created: int                    # the models' "created" time
@@ -113,9 +113,8 @@ async def health(request: Request) -> Response:
                             status_code=503, headers={"Retry-After": RETRY_AFTER_S})
     # Data-parallel replicas: healthy while one serves; the body lists each. A
     # tensor-parallel executor lists its ranks (under each replica, with replicas).
-    details = ({"replicas": engine.replica_health()}
-               if hasattr(engine, "replica_health") else {})
-    ranks = engine.rank_health() if hasattr(engine, "rank_health") else []
+    replicas, ranks = engine.replica_health(), engine.rank_health()
+    details: dict[str, Any] = {} if replicas is None else {"replicas": replicas}
     if ranks:
         details["ranks"] = ranks
     if engine.engine_alive:

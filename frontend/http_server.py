@@ -22,7 +22,7 @@ from uvicorn.config import HTTP_PROTOCOLS
 from uvicorn.importer import import_from_string
 
 from folio.frontend.api_errors import ApiError
-from folio.frontend.engine_client import EngineClient
+from folio.frontend.engine_protocol import Engine
 from folio.frontend.http_access import AccessGate
 from folio.frontend.http_answers import guarded as _guarded  # noqa: F401  (tests' name)
 from folio.frontend.http_limits import (IDLE_TIMEOUT_S, MAX_HEAD_BYTES, REQUEST_TIMEOUT_S,
@@ -34,7 +34,7 @@ from folio.frontend.openai_protocol import served_names
 log = logging.getLogger("folio.frontend")
 
 
-def create_app(engine: EngineClient, model_name: str | list[str], api_key: str | None = None,
+def create_app(engine: Engine, model_name: str | list[str], api_key: str | None = None,
                metrics_public: bool = False, hosts: frozenset[str] | None = None,
                tool_call_parser: str | None = None) -> FastAPI:
     """With api_key, /v1 routes need it, and so does /metrics unless metrics_public.
@@ -96,7 +96,7 @@ def http_config(app, host: str, port: int, gate: ConnectionGate,
                           timeout_graceful_shutdown=5)
 
 
-async def serve_http(engine: EngineClient, config, stopped: asyncio.Event) -> None:
+async def serve_http(engine: Engine, config, stopped: asyncio.Event) -> None:
     names = served_names(config.served_model_name, config.model)
     app = create_app(engine, names, config.api_key, config.metrics_public,
                      allowed_hosts(config.host, config.allowed_hosts),

@@ -21,7 +21,7 @@ from folio.frontend.api_errors import ApiError, invalid, too_long
 from folio.frontend.completion_body import (MAX_RESPONSE_LOGPROBS, Choice, PromptAnswer,
                                             completion_response, logprob_entries,
                                             too_large_message)
-from folio.frontend.engine_client import EngineClient, FinalResult
+from folio.frontend.engine_protocol import Engine, FinalResult
 from folio.frontend.input_processor import InputError, InputProcessor, ModelFacts
 from folio.frontend.openai_logprobs import completion_logprobs
 from folio.frontend.openai_requests import ChatRequest, CompletionRequest
@@ -45,7 +45,7 @@ class _Backlog:
     together (this process resumed after a stop, its loop was busy) are put before the
     reader had its turn, and a reader that reads empties the queue as soon as it runs."""
 
-    def __init__(self, engine: EngineClient, queue: asyncio.Queue, limit: int | None) -> None:
+    def __init__(self, engine: Engine, queue: asyncio.Queue, limit: int | None) -> None:
         self.engine, self.queue, self.limit = engine, queue, limit
         self.request_ids: list[str] = []
         self.overflowed = False
@@ -90,7 +90,7 @@ class _QueueSink:
 
 @dataclass
 class _Job:
-    engine: EngineClient
+    engine: Engine
     queue: asyncio.Queue
     request_ids: list[str]
     prompt_ids: list[list[int]]
@@ -101,7 +101,7 @@ class _Job:
             self.engine.abort(request_id)
 
 
-async def _submit(engine: EngineClient, prompts: list[list[int]], params: SamplingParams,
+async def _submit(engine: Engine, prompts: list[list[int]], params: SamplingParams,
                   deadline: float | None, stream: bool) -> _Job:
     stops = await engine.stop_strings(params)   # once for every prompt and sample
     if engine.draining:
@@ -136,7 +136,7 @@ def _refused(error: InputError) -> ApiError:
     return invalid(error.message, error.param)
 
 
-def _check(engine: EngineClient, facts: ModelFacts, ids: list[int], params: SamplingParams,
+def _check(engine: Engine, facts: ModelFacts, ids: list[int], params: SamplingParams,
            field: str, score_only: bool = False) -> None:
     try:
         engine.inputs.check_prompt(ids, params, facts, field, score_only)
@@ -193,14 +193,14 @@ def _sse(data: Any) -> str:
 
 # ---- /v1/completions ---------------------------------------------------------------------
 
-async def _echo_text(engine: EngineClient, prompt: str | list[int], ids: list[int]) -> str:
+async def _echo_text(engine: Engine, prompt: str | list[int], ids: list[int]) -> str:
     """The prompt as sent (OpenAI and vLLM echo the string itself), or token ids decoded."""
     if isinstance(prompt, str):
         return prompt
     return await engine.prep.run(len(ids), engine.tokenizer.decode, ids)
 
 
-def _prompt_answer(engine: EngineClient, first_index: int, result: FinalResult,
+def _prompt_answer(engine: Engine, first_index: int, result: FinalResult,
                    prefix: str, ids: list[int], echo: bool, score_only: bool
                    ) -> PromptAnswer:
     """One prompt's choices; with echo and logprobs, its table once for all of them."""
@@ -216,7 +216,7 @@ def _prompt_answer(engine: EngineClient, first_index: int, result: FinalResult,
     return PromptAnswer(choices, echoed)
 
 
-async def create_completion(engine: EngineClient, request: CompletionRequest, model: str):
+async def create_completion(engine: Engine, request: CompletionRequest, model: str):
     """(the job, the answer: a dict, a Response built in pieces, or an SSE stream)."""
     params, prompts, echo, logprobs = (request.params, request.prompts, request.echo,
                                        request.logprobs)
@@ -314,7 +314,7 @@ def _chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | Non
     return {"content": content}
 
 
-async def create_chat_completion(engine: EngineClient, request: ChatRequest, model: str):
+async def create_chat_completion(engine: Engine, request: ChatRequest, model: str):
     """(the job, the answer: a dict or an SSE stream)."""
     tools, params = request.tools, request.params
     await admit(engine.grammars, request.constraint, tools.schemas)   # off the loop, budgeted

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from folio.frontend.api_errors import invalid, too_long
-from folio.frontend.engine_client import EngineClient
+from folio.frontend.engine_protocol import Engine
 from folio.frontend.input_processor import InputError
 from folio.frontend.openai_requests import DetokenizeRequest, TokenizeRequest
 from folio.frontend.prompts import PromptError
@@ -28,7 +28,7 @@ def _encode(tokenizer: Any, prompt: str, special: bool) -> list[int]:
     return tokenizer.encode(prompt, add_special_tokens=special)
 
 
-async def tokenize(engine: EngineClient, request: TokenizeRequest) -> dict[str, Any]:
+async def tokenize(engine: Engine, request: TokenizeRequest) -> dict[str, Any]:
     tokenizer = engine.tokenizer
     if request.messages is not None:
         work = (_chat_ids, tokenizer, request.messages, request.add_generation_prompt,
@@ -50,7 +50,7 @@ async def tokenize(engine: EngineClient, request: TokenizeRequest) -> dict[str, 
     return answer
 
 
-async def detokenize(engine: EngineClient, request: DetokenizeRequest) -> dict[str, Any]:
+async def detokenize(engine: Engine, request: DetokenizeRequest) -> dict[str, Any]:
     tokens = request.tokens
     bad = next((t for t in tokens if not 0 <= t < engine.vocab_size), None)
     if bad is not None:

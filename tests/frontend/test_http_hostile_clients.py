@@ -19,6 +19,7 @@ import pytest
 
 from folio.frontend.http_limits import ConnectionGate
 from folio.frontend.http_server import create_app
+from folio.frontend.input_processor import ModelFacts
 from tests.http_server import uvicorn_in_thread
 
 DEADLINE_S = 1.0
@@ -28,9 +29,15 @@ CAP = 6
 class _Engine:   # what /health, /v1/models and a refused completion read
     observers: list = []
     max_model_len = 64
-    limits = (20, 64)
+    facts = ModelFacts(vocab_size=256, max_model_len=64, max_logprobs=20, max_n=64)
     draining = False
     engine_alive = True
+
+    def replica_health(self) -> None:   # one scheduler, no replicas
+        return None
+
+    def rank_health(self) -> list:
+        return []
 
 
 @pytest.fixture(scope="module")
