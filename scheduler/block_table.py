@@ -21,7 +21,8 @@ class BlockTable:
         self.cpu_block_ids: list[int] = []   # the live blocks' copies while swapped out
         self.num_registered = 0              # leading blocks already in the prefix cache
         # Cached for the per-step calls (allocate_slots, register_full_blocks), kept equal
-        # to what they cache by KVCacheManager (_retable, _register, _set_work_at):
+        # to what they cache by KVCacheManager (_retable, _set_work_at, and where it
+        # registers blocks):
         # len(block_ids) * block_size; the token count at which a block fills that the
         # prefix cache has not registered, (num_registered + 1) * block_size (NEVER with it
         # off); and the first token count allocate_slots has work at,

@@ -124,23 +124,20 @@ class KVCacheManager:
         end = request.num_computed_tokens + num_new_tokens
         if end < table.work_at:
             return ()   # the common decode step: the last block has room, none fills
-        return self._grow(request, table, end, step)
-
-    def _grow(self, request: Request, table: BlockTable, end: int, step: int
-              ) -> list[int] | tuple[()] | None:
-        """allocate_slots past its common case: a window to move, blocks to take, or a
-        block that fills."""
+        # Past the common case (in line: a block-filling step makes this call for every
+        # running request): a window to move, blocks to take, a block that fills.
         if self.sliding_window is not None:
             self._free_outside_window(table, request.num_computed_tokens)
+        size = self.block_size
         slots = table.num_slots
         if end <= slots:
             new_blocks: list[int] | tuple[()] = ()   # room left
-        elif end <= slots + self.block_size:   # one block more: a decode step crossed into it
+        elif end <= slots + size:   # one block more: a decode step crossed into it
             block_id = self.pool.allocate_one()
             if block_id is None:
                 return None
             table.block_ids.append(block_id)
-            table.num_slots = slots + self.block_size
+            table.num_slots = slots + size
             new_blocks = [block_id]
         else:
             block_ids = table.block_ids
@@ -149,9 +146,11 @@ class KVCacheManager:
                 return None
             new_blocks = self.pool.allocate(missing)
             block_ids.extend(new_blocks)
-            table.num_slots = len(block_ids) * self.block_size
+            table.num_slots = len(block_ids) * size
         if end >= table.register_at:
-            self._register(request, table, end, step)
+            table.num_registered = self.prefix.register(
+                request, table.block_ids, table.num_registered, end, step)
+            table.register_at = (table.num_registered + 1) * size
         self._set_work_at(table)
         return new_blocks
 
@@ -280,8 +279,7 @@ class KVCacheManager:
         table.block_ids = ([self.pool.null_block] * freed + device_blocks if freed
                            else device_blocks)
         self._retable(table)
-        if end >= table.register_at:
-            self._register(request, table, end, step)
+        self.register_full_blocks(request, end, step)
         return pairs
 
     def _retable(self, table: BlockTable) -> None:
@@ -295,7 +293,9 @@ class KVCacheManager:
 
     def _set_work_at(self, table: BlockTable) -> None:
         """After num_slots or register_at changed: the first token count allocate_slots
-        has work at (0 with a sliding window: any call may free blocks)."""
+        has work at (0 with a sliding window: any call may free blocks). Registering a
+        block in allocate_slots and register_full_blocks keeps register_at there, as
+        _retable does here."""
         if self.sliding_window is not None:
             table.work_at = 0
         else:
@@ -311,16 +311,11 @@ class KVCacheManager:
         learned that a step already planned computes (its block may be full now). Called
         for every token a step returns: the common case costs one lookup and a compare."""
         table = self._tables[request.handle]
-        if num_tokens >= table.register_at:
-            self._register(request, table, num_tokens, step)
-
-    def _register(self, request: Request, table: BlockTable, num_tokens: int,
-                  step: int) -> None:
-        done = self.prefix.register(request, table.block_ids, table.num_registered,
-                                    num_tokens, step)
-        table.num_registered = done
-        table.register_at = (done + 1) * self.block_size
-        self._set_work_at(table)
+        if num_tokens >= table.register_at:   # the prefix cache registers what it can
+            table.num_registered = self.prefix.register(
+                request, table.block_ids, table.num_registered, num_tokens, step)
+            table.register_at = (table.num_registered + 1) * self.block_size
+            self._set_work_at(table)
 
     def confirm_through(self, step: int) -> None:
         """Steps up to `step` ran: their blocks hold what their hashes say."""

@@ -86,7 +86,9 @@ class PrefixCache:
             full = len(block_ids)
         if full <= start:
             return start
-        hashes = self._hashes_of(request)
+        hashes = self._hashes.get(request.handle)
+        if hashes is None:
+            hashes = self._hashes[request.handle] = []
         first = start * size - request.prompt_len
         if full == start + 1 == len(hashes) + 1 and first >= 0:
             # A decode step filled one block of output: hash it and register it here.
