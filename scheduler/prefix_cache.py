@@ -77,8 +77,8 @@ class PrefixCache:
         later requests, as soon as those tokens are scheduled: a request admitted later in
         the same step reads them after the step's forward pass wrote them (each layer writes
         the cache for every token before attending). Only tokens whose ids are known count.
-        `block_ids` is its table, of which the first `start` blocks are registered; returns
-        how many are now."""
+        `block_ids` is its table (read here, never kept or changed), of which the first
+        `start` blocks are registered; returns how many are now."""
         size = self.block_size
         known = request.num_tokens
         full = (num_tokens if num_tokens < known else known) // size
