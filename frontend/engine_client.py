@@ -183,7 +183,7 @@ class EngineClient:
         """params.stop's matching tables, built off the loop when they are long."""
         if not params.stop:
             return None
-        return await self.prep.run(sum(map(len, params.stop)), StopStrings, params.stop)
+        return await self.prep.run(sum(map(len, params.stop)), self.inputs.stop_tables, params)
 
     def abort_all(self, reason: str) -> None:
         """Shutdown: abort every open request at the scheduler and fail it here now."""
