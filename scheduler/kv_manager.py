@@ -308,8 +308,9 @@ class KVCacheManager:
     def register_full_blocks(self, request: Request, num_tokens: int, step: int) -> None:
         """Make the full blocks among the request's first `num_tokens` tokens findable,
         unconfirmed until step `step`'s result arrives (confirm_through): for a token just
-        learned that a step already planned computes (its block may be full now). Called
-        for every token a step returns: the common case costs one lookup and a compare."""
+        learned that a step already planned computes (its block may be full now), and after
+        a swap-in. One step ahead, update calls it for every token a step returns: the
+        common case costs one lookup and a compare."""
         table = self._tables[request.handle]
         if num_tokens >= table.register_at:   # the prefix cache registers what it can
             table.num_registered = self.prefix.register(
