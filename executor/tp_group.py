@@ -5,8 +5,8 @@ them in one torch.distributed group (gloo on CPU, NCCL on CUDA, rank r on GPU r)
 Each scheduler message that changes state (a plan, a reset) is passed on by rank 0, as the
 same bytes, to the others, which apply it in the same order: the scheduler sends once per
 step. The hop is a ZeroMQ PUSH per rank on ipc:// sockets in a private directory, not a
-gloo broadcast: bench/tp_plan_hop.py measured a gloo broadcast of a plan at about ten times
-a ZeroMQ hop (docs/benchmarks.md). A rank
+gloo broadcast, which measured at about ten times a ZeroMQ hop (docs/benchmarks.md history,
+"Tensor-parallel plan hop"). A rank
 that dies is the executor dying: rank 0 sees it (a failed collective, or the child's exit
 within a poll turn), stops the others and exits 1, so the scheduler fails the in-flight
 requests and `folio serve` starts a fresh group, which says hello again. Rank 0 dying takes

@@ -20,10 +20,10 @@ from folio.default_model import resolve_model
 from folio.flags import config_of, config_values
 from folio.preflight import check_engine, check_ports_free
 from folio.scheduler.service import SchedulerServiceConfig
-from folio.settings import (SERVE_SCHEDULER_SKIP, ExecutorLinks, FrontendLinks, KeysSettings,
+from folio.settings import (SERVE_SCHEDULER_SKIP, ExecutorLinks, KeysSettings,
                             ProbeSettings, ServeSettings)
 from folio.shared.config import EngineConfig, SettingError, policy_values
-from folio.shared.service_settings import (ClientLimitSettings, HttpSettings,
+from folio.shared.service_settings import (ClientLimitSettings, FrontendLinks, HttpSettings,
                                            ShutdownSettings, TransportSettings)
 
 
@@ -95,12 +95,12 @@ def check_frontend(args: argparse.Namespace):
     model = resolve_model(links.model)
     if not Path(model).is_dir():
         raise SettingError("model", f"{model}: no such directory")
-    http_values = {**asdict(http), "port": http.port or None, "api_key": api_key(http)}
-    del http_values["api_key_file"]   # read into api_key
     return FrontendConfig(
-        **{**asdict(links), "model": model}, **http_values,
+        **{**asdict(links), "model": model},
+        **{**asdict(http), "port": http.port or None, "api_key": api_key(http),
+           "api_key_file": None},   # read into api_key
         **asdict(config_of(ShutdownSettings, args)),
-        **asdict(config_of(ClientLimitSettings, args)), curve_keys=transport.curve_keys)
+        **asdict(config_of(ClientLimitSettings, args)), **asdict(transport))
 
 
 def check_scheduler(args: argparse.Namespace) -> SchedulerServiceConfig:

@@ -1,11 +1,10 @@
 """An in-process engine: the scheduler and the executor, stepping together (what a step is:
-scheduler/step_rule.py, as in the scheduler process)."""
+`Scheduler.plan_for_executor`, as in the scheduler process)."""
 
 from __future__ import annotations
 
 from folio.executor.executor import Executor
 from folio.scheduler.scheduler import Scheduler
-from folio.scheduler.step_rule import plan_for_executor
 from folio.shared.config import EngineConfig, SchedulerConfig
 from folio.shared.outputs import EngineOutput, StepOutputs
 from folio.shared.sampling_params import SamplingParams
@@ -28,7 +27,7 @@ class InProcessEngine:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> StepOutputs | list[EngineOutput]:
-        plan = plan_for_executor(self.scheduler)
+        plan = self.scheduler.plan_for_executor()
         if plan is None:
             return self.scheduler.take_pending_outputs()
         try:

@@ -5,7 +5,7 @@ that it shares with the frontend or the scheduler stalls the whole step whenever
 (OpenMP barriers wait for the slowest thread). A core of their own avoids that, but the
 control processes need a small part of one (about 0.1 core at 400 tokens/s): on a machine
 with few cores, the reserved core costs more than the stalls do. Measured on 2 cores
-(`bench/placement.py`, docs/benchmarks.md): shared made 1.3-1.6x split's output tokens/s.
+(`bench/serve.py variants`, docs/benchmarks.md): shared made 1.3-1.6x split's output tokens/s.
 
 Policies (`folio serve --cpu-placement`):
 - split:  frontend and scheduler on the last usable core, the executor on the others

@@ -16,7 +16,7 @@ from typing import Any
 from folio.placement import PLACEMENTS
 from folio.scheduler.service import SchedulerServiceConfig
 from folio.shared.config import EngineConfig, SchedulingPolicy
-from folio.shared.service_settings import (ClientLimitSettings, HttpSettings,
+from folio.shared.service_settings import (ClientLimitSettings, FrontendLinks, HttpSettings,
                                            ShutdownSettings, TransportSettings)
 from folio.shared.settings import Checked, non_negative_int, positive_int, setting
 
@@ -56,18 +56,6 @@ class ServeSettings(Checked):
         "auto", "which cores each process may use when the executor runs on CPU: split "
         "(frontend and scheduler on one core of their own), shared, off; auto: split on "
         "CPU, off with a GPU", choices=PLACEMENTS)
-
-
-@dataclass(frozen=True, kw_only=True)
-class FrontendLinks(Checked):
-    model: str | None = setting(None, "directory with the tokenizer files (default: the "
-                                "built-in model)")
-    client_address: str = setting(MISSING, "where SDK clients connect (this process binds "
-                                  "it)")
-    scheduler_address: str = setting(MISSING, "the scheduler's frontend address (several, "
-                                     "comma-separated: data-parallel replicas)")
-    client_curve: bool = setting(True, "with --curve-keys: SDK clients need keys too "
-                                 "(--no-client-curve leaves the client port plain)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,8 +50,12 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
     fast.save_pretrained(str(out_dir))
 
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3",
-                 "gemma2", "gemma3")
+# Each architecture's short name and its transformers class prefix (LlamaForCausalLM, ...);
+# tests/executor/test_models_units.py checks these cover executor/models/architectures.py.
+CLASS_PREFIXES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+                  "qwen3_moe": "Qwen3Moe", "mixtral": "Mixtral", "phi3": "Phi3",
+                  "gemma2": "Gemma2", "gemma3": "Gemma3"}
+ARCHITECTURES = tuple(CLASS_PREFIXES)
 # Architectures newer than the first three: their norm weights are perturbed after init
 # (transformers initialises them to a constant), so a norm loaded into the wrong place shows.
 _PERTURBED = ("qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "gemma3")
@@ -62,9 +66,7 @@ _OWN_HEAD_DIM = ("qwen3", "qwen3_moe", "gemma2", "gemma3")
 def _classes(arch: str):
     import transformers as hf
 
-    names = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-             "qwen3_moe": "Qwen3Moe", "mixtral": "Mixtral", "phi3": "Phi3",
-             "gemma2": "Gemma2", "gemma3": "Gemma3"}
+    names = CLASS_PREFIXES
     if arch not in names:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
     config = "Gemma3TextConfig" if arch == "gemma3" else f"{names[arch]}Config"

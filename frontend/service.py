@@ -22,28 +22,19 @@ from folio.frontend.engine_client import EngineClient
 from folio.frontend.engine_protocol import Engine
 from folio.frontend.tokenizer import load_tokenizer
 from folio.frontend.zmq_gateway import ClientLimits, ZmqGateway
-from folio.shared.config import MAX_REQUESTS_PER_CLIENT, SHUTDOWN_TIMEOUT_S
+from folio.shared.service_settings import (ClientLimitSettings, FrontendLinks, HttpSettings,
+                                          ShutdownSettings, TransportSettings)
 from folio.shared.security import FRONTEND, load_keys, start_authenticator, stop_authenticator
 
 log = logging.getLogger("folio.frontend")
 
 
-@dataclass(frozen=True)
-class FrontendConfig:
-    model: str                 # directory holding the tokenizer files
-    client_address: str
-    scheduler_address: str     # several, comma-separated: data-parallel replicas
-    host: str = "127.0.0.1"
-    port: int | None = None    # HTTP API port; None: ZeroMQ only
-    served_model_name: str | list[str] | None = None   # None: the model directory's name
-    api_key: str | None = None
-    metrics_public: bool = False    # /metrics without the API key
-    tool_call_parser: str | None = None   # hermes | llama3_json (frontend/tool_parsers.py)
-    allowed_hosts: str | None = None   # Host names HTTP answers ("a,b" or "*"); None: default
-    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
-    max_requests_per_client: int = MAX_REQUESTS_PER_CLIENT   # SDK connection's in flight
-    curve_keys: str | None = None   # CURVE keys directory: scheduler link and client port
-    client_curve: bool = True       # with curve_keys: SDK clients need keys too
+@dataclass(frozen=True, kw_only=True)
+class FrontendConfig(FrontendLinks, HttpSettings, ShutdownSettings, ClientLimitSettings,
+                     TransportSettings):
+    """`folio frontend`'s settings, each declared once in its group (shared/service_settings.py);
+    folio/checks.py builds it after the cross-setting checks, with api_key read from its
+    variable or file and model resolved to a directory."""
 
 
 def scheduler_addresses(value: str) -> list[str]:

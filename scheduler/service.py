@@ -34,13 +34,13 @@ from folio.scheduler.shutdown import ShutdownDrain
 from folio.scheduler.steps_in_flight import StepsInFlight
 from folio.shared import messages as m
 from folio.shared.codes import RefusalCode
-from folio.shared.config import (CURVE_KEYS_HELP, SHUTDOWN_HELP, SHUTDOWN_TIMEOUT_S,
-                           ExecutorCapacity, SchedulerConfig, SchedulingPolicy, SettingError,
-                           setting)
-from folio.shared.security import (EXECUTOR, FRONTEND, load_keys, make_server, start_authenticator,
-                             stop_authenticator)
-from folio.shared.transport import (DOWN_EVENTS, INSECURE_HELP, check_bind_address, configure,
-                              read_monitor_event)
+from folio.shared.config import ExecutorCapacity, SchedulerConfig, SchedulingPolicy
+from folio.shared.security import (EXECUTOR, FRONTEND, load_keys, make_server,
+                                   start_authenticator, stop_authenticator)
+from folio.shared.service_settings import ShutdownSettings, TransportSettings
+from folio.shared.settings import above, optional, positive_int, setting
+from folio.shared.transport import (DOWN_EVENTS, check_bind_address, configure,
+                                    read_monitor_event)
 from folio.shared.wire import ProtocolError
 
 log = logging.getLogger("folio.scheduler")
@@ -50,46 +50,37 @@ STATS_MAX_AGE_S = 0.1   # stats answers within this long of each other share one
 KV_MAP_MAX_AGE_S = 0.25   # the same for page maps (a walk of every block table)
 
 
-@dataclass(frozen=True)
-class SchedulerServiceConfig(SchedulingPolicy):
-    """The scheduling policy (shared with EngineConfig) plus this process's own settings;
-    `folio scheduler`'s flags are generated from these fields."""
+def an_address(value: str) -> str | None:
+    return None if value else "must be an address, e.g. ipc:///run/folio/x.sock"
 
-    frontend_address: str = setting(MISSING, "where frontends connect (this process binds it)")
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerServiceConfig(SchedulingPolicy, TransportSettings, ShutdownSettings):
+    """The scheduling policy (shared with EngineConfig), the link and shutdown settings every
+    process has, and this process's own; `folio scheduler`'s flags are generated from these
+    fields, and SchedulingPolicy's __post_init__ runs every field's declared check."""
+
+    frontend_address: str = setting(MISSING, "where frontends connect (this process binds it)",
+                                     check=an_address)
     executor_address: str = setting(MISSING, "where the executor connects (this process "
-                                    "binds it)")
+                                    "binds it)", check=an_address)
     max_queued_requests: int | None = setting(
         None, "refuse new requests (queue full) past this many waiting, not counting those "
-        "that free running seats (max-num-seqs) will take (default: no limit)")
+        "that free running seats (max-num-seqs) will take (default: no limit)",
+        check=optional(positive_int))
     max_queued_tokens: int | None = setting(
-        None, "... or past this many prompt tokens waiting (default: no limit)")
+        None, "... or past this many prompt tokens waiting (default: no limit)",
+        check=optional(positive_int))
     executor_timeout_s: float = setting(
-        2.0, "seconds without an executor heartbeat before it is dead", "executor-timeout")
+        2.0, "seconds without an executor heartbeat before it is dead", "executor-timeout",
+        check=above(0, " seconds"))
     step_timeout_s: float = setting(
-        60.0, "seconds a step may take before the executor is declared hung", "step-timeout")
-    shutdown_timeout_s: float = setting(
-        SHUTDOWN_TIMEOUT_S, SHUTDOWN_HELP, "shutdown-timeout")
-    curve_keys: str | None = setting(None, CURVE_KEYS_HELP)
-    insecure_transport: bool = setting(False, INSECURE_HELP)
+        60.0, "seconds a step may take before the executor is declared hung", "step-timeout",
+        check=above(0, " seconds"))
     async_scheduling: bool = setting(
         True, "keep one step in flight: send the plan of step N+1 before the result of "
         "step N arrives, hiding the hop")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("frontend_address", "executor_address"):
-            if not getattr(self, name):
-                raise SettingError(name, "must be an address, e.g. ipc:///run/folio/x.sock")
-        for name in ("max_queued_requests", "max_queued_tokens"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or value < 1):
-                raise SettingError(name, f"must be a positive integer, got {value!r}")
-        for name in ("executor_timeout_s", "step_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise SettingError(name, f"must be > 0 seconds, got {getattr(self, name)}")
-        if not self.shutdown_timeout_s >= 0:
-            raise SettingError("shutdown_timeout_s",
-                               f"must be >= 0 seconds, got {self.shutdown_timeout_s}")
 
 
 class SchedulerService:

@@ -6,7 +6,7 @@ shared/config.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
 from folio.shared.config import (CURVE_KEYS_HELP, MAX_REQUESTS_PER_CLIENT,
                                  MAX_REQUESTS_PER_CLIENT_HELP, SHUTDOWN_HELP,
@@ -61,3 +61,15 @@ class HttpSettings(Checked):
     allowed_hosts: str | None = setting(
         None, "Host header names HTTP answers, comma-separated, or '*' for any (default: on "
         "a loopback --host only localhost, 127.0.0.1 and ::1)", metavar="NAMES")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrontendLinks(Checked):
+    model: str | None = setting(None, "directory with the tokenizer files (default: the "
+                                "built-in model)")
+    client_address: str = setting(MISSING, "where SDK clients connect (this process binds "
+                                  "it)")
+    scheduler_address: str = setting(MISSING, "the scheduler's frontend address (several, "
+                                     "comma-separated: data-parallel replicas)")
+    client_curve: bool = setting(True, "with --curve-keys: SDK clients need keys too "
+                                 "(--no-client-curve leaves the client port plain)")

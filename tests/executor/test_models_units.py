@@ -18,7 +18,7 @@ from folio.executor.models.describe import describe
 from folio.executor.models.hf_config import parse_model_config, read_model_config
 from folio.executor.ops import TORCH_OPS, AttentionInputs
 from folio.executor.rotary import longrope_positions, rotary_cos_sin_cache
-from folio.tiny_models import make_random_checkpoint
+from folio.tiny_models import CLASS_PREFIXES, make_random_checkpoint
 
 _BASE = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 16}
@@ -35,6 +35,11 @@ def test_every_supported_architecture_reads_a_config(arch):
     config = _config(arch, **experts)
     assert config.architecture == arch and config.num_layers == 4
     assert (config.moe is not None) == ("Moe" in arch or "Mixtral" in arch)
+
+
+def test_the_tiny_models_cover_every_supported_architecture():
+    assert sorted(f"{prefix}ForCausalLM" for prefix in CLASS_PREFIXES.values()) \
+        == sorted(SUPPORTED_ARCHITECTURES)
 
 
 def test_unsupported_architecture_is_one_line_naming_the_supported(tmp_path):
