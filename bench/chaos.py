@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="also write the summary JSON here")
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else 60 * (args.minutes or 3)
-    from folio.cli import resolve_model
+    from folio.default_model import resolve_model
 
     model = resolve_model(args.model)
     run_dir = Path(tempfile.mkdtemp(prefix="folio-chaos-"))

@@ -45,7 +45,7 @@ def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
 def resolve_vocabulary(args) -> None:
     """Without --model-dir or --vocab-size, the prompts use the served model's vocabulary."""
     if args.model_dir is None and args.vocab_size is None:
-        from folio.cli import resolve_model
+        from folio.default_model import resolve_model
 
         args.model_dir = Path(resolve_model(args.model))
 

@@ -15,7 +15,6 @@ import sys
 from typing import Any
 
 from folio.checks import CHECKS, ExecutorPlan, ProbePlan
-from folio.default_model import resolve_model  # noqa: F401  (bench/ imports it from here)
 from folio.flags import FolioParser, add_config_args
 from folio.settings import COMMANDS, MAIN
 from folio.shared.config import SettingError

@@ -24,7 +24,6 @@ from uvicorn.importer import import_from_string
 from folio.frontend.api_errors import ApiError
 from folio.frontend.engine_protocol import Engine
 from folio.frontend.http_access import AccessGate
-from folio.frontend.http_answers import guarded as _guarded  # noqa: F401  (tests' name)
 from folio.frontend.http_limits import (IDLE_TIMEOUT_S, MAX_HEAD_BYTES, REQUEST_TIMEOUT_S,
                                         ConnectionGate, allowed_hosts, connection_cap, gated)
 from folio.frontend.http_routes import RETRY_AFTER_S, ROUTES, Served

@@ -16,8 +16,10 @@ import json
 import re
 from typing import Any
 
+from folio.shared.service_settings import TOOL_CALL_PARSERS
+
 Call = tuple[str, str]
-PARSERS = ("hermes", "llama3_json")
+PARSERS = TOOL_CALL_PARSERS   # the formats read here; --tool-call-parser's choices
 
 _HERMES_START = "<tool_call>"
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from folio.frontend.http_server import _guarded
+from folio.frontend.http_answers import guarded as _guarded
 from folio.frontend.openai_api import _Job, _stream_completion
 from folio.frontend.output_text import OutputText
 from folio.frontend.stop_strings import StopMatcher, StopStrings
