@@ -45,6 +45,8 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.serve_client import percentiles as latency_summary  # noqa: E402 (after the path)
+
 MAX_REQUESTS = 100_000
 MAX_DURATION_S = 3600.0
 MAX_CONCURRENCY = 4096
@@ -406,19 +408,9 @@ def snapshot(pids: dict[str, int]) -> dict[str, float | None]:
 # ---- running --------------------------------------------------------------------------------
 
 def percentiles(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"n": 0, "p50": None, "p90": None, "p99": None, "mean": None}
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        pos = q * (len(ordered) - 1)
-        low = int(pos)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-    return {"n": len(values), "p50": round(at(0.5) * 1e3, 2), "p90": round(at(0.9) * 1e3, 2),
-            "p99": round(at(0.99) * 1e3, 2),
-            "mean": round(sum(values) / len(values) * 1e3, 2)}
+    """The count, and mean and p50/p90/p99 in milliseconds (the values are seconds)."""
+    ms = {k: None if v is None else round(v * 1e3, 2) for k, v in latency_summary(values).items()}
+    return {"n": len(values), **ms}
 
 
 async def run_round(driver, args, rng: random.Random) -> tuple[list[Outcome], float]:
