@@ -131,8 +131,15 @@ def check_probe(args: argparse.Namespace) -> ProbePlan:
     return ProbePlan(config_of(ProbeSettings, args), config_of(TransportSettings, args).curve_keys)
 
 
+def check_simulate(args: argparse.Namespace):
+    from folio.sim_report import SimulateSettings
+
+    return config_of(SimulateSettings, args)
+
+
 CHECKS = {"serve": check_serve, "frontend": check_frontend, "scheduler": check_scheduler,
-          "executor": check_executor, "keys": check_keys, "probe": check_probe}
+          "executor": check_executor, "keys": check_keys, "probe": check_probe,
+          "simulate": check_simulate}
 
 
 def api_key(http: HttpSettings) -> str | None:

@@ -32,14 +32,6 @@ def build_parser() -> FolioParser:
         command_parser = sub.add_parser(command.name, help=command.help)
         for group in command.groups:
             add_config_args(command_parser, group.config, group.skip, group.defaults)
-    from folio.sim_report import add_simulate_args
-
-    simulate = sub.add_parser("simulate", help="replay a request trace through the real "
-                              "scheduler: paged vs contiguous reservation")
-    add_simulate_args(simulate)
-    for action in simulate._actions:   # a developer's tool: its flags are not declared
-        if action.option_strings and action.dest != "help":
-            simulate.env_names[action.dest] = "FOLIO_" + action.dest.upper()
     for role_parser in sub.choices.values():
         for group in MAIN:
             add_config_args(role_parser, group.config, group.skip, inherited=True)

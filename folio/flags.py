@@ -74,7 +74,10 @@ def add_config_args(parser: FolioParser, cls: type, skip: tuple[str, ...] = (),
             default = []
         kwargs: dict[str, Any] = {"help": meta.get("help"), "dest": spec.name}
         if meta.get("positional"):
-            parser.add_argument(spec.name, choices=meta.get("choices"), help=meta.get("help"))
+            optional_value = {"nargs": meta["nargs"], "default": spec.default} \
+                if meta.get("nargs") else {}
+            parser.add_argument(spec.name, choices=meta.get("choices"), help=meta.get("help"),
+                                **optional_value)
             continue
         if inherited:
             default = argparse.SUPPRESS

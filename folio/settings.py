@@ -15,6 +15,7 @@ from typing import Any
 
 from folio.placement import PLACEMENTS
 from folio.scheduler.service import SchedulerServiceConfig
+from folio.sim_report import SimulateSettings
 from folio.shared.config import EngineConfig, SchedulingPolicy
 from folio.shared.service_settings import (ClientLimitSettings, FrontendLinks, HttpSettings,
                                            ShutdownSettings, TransportSettings)
@@ -134,4 +135,6 @@ COMMANDS = (
     Command("probe", "health check for one role; exit 0 when healthy", (
         Group(ProbeSettings),
         Group(TransportSettings))),
+    Command("simulate", "replay a request trace through the real scheduler: paged vs "
+            "contiguous reservation", (Group(SimulateSettings),)),
 )

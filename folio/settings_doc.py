@@ -92,7 +92,7 @@ def configuration_page() -> str:
     parser = build_parser()
     lines = [INTRO, "## Every command", "", "Given before or after the subcommand.", "",
              *_table(parser, [a for a in parser._actions if a.dest == "log_level"])]
-    for name in [c.name for c in COMMANDS] + ["simulate"]:
+    for name in [c.name for c in COMMANDS]:
         sub = command_parser(parser, name)
         summary = _help_of(parser, name)
         lines += ["", f"## folio {name}", "", summary[0].upper() + summary[1:],

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from folio.sim_inputs import Machine, TraceRequest, load_trace
 from folio.simulate import Run, compare, simulate
 from folio.shared.config import PREEMPTION_MODES
+from folio.shared.settings import Checked, above, at_least, optional, positive_int, setting
 
 
 def lockers() -> tuple[list[Run], str]:
@@ -106,62 +107,73 @@ def _model_config(path: str):
         raise SystemExit(f"folio simulate: --model {path}: {error}") from None
 
 
-def add_simulate_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", nargs="?", help="JSONL trace: arrival, prompt_tokens, "
-                        "output_tokens, optional prefix and prefix_tokens")
-    parser.add_argument("--example", choices=sorted(EXAMPLES), help="a worked example "
-                        "instead of a trace")
-    parser.add_argument("--num-kv-blocks", type=int, help="KV blocks of the simulated pool")
-    parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="or: GiB for the KV "
-                        "cache, cut into blocks of --model's size")
-    parser.add_argument("--model", help="checkpoint directory (its config.json) for "
-                        "--gpu-memory, and the default --max-model-len")
-    parser.add_argument("--kv-dtype", choices=sorted(DTYPE_BYTES), help="KV element type "
-                        "(default: the model's dtype)")
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--max-model-len", type=int, help="default: the model's context "
-                        "limit, else 2048")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--ms-per-step", type=float, default=10.0,
-                        help="simulated cost of every step")
-    parser.add_argument("--tokens-per-s", type=float, help="plus this cost per token")
-    parser.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute")
-    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=True)
-    parser.add_argument("--plot-dir", help="write kv_blocks.png and running.png here")
-    parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
+@dataclass(frozen=True, kw_only=True)
+class SimulateSettings(Checked):
+    """`folio simulate`'s settings; its flags and FOLIO_* variables are generated from these
+    fields like every command's (folio/settings.py lists it)."""
+
+    trace: str | None = setting(None, "JSONL trace: arrival, prompt_tokens, output_tokens, "
+                                "optional prefix and prefix_tokens", positional=True, nargs="?")
+    example: str | None = setting(None, "a worked example instead of a trace",
+                                  choices=tuple(sorted(EXAMPLES)))
+    num_kv_blocks: int | None = setting(None, "KV blocks of the simulated pool",
+                                        check=optional(positive_int))
+    gpu_memory: float | None = setting(None, "or: GiB for the KV cache, cut into blocks of "
+                                       "--model's size", metavar="GIB",
+                                       check=optional(above(0, " GiB")))
+    model: str | None = setting(None, "checkpoint directory (its config.json) for "
+                                "--gpu-memory, and the default --max-model-len")
+    kv_dtype: str | None = setting(None, "KV element type (default: the model's dtype)",
+                                   choices=tuple(sorted(DTYPE_BYTES)))
+    block_size: int = setting(16, "tokens per simulated KV block", check=positive_int)
+    max_model_len: int | None = setting(None, "context limit (default: the model's, else "
+                                        "2048)", check=optional(positive_int))
+    max_num_seqs: int = setting(256, "requests running at once", check=positive_int)
+    max_num_batched_tokens: int = setting(2048, "tokens computed per step, over all requests",
+                                          check=positive_int)
+    ms_per_step: float = setting(10.0, "simulated cost of every step",
+                                 check=at_least(0, " ms"))
+    tokens_per_s: float | None = setting(None, "plus this cost per token",
+                                         check=optional(above(0)))
+    preemption_mode: str = setting("recompute", "how a request is preempted when blocks run "
+                                   "out", choices=PREEMPTION_MODES)
+    prefix_caching: bool = setting(True, "reuse KV blocks of identical prompt prefixes")
+    plot_dir: str | None = setting(None, "write kv_blocks.png and running.png here")
+    json: bool = setting(False, "print the summaries as JSON")
 
 
-def run_simulate(args: argparse.Namespace) -> int:
-    if args.example:
-        runs, story = EXAMPLES[args.example]()
+def run_simulate(settings: SimulateSettings) -> int:
+    if settings.example:
+        runs, story = EXAMPLES[settings.example]()
         block_size = runs[0].machine.block_size
     else:
-        model = _model_config(args.model) if args.model else None
-        if args.gpu_memory is not None:
+        model = _model_config(settings.model) if settings.model else None
+        num_kv_blocks = settings.num_kv_blocks
+        if settings.gpu_memory is not None:
             if model is None:
                 raise SystemExit("folio simulate: --gpu-memory needs --model")
-            args.num_kv_blocks = blocks_in_memory(model, args.gpu_memory, args.block_size,
-                                                  args.kv_dtype)
-        if not args.trace or not args.num_kv_blocks:
+            num_kv_blocks = blocks_in_memory(model, settings.gpu_memory, settings.block_size,
+                                             settings.kv_dtype)
+        if not settings.trace or not num_kv_blocks:
             raise SystemExit("folio simulate: give a trace and --num-kv-blocks (or "
                              "--gpu-memory with --model), or --example")
-        if args.max_model_len is None:
-            args.max_model_len = model.context_limit if model else 2048
-        machine = Machine(args.num_kv_blocks, args.block_size, args.max_model_len,
-                          args.max_num_seqs, args.max_num_batched_tokens, args.ms_per_step,
-                          args.tokens_per_s, args.prefix_caching, args.preemption_mode)
+        max_model_len = settings.max_model_len
+        if max_model_len is None:
+            max_model_len = model.context_limit if model else 2048
+        machine = Machine(num_kv_blocks, settings.block_size, max_model_len,
+                          settings.max_num_seqs, settings.max_num_batched_tokens,
+                          settings.ms_per_step, settings.tokens_per_s, settings.prefix_caching,
+                          settings.preemption_mode)
         try:
-            runs = compare(load_trace(args.trace), machine)
+            runs = compare(load_trace(settings.trace), machine)
         except (OSError, ValueError) as error:
             raise SystemExit(f"folio simulate: {error}") from None
-        story, block_size = "", args.block_size
-    if args.json:
+        story, block_size = "", settings.block_size
+    if settings.json:
         print(json.dumps([run.summary() for run in runs], indent=2))
     else:
         print(f"{story}\n\n{table(runs)}" if story else table(runs))
-    if args.plot_dir:
-        for path in plot(runs, Path(args.plot_dir), block_size):
+    if settings.plot_dir:
+        for path in plot(runs, Path(settings.plot_dir), block_size):
             print(f"wrote {path}")
     return 0
