@@ -11,12 +11,14 @@ import os
 import random
 import signal
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 
 from folio import SamplingParams
 from folio.client import AsyncClient, Client
-from folio.errors import FolioError
+from folio.errors import FolioError, QueueFull
 from tests.http_server import free_port
 from tests.pipeline import Pipeline, spawn_role
 
@@ -165,3 +167,35 @@ async def value_or_error(awaitable):
         return await awaitable
     except FolioError as error:
         return error
+
+
+@asynccontextmanager
+async def queue_kept_full(client: AsyncClient, timeout: float) -> AsyncIterator[None]:
+    """The cluster's waiting queue kept full by SDK requests (200-token answers, `timeout`
+    each) for the length of the block, entered once one of them was refused as queue full;
+    on leaving, the flood is aborted (the SDK aborts what it cancels)."""
+    params = SamplingParams(max_tokens=200, **GREEDY)
+    flood: list[asyncio.Task] = []
+    stop = asyncio.Event()
+
+    async def keep_full():
+        while not stop.is_set() and len(flood) < 3000:
+            flood.extend(asyncio.create_task(client.generate([7] * 30, params,
+                                                             timeout=timeout))
+                         for _ in range(25))
+            await asyncio.sleep(0.05)
+
+    topper = asyncio.create_task(keep_full())
+    try:
+        deadline = time.monotonic() + 20
+        while not any(t.done() and isinstance(t.exception(), QueueFull)
+                      for t in flood if not t.cancelled()):
+            assert time.monotonic() < deadline, "the queue never filled"
+            await asyncio.sleep(0.05)
+        yield
+    finally:
+        stop.set()
+        await topper
+        for task in flood:
+            task.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)

@@ -8,20 +8,19 @@ import json
 import random
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 import zmq
 import zmq.asyncio
-from folio.shared import messages as m
 
 from folio import SamplingParams
 from folio.client import AsyncClient, Client, Completion
 from folio.errors import FolioError, QueueFull
+from folio.shared import messages as m
 from tests.pipeline import start_streams
 from tests.processes.cluster import (ENDLESS, GREEDY, MAX_QUEUED, NUM_KV_BLOCKS, PROBE_PROMPT,
-                                     Cluster, random_prompt, value_or_error)
+                                     Cluster, queue_kept_full, random_prompt, value_or_error)
 from tests.processes.test_zeromq_fuzz import fuzz_messages
 
 pytestmark = pytest.mark.slow
@@ -90,33 +89,10 @@ def test_streamed_http_requests_refused_by_a_full_queue_get_503(healthy):
         return "200"
 
     async def run():
-        async with AsyncClient(healthy.client_addresses[1]) as client:
-            params = SamplingParams(max_tokens=200, **GREEDY)
-            flood: list[asyncio.Task] = []
-            stop = asyncio.Event()
-
-            async def keep_full():
-                while not stop.is_set() and len(flood) < 3000:
-                    flood.extend(asyncio.create_task(client.generate([7] * 30, params,
-                                                                     timeout=60))
-                                 for _ in range(25))
-                    await asyncio.sleep(0.05)
-
-            topper = asyncio.create_task(keep_full())
-            try:
-                deadline = time.monotonic() + 20
-                while not any(t.done() and isinstance(t.exception(), QueueFull)
-                              for t in flood if not t.cancelled()):
-                    assert time.monotonic() < deadline, "the queue never filled"
-                    await asyncio.sleep(0.05)
-                async with httpx.AsyncClient(base_url=healthy.base, timeout=30) as http:
-                    return await asyncio.gather(*(stream_status(http) for _ in range(20)))
-            finally:
-                stop.set()
-                await topper
-                for task in flood:
-                    task.cancel()   # the SDK aborts them
-                await asyncio.gather(*flood, return_exceptions=True)
+        async with AsyncClient(healthy.client_addresses[1]) as client, \
+                queue_kept_full(client, timeout=60), \
+                httpx.AsyncClient(base_url=healthy.base, timeout=30) as http:
+            return await asyncio.gather(*(stream_status(http) for _ in range(20)))
 
     outcomes = asyncio.run(run())
     refused = [o for o in outcomes if o != "200"]

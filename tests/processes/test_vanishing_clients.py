@@ -17,8 +17,9 @@ from folio.shared import messages as m
 
 from folio import SamplingParams
 from folio.client import AsyncClient, Client
-from folio.errors import FolioError, QueueFull
-from tests.processes.cluster import GREEDY, NUM_KV_BLOCKS, PROBE_PROMPT, random_prompt
+from folio.errors import FolioError
+from tests.processes.cluster import (GREEDY, NUM_KV_BLOCKS, PROBE_PROMPT, queue_kept_full,
+                                     random_prompt)
 
 pytestmark = pytest.mark.slow
 
@@ -180,31 +181,8 @@ def test_a_multi_prompt_request_with_a_refused_prompt_leaves_no_prompt_running(h
     async def run():
         async with AsyncClient(healthy.client_addresses[1]) as client, \
                 httpx.AsyncClient(base_url=healthy.base, timeout=60) as http:
-            params = SamplingParams(max_tokens=200, **GREEDY)
-            flood: list[asyncio.Task] = []
-            stop = asyncio.Event()
-
-            async def keep_full():
-                while not stop.is_set() and len(flood) < 3000:
-                    flood.extend(asyncio.create_task(client.generate([7] * 30, params,
-                                                                     timeout=120))
-                                 for _ in range(25))
-                    await asyncio.sleep(0.05)
-
-            topper = asyncio.create_task(keep_full())
-            try:
-                deadline = time.monotonic() + 20
-                while not any(t.done() and isinstance(t.exception(), QueueFull)
-                              for t in flood if not t.cancelled()):
-                    assert time.monotonic() < deadline, "the queue never filled"
-                    await asyncio.sleep(0.05)
+            async with queue_kept_full(client, timeout=120):
                 outcomes = [await attempt(http, stream) for stream in (True, False) * 3]
-            finally:
-                stop.set()
-                await topper
-                for task in flood:
-                    task.cancel()   # the SDK aborts them
-                await asyncio.gather(*flood, return_exceptions=True)
         return outcomes, await asyncio.to_thread(healthy.wait_idle, 0, 20.0)
 
     outcomes, stats = asyncio.run(run())
