@@ -4,6 +4,7 @@ installed beside it is left alone and never stitched into ours."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -82,3 +83,44 @@ print(json.dumps({{"hf": kernels.__file__, "ours": folio.kernels.__file__,
     assert seen["ours"] == str(ROOT / "kernels" / "__init__.py")
     assert not seen["hf_has_ours"]
     assert len(seen["tokens"]) == 4
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of Folio and bench/ and the modules of ours it imports, at any depth of
+    its code (an import inside a function closes a circle as surely as one at the top)."""
+    files = {}
+    for folder in ("folio", *SUBPACKAGES, "bench"):
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            files[".".join(["folio", *parts] if parts[0] in SUBPACKAGES else parts)] = path
+    graph = {}
+    for name, path in files.items():
+        named = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                named |= {a.name for a in node.names}
+        graph[name] = {n for n in named if n in files and n != name}
+    return graph
+
+
+def test_no_import_circles():
+    graph = _import_graph()
+    assert len(graph) > 100 and "folio.scheduler.scheduler" in graph
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("import circle: " + " -> ".join(
+                path[path.index(module):] + [module]))
+        if module in done:
+            return
+        for imported in sorted(graph[module]):
+            visit(imported, path + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
