@@ -1,4 +1,5 @@
-"""Builds Folio's model from a Hugging Face checkpoint directory."""
+"""Builds Folio's model from a Hugging Face checkpoint directory or a GGUF file (its tensors
+renamed and dequantized by executor/gguf_weights.py)."""
 
 from __future__ import annotations
 

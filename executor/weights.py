@@ -1,4 +1,5 @@
-"""Reads tensors from a checkpoint directory: one model.safetensors or a sharded index."""
+"""Reads tensors from a checkpoint directory (one model.safetensors or a sharded index) or a
+GGUF file (executor/gguf_weights.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+
+from folio.executor.gguf_file import is_gguf
+from folio.executor.gguf_weights import iterate_gguf_weights
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
@@ -23,6 +27,9 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
 
 
 def iterate_weights(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    if is_gguf(model_dir):
+        yield from iterate_gguf_weights(model_dir)
+        return
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():

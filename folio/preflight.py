@@ -1,5 +1,6 @@
 """The checks of settings against the machine, before any process starts (or any weight is
-read): the model directory (config.json, architecture, safetensors headers), the
+read): the model directory (config.json, architecture, safetensors headers) or GGUF file
+(metadata, tensor names and types, every tensor inside the file), the
 scheduler's constraints that need the checkpoint's context limit, memory, and the TCP ports
 to bind. folio/checks.py runs them for each command, folio.LLM for itself. Each problem is a
 SettingError naming the setting."""
@@ -12,6 +13,7 @@ import socket
 import struct
 from pathlib import Path
 
+from folio.executor.gguf_file import is_gguf
 from folio.executor.model_config import ModelConfig
 from folio.executor.models.hf_config import read_model_config
 from folio.placement import executor_runs_on_cpu
@@ -22,6 +24,8 @@ _MAX_HEADER = 100 * 2**20   # safetensors' own limit on the JSON header
 
 def check_model_dir(model: str) -> ModelConfig:
     path = Path(model)
+    if is_gguf(path):
+        return _check_gguf(model)
     if not path.is_dir():
         raise SettingError("model", f"{model}: no such directory")
     try:
@@ -40,6 +44,15 @@ def check_model_dir(model: str) -> ModelConfig:
     return config
 
 
+def _check_gguf(model: str) -> ModelConfig:
+    if not Path(model).is_file():
+        raise SettingError("model", f"{model}: no such GGUF file")
+    try:
+        return read_model_config(model)
+    except (ValueError, KeyError, TypeError, OSError) as error:
+        raise SettingError("model", f"{model}: {error}") from None
+
+
 def check_engine(config: EngineConfig) -> ModelConfig:
     """Everything about `config` that can be known without loading weights."""
     model_config = check_model_dir(config.model)
@@ -50,8 +63,11 @@ def check_engine(config: EngineConfig) -> ModelConfig:
             check_shardable(model_config, config.tensor_parallel_size)
         except ValueError as error:
             raise SettingError("tensor_parallel_size", str(error).split(" ", 1)[1]) from None
-    if not config.skip_tokenizer_init and not Path(config.tokenizer_path).is_dir():
-        raise SettingError("tokenizer", f"{config.tokenizer_path}: no such directory")
+    tokenizer = Path(config.tokenizer_path)
+    if not config.skip_tokenizer_init and not (tokenizer.is_dir() or is_gguf(tokenizer)
+                                               and tokenizer.is_file()):
+        raise SettingError("tokenizer", f"{config.tokenizer_path}: no such directory or "
+                           "GGUF file")
     _check_cpu_memory(config)
     limit = model_config.context_limit
     if config.max_model_len is not None and config.max_model_len > limit:

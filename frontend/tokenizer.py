@@ -1,4 +1,5 @@
-"""Loads a Hugging Face tokenizer from local files only."""
+"""Loads a Hugging Face tokenizer from local files only: a checkpoint directory, or a GGUF
+file's tokenizer.ggml.* metadata (transformers converts it, chat template included)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ def load_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     path = Path(path)
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
+                                             local_files_only=True)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory {path} does not exist")
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):

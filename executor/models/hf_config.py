@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from folio.executor.gguf_config import gguf_hf_config
+from folio.executor.gguf_file import is_gguf, open_gguf
 from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
 from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
                                                  Architecture)
@@ -23,7 +25,10 @@ _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 def read_model_config(model_dir: str | Path) -> ModelConfig:
-    """The model directory's config.json, with generation_config.json's eos_token_id."""
+    """The model directory's config.json, with generation_config.json's eos_token_id; or a
+    GGUF file's metadata."""
+    if is_gguf(model_dir):
+        return parse_model_config(*gguf_hf_config(open_gguf(model_dir)))
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():

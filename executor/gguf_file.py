@@ -1,0 +1,47 @@
+"""Opens a GGUF file (llama.cpp's single-file checkpoint) and checks what Folio can read of
+it, before any weight is dequantized (no torch import: the command line's checks run this
+before any process starts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# The tensor types gguf.quants.dequantize turns into floats, all dequantized to --dtype at
+# load (none is kept quantized in memory yet).
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K",
+                   "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+def is_gguf(path: str | Path) -> bool:
+    return str(path).lower().endswith(".gguf")
+
+
+def open_gguf(path: str | Path) -> Any:
+    """A gguf.GGUFReader over `path`; ValueError (one line) for a file that is not a
+    complete GGUF or holds a tensor type Folio cannot dequantize."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such GGUF file {path}")
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OSError, TypeError) as error:
+        raise ValueError(f"{path.name} is not a readable GGUF file ({error})") from None
+    size = path.stat().st_size
+    for tensor in reader.tensors:
+        if tensor.data_offset + tensor.n_bytes > size:
+            raise ValueError(f"{path.name} is truncated: tensor {tensor.name} ends past the "
+                             f"file's {size} bytes")
+        if tensor.tensor_type.name not in SUPPORTED_TYPES:
+            raise ValueError(f"{path.name}: tensor {tensor.name} is of GGUF type "
+                             f"{tensor.tensor_type.name}; Folio reads "
+                             f"{', '.join(SUPPORTED_TYPES)}")
+    return reader
+
+
+def field(reader: Any, key: str, default: Any = None) -> Any:
+    """A metadata value: a number, a string or a list."""
+    entry = reader.fields.get(key)
+    return default if entry is None else entry.contents()

@@ -1,0 +1,108 @@
+"""Writes a GGUF file from a tiny Hugging Face checkpoint directory the way llama.cpp's
+converter lays one out: its metadata keys, its tensor names, q and k rows permuted for its
+rope, and the tokenizer (a byte-level BPE) as tokenizer.ggml.* metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+_LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                "mlp.down_proj": "ffn_down"}
+_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight",
+                 "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+
+
+def gguf_name(name: str) -> str:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    _, _, layer, rest = name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_LAYER_NAMES[module]}.{kind}"
+
+
+def permute_rows(values: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter: each head's two rotary halves interleaved."""
+    half = values.shape[0] // heads // 2
+    return (values.reshape(heads, 2, half, *values.shape[1:]).swapaxes(1, 2)
+            .reshape(values.shape))
+
+
+def write_llama_gguf(model_dir: Path, out: Path, quant: str = "F32",
+                     tokenizer: bool = True, architecture: str = "llama",
+                     extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
+    """2-D weights in `quant` (F32, F16, Q8_0, Q4_0, ...), norms in F32, as llama.cpp does."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    writer = gguf.GGUFWriter(str(out), architecture)
+    arch = architecture
+    writer.add_uint32(f"{arch}.context_length", config["max_position_embeddings"])
+    writer.add_uint32(f"{arch}.embedding_length", config["hidden_size"])
+    writer.add_uint32(f"{arch}.block_count", config["num_hidden_layers"])
+    writer.add_uint32(f"{arch}.feed_forward_length", config["intermediate_size"])
+    writer.add_uint32(f"{arch}.attention.head_count", heads)
+    writer.add_uint32(f"{arch}.attention.head_count_kv", kv_heads)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get(
+        "rope_theta", 10000.0)
+    writer.add_float32(f"{arch}.rope.freq_base", theta)
+    writer.add_uint32(f"{arch}.rope.dimension_count",
+                      config["hidden_size"] // heads)
+    writer.add_uint32(f"{arch}.vocab_size", config["vocab_size"])
+    if tokenizer:
+        _add_tokenizer(writer, model_dir)
+    qtype = gguf.GGMLQuantizationType[quant]
+    for name, values in sorted(load_file(str(model_dir / "model.safetensors")).items()):
+        values = values.astype(np.float32)
+        if name.endswith("q_proj.weight"):
+            values = permute_rows(values, heads)
+        elif name.endswith("k_proj.weight"):
+            values = permute_rows(values, kv_heads)
+        _add(writer, gguf_name(name), values, qtype if values.ndim == 2 else
+             gguf.GGMLQuantizationType.F32)
+    for name, values in (extra_tensors or {}).items():
+        _add(writer, name, values, gguf.GGMLQuantizationType.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _add(writer, name: str, values: np.ndarray, qtype) -> None:
+    import gguf
+
+    if qtype == gguf.GGMLQuantizationType.F32:
+        writer.add_tensor(name, values)
+    elif qtype == gguf.GGMLQuantizationType.F16:
+        writer.add_tensor(name, values.astype(np.float16))
+    else:
+        writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+
+
+def _add_tokenizer(writer, model_dir: Path) -> None:
+    spec = json.loads((model_dir / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    specials = {entry["id"]: entry["content"] for entry in spec["added_tokens"]}
+    vocab.update({content: index for index, content in specials.items()})
+    tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if index in specials else 1 for index in range(len(tokens))])
+    writer.add_token_merges(merges)
+    eos = vocab["<|endoftext|>"]
+    writer.add_bos_token_id(eos)
+    writer.add_eos_token_id(eos)
+    template = model_dir / "chat_template.jinja"
+    if template.is_file():
+        writer.add_chat_template(template.read_text())

@@ -1,0 +1,148 @@
+"""GGUF files served directly: small files written here from the tiny llama checkpoint the
+way llama.cpp's converter writes them (tests/executor/gguf_files.py), nothing downloaded.
+
+An F32 file gives exactly the tokens of the safetensors checkpoint it was made from; a
+quantized one, dequantized in float32, gives the tokens transformers' own GGUF loading gives
+for the same file; bad files are refused before any process starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from folio.executor.gguf_weights import unpermute_rows
+from folio.executor.models.hf_config import read_model_config
+from folio.frontend.tokenizer import load_tokenizer
+from folio.shared.sampling_params import SamplingParams
+from tests.executor.gguf_files import permute_rows, write_llama_gguf
+from tests.conftest import TEST_DEVICE
+
+PROMPT_IDS = [[5, 6, 7, 8], [300, 12, 999, 4, 77, 1]]
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def gguf_dir(tmp_path_factory, llama_dir) -> Path:
+    path = tmp_path_factory.mktemp("gguf")
+    for quant in ("F32", "Q8_0", "Q4_0"):
+        write_llama_gguf(llama_dir, path / f"tiny-{quant}.gguf", quant)
+    return path
+
+
+def _folio_tokens(model: Path, prompts) -> list[list[int]]:
+    from folio import LLM
+
+    llm = LLM(str(model), dtype="float32", device=TEST_DEVICE, num_kv_blocks=64)
+    return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, GREEDY)]
+
+
+def _transformers_tokens(gguf_file: Path, prompts: list[list[int]]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent),
+                                                 gguf_file=gguf_file.name,
+                                                 dtype=torch.float32).eval()
+    tokens = []
+    for ids in prompts:
+        out = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY.max_tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        tokens.append(out[0, len(ids):].tolist())
+    return tokens
+
+
+def test_unpermute_undoes_the_converters_permutation():
+    rows = np.arange(8 * 3 * 2, dtype=np.float32).reshape(8 * 2, 3)   # 2 heads of 8
+    permuted = permute_rows(rows, 2)
+    assert not np.array_equal(permuted, rows)
+    assert np.array_equal(unpermute_rows(permuted, 2), rows)
+
+
+def test_config_from_metadata_equals_the_checkpoints(llama_dir, gguf_dir):
+    from_dir = asdict(read_model_config(llama_dir))
+    from_gguf = asdict(read_model_config(gguf_dir / "tiny-F32.gguf"))
+    # The tokenizer's eos; the directory's generation_config names the same token.
+    assert from_gguf == from_dir
+
+
+def test_tokenizer_and_chat_template_come_from_the_file(llama_dir, gguf_dir):
+    ours, theirs = load_tokenizer(gguf_dir / "tiny-F32.gguf"), load_tokenizer(llama_dir)
+    text = "def f(x):\n    return x ** 2  # ünïcode <|im_end|>"
+    assert ours(text).input_ids == theirs(text).input_ids
+    messages = [{"role": "user", "content": "What is a list?"}]
+    rendered = ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == theirs.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True)
+    assert "<|im_start|>assistant" in rendered
+
+
+def test_f32_gguf_gives_the_safetensors_checkpoints_tokens(llama_dir, gguf_dir):
+    prompts = ["The Python language", *PROMPT_IDS]
+    assert _folio_tokens(gguf_dir / "tiny-F32.gguf", prompts) == \
+        _folio_tokens(llama_dir, prompts)
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"])
+def test_quantized_gguf_gives_transformers_tokens(gguf_dir, quant):
+    path = gguf_dir / f"tiny-{quant}.gguf"
+    assert _folio_tokens(path, PROMPT_IDS) == _transformers_tokens(path, PROMPT_IDS)
+
+
+def test_q4_0_is_not_the_f32_model(gguf_dir):
+    """The quantized files differ from F32 enough to change greedy tokens, so the test above
+    compares dequantization, not just the permutation."""
+    assert _folio_tokens(gguf_dir / "tiny-Q4_0.gguf", PROMPT_IDS) != \
+        _folio_tokens(gguf_dir / "tiny-F32.gguf", PROMPT_IDS)
+
+
+def _bad_files(llama_dir: Path, out: Path) -> dict[str, tuple[Path, str]]:
+    import gguf
+
+    whole = write_llama_gguf(llama_dir, out / "whole.gguf", "Q8_0")
+    truncated = out / "truncated.gguf"
+    truncated.write_bytes(whole.read_bytes()[:whole.stat().st_size - 100])
+    iq = write_llama_gguf(llama_dir, out / "iq.gguf", "F32")
+    data = iq.read_bytes()
+    # One tensor info's type (after its name, dim count and dims) rewritten to I32.
+    name = b"blk.0.attn_k.weight"
+    at = data.index(name) + len(name) + 4 + 2 * 8
+    assert int.from_bytes(data[at:at + 4], "little") == gguf.GGMLQuantizationType.F32
+    iq.write_bytes(data[:at] + int(gguf.GGMLQuantizationType.I32).to_bytes(4, "little")
+                   + data[at + 4:])
+    return {
+        "truncated": (truncated, "truncated"),
+        "architecture": (write_llama_gguf(llama_dir, out / "gpt2.gguf", architecture="gpt2"),
+                         "unsupported GGUF architecture 'gpt2'"),
+        "quant type": (iq, "of GGUF type I32"),
+        "stray tensor": (write_llama_gguf(llama_dir, out / "stray.gguf", extra_tensors={
+            "blk.0.attn_qkv.weight": np.zeros((4, 4), np.float32)}), "'blk.0.attn_qkv.weight'"),
+        "rope factors": (write_llama_gguf(llama_dir, out / "rope.gguf", extra_tensors={
+            "rope_freqs.weight": np.ones(8, np.float32)}), "rope_freqs"),
+    }
+
+
+def test_bad_gguf_files_are_refused_naming_model(llama_dir, tmp_path):
+    from folio import LLM
+
+    for case, (path, words) in _bad_files(llama_dir, tmp_path).items():
+        with pytest.raises(ValueError) as caught:
+            LLM(str(path), num_kv_blocks=64)
+        message = str(caught.value)
+        assert "model" in message and words in message and "\n" not in message, (case, message)
+
+
+def test_cli_refuses_a_truncated_gguf_in_one_line_exit_2(llama_dir, tmp_path):
+    path, words = _bad_files(llama_dir, tmp_path)["truncated"]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FOLIO_")}
+    result = subprocess.run([sys.executable, "-m", "folio", "serve", "--port", "0",
+                             "--model", str(path)], capture_output=True, text=True,
+                            timeout=120, env=env, cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and "--model" in lines[0] and words in lines[0], lines
