@@ -36,7 +36,8 @@ def permute_rows(values: np.ndarray, heads: int) -> np.ndarray:
 def write_llama_gguf(model_dir: Path, out: Path, quant: str = "F32",
                      tokenizer: bool = True, architecture: str = "llama",
                      extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
-    """2-D weights in `quant` (F32, F16, Q8_0, Q4_0, ...), norms in F32, as llama.cpp does."""
+    """2-D weights in `quant` (F32, F16, BF16, Q8_0, Q4_0, ...; a K-quant: random blocks),
+    norms in F32, as llama.cpp does."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -77,9 +78,45 @@ def write_llama_gguf(model_dir: Path, out: Path, quant: str = "F32",
     return out
 
 
+# The K-quants: byte offsets of the float16 fields d (and dmin) in each 256-weight block,
+# the block's bytes, and for the types with a minimum the middle of their quant range.
+# gguf.quants cannot quantize to these types, so blocks are written at random: random
+# quants and sub-block scales, small d; where a sub-block's weight is sc * d * q - m * dmin,
+# each m is made equal to its sc and dmin = d * middle, so the weights centre on zero
+# (off-centre, one token wins every step and the test would tell nothing).
+K_QUANT_BLOCKS = {"Q2_K": ((80, 82), 84, 1.5), "Q3_K": ((108,), 110, None),
+                  "Q4_K": ((0, 2), 144, 7.5), "Q5_K": ((0, 2), 176, 15.5),
+                  "Q6_K": ((208,), 210, None)}
+
+
+def random_k_quant(rows: int, cols: int, quant: str, seed: int) -> np.ndarray:
+    scale_at, block_bytes, middle = K_QUANT_BLOCKS[quant]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // 256, block_bytes), dtype=np.uint8)
+    if quant == "Q2_K":        # 16 bytes: sc in the low nibble, m in the high one
+        blocks[:, :16] = (blocks[:, :16] & 0x0F) * 0x11
+    elif middle is not None:   # 12 bytes at 4: 6-bit sc[0:4], m[0:4], then low nibbles of
+        blocks[:, 8:12] = blocks[:, 4:8]         # sc[4:8] | m[4:8] << 4 (high bits ride
+        low = blocks[:, 12:16] & 0x0F            # in the first 8 bytes' top two bits)
+        blocks[:, 12:16] = low | (low << 4)
+    d = rng.uniform(0.0005, 0.002, len(blocks))
+    for at, values in zip(scale_at, (d, d * (middle or 0))):
+        blocks[:, at:at + 2] = values.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, cols // 256 * block_bytes)
+
+
 def _add(writer, name: str, values: np.ndarray, qtype) -> None:
+    import zlib
+
     import gguf
 
+    if qtype.name in K_QUANT_BLOCKS:
+        if values.shape[1] % 256:   # as llama.cpp: rows a block does not divide fall back
+            qtype = gguf.GGMLQuantizationType.Q8_0
+        else:
+            blocks = random_k_quant(*values.shape, qtype.name, zlib.crc32(name.encode()))
+            writer.add_tensor(name, blocks, raw_dtype=qtype)
+            return
     if qtype == gguf.GGMLQuantizationType.F32:
         writer.add_tensor(name, values)
     elif qtype == gguf.GGMLQuantizationType.F16:

@@ -28,11 +28,28 @@ PROMPT_IDS = [[5, 6, 7, 8], [300, 12, 999, 4, 77, 1]]
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 
 
+QUANTS = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
 @pytest.fixture(scope="module")
 def gguf_dir(tmp_path_factory, llama_dir) -> Path:
     path = tmp_path_factory.mktemp("gguf")
-    for quant in ("F32", "Q8_0", "Q4_0"):
+    for quant in ("F32", *QUANTS):
         write_llama_gguf(llama_dir, path / f"tiny-{quant}.gguf", quant)
+    return path
+
+
+@pytest.fixture(scope="module")
+def k_quant_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    """K-quant blocks hold 256 weights: a llama whose rows are multiples of 256."""
+    from tests.conftest import _model_dir
+
+    model = _model_dir(tmp_path_factory, tokenizer_dir, "llama256", arch="llama",
+                       hidden_size=256, intermediate_size=512)
+    path = tmp_path_factory.mktemp("gguf_k")
+    for quant in K_QUANTS:
+        write_llama_gguf(model, path / f"tiny-{quant}.gguf", quant)
     return path
 
 
@@ -88,9 +105,15 @@ def test_f32_gguf_gives_the_safetensors_checkpoints_tokens(llama_dir, gguf_dir):
         _folio_tokens(llama_dir, prompts)
 
 
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("quant", QUANTS)
 def test_quantized_gguf_gives_transformers_tokens(gguf_dir, quant):
     path = gguf_dir / f"tiny-{quant}.gguf"
+    assert _folio_tokens(path, PROMPT_IDS) == _transformers_tokens(path, PROMPT_IDS)
+
+
+@pytest.mark.parametrize("quant", K_QUANTS)
+def test_k_quant_gguf_gives_transformers_tokens(k_quant_dir, quant):
+    path = k_quant_dir / f"tiny-{quant}.gguf"
     assert _folio_tokens(path, PROMPT_IDS) == _transformers_tokens(path, PROMPT_IDS)
 
 
