@@ -15,6 +15,7 @@ from folio.executor.kv_cache import allocate_kv_cache, allocate_swap_pool, bytes
 from folio.executor.linear import PackedLinear, pack_linears
 from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
+from folio.executor.quantized_linear import Int8Linear
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.models.longrope import recompute_crossing
 from folio.executor.ops import select_ops
@@ -83,7 +84,7 @@ class Executor:
                                 self.device, self.max_model_len, tp)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.linear_backend = pack_linears(self.model, self.device, self.dtype,
-                                           config.linear_backend)
+                                           config.linear_backend, config.quantization)
         self.bytes_per_block = bytes_per_block(self.model_config, config.block_size, self.dtype)
         self.num_kv_blocks = self._num_kv_blocks()
         if tp is not None:
@@ -231,6 +232,8 @@ class Executor:
                                  dtype=self.dtype, device=self.device)
         if self.linear_backend == "onednn":   # time the matmul the model really runs
             linear = PackedLinear(linear)
+        elif self.linear_backend == "int8":
+            linear = Int8Linear(linear)
         linear(x)
         if self.device.type == "cuda":
             torch.cuda.synchronize()

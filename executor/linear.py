@@ -13,6 +13,9 @@ import logging
 import torch
 from torch import nn
 
+from folio.executor.models.moe import SparseMoe
+from folio.executor.quantized_linear import Int8Linear, int8_unavailable_reason
+
 log = logging.getLogger("folio.executor")
 
 _PACKABLE = (torch.float32, torch.bfloat16)
@@ -51,12 +54,17 @@ def onednn_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
 
 
 def pack_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
-                 backend: str = "auto") -> str:
-    """Swap every nn.Linear of `model` for a PackedLinear where oneDNN can run it.
+                 backend: str = "auto", quantization: str = "none") -> str:
+    """Swap every nn.Linear of `model` for a PackedLinear where oneDNN can run it, or for
+    an Int8Linear with quantization="int8".
 
     `backend` is "auto" (oneDNN where it can run), "onednn" (or an error) or "torch".
-    Returns the name of the matmul path used: "onednn" or "torch" (plain F.linear).
+    Returns the name of the matmul path used: "onednn", "torch" (plain F.linear) or "int8".
     """
+    if quantization == "int8":
+        return _quantize_linears(model, device, dtype, backend)
+    if quantization != "none":
+        raise ValueError(f"quantization={quantization!r} is not supported (none, int8)")
     if backend == "torch":
         log.info("linear layers: torch F.linear (asked for)")
         return "torch"
@@ -72,3 +80,27 @@ def pack_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
                 setattr(parent, name, PackedLinear(child))
     log.info("linear layers: oneDNN with prepacked weights")
     return "onednn"
+
+
+def _quantize_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
+                      backend: str) -> str:
+    """Every nn.Linear to int8, but a mixture-of-experts router: its few outputs decide
+    which experts run, and it is too small for its bytes to matter. The router and any
+    other linear left float go through the float path `backend` names."""
+    reason = int8_unavailable_reason(device)
+    if reason is not None:
+        raise ValueError(f"quantization='int8' cannot run here: {reason}")
+    routers = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(parent, SparseMoe) and name == "gate":
+                routers.append(parent)
+            elif isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear(child))
+    if routers:
+        held = nn.ModuleList(parent.gate for parent in routers)
+        pack_linears(held, device, dtype, backend)
+        for parent, packed in zip(routers, held):
+            parent.gate = packed
+    log.info("linear layers: int8 weights (per-channel), int8 activations (per-token)")
+    return "int8"

@@ -25,6 +25,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 LINEAR_BACKENDS = ("auto", "onednn", "torch")
+QUANTIZATIONS = ("none", "int8")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain may take
 SHUTDOWN_HELP = "on SIGTERM, seconds running requests may take to finish before they are aborted"
@@ -94,6 +95,10 @@ class EngineConfig(SchedulingPolicy):
     linear_backend: str = setting("auto", "CPU matmuls: onednn (prepacked weights), torch "
                                   "(plain F.linear); auto: onednn where torch has it",
                                   choices=LINEAR_BACKENDS)
+    quantization: str = setting("none", "weights quantized at load from a float checkpoint "
+                                "(CPU only): int8 keeps each linear layer's weights as int8 "
+                                "with one scale per output channel, and multiplies them with "
+                                "activations quantized per token", choices=QUANTIZATIONS)
     cpu_threads: int | None = setting(None, "executor's torch threads on CPU (default: "
                                       "one per core it may use, fewer while other busy "
                                       "processes hold those cores)",

@@ -1,0 +1,126 @@
+"""int8 weights on the CPU executor (`quantization="int8"`): the layer's arithmetic, the
+model kept int8 in memory, greedy tokens against float32, and refusals by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from folio import LLM, SamplingParams
+from folio.executor.linear import PackedLinear, pack_linears
+from folio.executor.quantized_linear import Int8Linear, quantize_rows
+from tests.hf_oracle import random_prompts
+
+
+def test_quantize_rows_is_per_channel_symmetric():
+    weight = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [-100.0, 10.0, 1.0]])
+    q, scale = quantize_rows(weight)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32
+    assert q.abs().amax(dim=1).tolist() == [127, 0, 127]   # each row's largest maps to 127
+    torch.testing.assert_close(scale[[0, 2]], torch.tensor([2.0, 100.0]) / 127)
+    # Rounding to the nearest step: no entry is further than half a step away.
+    error = (q.float() * scale[:, None] - weight).abs()
+    assert (error <= scale[:, None] / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_int8_linear_within_the_quantization_error(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias)
+    x = torch.randn(rows, 96)
+    layer = Int8Linear(linear)
+    out = layer(x)
+    assert out.shape == (rows, 200) and out.dtype == torch.float32
+    expected = x.double() @ linear.weight.double().T
+    if bias:
+        expected += linear.bias.double()
+    # |x w - x^ w^| <= |x| |w - w^| + |x - x^| |w| + |x - x^| |w - w^|, each error within
+    # half its step: the bound from the two scales, per output.
+    w_step = layer.scale.double()                                        # [N]
+    x_step = x.double().abs().amax(dim=1, keepdim=True) / 127            # [M, 1]
+    bound = (w_step / 2 * x.double().abs().sum(1, keepdim=True)
+             + x_step / 2 * linear.weight.double().abs().sum(1)
+             + 96 * x_step * w_step / 4)
+    error = (out.double() - expected).abs()
+    assert (error <= bound + 1e-5).all()
+    # and far closer than the bound on average (errors of independent roundings cancel)
+    assert error.mean() < bound.mean() / 4
+    # exactly the integer product rescaled (the layer does not dequantize on the way)
+    xq = torch.round(x / x_step.float()).to(torch.int8)
+    integer = (xq.long() @ layer.weight.long().T).double()
+    exact = integer * x_step * layer.scale.double()
+    if bias:
+        exact += linear.bias.double()
+    torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_linear_takes_bfloat16_activations_and_leading_dims():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32)
+    layer = Int8Linear(linear)
+    x = torch.randn(2, 3, 64)
+    out = layer(x.bfloat16())
+    assert out.shape == (2, 3, 32) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), linear(x).detach(), rtol=0.05, atol=0.05)
+
+
+def test_pack_linears_quantizes_every_linear_and_holds_int8_bytes():
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Sequential(nn.Linear(128, 32)))
+    assert pack_linears(model, torch.device("cpu"), torch.float32, "auto", "int8") == "int8"
+    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear,
+                                                           Int8Linear))]
+    assert [type(m) for m in layers] == [Int8Linear, Int8Linear]
+    assert [m.weight.dtype for m in layers] == [torch.int8, torch.int8]
+    assert sum(m.weight.nbytes for m in layers) == 64 * 128 + 128 * 32
+    assert not any(p.is_floating_point() and p.dim() == 2 for p in model.parameters())
+
+
+def test_quantization_refused_by_name_where_it_cannot_run():
+    model = nn.Sequential(nn.Linear(8, 8))
+    with pytest.raises(ValueError, match="quantization='int8'.*CPU executor only.*cuda"):
+        pack_linears(model, torch.device("cuda"), torch.float32, "auto", "int8")
+    assert isinstance(model[0], nn.Linear)   # nothing was half-converted
+
+
+def test_unknown_quantization_is_a_setting_error(llama_dir):
+    with pytest.raises(ValueError, match="quantization"):
+        LLM(str(llama_dir), device="cpu", quantization="int3")
+
+
+def _greedy(llm: LLM, prompts, max_tokens) -> list[list[int]]:
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens]
+    return [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("fixture", ["llama_dir", "qwen2_dir"])   # qwen2's are tied
+def test_int8_model_is_int8_in_memory_and_predicts_float32_tokens(fixture, request):
+    model_dir = str(request.getfixturevalue(fixture))
+    # One greedy token after each of 64 prompts: 64 independent next-token predictions (a
+    # longer generation diverges for good at its first near-tie, and a tiny random model's
+    # logits are full of near-ties).
+    prompts, _ = random_prompts(64, 3, 60, vocab=1024, seed=5)
+    max_tokens = [1] * len(prompts)
+    reference = _greedy(LLM(model_dir, dtype="float32", device="cpu", num_kv_blocks=256),
+                        prompts, max_tokens)
+    llm = LLM(model_dir, dtype="float32", device="cpu", num_kv_blocks=256,
+              quantization="int8")
+    executor = llm.engine.executor
+    assert executor.linear_backend == "int8"
+    layers = [m for m in executor.model.modules() if isinstance(m, Int8Linear)]
+    float_linears = [m for m in executor.model.modules()
+                     if isinstance(m, (nn.Linear, PackedLinear))]
+    assert layers and not float_linears   # lm_head included, tied or not
+    assert {m.weight.dtype for m in layers} == {torch.int8}
+    assert sum(m.weight.nbytes for m in layers) == sum(m.in_features * m.out_features
+                                                       for m in layers)
+    # The embedding stays float (a lookup reads a few rows a step); tied, it keeps
+    # working as the input side while lm_head holds its own int8 copy.
+    assert executor.model.embed_tokens.weight.dtype == torch.float32
+    quantized = _greedy(llm, prompts, max_tokens)
+    agreed = sum(q == r for q, r in zip(quantized, reference))
+    assert agreed >= 0.8 * len(prompts), (agreed, quantized, reference)
+    # and a longer generation starts the same
+    longer = _greedy(llm, prompts[:1], [8])
+    assert longer[0][:1] == reference[0]
