@@ -13,7 +13,8 @@ _LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn
                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                "mlp.down_proj": "ffn_down"}
+                "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm",
+                "self_attn.k_norm": "attn_k_norm"}
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight",
                  "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
 
@@ -37,7 +38,7 @@ def write_llama_gguf(model_dir: Path, out: Path, quant: str = "F32",
                      tokenizer: bool = True, architecture: str = "llama",
                      extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
     """2-D weights in `quant` (F32, F16, BF16, Q8_0, Q4_0, ...; a K-quant: random blocks),
-    norms in F32, as llama.cpp does."""
+    norms in F32, as llama.cpp does; q and k rows permuted for a llama only."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -55,17 +56,19 @@ def write_llama_gguf(model_dir: Path, out: Path, quant: str = "F32",
     theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get(
         "rope_theta", 10000.0)
     writer.add_float32(f"{arch}.rope.freq_base", theta)
-    writer.add_uint32(f"{arch}.rope.dimension_count",
-                      config["hidden_size"] // heads)
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    writer.add_uint32(f"{arch}.rope.dimension_count", head_dim)
+    writer.add_uint32(f"{arch}.attention.key_length", head_dim)
+    writer.add_uint32(f"{arch}.attention.value_length", head_dim)
     writer.add_uint32(f"{arch}.vocab_size", config["vocab_size"])
     if tokenizer:
         _add_tokenizer(writer, model_dir)
     qtype = gguf.GGMLQuantizationType[quant]
     for name, values in sorted(load_file(str(model_dir / "model.safetensors")).items()):
         values = values.astype(np.float32)
-        if name.endswith("q_proj.weight"):
+        if arch == "llama" and name.endswith("q_proj.weight"):
             values = permute_rows(values, heads)
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             values = permute_rows(values, kv_heads)
         _add(writer, gguf_name(name), values, qtype if values.ndim == 2 else
              gguf.GGMLQuantizationType.F32)

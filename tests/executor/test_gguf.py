@@ -74,6 +74,24 @@ def _transformers_tokens(gguf_file: Path, prompts: list[list[int]]) -> list[list
     return tokens
 
 
+@pytest.fixture(scope="module")
+def qwen_ggufs(tmp_path_factory, tokenizer_dir, qwen2_dir) -> dict[str, tuple[Path, Path]]:
+    """Per architecture: its safetensors checkpoint, and a directory with its GGUF files.
+    Qwen2 (biases, tied embeddings, MQA) and Qwen3 (q/k norms) are stored unpermuted."""
+    from tests.conftest import _model_dir
+
+    # head_dim 128: transformers' GGUF reading takes Qwen3's default, not the file's.
+    qwen3_dir = _model_dir(tmp_path_factory, tokenizer_dir, "qwen3", arch="qwen3",
+                           head_dim=128)
+    made = {}
+    for arch, model in (("qwen2", qwen2_dir), ("qwen3", qwen3_dir)):
+        path = tmp_path_factory.mktemp(f"gguf_{arch}")
+        for quant in ("F32", "Q8_0"):
+            write_llama_gguf(model, path / f"{arch}-{quant}.gguf", quant, architecture=arch)
+        made[arch] = (model, path)
+    return made
+
+
 def test_unpermute_undoes_the_converters_permutation():
     rows = np.arange(8 * 3 * 2, dtype=np.float32).reshape(8 * 2, 3)   # 2 heads of 8
     permuted = permute_rows(rows, 2)
@@ -103,6 +121,18 @@ def test_f32_gguf_gives_the_safetensors_checkpoints_tokens(llama_dir, gguf_dir):
     prompts = ["The Python language", *PROMPT_IDS]
     assert _folio_tokens(gguf_dir / "tiny-F32.gguf", prompts) == \
         _folio_tokens(llama_dir, prompts)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_ggufs_give_the_checkpoints_and_transformers_tokens(qwen_ggufs, arch):
+    model, path = qwen_ggufs[arch]
+    assert asdict(read_model_config(path / f"{arch}-F32.gguf")) == \
+        asdict(read_model_config(model))
+    prompts = ["The Python language", *PROMPT_IDS]
+    assert _folio_tokens(path / f"{arch}-F32.gguf", prompts) == _folio_tokens(model, prompts)
+    quantized = path / f"{arch}-Q8_0.gguf"
+    assert _folio_tokens(quantized, PROMPT_IDS) == \
+        _transformers_tokens(quantized, PROMPT_IDS)
 
 
 @pytest.mark.parametrize("quant", QUANTS)
