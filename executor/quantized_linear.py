@@ -4,14 +4,18 @@ A decode step reads every weight once, so on a CPU its speed is the bytes of the
 int8 weights are a quarter of float32's. Weights are quantized at load, per output channel
 and symmetrically (scale = max|row| / 127), and stay int8 in memory.
 
-The matmul is W8A8: each call quantizes its activations per token (dynamic, symmetric),
-multiplies int8 x int8 -> int32 with `torch._int_mm` (oneDNN, VNNI where the CPU has it)
-and rescales by (token scale x channel scale). Measured against torch's weight-only
-`_weight_int8pack_mm` on this project's CPUs it was faster at every batch size, 1 token
-included (docs/benchmarks.md, "Quantized weights"), so it is the one path.
+The matmul is W8A8 with activations quantized on each call (dynamic): int8 x int8 ->
+int32, rescaled by the activation and channel scales. Measured on this project's CPUs
+(docs/benchmarks.md, "Quantized weights"), FBGEMM's prepacked dynamic linear (inside torch)
+was fastest at every batch size, 1 token included; torch's weight-only
+`_weight_int8pack_mm` was slower than float32 oneDNN at every size, and `torch._int_mm`
+fast on small matrices but slow on lm_head (it reorders the weight on every call). The
+_int_mm path stays as the fallback for torch builds without FBGEMM.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
@@ -28,36 +32,73 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(nn.Module):
-    """y = x @ W.T + b with W held as int8 rows and one float32 scale per row."""
+    """y = x @ W.T + b with W held as int8 rows and one float32 scale per row.
 
-    def __init__(self, linear: nn.Linear) -> None:
+    `kernel`: "prepacked" (FBGEMM's dynamic quantized linear: the int8 weight reordered
+    once into its blocked layout, the activations quantized per call to uint8 over the
+    whole batch), "int_mm" (torch._int_mm on the plain [N, K] int8 weight, activations
+    quantized per token) or "auto" (prepacked where this torch has it). _int_mm reorders
+    the weight on every call, which costs more than the multiply on a large matrix.
+    """
+
+    def __init__(self, linear: nn.Linear, kernel: str = "auto") -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         q, scale = quantize_rows(linear.weight)
-        # Kept [N, K] (the checkpoint's layout); its transpose is the [K, N] operand
-        # _int_mm reads without a copy.
-        self.register_buffer("weight", q, persistent=False)
-        self.register_buffer("scale", scale, persistent=False)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        self.register_buffer("bias", bias, persistent=False)
+        if kernel == "auto":
+            kernel = "prepacked" if prepacked_available() else "int_mm"
+        self.kernel = kernel
+        self.register_buffer("scale", scale, persistent=False)
+        if kernel == "prepacked":
+            self.packed = torch.ops.quantized.linear_prepack(_per_channel(q, scale), bias)
+            self.weight = None
+            self.bias = None
+        else:
+            # Kept [N, K] (the checkpoint's layout); its transpose is _int_mm's [K, N].
+            self.register_buffer("weight", q, persistent=False)
+            self.register_buffer("bias", bias, persistent=False)
+
+    def int8_weight(self) -> torch.Tensor:
+        """The int8 [N, K] weight as held (unpacked from the prepacked layout)."""
+        if self.weight is not None:
+            return self.weight
+        return torch.ops.quantized.linear_unpack(self.packed)[0].int_repr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            out = torch.ops.quantized.linear_dynamic(x.float(), self.packed, False)
+            return out.to(x.dtype)
         shape = x.shape
         flat = x.reshape(-1, self.in_features).float()
         token_scale = flat.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / INT8_MAX
         xq = torch.round(flat / token_scale).to(torch.int8)
-        out = torch._int_mm(xq, self.weight.t()).float()
-        out.mul_(token_scale).mul_(self.scale)
+        # int32 x float32 promotes to float32: the rescale is one pass over the output.
+        out = torch._int_mm(xq, self.weight.t()) * (token_scale * self.scale)
         if self.bias is not None:
             out.add_(self.bias)
         return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+
+def prepacked_available() -> bool:
+    return (hasattr(torch.ops.quantized, "linear_dynamic")
+            and "fbgemm" in torch.backends.quantized.supported_engines)
+
+
+def _per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`q` as the per-channel qint8 tensor linear_prepack takes (torch marks building
+    quantized tensors deprecated; the prepacked kernel has no other entry yet)."""
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
 
 
 def int8_unavailable_reason(device: torch.device) -> str | None:
     """Why int8 linears cannot run here, or None when they can."""
     if device.type != "cpu":
         return f"int8 weights run on the CPU executor only (the device is {device.type})"
-    if not hasattr(torch, "_int_mm"):
-        return "this torch build lacks torch._int_mm"
+    if not prepacked_available() and not hasattr(torch, "_int_mm"):
+        return "this torch build has neither FBGEMM's quantized linear nor torch._int_mm"
     return None

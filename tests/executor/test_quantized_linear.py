@@ -3,14 +3,19 @@ model kept int8 in memory, greedy tokens against float32, and refusals by name."
 
 from __future__ import annotations
 
+import gc
+import os
+
 import pytest
 import torch
 from torch import nn
 
 from folio import LLM, SamplingParams
 from folio.executor.linear import PackedLinear, pack_linears
-from folio.executor.quantized_linear import Int8Linear, quantize_rows
+from folio.executor.quantized_linear import Int8Linear, prepacked_available, quantize_rows
 from tests.hf_oracle import random_prompts
+
+KERNELS = ["int_mm"] + (["prepacked"] if prepacked_available() else [])
 
 
 def test_quantize_rows_is_per_channel_symmetric():
@@ -24,22 +29,31 @@ def test_quantize_rows_is_per_channel_symmetric():
     assert (error <= scale[:, None] / 2 + 1e-6).all()
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 300])
-def test_int8_linear_within_the_quantization_error(rows, bias):
+def test_int8_linear_within_the_quantization_error(rows, bias, kernel):
     torch.manual_seed(rows)
     linear = nn.Linear(96, 200, bias=bias)
     x = torch.randn(rows, 96)
-    layer = Int8Linear(linear)
+    layer = Int8Linear(linear, kernel)
+    assert layer.kernel == kernel
     out = layer(x)
     assert out.shape == (rows, 200) and out.dtype == torch.float32
+    q = layer.int8_weight()
+    assert q.dtype == torch.int8 and q.shape == (200, 96)
+    torch.testing.assert_close(q, quantize_rows(linear.weight)[0], rtol=0, atol=0)
     expected = x.double() @ linear.weight.double().T
     if bias:
         expected += linear.bias.double()
     # |x w - x^ w^| <= |x| |w - w^| + |x - x^| |w| + |x - x^| |w - w^|, each error within
-    # half its step: the bound from the two scales, per output.
+    # half its step: the bound from the two scales, per output. The activation step is
+    # max|x| / 127 per token (int_mm), or at most the batch's range / 255 (prepacked).
     w_step = layer.scale.double()                                        # [N]
-    x_step = x.double().abs().amax(dim=1, keepdim=True) / 127            # [M, 1]
+    if kernel == "int_mm":
+        x_step = x.double().abs().amax(dim=1, keepdim=True) / 127        # [M, 1]
+    else:
+        x_step = (x.double().amax().clamp(min=0) - x.double().amin().clamp(max=0)) / 255
     bound = (w_step / 2 * x.double().abs().sum(1, keepdim=True)
              + x_step / 2 * linear.weight.double().abs().sum(1)
              + 96 * x_step * w_step / 4)
@@ -47,19 +61,36 @@ def test_int8_linear_within_the_quantization_error(rows, bias):
     assert (error <= bound + 1e-5).all()
     # and far closer than the bound on average (errors of independent roundings cancel)
     assert error.mean() < bound.mean() / 4
-    # exactly the integer product rescaled (the layer does not dequantize on the way)
-    xq = torch.round(x / x_step.float()).to(torch.int8)
-    integer = (xq.long() @ layer.weight.long().T).double()
-    exact = integer * x_step * layer.scale.double()
-    if bias:
-        exact += linear.bias.double()
-    torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5)
+    if kernel == "int_mm":   # exactly the integer product rescaled, nothing dequantized
+        xq = torch.round(x / x_step.float()).to(torch.int8)
+        exact = (xq.long() @ q.long().T).double() * x_step * layer.scale.double()
+        if bias:
+            exact += linear.bias.double()
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5)
 
 
-def test_int8_linear_takes_bfloat16_activations_and_leading_dims():
+@pytest.mark.skipif(not prepacked_available(), reason="this torch has no FBGEMM")
+def test_prepacked_int8_linear_holds_a_quarter_of_float32s_bytes():
+    linear = nn.Linear(4096, 4096, bias=False)
+    float_bytes = linear.weight.nbytes
+    before = _rss()
+    layer = Int8Linear(linear, "prepacked")
+    grown = _rss() - before
+    assert 0.2 * float_bytes < grown < 0.5 * float_bytes, grown / float_bytes
+    assert all(t.dim() < 2 for t in list(layer.buffers()) + list(layer.parameters()))
+
+
+def _rss() -> int:
+    gc.collect()
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_int8_linear_takes_bfloat16_activations_and_leading_dims(kernel):
     torch.manual_seed(0)
     linear = nn.Linear(64, 32)
-    layer = Int8Linear(linear)
+    layer = Int8Linear(linear, kernel)
     x = torch.randn(2, 3, 64)
     out = layer(x.bfloat16())
     assert out.shape == (2, 3, 32) and out.dtype == torch.bfloat16
@@ -72,9 +103,9 @@ def test_pack_linears_quantizes_every_linear_and_holds_int8_bytes():
     layers = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear,
                                                            Int8Linear))]
     assert [type(m) for m in layers] == [Int8Linear, Int8Linear]
-    assert [m.weight.dtype for m in layers] == [torch.int8, torch.int8]
-    assert sum(m.weight.nbytes for m in layers) == 64 * 128 + 128 * 32
-    assert not any(p.is_floating_point() and p.dim() == 2 for p in model.parameters())
+    assert [m.int8_weight().dtype for m in layers] == [torch.int8, torch.int8]
+    assert not any(t.is_floating_point() and t.dim() == 2
+                   for t in list(model.parameters()) + list(model.buffers()))
 
 
 def test_quantization_refused_by_name_where_it_cannot_run():
@@ -112,9 +143,9 @@ def test_int8_model_is_int8_in_memory_and_predicts_float32_tokens(fixture, reque
     float_linears = [m for m in executor.model.modules()
                      if isinstance(m, (nn.Linear, PackedLinear))]
     assert layers and not float_linears   # lm_head included, tied or not
-    assert {m.weight.dtype for m in layers} == {torch.int8}
-    assert sum(m.weight.nbytes for m in layers) == sum(m.in_features * m.out_features
-                                                       for m in layers)
+    assert {m.int8_weight().dtype for m in layers} == {torch.int8}
+    assert not any(t.is_floating_point() and t.dim() == 2
+                   for layer in layers for t in layer.buffers())
     # The embedding stays float (a lookup reads a few rows a step); tied, it keeps
     # working as the input side while lm_head holds its own int8 copy.
     assert executor.model.embed_tokens.weight.dtype == torch.float32
