@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from folio.executor.gguf_file import field, open_gguf
-from folio.executor.gguf_names import hf_name
+from folio.executor.gguf_file import field, float32_decimal
+from folio.executor.gguf_names import CONFIG_TENSORS, hf_name
+from folio.executor.gguf_rope import llama3_rope_parameters
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,8 @@ def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     would carry, from the file's metadata and tensor shapes (hf_config.py parses them)."""
     arch, spec = gguf_architecture(reader)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    if "rope_freqs.weight" in tensors:
-        raise ValueError("per-frequency rope factors (rope_freqs.weight, Llama 3.1 rope "
-                         "scaling) are not supported in GGUF files yet")
-    scaling = field(reader, f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise ValueError(f"GGUF rope scaling {scaling!r} is not supported yet")
-    strangers = [name for name in tensors if hf_name(name) is None]
+    strangers = [name for name in tensors if hf_name(name) is None
+                 and name not in CONFIG_TENSORS]
     if strangers:
         raise ValueError(f"GGUF tensor {strangers[0]!r} has no place in Folio's {arch}")
     embed = tensors.get("token_embd.weight")
@@ -73,22 +69,36 @@ def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         "num_key_value_heads": field(reader, f"{arch}.attention.head_count_kv", heads),
         "head_dim": field(reader, f"{arch}.attention.key_length") or hidden // heads,
         "intermediate_size": need("feed_forward_length"),
-        "rms_norm_eps": _decimal(need("attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": float32_decimal(need("attention.layer_norm_rms_epsilon")),
         "max_position_embeddings": need("context_length"),
-        "rope_theta": _decimal(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "rope_theta": float32_decimal(field(reader, f"{arch}.rope.freq_base", 10000.0)),
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "torch_dtype": _TORCH_DTYPES.get(embed.tensor_type.name, "float32"),
     }
+    rope = _rope_parameters(reader, arch, tensors, raw["rope_theta"], raw["head_dim"])
+    if rope:
+        raw["rope_scaling"] = rope
     # llama.cpp stops on every end-of-generation token: eos and, for chat models, eot.
     eos = [field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]
     generation = {"eos_token_id": list(dict.fromkeys(int(t) for t in eos if t is not None))}
     return raw, generation
 
 
-def _decimal(value: float) -> float:
-    """A float32 metadata value as the decimal the converter was given (1e-06, not
-    9.99999997e-07): the float32 checkpoint's config.json value, exactly."""
-    import numpy as np
-
-    return float(str(np.float32(value)))
+def _rope_parameters(reader: Any, arch: str, tensors: dict[str, Any], theta: float,
+                     head_dim: int) -> dict[str, Any] | None:
+    scaling = field(reader, f"{arch}.rope.scaling.type")
+    if "rope_freqs.weight" in tensors:   # Llama 3.1's scaling, stored as its effect
+        if scaling not in (None, "none"):
+            raise ValueError(f"GGUF rope scaling {scaling!r} beside rope_freqs.weight")
+        tensor = tensors["rope_freqs.weight"]
+        if tensor.tensor_type.name != "F32":
+            raise ValueError("rope_freqs.weight must be F32")
+        return llama3_rope_parameters(tensor.data, theta, head_dim)
+    if scaling in (None, "none"):
+        return None
+    if scaling == "linear":
+        return {"rope_type": "linear",
+                "factor": float32_decimal(field(reader, f"{arch}.rope.scaling.factor", 1.0))}
+    raise ValueError(f"GGUF rope scaling {scaling!r} is not supported; Folio reads linear "
+                     "and Llama 3's rope_freqs.weight")

@@ -45,3 +45,11 @@ def field(reader: Any, key: str, default: Any = None) -> Any:
     """A metadata value: a number, a string or a list."""
     entry = reader.fields.get(key)
     return default if entry is None else entry.contents()
+
+
+def float32_decimal(value: float) -> float:
+    """A float32 metadata value as the decimal the converter was given (1e-06, not
+    9.99999997e-07): the float32 checkpoint's config.json value, exactly."""
+    import numpy as np
+
+    return float(str(np.float32(value)))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+# Tensors that are configuration, read by executor/gguf_config.py, not weights.
+CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
            "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}

@@ -12,7 +12,8 @@ import torch
 
 from folio.executor.gguf_config import gguf_architecture
 from folio.executor.gguf_file import field, open_gguf
-from folio.executor.gguf_names import hf_name
+from folio.executor.gguf_names import CONFIG_TENSORS, hf_name
+
 
 def iterate_gguf_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     from gguf.quants import dequantize
@@ -22,6 +23,8 @@ def iterate_gguf_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     for tensor in reader.tensors:
+        if tensor.name in CONFIG_TENSORS:
+            continue
         name = hf_name(tensor.name)
         if name is None:   # refused already by gguf_hf_config
             raise ValueError(f"GGUF tensor {tensor.name!r} has no place in Folio's {arch}")

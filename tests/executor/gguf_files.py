@@ -72,6 +72,10 @@ def write_llama_gguf(model_dir: Path, out: Path, quant: str = "F32",
             values = permute_rows(values, kv_heads)
         _add(writer, gguf_name(name), values, qtype if values.ndim == 2 else
              gguf.GGMLQuantizationType.F32)
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type") == "llama3":
+        _add(writer, "rope_freqs.weight", llama3_rope_freqs(rope, theta, head_dim),
+             gguf.GGMLQuantizationType.F32)
     for name, values in (extra_tensors or {}).items():
         _add(writer, name, values, gguf.GGMLQuantizationType.F32)
     writer.write_header_to_file()
@@ -79,6 +83,23 @@ def write_llama_gguf(model_dir: Path, out: Path, quant: str = "F32",
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def llama3_rope_freqs(rope: dict, theta: float, head_dim: int) -> np.ndarray:
+    """llama.cpp's converter's rope_freqs.weight: what each frequency is divided by."""
+    factor, old_len = rope["factor"], rope["original_max_position_embeddings"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    divisors = []
+    for freq in 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < old_len / high:
+            divisors.append(1.0)
+        elif wavelen > old_len / low:
+            divisors.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(divisors, dtype=np.float32)
 
 
 # The K-quants: byte offsets of the float16 fields d (and dmin) in each 256-weight block,

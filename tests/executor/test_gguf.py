@@ -21,8 +21,8 @@ from folio.executor.gguf_weights import unpermute_rows
 from folio.executor.models.hf_config import read_model_config
 from folio.frontend.tokenizer import load_tokenizer
 from folio.shared.sampling_params import SamplingParams
-from tests.executor.gguf_files import permute_rows, write_llama_gguf
 from tests.conftest import TEST_DEVICE
+from tests.executor.gguf_files import permute_rows, write_llama_gguf
 
 PROMPT_IDS = [[5, 6, 7, 8], [300, 12, 999, 4, 77, 1]]
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
@@ -123,6 +123,40 @@ def test_f32_gguf_gives_the_safetensors_checkpoints_tokens(llama_dir, gguf_dir):
         _folio_tokens(llama_dir, prompts)
 
 
+def test_llama3_rope_scaling_comes_back_from_rope_freqs(llama3_rope_dir, tmp_path):
+    """llama.cpp stores Llama 3.1's rope scaling as per-frequency divisors; the parameters
+    fitted back give the checkpoint's config and tokens, past the original length."""
+    path = write_llama_gguf(llama3_rope_dir, tmp_path / "llama3.gguf", "F32")
+    config = read_model_config(path)
+    assert config.rope.rope_type == "llama3"
+    assert asdict(config) == asdict(read_model_config(llama3_rope_dir))
+    long_prompt = [(7 * i) % 1000 + 3 for i in range(90)]   # past the original 64
+    prompts = [long_prompt, *PROMPT_IDS]
+    assert _folio_tokens(path, prompts) == _folio_tokens(llama3_rope_dir, prompts)
+
+
+@pytest.mark.parametrize("head_dim, rope", [
+    (128, {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192}),      # Llama 3.1 / 3.2
+    (64, {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}),       # Llama 3.2 1B's head
+    (16, {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
+          "original_max_position_embeddings": 256}),
+])
+def test_llama3_rope_parameters_give_back_the_divisors(head_dim, rope):
+    from folio.executor.gguf_rope import llama3_divisors, llama3_rope_parameters
+
+    from tests.executor.gguf_files import llama3_rope_freqs
+
+    rope = {"rope_type": "llama3", **rope}
+    divisors = llama3_rope_freqs(rope, 500000.0, head_dim)
+    fitted = llama3_rope_parameters(divisors, 500000.0, head_dim)
+    wavelen = 2 * np.pi * 500000.0 ** (np.arange(0, head_dim, 2) / head_dim)
+    assert np.allclose(llama3_divisors(fitted, wavelen), divisors, rtol=1e-5)
+    if head_dim == 128:   # enough blended frequencies to pin every parameter
+        assert fitted == rope
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_qwen_ggufs_give_the_checkpoints_and_transformers_tokens(qwen_ggufs, arch):
     model, path = qwen_ggufs[arch]
@@ -176,7 +210,8 @@ def _bad_files(llama_dir: Path, out: Path) -> dict[str, tuple[Path, str]]:
         "stray tensor": (write_llama_gguf(llama_dir, out / "stray.gguf", extra_tensors={
             "blk.0.attn_qkv.weight": np.zeros((4, 4), np.float32)}), "'blk.0.attn_qkv.weight'"),
         "rope factors": (write_llama_gguf(llama_dir, out / "rope.gguf", extra_tensors={
-            "rope_freqs.weight": np.ones(8, np.float32)}), "rope_freqs"),
+            "rope_freqs.weight": np.array([1, 3, 1, 5, 2, 8, 1, 2], np.float32)}),
+            "does not follow Llama 3's rope scaling"),
     }
 
 
