@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from folio.executor.gguf_file import is_gguf
 from folio.executor.input_batch import CachedRequest
 from folio.shared.step import StepPlan
 from folio.shared.structured_output import GrammarBudget, matcher_error, parser_limits, to_grammar
@@ -206,7 +207,8 @@ def _bit(index: int) -> int:
 
 def _ll_tokenizer(model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> Any:
     """llguidance's view of the checkpoint's tokenizer: its tokenizer.json read directly
-    (no transformers import in the executor), else through transformers."""
+    (no transformers import in the executor), else through transformers (a GGUF file's
+    tokenizer is in its metadata)."""
     import llguidance
 
     path = Path(model_dir) / "tokenizer.json"
@@ -216,7 +218,10 @@ def _ll_tokenizer(model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...
     import llguidance.hf
     from transformers import AutoTokenizer
 
-    hf = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = Path(model_dir)
+    hf = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name,
+                                       local_files_only=True) if is_gguf(model) \
+        else AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
 
 

@@ -234,3 +234,27 @@ def test_cli_refuses_a_truncated_gguf_in_one_line_exit_2(llama_dir, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and "--model" in lines[0] and words in lines[0], lines
+
+
+@pytest.mark.slow
+def test_folio_serve_serves_a_gguf_file_with_structured_outputs(llama_dir, gguf_dir, tmp_path):
+    """`folio serve --model x.gguf`: the frontend's tokenizer and the executor's grammar
+    tokenizer both come from the file; the answer is the safetensors checkpoint's."""
+    from tests.http_server import openai_client, serving
+
+    prompt = [5, 6, 7, 8]
+    [expected] = _folio_tokens(llama_dir, [prompt])
+    with serving(gguf_dir / "tiny-F32.gguf", tmp_path) as server:
+        client = openai_client(server, "unused")
+        [model] = [m.id for m in client.models.list().data]
+        assert model == "tiny-F32.gguf"
+        plain = client.completions.create(model=model, prompt=prompt, max_tokens=len(expected),
+                                          temperature=0, logprobs=0,
+                                          extra_body={"ignore_eos": True})
+        assert plain.choices[0].text == load_tokenizer(llama_dir).decode(expected,
+                                                                         skip_special_tokens=True)
+        shaped = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "a number"}], max_tokens=8,
+            temperature=0, response_format={"type": "json_schema", "json_schema": {
+                "name": "n", "schema": {"type": "integer"}}})
+        assert shaped.choices[0].message.content.strip().lstrip("-").isdigit()
