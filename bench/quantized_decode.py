@@ -61,7 +61,8 @@ def worker(args: argparse.Namespace) -> dict:
     from folio.executor.quantized_linear import Int8Linear
 
     llm = LLM(args.model_dir, skip_tokenizer_init=True, dtype="float32", device="cpu",
-              quantization=args.worker, num_kv_blocks=args.num_kv_blocks)
+              quantization=args.worker, num_kv_blocks=args.num_kv_blocks,
+              cpu_threads=args.cpu_threads)
     model = llm.engine.executor.model
     vocab = llm.engine.executor.model_config.vocab_size
     rng = random.Random(args.seed)
@@ -86,8 +87,11 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--num-kv-blocks", type=int, default=4096)
+    parser.add_argument("--num-kv-blocks", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu-threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="fixed, so that no run's thread count follows a neighbour's "
+                        "load (default: every usable core)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -104,7 +108,7 @@ def main() -> None:
     command = [sys.executable, __file__, "--model-dir", args.model_dir, "--users",
                str(args.users), "--prompt-len", str(args.prompt_len), "--output-len",
                str(args.output_len), "--num-kv-blocks", str(args.num_kv_blocks), "--seed",
-               str(args.seed)]
+               str(args.seed), "--cpu-threads", str(args.cpu_threads)]
     for round_ in range(args.rounds):
         for quantization in args.quantizations:
             load = os.getloadavg()[0]

@@ -34,11 +34,11 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear(nn.Module):
     """y = x @ W.T + b with W held as int8 rows and one float32 scale per row.
 
-    `kernel`: "prepacked" (FBGEMM's dynamic quantized linear: the int8 weight reordered
-    once into its blocked layout, the activations quantized per call to uint8 over the
-    whole batch), "int_mm" (torch._int_mm on the plain [N, K] int8 weight, activations
-    quantized per token) or "auto" (prepacked where this torch has it). _int_mm reorders
-    the weight on every call, which costs more than the multiply on a large matrix.
+    Activations are quantized per token on both kernels. `kernel`: "prepacked" (FBGEMM's
+    dynamic quantized linear, the int8 weight reordered once into its blocked layout),
+    "int_mm" (torch._int_mm on the plain [N, K] int8 weight) or "auto" (prepacked where
+    this torch has it). _int_mm reorders the weight on every call, which costs more than
+    the multiply on a large matrix.
     """
 
     def __init__(self, linear: nn.Linear, kernel: str = "auto") -> None:
@@ -51,14 +51,13 @@ class Int8Linear(nn.Module):
             kernel = "prepacked" if prepacked_available() else "int_mm"
         self.kernel = kernel
         self.register_buffer("scale", scale, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
         if kernel == "prepacked":
-            self.packed = torch.ops.quantized.linear_prepack(_per_channel(q, scale), bias)
+            self.packed = torch.ops.quantized.linear_prepack(_per_channel(q, scale), None)
             self.weight = None
-            self.bias = None
         else:
             # Kept [N, K] (the checkpoint's layout); its transpose is _int_mm's [K, N].
             self.register_buffer("weight", q, persistent=False)
-            self.register_buffer("bias", bias, persistent=False)
 
     def int8_weight(self) -> torch.Tensor:
         """The int8 [N, K] weight as held (unpacked from the prepacked layout)."""
@@ -67,15 +66,20 @@ class Int8Linear(nn.Module):
         return torch.ops.quantized.linear_unpack(self.packed)[0].int_repr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight is None:
-            out = torch.ops.quantized.linear_dynamic(x.float(), self.packed, False)
-            return out.to(x.dtype)
         shape = x.shape
         flat = x.reshape(-1, self.in_features).float()
-        token_scale = flat.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / INT8_MAX
-        xq = torch.round(flat / token_scale).to(torch.int8)
-        # int32 x float32 promotes to float32: the rescale is one pass over the output.
-        out = torch._int_mm(xq, self.weight.t()) * (token_scale * self.scale)
+        peak = flat.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)
+        if self.weight is None:
+            # FBGEMM quantizes the whole batch with one scale: one token's outliers (a
+            # sequence's first token has huge activations) would flatten every other row.
+            # Each row divided by its peak first, then multiplied back, is per-token.
+            out = torch.ops.quantized.linear_dynamic(flat / peak, self.packed, False)
+            out.mul_(peak)
+        else:
+            token_scale = peak / INT8_MAX
+            xq = torch.round(flat / token_scale).to(torch.int8)
+            # int32 x float32 promotes to float32: the rescale is one pass over the output.
+            out = torch._int_mm(xq, self.weight.t()) * (token_scale * self.scale)
         if self.bias is not None:
             out.add_(self.bias)
         return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
