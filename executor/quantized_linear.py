@@ -7,10 +7,10 @@ and symmetrically (scale = max|row| / 127), and stay int8 in memory.
 The matmul is W8A8 with activations quantized on each call (dynamic): int8 x int8 ->
 int32, rescaled by the activation and channel scales. Measured on this project's CPUs
 (docs/benchmarks.md, "Quantized weights"), FBGEMM's prepacked dynamic linear (inside torch)
-was fastest at every batch size, 1 token included; torch's weight-only
-`_weight_int8pack_mm` was slower than float32 oneDNN at every size, and `torch._int_mm`
-fast on small matrices but slow on lm_head (it reorders the weight on every call). The
-_int_mm path stays as the fallback for torch builds without FBGEMM.
+was as fast as `torch._int_mm` on the decoder's layers and 4x faster on lm_head at one
+token (_int_mm reorders the weight on every call); torch's weight-only
+`_weight_int8pack_mm` was slower than float32 oneDNN at every size. So one path, at every
+batch size; _int_mm stays as the fallback for torch builds without FBGEMM.
 """
 
 from __future__ import annotations
