@@ -68,6 +68,9 @@ def check_engine(config: EngineConfig) -> ModelConfig:
                                                and tokenizer.is_file()):
         raise SettingError("tokenizer", f"{config.tokenizer_path}: no such directory or "
                            "GGUF file")
+    if config.quantization != "none" and not executor_runs_on_cpu(config.device):
+        raise SettingError("quantization", f"{config.quantization} weights run on the CPU "
+                           f"executor only (the device is {config.device}: give --device cpu)")
     _check_cpu_memory(config)
     limit = model_config.context_limit
     if config.max_model_len is not None and config.max_model_len > limit:

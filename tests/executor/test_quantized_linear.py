@@ -153,3 +153,17 @@ def test_int8_model_is_int8_in_memory_and_predicts_float32_tokens(fixture, reque
     # and a longer generation starts the same
     longer = _greedy(llm, prompts[:1], [8])
     assert longer[0][:1] == reference[0]
+
+
+def test_cli_refuses_int8_for_a_gpu_executor_before_anything_starts(llama_dir):
+    """--device cuda with --quantization int8: one line naming the setting, exit 2, before
+    any process starts (whether or not this machine has a GPU)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "folio", "serve", "--model", str(llama_dir),
+                             "--device", "cuda", "--quantization", "int8"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "quantization" in line and "CPU executor only" in line
