@@ -17,6 +17,11 @@ def is_gguf(path: str | Path) -> bool:
     return str(path).lower().endswith(".gguf")
 
 
+def is_directory_or_gguf(path: str | Path) -> bool:
+    """Where a checkpoint or its tokenizer can be: a directory, or one GGUF file."""
+    return Path(path).is_dir() or (is_gguf(path) and Path(path).is_file())
+
+
 def open_gguf(path: str | Path) -> Any:
     """A gguf.GGUFReader over `path`; ValueError (one line) for a file that is not a
     complete GGUF or holds a tensor type Folio cannot dequantize."""

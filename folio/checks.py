@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from folio.default_model import resolve_model
-from folio.executor.gguf_file import is_gguf
+from folio.executor.gguf_file import is_directory_or_gguf
 from folio.flags import config_of, config_values
 from folio.preflight import check_engine, check_ports_free
 from folio.scheduler.service import SchedulerServiceConfig
@@ -94,7 +94,7 @@ def check_frontend(args: argparse.Namespace):
     check_links(curve, insecure, scheduler_address=links.scheduler_address)
     check_links(curve and links.client_curve, insecure, client_address=links.client_address)
     model = resolve_model(links.model)
-    if not (Path(model).is_dir() or (is_gguf(model) and Path(model).is_file())):
+    if not is_directory_or_gguf(model):
         raise SettingError("model", f"{model}: no such directory or GGUF file")
     return FrontendConfig(
         **{**asdict(links), "model": model},

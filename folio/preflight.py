@@ -13,7 +13,7 @@ import socket
 import struct
 from pathlib import Path
 
-from folio.executor.gguf_file import is_gguf
+from folio.executor.gguf_file import is_directory_or_gguf, is_gguf
 from folio.executor.model_config import ModelConfig
 from folio.executor.models.hf_config import read_model_config
 from folio.placement import executor_runs_on_cpu
@@ -63,9 +63,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
             check_shardable(model_config, config.tensor_parallel_size)
         except ValueError as error:
             raise SettingError("tensor_parallel_size", str(error).split(" ", 1)[1]) from None
-    tokenizer = Path(config.tokenizer_path)
-    if not config.skip_tokenizer_init and not (tokenizer.is_dir() or is_gguf(tokenizer)
-                                               and tokenizer.is_file()):
+    if not config.skip_tokenizer_init and not is_directory_or_gguf(config.tokenizer_path):
         raise SettingError("tokenizer", f"{config.tokenizer_path}: no such directory or "
                            "GGUF file")
     if config.quantization != "none" and not executor_runs_on_cpu(config.device):

@@ -393,8 +393,8 @@ class Scheduler:
         limit = self.config.max_request_len
         what = ("max_model_len" if limit == self.config.max_model_len
                 else "the KV cache's capacity (num_kv_blocks * block_size)")
-        problem = ids_problem(prompt_token_ids, self.config.vocab_size) if not prompt_token_ids \
-            else length_problem(len(prompt_token_ids), max_tokens, limit, what) \
+        # The length first (cheap); an empty prompt always fits and is refused by ids_problem.
+        problem = length_problem(len(prompt_token_ids), max_tokens, limit, what) \
             or ids_problem(prompt_token_ids, self.config.vocab_size)
         if problem is not None:
             raise ValueError(problem)
