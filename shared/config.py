@@ -70,7 +70,9 @@ class EngineConfig(SchedulingPolicy):
                                     "directory)")
     skip_tokenizer_init: bool = setting(False, "token ids in and out, no tokenizer loaded")
     dtype: str = setting("auto", "weights' and activations' type; auto: the checkpoint's "
-                         "on GPU (float32 ones as bfloat16), float32 on CPU", choices=DTYPES)
+                         "on GPU (float32 ones as bfloat16); on CPU bfloat16 for half-precision "
+                         "checkpoints where the CPU multiplies bfloat16 natively (AVX-512 BF16, "
+                         "AMX), else float32", choices=DTYPES)
     device: str = setting("auto", "where the executor computes; auto: CUDA when available",
                           choices=DEVICES)
     block_size: int = setting(16, "tokens per KV block (a power of two)", check=power_of_two)
