@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from folio.executor.gguf_file import is_gguf
 from folio.executor.input_batch import CachedRequest
 from folio.shared.step import StepPlan
 from folio.shared.structured_output import GrammarBudget, matcher_error, parser_limits, to_grammar
@@ -216,13 +215,11 @@ def _ll_tokenizer(model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...
     if path.is_file():
         return llguidance.LLTokenizer(str(path), n_vocab=vocab_size, eos_token=eos)
     import llguidance.hf
-    from transformers import AutoTokenizer
 
-    model = Path(model_dir)
-    hf = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name,
-                                       local_files_only=True) if is_gguf(model) \
-        else AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
+    from folio.shared.hf_tokenizer import load_tokenizer
+
+    return llguidance.hf.from_tokenizer(load_tokenizer(model_dir), n_vocab=vocab_size,
+                                        eos_token=eos)
 
 
 def apply_masks(logits: torch.Tensor, rows: list[int], mask: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Any
 from folio.engine import InProcessEngine
 from folio.preflight import check_engine
 from folio.frontend.input_processor import InputProcessor, ModelFacts, ProcessedPrompt
-from folio.frontend.tokenizer import load_tokenizer
+from folio.shared.hf_tokenizer import load_tokenizer
 from folio.frontend.output_loop import OutputEvents, OutputLoop
 from folio.frontend.output_processor import RequestState, SampleState, vllm_logprob
 from folio.shared.config import EngineConfig

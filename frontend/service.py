@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from folio.frontend.engine_client import EngineClient
 from folio.frontend.engine_protocol import Engine
-from folio.frontend.tokenizer import load_tokenizer
+from folio.shared.hf_tokenizer import load_tokenizer
 from folio.frontend.zmq_gateway import ClientLimits, ZmqGateway
 from folio.shared.service_settings import (ClientLimitSettings, FrontendLinks, HttpSettings,
                                           ShutdownSettings, TransportSettings)

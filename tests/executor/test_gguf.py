@@ -19,7 +19,7 @@ import torch
 
 from folio.executor.gguf_weights import unpermute_rows
 from folio.executor.models.hf_config import read_model_config
-from folio.frontend.tokenizer import load_tokenizer
+from folio.shared.hf_tokenizer import load_tokenizer
 from folio.shared.sampling_params import SamplingParams
 from tests.conftest import TEST_DEVICE
 from tests.executor.gguf_files import permute_rows, write_llama_gguf

@@ -12,7 +12,7 @@ from folio.frontend.engine_client import EngineClient
 from folio.frontend.engine_protocol import Engine
 from folio.frontend.input_processor import ModelFacts
 from folio.frontend.replicas import Replicas
-from folio.frontend.tokenizer import load_tokenizer
+from folio.shared.hf_tokenizer import load_tokenizer
 
 
 def _declared() -> dict[str, object]:

@@ -14,7 +14,7 @@ from folio.client import AsyncClient
 from folio.errors import RequestRejected
 from folio.frontend.input_processor import InputError, InputProcessor, ModelFacts
 from folio.frontend.prep import Preparer
-from folio.frontend.tokenizer import load_tokenizer
+from folio.shared.hf_tokenizer import load_tokenizer
 from folio.frontend.zmq_gateway import ZmqGateway
 from folio.shared.sampling_params import SamplingParams
 

@@ -126,7 +126,7 @@ def test_a_frontend_link_cut_by_an_oversize_message_comes_back_and_fails_its_req
     in flight fails once with a clear error (its outputs may be lost with the link), the
     link comes back by itself with a hello, and a request sent then is carried."""
     from folio.frontend.engine_client import EngineClient
-    from folio.frontend.tokenizer import load_tokenizer
+    from folio.shared.hf_tokenizer import load_tokenizer
 
     address = f"ipc://{tmp_path}/fe.sock"
     plain = zmq.Context()

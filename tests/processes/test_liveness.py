@@ -215,7 +215,7 @@ class _Sink:
 
 
 def test_the_frontend_fails_exactly_the_dropped_requests(tmp_path, tokenizer_dir):
-    from folio.frontend.tokenizer import load_tokenizer
+    from folio.shared.hf_tokenizer import load_tokenizer
 
     async def run():
         ctx = zmq.asyncio.Context()
@@ -238,7 +238,7 @@ def test_the_frontend_fails_exactly_the_dropped_requests(tmp_path, tokenizer_dir
 
 def test_the_heartbeat_thread_hears_the_scheduler_without_an_event_loop(service,
                                                                         tokenizer_dir):
-    from folio.frontend.tokenizer import load_tokenizer
+    from folio.shared.hf_tokenizer import load_tokenizer
 
     ctx = zmq.asyncio.Context()
     engine = EngineClient(load_tokenizer(tokenizer_dir), service.config.frontend_address, ctx)

@@ -126,7 +126,7 @@ def test_a_stream_ended_by_one_prompts_refusal_aborts_its_siblings():
 
 def test_text_too_long_for_the_context_is_refused_before_tokenizing(tokenizer_dir):
     from folio.frontend.prompts import PromptError, check_text_size, max_token_chars
-    from folio.frontend.tokenizer import load_tokenizer
+    from folio.shared.hf_tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     bound = max_token_chars(tokenizer)
