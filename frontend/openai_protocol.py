@@ -25,13 +25,15 @@ DEFAULT_MODEL_NAME = "folio-default"   # the built-in model's name (folio/defaul
 def served_names(given: str | list[str] | None, model: str) -> list[str]:
     """--served-model-name's names (one string, from FOLIO_SERVED_MODEL_NAME, holds
     several separated by spaces), else DEFAULT_MODEL_NAME for the built-in model, else the
-    checkpoint directory's own name."""
+    checkpoint directory's own name and, as vLLM serves it, the path exactly as given
+    (clients written for `vllm serve PATH` send `model=PATH`)."""
     names = given.split() if isinstance(given, str) else list(given or [])
     if names:
         return names
     if _is_default_model(model):
         return [DEFAULT_MODEL_NAME]
-    return [Path(model.rstrip("/\\")).name or model]
+    name = Path(model.rstrip("/\\")).name or model
+    return [name] if model == name else [name, model]
 
 
 def _is_default_model(model: str) -> bool:

@@ -47,7 +47,8 @@ class HttpSettings(Checked):
                                check=optional(in_range(0, 65535)))
     served_model_name: list[str] | None = setting(
         None, "the model name(s) clients use; answers report the first (default: "
-        "folio-default for the built-in model, else the checkpoint directory's name)",
+        "folio-default for the built-in model, else the checkpoint directory's name and the "
+        "path as given, as vLLM serves it)",
         metavar="NAME", nargs="+")
     api_key: str | None = setting(
         None, "require 'Authorization: Bearer KEY' on /v1 routes and /metrics (a flag shows "

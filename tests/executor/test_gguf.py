@@ -246,8 +246,12 @@ def test_folio_serve_serves_a_gguf_file_with_structured_outputs(llama_dir, gguf_
     [expected] = _folio_tokens(llama_dir, [prompt])
     with serving(gguf_dir / "tiny-F32.gguf", tmp_path) as server:
         client = openai_client(server, "unused")
-        [model] = [m.id for m in client.models.list().data]
-        assert model == "tiny-F32.gguf"
+        # Under the file's name and, as vLLM serves it, the path as given, which clients
+        # written for `vllm serve PATH` send back.
+        path = str(gguf_dir / "tiny-F32.gguf")
+        assert [m.id for m in client.models.list().data] == ["tiny-F32.gguf", path]
+        assert client.models.retrieve(path).id == path
+        model = path
         plain = client.completions.create(model=model, prompt=prompt, max_tokens=len(expected),
                                           temperature=0, logprobs=0,
                                           extra_body={"ignore_eos": True})

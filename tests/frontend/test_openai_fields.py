@@ -136,7 +136,9 @@ def test_model_names(client, server):
 
 
 def test_served_names_default_to_the_checkpoint_directory():
-    assert served_names(None, "/models/Qwen2.5-0.5B-Instruct/") == ["Qwen2.5-0.5B-Instruct"]
+    assert served_names(None, "/models/Qwen2.5-0.5B-Instruct/") == \
+        ["Qwen2.5-0.5B-Instruct", "/models/Qwen2.5-0.5B-Instruct/"]   # as vLLM, the path too
+    assert served_names(None, "Qwen2.5-0.5B-Instruct") == ["Qwen2.5-0.5B-Instruct"]
     assert served_names(["a", "b"], "/m") == ["a", "b"]
     assert served_names("a b", "/m") == ["a", "b"]      # FOLIO_SERVED_MODEL_NAME="a b"
 
@@ -150,14 +152,14 @@ def test_the_built_in_model_has_a_real_name():
 
 
 @pytest.mark.parametrize("which, flags, names", [
-    ("llama", (), None),                       # None: the checkpoint directory's name
+    ("llama", (), None),                  # None: the directory's name, then the path as given
     ("built-in", (), ["folio-default"]),
     ("built-in", ("--served-model-name", "mine"), ["mine"]),
 ])
 def test_frontend_reports_its_model_names(tmp_path, llama_dir, which, flags, names):
     """A frontend with no engine still names its model."""
     model = llama_dir if which == "llama" else default_model_path()
-    names = names or [llama_dir.name]
+    names = names or [llama_dir.name, str(llama_dir)]
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "folio", "frontend", "--model",
                              str(model), "--client-address", f"ipc://{tmp_path}/c.sock",
