@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from folio.frontend.api_errors import ApiError
 from folio.frontend.engine_protocol import Engine
+from folio.frontend.generic_tools import renders_tools
 from folio.frontend.http_answers import respond
 from folio.frontend.http_body import read_json
 from folio.frontend.metrics import Metrics
@@ -44,7 +45,8 @@ class Served:
         return self.names[0]
 
     def terms(self) -> ServerTerms:
-        return ServerTerms(self.engine.facts.max_logprobs, self.tool_call_parser)
+        return ServerTerms(self.engine.facts.max_logprobs, self.tool_call_parser,
+                           renders_tools(self.engine.tokenizer))
 
 
 def _served(request: Request) -> Served:

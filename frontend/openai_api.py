@@ -323,11 +323,9 @@ async def create_chat_completion(engine: Engine, request: ChatRequest, model: st
         engine.inputs.check_text(request.chars, facts, "messages")
     except InputError as error:
         raise _refused(error) from None
-    if tools.tools and "tools" not in str(getattr(engine.tokenizer, "chat_template", "")):
-        raise invalid("tools: this model's chat template does not render tools", "tools")
     try:
         ids = await engine.prep.run(request.chars, _chat_ids, engine.inputs,
-                                    request.messages, tools.tools)
+                                    tools.messages(request.messages), tools.template_tools)
     except InputError as error:
         raise _refused(error) from None
     _check(engine, facts, ids, params, "messages")

@@ -34,10 +34,12 @@ Constraint = tuple[dict[str, Any], str]
 @dataclass(frozen=True)
 class ServerTerms:
     """What parsing a body needs from the server: the engine's max_logprobs (from the
-    scheduler's engine_info) and the --tool-call-parser."""
+    scheduler's engine_info), the --tool-call-parser and whether the chat template renders
+    tools (else the frontend does, frontend/generic_tools.py)."""
 
     max_logprobs: int
     tool_parser: str | None = None
+    renders_tools: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ class ChatRequest:
         params = sampling_params(body, "max_completion_tokens",
                                  (top or 0) if want_logprobs else None)
         _check_tool_choice(body.get("tool_choice"))
-        tools = tool_plan(body, terms.tool_parser)
+        tools = tool_plan(body, terms.tool_parser, terms.renders_tools)
         structured = structured_spec(body)
         if tools.spec is not None and structured is not None:
             raise invalid(f"{structured[1]}: tool_choice {tools.mode} already constrains the "

@@ -4,6 +4,8 @@ to constrain, and how to read the answer back; OpenAI's message shapes both ways
   none       tools are not rendered; the answer is text.
   auto       tools rendered through the chat template (its `tools` variable); the answer
              is parsed with the server's --tool-call-parser (frontend/tool_parsers.py).
+             On a template that does not render tools, the frontend renders them and the
+             grammar holds the answer to one generic format (frontend/generic_tools.py).
   required   the grammar forces a JSON array of one or more {"name", "parameters"} calls
              (exactly one when parallel_tool_calls is false), as vLLM does: every answer
              is a valid call of a declared tool, whatever the model or the parser. An array
@@ -20,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from folio.frontend import generic_tools
 from folio.frontend.api_errors import ApiError, invalid
 from folio.frontend.structured_request import checked
 from folio.frontend.tool_parsers import PARSERS, Call, parse
@@ -42,6 +45,18 @@ class ToolPlan:
     schemas: tuple[tuple[dict[str, Any], str], ...] = ()
     parser: str | None = None
     parallel: bool = True
+    generic: bool = False                  # the frontend renders the tools, not the template
+
+    def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The chat messages the template renders."""
+        if not self.generic:
+            return messages
+        return generic_tools.with_tools(messages, self.tools, self.mode, self.named)
+
+    @property
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """What goes to the template's `tools` variable."""
+        return None if self.generic else self.tools
 
     def read(self, text: str) -> tuple[str | None, list[Call]]:
         """(content, calls) of a finished answer."""
@@ -50,6 +65,8 @@ class ToolPlan:
         if self.mode == "required":
             calls = _complete_calls(text)
             return (None, calls) if calls else (text, [])
+        if self.mode == "auto" and self.generic:
+            return generic_tools.parse_auto(text)
         if self.mode == "auto":
             content, calls = parse(self.parser, text)
             return content, calls if self.parallel else calls[:1]
@@ -58,7 +75,7 @@ class ToolPlan:
     @property
     def buffers(self) -> bool:
         """Whether streamed text is held until the answer is read whole."""
-        return self.mode in ("named", "required")
+        return self.mode in ("named", "required") or self.generic
 
 
 def _complete_calls(text: str) -> list[Call]:
@@ -101,7 +118,9 @@ def _tool(value: Any) -> dict[str, Any]:
     return {"type": "function", "function": {**function, "parameters": parameters}}
 
 
-def tool_plan(body: dict[str, Any], parser: str | None) -> ToolPlan:
+def tool_plan(body: dict[str, Any], parser: str | None, renders_tools: bool = True) -> ToolPlan:
+    """`renders_tools`: whether the model's chat template reads `tools`; when it does not,
+    the plan renders them itself (generic_tools)."""
     for legacy in ("functions", "function_call"):
         if body.get(legacy) is not None:
             raise ApiError(400, f"{legacy} is the deprecated form of tools / tool_choice; "
@@ -135,6 +154,10 @@ def tool_plan(body: dict[str, Any], parser: str | None) -> ToolPlan:
         choice = "auto"
     if choice == "none":
         return ToolPlan("none", None, None)
+    generic = not renders_tools
+    if choice == "auto" and generic:
+        return ToolPlan("auto", tools, checked({"json": generic_tools.auto_schema(
+            tools, parallel)}, "tools"), parallel=parallel, schemas=schemas, generic=True)
     if choice == "auto":
         if parser is None:
             raise invalid('tool_choice "auto" needs the server started with '
@@ -151,7 +174,7 @@ def tool_plan(body: dict[str, Any], parser: str | None) -> ToolPlan:
         if not parallel:
             schema["maxItems"] = 1
         return ToolPlan("required", tools, checked({"json": schema}, "tools"),
-                        parallel=parallel, schemas=schemas)
+                        parallel=parallel, schemas=schemas, generic=generic)
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(
             choice.get("function"), dict):
         name = choice["function"].get("name")
@@ -159,7 +182,7 @@ def tool_plan(body: dict[str, Any], parser: str | None) -> ToolPlan:
             raise invalid(f"tool_choice names the function {name!r}, which is not in tools",
                           "tool_choice")
         return ToolPlan("named", tools, {"json": by_name[name]["parameters"]}, named=name,
-                        schemas=schemas)
+                        schemas=schemas, generic=generic)
     raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", '
                   '"function": {"name": ...}}', "tool_choice")
 
