@@ -8,6 +8,7 @@ they should.
 from __future__ import annotations  # noqa: I001 (ruff sorts folio.shared as third-party)
 
 import copy
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -328,3 +329,53 @@ def test_render_writes_what_it_is_asked(tmp_path):
     out = tmp_path / "folio.yaml"
     assert render.main(["--replicas", "2", "-o", str(out)]) == 0
     assert out.read_text() == (ROOT / "deploy/folio-replicas-gpu.yaml").read_text()
+
+
+def _check_role(container: dict, monkeypatch, keys: Path) -> None:
+    """Folio's own checks of the container's command, with its environment: the demo
+    model stands in for /models, and one rank for the demo model's few heads."""
+    from folio.checks import CHECKS
+    from folio.default_model import __file__ as default_model
+
+    model = str(Path(default_model).parent / "weights")
+    args = [model if a.startswith("/models") else a for a in _strip_future(container["args"])]
+    if "--tensor-parallel-size" in args:
+        args[args.index("--tensor-parallel-size") + 1] = "1"
+    with monkeypatch.context() as env:
+        for name in [n for n in os.environ if n.startswith("FOLIO_")]:
+            env.delenv(name)
+        for variable in container.get("env", []):
+            if "value" in variable:
+                env.setenv(variable["name"], variable["value"])
+        env.setenv("FOLIO_CURVE_KEYS", str(keys))
+        namespace = build_parser().parse_args(args)
+        CHECKS[namespace.command](namespace)
+
+
+def test_roles_accept_their_settings(committed, monkeypatch, tmp_path):
+    """What `folio <role>` checks before it starts (binds, CURVE on every TCP link, the
+    model): each container passes, and without FOLIO_ALLOW_WILDCARD its wildcard bind
+    would not."""
+    from folio.shared.settings import SettingError
+
+    _, documents = committed
+    keys = tmp_path / "keys"
+    generate_keys(keys)
+    for _where, _pod, container in _containers(documents):
+        if "--headless" not in container["args"]:
+            _check_role(container, monkeypatch, keys)
+    (frontend,) = _by_name(documents, "frontend")
+    frontend = copy.deepcopy(frontend)
+    frontend["env"] = [e for e in frontend["env"] if e["name"] != "FOLIO_ALLOW_WILDCARD"]
+    with pytest.raises(SettingError, match="0.0.0.0"):
+        _check_role(frontend, monkeypatch, keys)
+
+
+def test_deployment_page_lists_every_manifest():
+    """docs/deployment.md's table names each committed file with the command rendering it."""
+    page = (ROOT / "docs/deployment.md").read_text()
+    section = page.split("\n## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    for name, options in render.DEFAULTS.items():
+        flags = render.command_line(options).removeprefix("python deploy/render.py")
+        command = f"`...{flags}`" if flags else "`python deploy/render.py`"
+        assert f"| `deploy/{name}` | {command} |" in section, name
