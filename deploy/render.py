@@ -352,6 +352,8 @@ def multinode(o: Options) -> list[dict]:
     lws = {
         "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
         "metadata": _meta(o, name, "tensor-parallel"),
+        # LeaderCreated, not LeaderReady: the leader is ready only once its executor has
+        # every rank, so it must not wait for readiness before the workers start.
         "spec": {"replicas": o.replicas, "startupPolicy": "LeaderCreated",
                  "leaderWorkerTemplate": {
                      "size": o.nodes,
