@@ -7,11 +7,14 @@
     python bench/serve.py plot folio.json vllm.json -o serve.png   # latency vs load
     python bench/serve.py race --help       # folio serve vs vllm serve, alternated
     python bench/serve.py variants --help   # folio serve under flag sets, alternated
+    python bench/serve.py peers --help      # folio serve vs llama.cpp and vLLM, alternated
 
 `run` is the client alone (bench/serve_client.py: the workload and the report), `plot`
 draws reports (bench/serve_plot.py), `race` starts the servers itself
 (bench/serve_race.py), `variants` races `folio serve` configurations against each other
-(bench/serve_variants.py: CPU placement, data-parallel replicas, any flag or variable).
+(bench/serve_variants.py: CPU placement, data-parallel replicas, any flag or variable),
+`peers` races `folio serve` against llama.cpp's llama-server and vLLM under `vllm bench
+serve` (bench/serve_peers.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import serve_client  # noqa: E402
 
-COMMANDS = {"race": "bench.serve_race", "variants": "bench.serve_variants"}
+COMMANDS = {"race": "bench.serve_race", "variants": "bench.serve_variants",
+            "peers": "bench.serve_peers"}
 
 
 def main(argv=None) -> None:
@@ -43,6 +47,7 @@ def main(argv=None) -> None:
     plot.add_argument("-o", "--out", type=Path, required=True)
     sub.add_parser("race", help="folio serve vs vllm serve, alternated (race --help)")
     sub.add_parser("variants", help="folio serve flag sets, alternated (variants --help)")
+    sub.add_parser("peers", help="folio serve vs llama.cpp and vLLM (peers --help)")
     args = parser.parse_args(argv)
     if args.command == "plot":
         from bench.serve_plot import plot_files
