@@ -24,6 +24,7 @@ from folio.scheduler.service import SchedulerServiceConfig
 from folio.settings import (SERVE_SCHEDULER_SKIP, ExecutorLinks, KeysSettings,
                             ProbeSettings, ServeSettings)
 from folio.shared.config import EngineConfig, SettingError, policy_values
+from folio.shared.kv_events_config import parse_kv_events_config
 from folio.shared.service_settings import (ClientLimitSettings, FrontendLinks, HttpSettings,
                                            ShutdownSettings, TransportSettings)
 
@@ -42,12 +43,18 @@ class ServePlan:
     shutdown: ShutdownSettings
     transport: TransportSettings
 
-    def scheduler_config(self, frontend_address: str, executor_address: str
-                         ) -> SchedulerServiceConfig:
+    def scheduler_config(self, frontend_address: str, executor_address: str,
+                         replica: int | None = None) -> SchedulerServiceConfig:
+        """`replica`: of several data-parallel replicas, which (its KV events get their own
+        ports and its rank)."""
+        own = dict(self.scheduler)
+        if replica is not None and own.get("kv_events_config"):
+            own["kv_events_config"] = parse_kv_events_config(
+                own["kv_events_config"]).for_replica(replica).to_json()
         return SchedulerServiceConfig(
             **policy_values(self.engine), frontend_address=frontend_address,
             executor_address=executor_address, curve_keys=self.transport.curve_keys,
-            shutdown_timeout_s=self.shutdown.shutdown_timeout_s, **self.scheduler)
+            shutdown_timeout_s=self.shutdown.shutdown_timeout_s, **own)
 
 
 @dataclass(frozen=True)

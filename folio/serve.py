@@ -54,8 +54,9 @@ class Supervisor:
         self.run_dir = make_run_dir()
         self.scheduler_configs = [plan.scheduler_config(
             frontend_address=ipc_address(self.run_dir, "scheduler-frontends" + suffix),
-            executor_address=ipc_address(self.run_dir, "scheduler-executor" + suffix))
-            for suffix in self._suffixes()]
+            executor_address=ipc_address(self.run_dir, "scheduler-executor" + suffix),
+            replica=index if self.replicas > 1 else None)
+            for index, suffix in enumerate(self._suffixes())]
         self.scheduler_config = self.scheduler_configs[0]
         self.frontend_address = ",".join(c.frontend_address for c in self.scheduler_configs)
         self.client_address = plan.serve.zmq_address or ipc_address(self.run_dir, "client")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from folio.scheduler.kv_events import KVEventLog
 from folio.shared.prefix_hash import chain_hash
 
 __all__ = ["BlockPool", "OutOfBlocks", "chain_hash"]   # chain_hash: shared with the router
@@ -25,8 +26,10 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, reserve_null: bool = False) -> None:
+    def __init__(self, num_blocks: int, reserve_null: bool = False,
+                 events: KVEventLog | None = None) -> None:
         self.num_blocks = num_blocks
+        self.events = events   # records what becomes findable and what stops being so
         self.null_block: int | None = 0 if reserve_null else None
         self._ref_counts = [0] * num_blocks
         self._hash_of: list[bytes | None] = [None] * num_blocks
@@ -149,6 +152,8 @@ class BlockPool:
         if self._ref_counts[block_id] == 0:
             self._num_cached_free -= 1
         del self._cached[self._hash_of[block_id]]
+        if self.events is not None:
+            self.events.removed(self._hash_of[block_id])
         self._hash_of[block_id] = None
 
     def _evict(self, block_id: int) -> None:
@@ -157,3 +162,5 @@ class BlockPool:
             del self._cached[block_hash]
             self._hash_of[block_id] = None
             self._num_cached_free -= 1
+            if self.events is not None:
+                self.events.removed(block_hash)

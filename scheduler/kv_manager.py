@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from folio.scheduler.block_pool import BlockPool
 from folio.scheduler.block_table import NEVER, BlockTable
+from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.prefix_cache import CachedPrefix, PrefixCache
 from folio.scheduler.request import Request
 from folio.scheduler.swap_space import SwapSpace
@@ -31,9 +32,10 @@ from folio.shared.config import SchedulerConfig
 
 
 class KVCacheManager:
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, events: KVEventLog | None = None) -> None:
         window = config.sliding_window
-        self.pool = BlockPool(config.num_kv_blocks, reserve_null=window is not None)
+        self.pool = BlockPool(config.num_kv_blocks, reserve_null=window is not None,
+                              events=events)
         self.swap = SwapSpace(config.num_swap_blocks)
         self.block_size = config.block_size
         self.sliding_window = window

@@ -98,6 +98,9 @@ class PrefixCache:
             block_id = block_ids[start]
             if self.pool.register(block_id, block_hash):
                 self._unconfirmed_in(step, [block_id])
+                if self.pool.events is not None:
+                    self.pool.events.stored([block_hash], hashes[-2] if start else None,
+                                            request.output_token_ids[first:first + size])
             return full
         if len(hashes) < full:
             _extend_hashes(request, hashes, full, size)
@@ -106,7 +109,25 @@ class PrefixCache:
             block_ids[start:full], hashes[start:full]) if register(block_id, block_hash)]
         if registered:
             self._unconfirmed_in(step, registered)
+            if self.pool.events is not None:
+                self._record_stored(request, set(registered), block_ids, hashes, start, full)
         return full
+
+    def _record_stored(self, request: Request, registered: set[int], block_ids: list[int],
+                       hashes: list[bytes], start: int, full: int) -> None:
+        """The blocks just registered, one event per run of neighbours (a block whose
+        contents another block already held was not registered)."""
+        size, events = self.block_size, self.pool.events
+        run: list[int] = []
+        for index in range(start, full + 1):
+            if index < full and block_ids[index] in registered:
+                run.append(index)
+                continue
+            if run:
+                first, last = run[0], run[-1] + 1
+                events.stored(hashes[first:last], hashes[first - 1] if first else None,
+                              _tokens(request, first * size, last * size))
+                run = []
 
     def fork(self, parent: Request, child: Request, num_blocks: int) -> None:
         """The child shares the parent's first `num_blocks` full blocks: their hashes too."""

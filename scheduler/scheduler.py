@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from itertools import repeat
 
 from folio.scheduler.block_pool import BlockPool
+from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.kv_manager import KVCacheManager
 from folio.scheduler.kv_map import build_kv_map
 from folio.scheduler.preemption import should_swap
@@ -64,9 +65,9 @@ class _Scheduled:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, kv_events: KVEventLog | None = None) -> None:
         self.config = config
-        self.kv = KVCacheManager(config)   # holds and writes every block table
+        self.kv = KVCacheManager(config, kv_events)   # holds and writes every block table
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
         self.running: list[Request] = []          # by admit_seq: last = newest

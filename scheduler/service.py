@@ -27,6 +27,8 @@ import zmq
 from folio.scheduler.admission import QueueLimits, queue_refusal
 from folio.scheduler.executor_link import ExecutorLink, ExecutorTimeouts
 from folio.scheduler.frontend_router import FrontendRouter
+from folio.scheduler.kv_event_publisher import KVEventPublisher
+from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.reply_cache import CachedReply
 from folio.scheduler.request_failure import fail_requests
 from folio.scheduler.scheduler import Scheduler
@@ -35,6 +37,7 @@ from folio.scheduler.steps_in_flight import StepsInFlight
 from folio.shared import messages as m
 from folio.shared.codes import RefusalCode
 from folio.shared.config import ExecutorCapacity, SchedulerConfig, SchedulingPolicy
+from folio.shared.kv_events_config import kv_events_problem, parse_kv_events_config
 from folio.shared.security import (EXECUTOR, FRONTEND, load_keys, make_server,
                                    start_authenticator, stop_authenticator)
 from folio.shared.service_settings import ShutdownSettings, TransportSettings
@@ -77,6 +80,12 @@ class SchedulerServiceConfig(SchedulingPolicy, TransportSettings, ShutdownSettin
     step_timeout_s: float = setting(
         60.0, "seconds a step may take before the executor is declared hung", "step-timeout",
         check=above(0, " seconds"))
+    kv_events_config: str | None = setting(
+        None, "publish the prefix cache's changes as vLLM's KV events: JSON with vLLM's "
+        "KVEventsConfig keys, e.g. '{\"enable_kv_cache_events\": true, \"publisher\": "
+        "\"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", \"replay_endpoint\": "
+        "\"tcp://127.0.0.1:5558\"}' (default: none published)", metavar="JSON",
+        check=kv_events_problem)
     async_scheduling: bool = setting(
         True, "keep one step in flight: send the plan of step N+1 before the result of "
         "step N arrives, hiding the hop")
@@ -109,6 +118,12 @@ class SchedulerService:
         for sock in (self.frontend_sock, self.executor_sock, self.executor_monitor,
                      self.frontend_monitor):
             self.poller.register(sock, zmq.POLLIN)
+        events = parse_kv_events_config(config.kv_events_config) \
+            if config.kv_events_config else None
+        self.kv_events = KVEventPublisher(self.ctx, events) \
+            if events is not None and events.publishes else None
+        if self.kv_events is not None and self.kv_events.replay is not None:
+            self.poller.register(self.kv_events.replay, zmq.POLLIN)
         self.scheduler: Scheduler | None = None   # one per attached executor
         self.router = FrontendRouter(self.frontend_sock, self._abort_orphan)
         self.executor_link = ExecutorLink(self.executor_sock, ExecutorTimeouts(
@@ -148,10 +163,22 @@ class SchedulerService:
             self._read_burst(self.frontend_sock, self._on_frontend_message)
         self._check_executor()
         self._maybe_step()
+        if self.kv_events is not None:
+            self._publish_kv_events(events)
         self.router.heartbeat(self._engine_info)
         self._check_drain()
 
+    def _publish_kv_events(self, ready: dict) -> None:
+        """This turn's prefix-cache changes, one batch (registrations happen as steps are
+        planned, removals as blocks are evicted or a failed step takes them back)."""
+        if self.scheduler is not None:
+            self.kv_events.publish(self.scheduler.kv.pool.events.drain())
+        if self.kv_events.replay in ready:
+            self.kv_events.answer_replays()
+
     def close(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()
         self.executor_monitor.close(0)
         self.frontend_monitor.close(0)
         # After a drain, give the last outputs (failures included) a moment to leave.
@@ -312,7 +339,7 @@ class SchedulerService:
             self._fail_all("the executor restarted")
         link.attach(identity, pid, capacity, ranks)
         self.steps.restart()   # a new scheduler counts from 0
-        self.scheduler = Scheduler(config)
+        self.scheduler = Scheduler(config, self._new_kv_event_log(capacity.block_size))
         log.info("executor %d attached: %d KV blocks of %d tokens, max_model_len %d", pid,
                  capacity.num_kv_blocks, capacity.block_size, capacity.max_model_len)
         pool = capacity.num_kv_blocks * capacity.block_size
@@ -321,6 +348,14 @@ class SchedulerService:
                         "whose prompt plus max_tokens exceed %d tokens will be refused", pool,
                         capacity.max_model_len, pool)
         self.router.broadcast(self._engine_info())
+
+    def _new_kv_event_log(self, block_size: int) -> KVEventLog | None:
+        """A new executor's empty cache: subscribers drop what they knew of the old one."""
+        if self.kv_events is None:
+            return None
+        log_ = KVEventLog(block_size)
+        log_.cleared()
+        return log_
 
     def _on_result(self, result) -> None:
         plan = self.steps.take(result.step_id) if self.scheduler is not None else None

@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from folio.scheduler.block_pool import BlockPool, chain_hash
 from folio.scheduler.block_table import NEVER
+from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.request import RequestStatus
 from folio.scheduler.scheduler import Scheduler
 from folio.shared.outputs import child_request_id
@@ -98,7 +99,11 @@ class Driver:
         self.inflight: deque = deque()   # those of them whose results are due
         self.executed: list = []          # every plan the fake executor ran, in order
         self.seen: dict[int, object] = {}   # handle -> Request, to note its block contents
-        self.scheduler = Scheduler(config)
+        # Every prefix-cache change as a KV event (vLLM's format): a subscriber's view of
+        # the cache, rebuilt from them alone, must be the pool's (check_kv_events).
+        self.kv_events = KVEventLog(config.block_size)
+        self.subscriber_view: set[bytes] = set()
+        self.scheduler = Scheduler(config, self.kv_events)
         self.executor = FakeExecutor(config.block_size, config.num_kv_blocks,
                                      config.num_swap_blocks, VOCAB, config.sliding_window)
         self.expected: dict[str, tuple[list[int], str]] = {}   # by sample id
@@ -259,7 +264,32 @@ def check_pool(pool: BlockPool, owners: Counter, name: str) -> None:
                                 if pool.ref_count(b) == 0 and b != null)
 
 
+def check_kv_events(driver: Driver) -> None:
+    """The events since the last check, applied as a subscriber would, give exactly the set
+    of hashes the pool can find; each stored block's hash is its parent's and tokens'."""
+    view, size = driver.subscriber_view, driver.config.block_size
+    for event in driver.kv_events.drain():
+        if event[0] == "BlockStored":
+            _, hashes, parent, tokens, block_size, _lora, _medium = event
+            assert block_size == size and len(tokens) == size * len(hashes)
+            for index, block_hash in enumerate(hashes):
+                assert chain_hash(parent, tokens[index * size:(index + 1) * size]) == block_hash
+                assert block_hash not in view
+                view.add(block_hash)
+                parent = block_hash
+        elif event[0] == "BlockRemoved":
+            for block_hash in event[1]:
+                view.remove(block_hash)
+        else:
+            assert event == ["AllBlocksCleared"]
+            view.clear()
+    pool = driver.scheduler.kv.pool
+    findable = {pool.block_hash(b) for b in range(pool.num_blocks)} - {None}
+    assert view == findable
+
+
 def check_scheduler(driver: Driver) -> None:
+    check_kv_events(driver)
     scheduler, config, executor = driver.scheduler, driver.config, driver.executor
     size = config.block_size
     # What the plans not yet run will do: the fake executor lags the scheduler by them.

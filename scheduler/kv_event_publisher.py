@@ -1,0 +1,92 @@
+"""Publishes KV events (scheduler/kv_events.py) the way vLLM's ZMQ publisher does, so the
+routers that read vLLM's stream (llm-d's endpoint picker, Dynamo's ZMQ relay) read Folio's:
+
+- a PUB socket sends each batch as three frames: topic, sequence number (8 bytes, big
+  endian, from 0), payload: msgpack of [timestamp, events] (and the data-parallel rank
+  after them when set), vLLM's KVEventBatch;
+- a ROUTER socket (replay_endpoint) answers a request naming a sequence number (8 bytes)
+  with every batch kept from there on, each as (sequence, payload), then (-1, empty).
+
+It binds plain TCP as vLLM does (its subscribers speak no CURVE): keep the endpoint on a
+private network, since events carry prompt token ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import msgpack
+import zmq
+
+from folio.scheduler.kv_events import Event
+from folio.shared.kv_events_config import KVEventsConfig
+from folio.shared.transport import check_bind_address
+
+log = logging.getLogger("folio.scheduler")
+
+_END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
+
+
+class KVEventPublisher:
+    def __init__(self, ctx: zmq.Context, config: KVEventsConfig) -> None:
+        self.config = config
+        self.topic = config.topic.encode()
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.SNDHWM, config.hwm)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind(check_bind_address(config.endpoint))   # no wildcard unless allowed
+        self.replay = None
+        if config.replay_endpoint is not None:
+            self.replay = ctx.socket(zmq.ROUTER)
+            self.replay.setsockopt(zmq.LINGER, 0)
+            self.replay.bind(check_bind_address(config.replay_endpoint))
+        self._kept: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._next_seq = 0
+        log.info("publishing KV events on %s%s", config.endpoint,
+                 f" (replay on {config.replay_endpoint})" if self.replay else "")
+
+    def publish(self, events: list[Event]) -> None:
+        if not events:
+            return
+        batch: list = [time.time(), events]
+        if self.config.data_parallel_rank is not None:
+            batch.append(self.config.data_parallel_rank)
+        payload = msgpack.packb(batch, use_bin_type=True)
+        seq = self._next_seq
+        self._next_seq += 1
+        self._kept.append((seq, payload))
+        try:
+            self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload),
+                                    flags=zmq.NOBLOCK)
+        except zmq.Again:   # past the high-water mark: subscribers catch up by replay
+            pass
+
+    def answer_replays(self) -> None:
+        """Answer every replay request waiting (called when the socket is readable)."""
+        while True:
+            try:
+                frames = self.replay.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, start = frames[0], frames[-1]
+            if len(start) != 8:
+                continue   # not a sequence number: nothing to answer
+            first = int.from_bytes(start, "big")
+            for seq, payload in self._kept:
+                if seq >= first:
+                    self._send(identity, seq.to_bytes(8, "big"), payload)
+            self._send(identity, _END_OF_REPLAY, b"")
+
+    def _send(self, identity: bytes, seq: bytes, payload: bytes) -> None:
+        # A REQ peer expects the empty delimiter frame before its reply.
+        try:
+            self.replay.send_multipart((identity, b"", seq, payload), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def close(self) -> None:
+        self.pub.close(0)
+        if self.replay is not None:
+            self.replay.close(0)
