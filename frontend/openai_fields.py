@@ -21,6 +21,7 @@ _SAMPLING = frozenset({
     "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
     "guided_decoding_backend", "guided_whitespace_pattern",
     "deadline",          # Folio's own: seconds before the server aborts the request
+    "priority",          # vLLM's: lower first, under --scheduling-policy priority
 })
 # Honoured by definition: they only label the request for the caller's own bookkeeping,
 # or ask for what Folio does anyway.

@@ -18,7 +18,8 @@ MAX_PROMPTS = 64   # n is bounded by the scheduler's --max-n (engine_info), not 
 # OpenAI names -> SamplingParams fields, plus the vLLM extras people send.
 _PASS_THROUGH = ("temperature", "top_p", "n", "seed", "presence_penalty", "frequency_penalty",
                  "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
-                 "skip_special_tokens", "include_stop_str_in_output", "stop_token_ids")
+                 "skip_special_tokens", "include_stop_str_in_output", "stop_token_ids",
+                 "priority")
 DEFAULT_MODEL_NAME = "folio-default"   # the built-in model's name (folio/default_model)
 
 

@@ -10,6 +10,11 @@ is preempted (never one that was just resumed while an older one could go): its 
 either copied to the CPU swap pool or dropped and recomputed later, as the preemption mode
 and its cost estimate say. Either way it keeps the tokens it has produced so far.
 
+With scheduling_policy "priority" (vLLM's), every queue and the running list are ordered by
+(priority, arrival) instead, lower priority values first: the least urgent, newest request
+is the one preempted, and a waiting request that cannot be admitted preempts running ones of
+a strictly lower priority (larger value) until it can. Within one priority it is FCFS.
+
 Block tables are KVCacheManager's alone (scheduler/kv_manager.py holds and writes them):
 this module works in token counts, asks it for slots, forks and swaps, puts the pairs it
 returns in the plan, and asks it for a request's table when the plan sends it whole.
@@ -70,7 +75,8 @@ class Scheduler:
         self.kv = KVCacheManager(config, kv_events)   # holds and writes every block table
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
-        self.running: list[Request] = []          # by admit_seq: last = newest
+        self.running: list[Request] = []          # by _run_key: last = newest (least urgent)
+        self._by_priority = config.scheduling_policy == "priority"
         self.requests: dict[str, Request] = {}
         self._by_handle: dict[int, Request] = {}
         # Finished, aborted and preempted requests whose executor-side state the next plan
@@ -95,6 +101,9 @@ class Scheduler:
         # The frontend checked these too; the scheduler does not trust its peers.
         check_against_model(sampling, self.config.vocab_size, self.config.max_logprobs,
                             self.config.max_n)
+        if sampling.priority and not self._by_priority:
+            raise ValueError(f"priority {sampling.priority} needs the engine started with "
+                             "--scheduling-policy priority")
         n = sampling.n
         ids = [child_request_id(request_id, i, n) for i in range(n)]
         if any(i in self.requests for i in ids):
@@ -105,7 +114,7 @@ class Scheduler:
         first.fork_children = children[1:]
         for child in first.fork_children:
             child.status = RequestStatus.FORKING
-        self.waiting.append(first)
+        self._enqueue(self.waiting, first)
         return ids
 
     def abort_request(self, request_id: str) -> bool:
@@ -143,6 +152,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[_Scheduled] = []
         preempted = False
+        if self._by_priority and self.waiting:
+            self._preempt_for_priority(plan)
 
         chunked = self.config.enable_chunked_prefill
         running = self.running
@@ -369,12 +380,12 @@ class Scheduler:
             if not (running and len(self.running) < self.config.max_num_seqs
                     and self.kv.fork(first, child)):
                 child.status = RequestStatus.WAITING   # falls back to computing its prompt
-                self.waiting.appendleft(child)
+                self._enqueue(self.waiting, child, front=True)
                 continue
             child.num_computed_tokens = prompt_len - 1   # recomputes only the last token
             child.admit_seq = first.admit_seq
             child.status = RequestStatus.RUNNING
-            bisect.insort(self.running, child, key=lambda r: r.admit_seq)
+            bisect.insort(self.running, child, key=self._run_key)
             self.counters["forks"] += 1
 
     # ---- internals ----------------------------------------------------------------------
@@ -406,6 +417,34 @@ class Scheduler:
             return min(remaining, budget)
         return remaining if remaining <= budget else 0
 
+    # ---- order: FCFS, or (priority, arrival) ----------------------------------------------
+
+    def _run_key(self, request: Request) -> tuple[int, int] | int:
+        """The running list's order; its tail is where victims are taken."""
+        if self._by_priority:
+            return request.sampling.priority, request.admit_seq
+        return request.admit_seq
+
+    def _enqueue(self, queue: deque[Request], request: Request, front: bool = False) -> None:
+        """FCFS: to the back, or the front for a preempted request (it was there first).
+        By priority: at its place by (priority, arrival), either way."""
+        if not self._by_priority:
+            queue.appendleft(request) if front else queue.append(request)
+            return
+        key = (request.sampling.priority, request.handle)
+        queue.insert(bisect.bisect_right(
+            queue, key, key=lambda r: (r.sampling.priority, r.handle)), request)
+
+    def _preempt_for_priority(self, plan: StepPlan) -> None:
+        """Before the step schedules anyone: preempt running requests less urgent than the
+        first waiting one while it cannot be admitted."""
+        head = self.waiting[0]
+        while self.running and self.running[-1].sampling.priority > head.sampling.priority:
+            seats = len(self.running) < self.config.max_num_seqs
+            if seats and self.kv.can_admit(head, self.kv.find_cached_prefix(head)):
+                return
+            self._preempt(self.running[-1], plan)
+
     def _pick_victim(self, first_unscheduled: int, step: int) -> Request:
         """The newest running request not yet scheduled this step, skipping any resumed in
         the last step while an older candidate exists (no ping-pong)."""
@@ -424,20 +463,20 @@ class Scheduler:
                        self.kv.num_free_swap_blocks):
             plan.swap_out.extend(self.kv.swap_out(request))
             request.status = RequestStatus.SWAPPED
-            self.swapped.append(request)
+            self._enqueue(self.swapped, request)
             self.counters["preemptions_swap"] += 1
             return
         self.kv.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
-        self.waiting.appendleft(request)
+        self._enqueue(self.waiting, request, front=True)
         self.counters["preemptions_recompute"] += 1
 
     def _resume(self, request: Request, step: int) -> None:
         if request.num_preemptions:
             request.resumed_step = step
         request.status = RequestStatus.RUNNING
-        bisect.insort(self.running, request, key=lambda r: r.admit_seq)
+        bisect.insort(self.running, request, key=self._run_key)
 
     def _finish(self, request: Request, reason: str) -> None:
         if request.status is RequestStatus.RUNNING:
@@ -456,7 +495,7 @@ class Scheduler:
             # The siblings cannot fork from a request that ends before its prompt did.
             for child in request.fork_children:
                 child.status = RequestStatus.WAITING
-                self.waiting.append(child)
+                self._enqueue(self.waiting, child)
             request.fork_children = []
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

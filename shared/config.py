@@ -26,6 +26,7 @@ DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 LINEAR_BACKENDS = ("auto", "onednn", "torch")
 QUANTIZATIONS = ("none", "int8")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain may take
 SHUTDOWN_HELP = "on SIGTERM, seconds running requests may take to finish before they are aborted"
@@ -53,6 +54,10 @@ class SchedulingPolicy:
                                 check=non_negative_int)
     max_n: int = setting(64, "the largest n (samples per prompt) a request may ask",
                          check=positive_int)
+    scheduling_policy: str = setting(
+        "fcfs", "fcfs: first come, first served; priority: by each request's priority "
+        "(lower first, as vLLM), then arrival, a more urgent arrival preempting less urgent "
+        "running requests", choices=SCHEDULING_POLICIES)
 
     def __post_init__(self) -> None:
         check_fields(self)   # every declared check, the subclasses' fields' too

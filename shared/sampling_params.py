@@ -47,6 +47,9 @@ class SamplingParams:
     # One vLLM structured_outputs key, e.g. {"json": schema} (shared/structured_output.py):
     # the executor masks every sampled token to the spec's grammar.
     structured_output: dict[str, Any] | None = None
+    # Not sampling, but per request like the rest: vLLM's priority (lower runs first), read
+    # by the scheduler under --scheduling-policy priority only.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # Lists from callers and the wire become tuples, so nobody changes a frozen value
@@ -116,6 +119,7 @@ class SamplingParams:
             )
         for token_id in self.stop_token_ids:
             _check_int("stop_token_ids", token_id, low=0, high=_INT32_MAX)
+        _check_int("priority", self.priority, low=-_INT32_MAX - 1, high=_INT32_MAX)
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
 

@@ -173,6 +173,9 @@ def _error(response: httpx.Response) -> dict:
     ({"model": MODEL, "prompt": "x", "logit_bias": {"99999": 1}}, 400, "outside the vocab"),
     ({"model": "gpt-9", "prompt": "x"}, 404, "does not exist"),
     ({"model": MODEL}, 400, "prompt must be"),
+    ({"model": MODEL, "prompt": "x", "priority": "high"}, 400, "priority must be an integer"),
+    # The server runs FCFS (the default): a priority is refused, not ignored.
+    ({"model": MODEL, "prompt": "x", "priority": 3}, 400, "--scheduling-policy priority"),
 ])
 def test_error_statuses(server, body, status, words):
     response = _post(server, "/v1/completions", body)

@@ -68,6 +68,7 @@ def configs(draw) -> SchedulerConfig:
         prefill_tokens_per_s=prefill_tokens_per_s,
         swap_bytes_per_s=1.0,
         sliding_window=sliding_window,
+        scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
     )
 
 
@@ -288,6 +289,20 @@ def check_kv_events(driver: Driver) -> None:
     assert view == findable
 
 
+def check_fifo_within_priority(driver: Driver) -> None:
+    """No starvation within a class: of two single-sample requests of one priority, the one
+    that arrived first was admitted first (the queue never lets a later one pass)."""
+    admitted = sorted((r for r in driver.seen.values()
+                       if r.admit_seq >= 0 and r.sampling.n == 1 and "#" not in r.request_id),
+                      key=lambda r: r.handle)
+    last: dict[int, int] = {}
+    for request in admitted:
+        priority = request.sampling.priority
+        assert request.admit_seq > last.get(priority, -1), (
+            f"{request.request_id} (priority {priority}) was admitted before an earlier one")
+        last[priority] = request.admit_seq
+
+
 def check_scheduler(driver: Driver) -> None:
     check_kv_events(driver)
     scheduler, config, executor = driver.scheduler, driver.config, driver.executor
@@ -318,8 +333,14 @@ def check_scheduler(driver: Driver) -> None:
     assert set(scheduler.requests) == live, "a request was lost or invented"
 
     assert len(scheduler.running) <= config.max_num_seqs
-    assert [r.admit_seq for r in scheduler.running] == sorted(
-        r.admit_seq for r in scheduler.running)
+    # Oldest first; by priority first under the priority policy (victims from the tail).
+    by_priority = config.scheduling_policy == "priority"
+    order = [(r.sampling.priority if by_priority else 0, r.admit_seq) for r in scheduler.running]
+    assert order == sorted(order)
+    if by_priority:   # every queue in (priority, arrival) order
+        for queue in (scheduler.waiting, scheduler.swapped):
+            keys = [(r.sampling.priority, r.handle) for r in queue]
+            assert keys == sorted(keys)
     gpu_owners, swap_owners = Counter(), Counter()
     null = scheduler.pool.null_block
     kv = scheduler.kv
@@ -441,7 +462,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 prompt = [prefix_len % VOCAB]
             request_id = f"r{self.count}"
             self.count += 1
-            self.driver.add(request_id, prompt, SamplingParams(n=n, max_tokens=max_tokens))
+            # Under the priority policy, three classes spread over the arrivals.
+            priority = (max_tokens + prefix_len) % 3 - 1 \
+                if self.driver.config.scheduling_policy == "priority" else 0
+            self.driver.add(request_id, prompt, SamplingParams(n=n, max_tokens=max_tokens,
+                                                               priority=priority))
 
     @precondition(lambda self: self.driver and self.driver.scheduler.requests)
     @rule(data=st.data(), whole=st.booleans())
@@ -487,6 +512,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.driver.drain()
         check_scheduler(self.driver)
         self.driver.assert_idle()
+        check_fifo_within_priority(self.driver)
         for name, count in self.driver.scheduler.counters.items():
             if count and name != "prefix_cache_queries":
                 event(name)   # see --hypothesis-show-statistics
@@ -722,3 +748,38 @@ def test_window_prefix_hit_after_its_leading_blocks_were_evicted(ahead):
     check_scheduler(driver)
     driver.drain()
     driver.assert_idle()
+
+
+def test_a_more_urgent_arrival_preempts_the_least_urgent_running_request():
+    """Priority policy: two long requests of priority 1 fill the pool; one of priority 0
+    arrives and is admitted at once by preempting the newer of them, which finishes later
+    with the tokens it would have produced alone."""
+    config = SchedulerConfig(num_kv_blocks=10, block_size=4, max_num_seqs=4,
+                             max_num_batched_tokens=64, max_model_len=MAX_MODEL_LEN,
+                             eos_token_ids=(EOS,), vocab_size=VOCAB, bytes_per_block=1,
+                             swap_bytes_per_s=1.0, prefill_tokens_per_s=1.0,
+                             scheduling_policy="priority")
+    driver = Driver(config)
+    for name, start in (("old", 10), ("new", 30)):
+        driver.add(name, [(start + k) % VOCAB for k in range(16)],
+                   SamplingParams(max_tokens=16, ignore_eos=True, priority=1))
+    driver.step()
+    assert [r.request_id for r in driver.scheduler.running] == ["old", "new"]
+    driver.add("urgent", [(50 + k) % VOCAB for k in range(12)],
+               SamplingParams(max_tokens=4, ignore_eos=True, priority=0))
+    driver.step()
+    running = [r.request_id for r in driver.scheduler.running]
+    assert running[0] == "urgent" and "new" not in running and "old" in running
+    assert driver.scheduler.stats()["preemptions_recompute"] == 1
+    driver.drain()
+    check_scheduler(driver)
+    driver.assert_idle()   # every output as if alone (Driver checks), every block free
+
+
+def test_fcfs_refuses_a_priority_by_name():
+    config = SchedulerConfig(num_kv_blocks=10, block_size=4, max_num_seqs=4,
+                             max_num_batched_tokens=64, max_model_len=MAX_MODEL_LEN,
+                             eos_token_ids=(EOS,), vocab_size=VOCAB, bytes_per_block=1,
+                             swap_bytes_per_s=1.0, prefill_tokens_per_s=1.0)
+    with pytest.raises(ValueError, match="--scheduling-policy priority"):
+        Scheduler(config).add_request("a", [1, 2], SamplingParams(priority=2))
