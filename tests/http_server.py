@@ -97,3 +97,16 @@ def uvicorn_in_thread(app, gate, head_s: float, body_s: float) -> Iterator[int]:
     finally:
         srv.should_exit = True
         thread.join(timeout=5)
+
+
+def with_chat_template(model_dir: Path, out: Path, template: str) -> Path:
+    """A copy of `model_dir` at `out` whose tokenizer uses `template` as its chat template."""
+    import json
+    import shutil
+
+    shutil.copytree(model_dir, out, dirs_exist_ok=True)
+    (out / "chat_template.jinja").write_text(template)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out

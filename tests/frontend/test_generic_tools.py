@@ -6,7 +6,6 @@ the system message and the grammar holds the answer to the generic format
 from __future__ import annotations
 
 import json
-import shutil
 
 import jsonschema
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from folio.frontend.generic_tools import parse_auto, renders_tools, with_tools
 from folio.frontend.tool_calls import tool_plan
 from folio.shared.hf_tokenizer import load_tokenizer
-from tests.http_server import openai_client, serving
+from tests.http_server import openai_client, serving, with_chat_template
 
 KEY = "sk-generic"
 MODEL = "smol-template"
@@ -41,13 +40,7 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def smol_template_dir(tmp_path_factory, llama_dir):
-    path = tmp_path_factory.mktemp("smol-template")
-    shutil.copytree(llama_dir, path, dirs_exist_ok=True)
-    (path / "chat_template.jinja").write_text(SMOLLM2_TEMPLATE)
-    config = json.loads((path / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return path
+    return with_chat_template(llama_dir, tmp_path_factory.mktemp("smol-template"), SMOLLM2_TEMPLATE)
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import jsonschema
 import pytest
 
 from folio.frontend.tool_calls import ToolPlan
 from folio.frontend.tool_parsers import parse_hermes, parse_llama3_json, stream_holdback
-from tests.http_server import openai_client, serving
+from tests.http_server import openai_client, serving, with_chat_template
 
 KEY = "sk-tools"
 MODEL = "tiny"
@@ -57,13 +56,7 @@ Answer with <tool_call>{"name": <name>, "arguments": <object>}</tool_call>.<|im_
 
 @pytest.fixture(scope="module")
 def tools_model_dir(tmp_path_factory, llama_dir):
-    path = tmp_path_factory.mktemp("tools-model")
-    shutil.copytree(llama_dir, path, dirs_exist_ok=True)
-    (path / "chat_template.jinja").write_text(TEMPLATE)
-    config = json.loads((path / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return path
+    return with_chat_template(llama_dir, tmp_path_factory.mktemp("tools-model"), TEMPLATE)
 
 
 @pytest.fixture(scope="module")
