@@ -122,6 +122,9 @@ class EngineServer(Server):
     """serve_race's Server (ready wait, process-group stop) around any engine's command."""
 
     def __init__(self, engine: dict, log: Path) -> None:   # its own command, not Server's
+        # Peers run outside the checkout: vLLM's `python -m` helpers put the working
+        # directory on their path and would import its kernels/ as the `kernels` package.
+        cwd = ROOT if engine["kind"] == "folio" else log.parent
         self.kind, self.port = engine["name"], free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -129,7 +132,7 @@ class EngineServer(Server):
                         for word in engine["command"]]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **engine["env"])
         with open(log, "wb") as out:   # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(self.command, cwd=ROOT, env=env, stdout=out,
+            self.proc = subprocess.Popen(self.command, cwd=cwd, env=env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -230,6 +233,9 @@ def parse_args(argv):
                         help="seconds one `vllm bench serve` may take")
     parser.add_argument("--out-dir", type=Path, default=ROOT / ".folio-cache" / "peers-race")
     args = parser.parse_args(argv)
+    for name in ("model_dir", "q4_gguf", "cache", "out_dir"):   # engines run in other folders
+        if getattr(args, name) is not None:
+            setattr(args, name, getattr(args, name).resolve())
     if not (args.model_dir / "config.json").exists():
         parser.error(f"--model-dir {args.model_dir}: no config.json")
     if not args.vllm_python.exists():
