@@ -129,7 +129,8 @@ def paged_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor,
                         out: torch.Tensor | None = None, *, window: int | None = None,
                         softcap: float | None = None) -> torch.Tensor:
     """Same meaning as reference.paged_attention_ref (window and softcap included; blocks
-    wholly before a query's window are skipped, not read); float32 or bfloat16 CPU tensors."""
+    wholly before a query's window are skipped, not read); float32 or bfloat16 CPU queries;
+    the caches in the query's dtype, bfloat16, int8 or float8 (kernels/kv_quant.py)."""
     from folio.kernels.reference import check_attention_options
 
     check_attention_options(window, softcap)

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -18,6 +21,12 @@ inline float load(c10::BFloat16 x) {
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+
+// Quantized KV cache elements (kernels/kv_quant.py): int8 (its row's scale applied by the
+// caller) and float8, whose bits are widened in registers (see load_vec below).
+inline float load(int8_t x) { return static_cast<float>(x); }
+inline float load(c10::Float8_e4m3fn x) { return static_cast<float>(x); }
+inline float load(c10::Float8_e5m2 x) { return static_cast<float>(x); }
 
 // One vector register of floats: 16 with AVX-512, 8 with AVX, else 4. (Wider-than-register
 // generic vectors make GCC scalarize conversions and selects.)
@@ -77,5 +86,59 @@ inline Vec load_vec(const c10::BFloat16* p) {
   std::memcpy(&v, &w, sizeof v);
   return v;
 }
+
+typedef int8_t ByteVec __attribute__((vector_size(kLanes)));
+typedef uint8_t UByteVec __attribute__((vector_size(kLanes)));
+typedef uint32_t WordVec __attribute__((vector_size(kLanes * 4)));
+
+inline Vec load_vec(const int8_t* p) {
+  ByteVec b;
+  std::memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(b, Vec);
+}
+
+// A float8 with kExp exponent bits (bias 2^(kExp-1) - 1) and 7 - kExp mantissa bits: its
+// magnitude bits, shifted into a float's exponent and mantissa fields, read as the float
+// 2^(e - 127) * 1.m (or a float denormal when e == 0); times 2^(127 - bias) that is the
+// value, subnormals included. Inf/NaN patterns are never written (kv_quant clamps).
+template <int kExp>
+inline Vec load_fp8_vec(const void* p) {
+  constexpr int kShift = 23 - (7 - kExp);
+  constexpr int kBias = (1 << (kExp - 1)) - 1;
+  UByteVec b;
+  std::memcpy(&b, p, sizeof b);
+  const WordVec w = __builtin_convertvector(b, WordVec);
+  const WordVec magnitude = (w & 0x7Fu) << kShift;
+  Vec v;
+  std::memcpy(&v, &magnitude, sizeof v);
+  float rescale;
+  const uint32_t rescale_bits = static_cast<uint32_t>(127 + 127 - kBias) << 23;
+  std::memcpy(&rescale, &rescale_bits, sizeof rescale);
+  v *= rescale;
+  WordVec bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits |= (w & 0x80u) << 24;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+inline Vec load_vec(const c10::Float8_e4m3fn* p) { return load_fp8_vec<4>(p); }
+inline Vec load_vec(const c10::Float8_e5m2* p) { return load_fp8_vec<5>(p); }
+
+// The factor a cache row's values are multiplied by: the float16 after an int8 row's
+// head_dim values, 1 for every other element type (the compiler drops the multiply).
+template <typename C>
+inline float row_scale(const C* row, int64_t head_dim) {
+  if constexpr (std::is_same_v<C, int8_t>) {
+    uint16_t bits;
+    std::memcpy(&bits, row + head_dim, sizeof bits);
+    return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+  } else {
+    (void)row;
+    (void)head_dim;
+    return 1.0f;
+  }
+}
+template <typename C>
+constexpr bool kScaledRows = std::is_same_v<C, int8_t>;
 
 }  // namespace folio_cpu
