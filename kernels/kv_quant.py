@@ -42,6 +42,11 @@ def is_fp8(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point and dtype.itemsize == 1
 
 
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """float8 tensors as uint8 (the same memory): torch's CPU index_copy_ has no float8."""
+    return tensor.view(torch.uint8) if is_fp8(tensor.dtype) else tensor
+
+
 def quantize_rows(rows: torch.Tensor, storage: torch.dtype) -> torch.Tensor:
     """[..., D] values -> [..., row_width(storage, D)] rows of `storage`."""
     if storage == torch.int8:

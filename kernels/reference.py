@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from folio.kernels.kv_quant import dequantize_rows, quantize_rows
+from folio.kernels.kv_quant import as_bytes, dequantize_rows, quantize_rows
 
 
 def reshape_and_cache_ref(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -24,10 +24,9 @@ def reshape_and_cache_ref(key: torch.Tensor, value: torch.Tensor, key_cache: tor
     keep = slots >= 0
     if not bool(keep.all()):
         slots, key, value = slots[keep], key[keep], value[keep]
-    key_cache.view(-1, num_kv_heads, width).index_copy_(0, slots,
-                                                        quantize_rows(key, key_cache.dtype))
-    value_cache.view(-1, num_kv_heads, width).index_copy_(
-        0, slots, quantize_rows(value, value_cache.dtype))
+    for rows, cache in ((key, key_cache), (value, value_cache)):
+        as_bytes(cache).view(-1, num_kv_heads, width).index_copy_(
+            0, slots, as_bytes(quantize_rows(rows, cache.dtype)))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ def kv_element_name(kv_cache_dtype: str, model_dtype: str) -> str:
 
 def kv_row_bytes(kv_cache_dtype: str, model_dtype: str, head_dim: int) -> int:
     """Bytes of one (token, KV head) row of K (or V), scale included."""
-    element = kv_element_name(kv_cache_dtype, model_dtype)
+    return element_row_bytes(kv_element_name(kv_cache_dtype, model_dtype), head_dim)
+
+
+def element_row_bytes(element: str, head_dim: int) -> int:
+    """Bytes of a row stored as `element` (a model dtype or a quantized KV type)."""
     scale = INT8_SCALE_BYTES if element == "int8" else 0
     return head_dim * _ELEMENT_BYTES[element] + scale
