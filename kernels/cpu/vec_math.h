@@ -114,27 +114,29 @@ inline IntVec widen_bytes(const void* p) {
 
 inline Vec load_vec(const int8_t* p) { return __builtin_convertvector(widen_bytes<true>(p), Vec); }
 
-// A float8 with kExp exponent bits (bias 2^(kExp-1) - 1) and 7 - kExp mantissa bits: its
-// magnitude bits, shifted into a float's exponent and mantissa fields, read as the float
-// 2^(e - 127) * 1.m (or a float denormal when e == 0); times 2^(127 - bias) that is the
-// value, subnormals included. Inf/NaN patterns are never written (kv_quant clamps).
+// A float8 with kExp exponent bits (bias 2^(kExp-1) - 1) and 7 - kExp mantissa bits. A
+// normal one's magnitude bits, shifted into a float's exponent and mantissa fields with the
+// bias difference added, are its float; a subnormal (exponent 0) is its mantissa times
+// 2^(1 - bias - mantissa bits), computed as such (rebiasing by a multiply would make float
+// denormals, which cost a microcode assist per vector). Inf/NaN are never written.
 template <int kExp>
 inline Vec load_fp8_vec(const void* p) {
-  constexpr int kShift = 23 - (7 - kExp);
+  constexpr int kMantissa = 7 - kExp;
   constexpr int kBias = (1 << (kExp - 1)) - 1;
-  const WordVec w = reinterpret_cast<WordVec>(widen_bytes<false>(p));
-  const WordVec magnitude = (w & 0x7Fu) << kShift;
-  Vec v;
-  std::memcpy(&v, &magnitude, sizeof v);
-  float rescale;
-  const uint32_t rescale_bits = static_cast<uint32_t>(127 + 127 - kBias) << 23;
-  std::memcpy(&rescale, &rescale_bits, sizeof rescale);
-  v *= rescale;
-  WordVec bits;
+  const IntVec w = widen_bytes<false>(p);
+  const IntVec magnitude = w & 0x7F;
+  const IntVec normal_bits = (magnitude << (23 - kMantissa)) + ((127 - kBias) << 23);
+  Vec normal;
+  std::memcpy(&normal, &normal_bits, sizeof normal);
+  const float step = 1.0f / static_cast<float>(1 << (kBias - 1 + kMantissa));   // 2^(1-bias-m)
+  const Vec subnormal = __builtin_convertvector(magnitude, Vec) * step;
+  const Vec v = magnitude < (1 << kMantissa) ? subnormal : normal;
+  IntVec bits;
   std::memcpy(&bits, &v, sizeof bits);
-  bits |= (w & 0x80u) << 24;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
+  bits |= (w & 0x80) << 24;
+  Vec out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
 }
 inline Vec load_vec(const c10::Float8_e4m3fn* p) { return load_fp8_vec<4>(p); }
 inline Vec load_vec(const c10::Float8_e5m2* p) { return load_fp8_vec<5>(p); }
