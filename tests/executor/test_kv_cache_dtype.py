@@ -117,3 +117,20 @@ def test_cli_refuses_it_with_exit_2(llama_dir, capsys):
                  "--kv-cache-dtype", "int8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--kv-cache-dtype" in err[0], err
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3"])
+def test_forked_children_copy_quantized_blocks(llama_dir, kv_cache_dtype):
+    """n=3 greedy: the children share the prompt's blocks and copy the partial last one
+    (the block mover, rows and scales as bytes): each child gives the single run's tokens."""
+    prompts, params = _prompts(count=4, seed=2)
+    llm = LLM(str(llama_dir), dtype="float32", kv_cache_dtype=kv_cache_dtype,
+              num_kv_blocks=256)
+    single = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+    forked = llm.generate(prompts, [SamplingParams(n=3, temperature=0,
+                                                   max_tokens=p.max_tokens) for p in params])
+    stats = llm.stats()
+    for result, expected in zip(forked, single):
+        assert [o.token_ids for o in result.outputs] == [expected] * 3
+    assert stats["forks"] == 2 * len(prompts)
+    assert _idle(stats)
