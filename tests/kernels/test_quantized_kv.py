@@ -123,3 +123,27 @@ def test_operator_refuses_a_row_width_that_does_not_fit():
     narrow = batch.key_cache.to(torch.int8)       # int8 without room for the scales
     with pytest.raises(RuntimeError, match="66 wide"):
         cpu_attention.paged_attention_cpu(batch.query, narrow, narrow, *batch.args()[3:])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", STORED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_write_matches_the_reference_bit_for_bit(kv_cache_dtype, dtype):
+    if kv_cache_dtype == "bfloat16" and dtype == torch.bfloat16:
+        pytest.skip("the model's own type: a plain copy")
+    gen = torch.Generator().manual_seed(7)
+    storage = kv_storage_dtype(kv_cache_dtype, dtype)
+    tokens, heads, head_dim = 37, 3, 64
+    # Wide magnitudes (float8's saturation, int8's float16 scale), exact zeros, ties.
+    key = (torch.randn(tokens, heads, head_dim, generator=gen)
+           * torch.logspace(-4, 3, tokens)[:, None, None]).to(dtype)
+    key[3] = 0.0
+    key[4, 0, :2] = torch.tensor([127.0, 0.5])      # amax 127: a scale of 1, a tie at 0.5
+    value = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype) * 1e3
+    slots = torch.randperm(8 * 16, generator=gen)[:tokens]
+    slots[5] = -1                                    # a padded token: not written
+    shape = (8, 16, heads, row_width(storage, head_dim))
+    caches = [torch.zeros(shape).to(storage) for _ in range(4)]
+    reference.reshape_and_cache_ref(key, value, caches[0], caches[1], slots)
+    torch.ops.folio.quantize_and_cache(key, value, caches[2], caches[3], slots.to(torch.int32))
+    for expected, actual in ((caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(expected.view(torch.uint8), actual.view(torch.uint8))
