@@ -134,3 +134,17 @@ def test_forked_children_copy_quantized_blocks(llama_dir, kv_cache_dtype):
         assert [o.token_ids for o in result.outputs] == [expected] * 3
     assert stats["forks"] == 2 * len(prompts)
     assert _idle(stats)
+
+
+def test_simulate_sizes_pools_as_the_executor_does(llama_dir):
+    from folio.executor.kv_cache import bytes_per_block
+    from folio.executor.models.hf_config import read_model_config
+    from folio.kernels.kv_quant import kv_storage_dtype
+    from folio.sim_report import blocks_in_memory
+
+    model = read_model_config(str(llama_dir))
+    for name, kv_dtype in (("float32", "auto"), ("bfloat16", "bfloat16"), ("int8", "int8"),
+                           ("fp8_e5m2", "fp8_e5m2")):
+        storage = kv_storage_dtype(kv_dtype, torch.float32)
+        assert blocks_in_memory(model, 1.0, 16, name) == \
+            2**30 // bytes_per_block(model, 16, storage)
