@@ -2,12 +2,18 @@
 bfloat16, int8 (+ float16 scale per row) and float8, and the tokens per GiB of each.
 
     python -m bench.kv_cache_dtype [--rounds 5] [--reps 10] [--threads 1 2] [--context 2048]
+    python -m bench.kv_cache_dtype --engine MODEL_DIR [--types auto int8] [--decode 32]
 
 Shape: SmolLM2-135M's (9 query heads, 3 KV heads, head_dim 64, 30 layers), --batch decode
 rows of --context tokens each, 16-token blocks in shuffled order, float32 queries. Rounds
 alternate the cache types (the machine is shared); each figure is the best of --reps calls
 within a round, and the table shows the median over rounds, in ms. `err` is the output's
 max abs error against the float32 cache over its max abs.
+
+--engine: offline folio.LLM decode on a float32 checkpoint instead, --batch prompts of
+--context tokens: a first pass fills the prefix cache, the timed pass decodes --decode
+tokens each over the cached prompts (only each prompt's partial last block is recomputed);
+rounds alternate the KV types and the median decode tokens/s is printed.
 """
 
 from __future__ import annotations
@@ -44,6 +50,33 @@ def make_decode(batch: int, context: int, seed: int = 0):
     return query, key_cache, value_cache, tables, lens, starts
 
 
+def engine_decode(args) -> None:
+    import random
+
+    from folio import LLM, SamplingParams
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, 4000) for _ in range(args.context)]
+               for _ in range(args.batch)]
+    rates = {name: [] for name in args.types}
+    for _ in range(args.rounds):
+        for name in args.types:
+            llm = LLM(args.engine, dtype="float32", device="cpu", kv_cache_dtype=name,
+                      num_kv_blocks=args.batch * (args.context + args.decode) // BLOCK + 64,
+                      max_num_batched_tokens=4096)
+            llm.generate(prompts, SamplingParams(temperature=0, max_tokens=1))
+            start = time.perf_counter()
+            llm.generate(prompts, SamplingParams(temperature=0, max_tokens=args.decode,
+                                                 ignore_eos=True))
+            rates[name].append(args.batch * args.decode / (time.perf_counter() - start))
+            del llm
+    print(f"engine decode, {args.batch} x {args.context}-token prompts, {args.decode} "
+          f"tokens each; load after {open('/proc/loadavg').read().split()[:3]}")
+    for name in args.types:
+        print(f"{name:<10} {statistics.median(rates[name]):7.1f} tok/s  "
+              f"(rounds: {' '.join(f'{r:.1f}' for r in rates[name])})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -51,7 +84,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--context", type=int, default=2048)
+    parser.add_argument("--engine", help="float32 checkpoint: time folio.LLM decode instead")
+    parser.add_argument("--types", nargs="+", default=["auto", "int8"], choices=TYPES)
+    parser.add_argument("--decode", type=int, default=32)
     args = parser.parse_args()
+    if args.engine:
+        engine_decode(args)
+        return
     if not cpu_attention.load().ok:
         raise SystemExit(f"CPU operator unavailable: {cpu_attention.load().detail}")
     query, key_cache, value_cache, tables, lens, starts = make_decode(args.batch, args.context)
