@@ -19,6 +19,7 @@ rounds alternate the KV types and the median decode tokens/s is printed.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -30,6 +31,10 @@ from folio.shared.kv_cache_dtype import kv_row_bytes
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS, BLOCK = 9, 3, 64, 30, 16
 TYPES = ("auto", "bfloat16", "int8", "fp8_e4m3", "fp8_e5m2")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def tokens_per_gib(kv_cache_dtype: str, model_dtype: str = "float32") -> int:
@@ -71,7 +76,7 @@ def engine_decode(args) -> None:
             rates[name].append(args.batch * args.decode / (time.perf_counter() - start))
             del llm
     print(f"engine decode, {args.batch} x {args.context}-token prompts, {args.decode} "
-          f"tokens each; load after {open('/proc/loadavg').read().split()[:3]}")
+          f"tokens each; load after {_load()}")
     for name in args.types:
         print(f"{name:<10} {statistics.median(rates[name]):7.1f} tok/s  "
               f"(rounds: {' '.join(f'{r:.1f}' for r in rates[name])})")
@@ -106,7 +111,7 @@ def main() -> None:
 
     exact = call("auto")
     print(f"decode {args.batch} x {args.context} tokens, {HEADS}/{KV_HEADS} heads, "
-          f"head_dim {HEAD_DIM}; load {open('/proc/loadavg').read().split()[:3]}")
+          f"head_dim {HEAD_DIM}; load {_load()}")
     print(f"{'kv cache':<10} {'thr':>3} {'ms':>7} {'vs f32':>7} {'err':>8} {'tok/GiB':>9}")
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -128,7 +133,7 @@ def main() -> None:
             label = "float32" if name == "auto" else name
             print(f"{label:<10} {threads:>3} {ms:7.3f} {base / ms:6.2f}x {err:8.4f} "
                   f"{tokens_per_gib(name):>9}")
-    print(f"load after: {open('/proc/loadavg').read().split()[:3]}")
+    print(f"load after: {_load()}")
 
 
 if __name__ == "__main__":
