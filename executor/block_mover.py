@@ -12,12 +12,15 @@ import time
 import torch
 
 from folio.executor.kv_cache import KVCaches
+from folio.kernels.kv_quant import as_bytes
 
 
 class BlockMover:
     def __init__(self, device_caches: KVCaches, swap_caches: KVCaches) -> None:
-        self.device_caches = device_caches
-        self.swap_caches = swap_caches
+        # Whole rows move, whatever they hold (int8 rows carry their scales): float8 caches
+        # move as bytes, since torch's CPU index_copy_ has no float8.
+        self.device_caches = [(as_bytes(k), as_bytes(v)) for k, v in device_caches]
+        self.swap_caches = [(as_bytes(k), as_bytes(v)) for k, v in swap_caches]
 
     def apply(self, copies, swap_out, swap_in) -> None:
         if copies:

@@ -12,6 +12,7 @@ from folio.executor.grammar import GrammarMasks
 from folio.executor.input_batch import InputBatch
 from folio.executor.cpu_threads import apply_cpu_threads
 from folio.executor.kv_cache import allocate_kv_cache, allocate_swap_pool, bytes_per_block
+from folio.kernels.kv_quant import kv_storage_dtype
 from folio.executor.linear import PackedLinear, pack_linears
 from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
@@ -95,17 +96,23 @@ class Executor:
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.linear_backend = pack_linears(self.model, self.device, self.dtype,
                                            config.linear_backend, config.quantization)
-        self.bytes_per_block = bytes_per_block(self.model_config, config.block_size, self.dtype)
+        self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
+        if self.kv_dtype != self.dtype and self.ops.name == "triton":
+            raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype}: the Triton attention "
+                             "kernels read caches in the model's dtype only; use the cpu or "
+                             "torch attention backend, or kv_cache_dtype=auto")
+        self.bytes_per_block = bytes_per_block(self.model_config, config.block_size,
+                                               self.kv_dtype)
         self.num_kv_blocks = self._num_kv_blocks()
         if tp is not None:
             self.num_kv_blocks = tp.agree(self.num_kv_blocks)
         self.kv_caches = allocate_kv_cache(self.model_config, self.num_kv_blocks,
-                                           config.block_size, self.dtype, self.device)
+                                           config.block_size, self.kv_dtype, self.device)
         self.num_swap_blocks = self._num_swap_blocks()
         if tp is not None:
             self.num_swap_blocks = tp.agree(self.num_swap_blocks)
         self.swap_caches = allocate_swap_pool(self.model_config, self.num_swap_blocks,
-                                              config.block_size, self.dtype, self.device)
+                                              config.block_size, self.kv_dtype, self.device)
         self.mover = BlockMover(self.kv_caches, self.swap_caches)
         self.cost_model = self._measure_costs() if config.preemption_mode == "auto" else (0, 0)
         self.batch = self._new_batch()
@@ -117,9 +124,12 @@ class Executor:
             log.warning("longrope: a sequence passing %d tokens has its cached part recomputed "
                         "in place, so the scheduler shares no block through the prefix cache "
                         "(docs/models.md)", original)
-        log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens, %s kernels, "
-                 "%s linear layers%s", self.model_config.architecture, self.device, self.dtype,
-                 self.num_kv_blocks, config.block_size, self.ops.name, self.linear_backend,
+        log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens (%s KV, %d tokens "
+                 "per GiB), %s kernels, %s linear layers%s", self.model_config.architecture,
+                 self.device, self.dtype, self.num_kv_blocks, config.block_size,
+                 str(self.kv_dtype).removeprefix("torch."),
+                 2**30 * config.block_size // self.bytes_per_block, self.ops.name,
+                 self.linear_backend,
                  f", {self.cpu_threads} CPU threads" if self.cpu_threads else "")
 
     @property

@@ -74,10 +74,10 @@ class ModelConfig:
     def attention_scale(self) -> float:
         return self.query_scale if self.query_scale is not None else self.head_dim ** -0.5
 
-    def kv_block_bytes(self, block_size: int, element_bytes: int) -> int:
-        """One KV block: K and V of every layer, as executor/kv_cache.py lays them out."""
-        return (2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim
-                * element_bytes)
+    def kv_block_bytes(self, block_size: int, row_bytes: int) -> int:
+        """One KV block: K and V of every layer, as executor/kv_cache.py lays them out;
+        row_bytes: one (token, KV head) row (shared/kv_cache_dtype.py kv_row_bytes)."""
+        return 2 * self.num_layers * block_size * self.num_kv_heads * row_bytes
 
     def layer_window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None

@@ -69,6 +69,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
     if config.quantization != "none" and not executor_runs_on_cpu(config.device):
         raise SettingError("quantization", f"{config.quantization} weights run on the CPU "
                            f"executor only (the device is {config.device}: give --device cpu)")
+    _check_kv_cache_dtype(config)
     _check_cpu_memory(config)
     limit = model_config.context_limit
     if config.max_model_len is not None and config.max_model_len > limit:
@@ -81,6 +82,26 @@ def check_engine(config: EngineConfig) -> ModelConfig:
         max_model_len=config.max_model_len or limit, vocab_size=model_config.vocab_size,
         eos_token_ids=model_config.eos_token_ids))
     return model_config
+
+
+def _check_kv_cache_dtype(config: EngineConfig) -> None:
+    """A stored type the attention backend cannot read is refused here, not in the executor."""
+    name = config.kv_cache_dtype
+    if name == "auto":
+        return
+    triton = config.attention_backend == "triton" or (
+        config.attention_backend == "auto" and not executor_runs_on_cpu(config.device))
+    if triton:
+        raise SettingError("kv_cache_dtype", f"{name}: the Triton attention kernels (the GPU "
+                           "executor's) read caches in the model's dtype only; give "
+                           "--kv-cache-dtype auto, or --attention-backend cpu or torch")
+    if name.startswith("fp8_"):
+        import torch   # only for a float8 cache: is it in this build?
+
+        wanted = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}[name]
+        if getattr(torch, wanted, None) is None:
+            raise SettingError("kv_cache_dtype", f"{name}: torch {torch.__version__} has no "
+                               f"{wanted}; give int8 or bfloat16")
 
 
 def _check_cpu_memory(config: EngineConfig) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from folio.sim_inputs import Machine, TraceRequest, load_trace
 from folio.simulate import Run, compare, simulate
 from folio.shared.config import PREEMPTION_MODES
+from folio.shared.kv_cache_dtype import QUANTIZED_KV_CACHE_DTYPES, element_row_bytes
 from folio.shared.settings import Checked, above, at_least, optional, positive_int, setting
 
 
@@ -88,14 +89,18 @@ def plot(runs: list[Run], directory: Path, block_size: int) -> list[Path]:
     return written
 
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# The stored KV types: the model dtypes and --kv-cache-dtype's (shared/kv_cache_dtype.py).
+KV_DTYPES = ("float32", "float16", "bfloat16", *QUANTIZED_KV_CACHE_DTYPES)
 
 
 def blocks_in_memory(model, gib: float, block_size: int, dtype: str | None = None) -> int:
     """KV blocks of `model` (an executor ModelConfig) in `gib` GiB: K and V per layer, as
-    executor/kv_cache.py lays them out."""
-    element = DTYPE_BYTES.get(dtype or model.torch_dtype, 4)
-    return int(gib * 2**30 // model.kv_block_bytes(block_size, element))
+    executor/kv_cache.py lays them out (int8 rows with their scales)."""
+    stored = dtype or model.torch_dtype
+    if stored not in KV_DTYPES:
+        stored = "float32"
+    row_bytes = element_row_bytes(stored, model.head_dim)
+    return int(gib * 2**30 // model.kv_block_bytes(block_size, row_bytes))
 
 
 def _model_config(path: str):
@@ -123,8 +128,9 @@ class SimulateSettings(Checked):
                                        check=optional(above(0, " GiB")))
     model: str | None = setting(None, "checkpoint directory (its config.json) for "
                                 "--gpu-memory, and the default --max-model-len")
-    kv_dtype: str | None = setting(None, "KV element type (default: the model's dtype)",
-                                   choices=tuple(sorted(DTYPE_BYTES)))
+    kv_dtype: str | None = setting(None, "KV element type (default: the model's dtype); "
+                                   "int8 and fp8_* as --kv-cache-dtype stores them",
+                                   choices=KV_DTYPES)
     block_size: int = setting(16, "tokens per simulated KV block", check=positive_int)
     max_model_len: int | None = setting(None, "context limit (default: the model's, else "
                                         "2048)", check=optional(positive_int))

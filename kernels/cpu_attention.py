@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "cpu" / "paged_attention.cpp"
-SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp")
+SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp",
+           Path(__file__).parent / "cpu" / "kv_write.cpp")
 HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",)   # hashed with the sources
 # -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
 # already loaded). ISO C++ mode turns FMA contraction off; the kernel wants it.
@@ -129,7 +130,8 @@ def paged_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor,
                         out: torch.Tensor | None = None, *, window: int | None = None,
                         softcap: float | None = None) -> torch.Tensor:
     """Same meaning as reference.paged_attention_ref (window and softcap included; blocks
-    wholly before a query's window are skipped, not read); float32 or bfloat16 CPU tensors."""
+    wholly before a query's window are skipped, not read); float32 or bfloat16 CPU queries;
+    the caches in the query's dtype, bfloat16, int8 or float8 (kernels/kv_quant.py)."""
     from folio.kernels.reference import check_attention_options
 
     check_attention_options(window, softcap)

@@ -45,7 +45,15 @@ def silu_and_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
 def reshape_and_cache_cpu(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                           value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """As reshape_and_cache_ref: one copy per token where the layouts allow (each token's
-    heads contiguous, the caches contiguous, one dtype), else the reference."""
+    heads contiguous, the caches contiguous, one dtype), one quantizing pass per token into
+    an int8 / float8 / bfloat16 cache (kernels/cpu/kv_write.cpp), else the reference."""
+    if (key_cache.dtype in _STORED and key.dtype in (torch.float32, torch.bfloat16)
+            and key.dtype == value.dtype and value_cache.dtype == key_cache.dtype
+            and key.dtype != key_cache.dtype and _heads_packed(key) and _heads_packed(value)
+            and key_cache.is_contiguous() and value_cache.is_contiguous()):
+        torch.ops.folio.quantize_and_cache(key, value, key_cache, value_cache,
+                                           slot_mapping.contiguous())
+        return
     if (key.dtype != key_cache.dtype or value.dtype != value_cache.dtype
             or not _heads_packed(key) or not _heads_packed(value)
             or not key_cache.is_contiguous() or not value_cache.is_contiguous()):
@@ -53,6 +61,10 @@ def reshape_and_cache_cpu(key: torch.Tensor, value: torch.Tensor, key_cache: tor
         return
     torch.ops.folio.reshape_and_cache(key, value, key_cache, value_cache,
                                       slot_mapping.contiguous())
+
+
+# Cache types the C++ write quantizes into (kernels/kv_quant.py's rows).
+_STORED = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16)
 
 
 def _heads_packed(rows: torch.Tensor) -> bool:

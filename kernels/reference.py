@@ -12,17 +12,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from folio.kernels.kv_quant import as_bytes, dequantize_rows, quantize_rows
+
 
 def reshape_and_cache_ref(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                           value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write key/value [T, Hkv, D] into caches [N, B, Hkv, D] at flat slots; skip slots < 0."""
-    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    """Write key/value [T, Hkv, D] into caches [N, B, Hkv, W] at flat slots; skip slots < 0.
+    A quantized cache (kernels/kv_quant.py) gets quantized rows (W = D + 2 for int8)."""
+    num_kv_heads, width = key_cache.shape[2], key_cache.shape[3]
     slots = slot_mapping.long()
     keep = slots >= 0
     if not bool(keep.all()):
         slots, key, value = slots[keep], key[keep], value[keep]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key.to(key_cache.dtype))
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value.to(value_cache.dtype))
+    for rows, cache in ((key, key_cache), (value, value_cache)):
+        as_bytes(cache).view(-1, num_kv_heads, width).index_copy_(
+            0, slots, as_bytes(quantize_rows(rows, cache.dtype)))
 
 
 @dataclass(frozen=True)
@@ -212,12 +216,15 @@ def _attend(q, k, v, mask, scale, softcap, is_causal=False) -> torch.Tensor:
 
 def _decode_attention(query, key_cache, value_cache, group: DecodeGroup, scale, softcap,
                       out) -> None:
-    _, _, num_kv_heads, head_dim = key_cache.shape
+    _, _, num_kv_heads, width = key_cache.shape
+    head_dim = query.shape[-1]
     shape = (*group.slots.shape, num_kv_heads, head_dim)
     flat_slots = group.slots.reshape(-1)
     # index_select copies whole rows and is several times faster than advanced indexing.
-    k = key_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots)
-    v = value_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots)
+    k = dequantize_rows(key_cache.view(-1, num_kv_heads, width).index_select(0, flat_slots),
+                        head_dim)
+    v = dequantize_rows(value_cache.view(-1, num_kv_heads, width).index_select(0, flat_slots),
+                        head_dim)
     k = k.view(shape).transpose(1, 2)                                    # [G, Hkv, L, D]
     v = v.view(shape).transpose(1, 2)
     q = query[group.tokens]                                                     # [G, H, D]
@@ -231,8 +238,10 @@ def _decode_attention(query, key_cache, value_cache, group: DecodeGroup, scale, 
 
 def _chunk_attention(query, key_cache, value_cache, block_table, start, q_len, seq_len,
                      first_key, mask, scale, softcap, out) -> None:
-    k = _gather_context(key_cache, block_table, seq_len, first_key).transpose(0, 1)[None]
-    v = _gather_context(value_cache, block_table, seq_len, first_key).transpose(0, 1)[None]
+    head_dim = query.shape[-1]
+    k = dequantize_rows(_gather_context(key_cache, block_table, seq_len, first_key), head_dim)
+    v = dequantize_rows(_gather_context(value_cache, block_table, seq_len, first_key), head_dim)
+    k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     q = query[start:start + q_len].transpose(0, 1)[None]                          # [1,H,Q,D]
     groups = q.shape[1] // k.shape[1]
     if groups > 1:

@@ -340,8 +340,10 @@ class SchedulerService:
         link.attach(identity, pid, capacity, ranks)
         self.steps.restart()   # a new scheduler counts from 0
         self.scheduler = Scheduler(config, self._new_kv_event_log(capacity.block_size))
-        log.info("executor %d attached: %d KV blocks of %d tokens, max_model_len %d", pid,
-                 capacity.num_kv_blocks, capacity.block_size, capacity.max_model_len)
+        log.info("executor %d attached: %d KV blocks of %d tokens%s, max_model_len %d", pid,
+                 capacity.num_kv_blocks, capacity.block_size,
+                 f" ({2**30 * capacity.block_size // capacity.bytes_per_block} tokens per GiB)"
+                 if capacity.bytes_per_block else "", capacity.max_model_len)
         pool = capacity.num_kv_blocks * capacity.block_size
         if pool < capacity.max_model_len:   # e.g. --num-kv-blocks 1: said, not silent
             log.warning("the KV pool holds %d tokens, fewer than max_model_len %d: requests "

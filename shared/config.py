@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from folio.shared.kv_cache_dtype import KV_CACHE_DTYPES
 from folio.shared.settings import (SettingError, at_least, check_fields, fraction,
                                    non_negative_int, optional, positive_int, power_of_two,
                                    above, setting)
@@ -92,6 +93,11 @@ class EngineConfig(SchedulingPolicy):
     max_model_len: int | None = setting(None, "context limit in tokens (default: the "
                                         "model's max_position_embeddings)",
                                         check=optional(positive_int))
+    kv_cache_dtype: str = setting(
+        "auto", "KV cache element type; auto: the model's dtype. int8: each (token, KV head) "
+        "row as int8 with a float16 scale (1.94x the tokens per GiB of bfloat16 at head_dim "
+        "64); fp8_*: float8 (2x). Not with the Triton kernels (docs/cpu.md)",
+        choices=KV_CACHE_DTYPES)
     swap_space: float = setting(1.0, "GiB of CPU swap pool, when preemption may swap",
                                 check=at_least(0, " GiB"))
     num_swap_blocks: int | None = setting(None, "CPU swap blocks (default: from swap-space)",

@@ -8,6 +8,11 @@
 // row serves its whole GQA group. Online softmax per row in float32, over tiles of kKeyTile
 // context positions. Prompt chunks transpose each key tile and take rows that see the same
 // columns kBlockRows at a time, sharing the loads, bit-identical to one row at a time.
+//
+// The cache may be stored in another type than the query (kernels/kv_quant.py): bfloat16,
+// float8 (widened in registers) or int8 rows with a float16 scale after their head_dim
+// values. A row's scale factors out of its dot and its value's weight: keys' scales multiply
+// their scores, values' scales their probabilities, so no block is ever copied to float.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -322,9 +327,9 @@ inline void accumulate_block(float* const* acc, const float* const* p, const T* 
 // are a broadcast-FMA over the tile's positions instead of one horizontal sum per key.
 constexpr int64_t kTransposeRows = 16;   // measured: dots win for decodes up to group 8
 
-template <typename T, int kD>
-void run_item(const Item& item, const Args& a, const Rows<const T>& query, const T* key_cache,
-              const T* value_cache, const Rows<T>& out, std::vector<float>& buffer) {
+template <typename T, typename C, int kD>
+void run_item(const Item& item, const Args& a, const Rows<const T>& query, const C* key_cache,
+              const C* value_cache, const Rows<T>& out, std::vector<float>& buffer) {
   const int64_t D = kD > 0 ? kD : a.head_dim;
   const int64_t H = a.heads, G = a.heads / a.kv_heads;
   const int64_t tokens = item.q_end - item.q_begin, rows = tokens * H;
@@ -352,12 +357,13 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   // The first position the item's first row sees: earlier blocks may have been freed.
   const int64_t first_key =
       a.window > 0 ? std::max<int64_t>(0, first_pos + item.q_begin + 1 - a.window) : 0;
-  const int64_t position_bytes = a.kv_heads * D * static_cast<int64_t>(sizeof(T));
+  const int64_t position_bytes = a.kv_heads * a.cache_s2 * static_cast<int64_t>(sizeof(C));
   auto position_offset = [&](int64_t p) {
     return table[p / a.block_size] * a.cache_s0 + (p % a.block_size) * a.cache_s1;
   };
-  const T* keys[kKeyTile];
-  const T* values[kKeyTile];
+  const C* keys[kKeyTile];
+  const C* values[kKeyTile];
+  float key_scales[kKeyTile], value_scales[kKeyTile];   // int8 rows' (kScaledRows<C>)
   // Tiles end at multiples of kKeyTile whatever first_key is (a window's first tile is
   // partial): a row's tiles, and so its rounding, do not depend on where its item starts.
   for (int64_t p0 = first_key, next = 0; p0 < context; p0 = next) {
@@ -379,12 +385,32 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
     }
     for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
       const int64_t head_offset = kv * a.cache_s2;
-      if (transpose) {
+      if constexpr (kScaledRows<C>) {
         for (int64_t j = 0; j < n; ++j) {
-          const T* k = keys[j] + head_offset;
-          for (int64_t d = 0; d < D; ++d) keys_t[d * kKeyTile + j] = load(k[d]);
+          key_scales[j] = row_scale(keys[j] + head_offset, D);
+          value_scales[j] = row_scale(values[j] + head_offset, D);
         }
       }
+      if (transpose) {
+        for (int64_t j = 0; j < n; ++j) {
+          const C* k = keys[j] + head_offset;
+          const float ks = row_scale(k, D);
+          for (int64_t d = 0; d < D; ++d) keys_t[d * kKeyTile + j] = load(k[d]) * ks;
+        }
+      }
+      // Int8 rows: scores [lo, hi) times their keys' scales (before soft-capping).
+      auto scale_scores = [&](float* row_scores, int64_t lo, int64_t hi) {
+        if constexpr (kScaledRows<C>) {
+          for (int64_t j = lo; j < hi; ++j) row_scores[j] *= key_scales[j];
+        }
+      };
+      // Int8 rows: probabilities [lo, hi) times their values' scales, once the row's sum
+      // has them (softmax_row), so they only weight the values.
+      auto scale_probabilities = [&](float* probs, int64_t lo, int64_t hi) {
+        if constexpr (kScaledRows<C>) {
+          for (int64_t j = lo; j < hi; ++j) probs[j] *= value_scales[j];
+        }
+      };
       // A row's scores [lo, hi) -> probabilities, rescaling its running sum and accumulator.
       auto softmax_row = [&](int64_t r, float* row_scores, int64_t lo, int64_t hi) {
         if (a.softcap > 0.0f) {
@@ -440,9 +466,10 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
             const float* probs[kBlockRows];
             for (int b = 0; b < kBlockRows; ++b) {
               softmax_row(block_r[b], row_scores[b], lo, hi);
+              scale_probabilities(row_scores[b], lo, hi);
               probs[b] = row_scores[b] + lo;
             }
-            accumulate_block<T, kD>(accs, probs, values + lo, head_offset, hi - lo);
+            accumulate_block<C, kD>(accs, probs, values + lo, head_offset, hi - lo);
             t = tt;
             g = gg;
             rows_left -= kBlockRows;
@@ -465,17 +492,19 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
             int64_t j = lo;
             if constexpr (kD > 0) {
               for (; j + 4 <= hi; j += 4) {
-                const Vec4 four = hsum4(dot_lanes<T, kD>(qr, keys[j] + head_offset),
-                                        dot_lanes<T, kD>(qr, keys[j + 1] + head_offset),
-                                        dot_lanes<T, kD>(qr, keys[j + 2] + head_offset),
-                                        dot_lanes<T, kD>(qr, keys[j + 3] + head_offset));
+                const Vec4 four = hsum4(dot_lanes<C, kD>(qr, keys[j] + head_offset),
+                                        dot_lanes<C, kD>(qr, keys[j + 1] + head_offset),
+                                        dot_lanes<C, kD>(qr, keys[j + 2] + head_offset),
+                                        dot_lanes<C, kD>(qr, keys[j + 3] + head_offset));
                 std::memcpy(scores + j, &four, sizeof four);
               }
             }
-            for (; j < hi; ++j) scores[j] = dot<T, kD>(qr, keys[j] + head_offset, D);
+            for (; j < hi; ++j) scores[j] = dot<C, kD>(qr, keys[j] + head_offset, D);
+            scale_scores(scores, lo, hi);
           }
           softmax_row(r, scores, lo, hi);
-          accumulate<T, kD>(acc + r * D, scores + lo, values + lo, head_offset, visible, D);
+          scale_probabilities(scores, lo, hi);
+          accumulate<C, kD>(acc + r * D, scores + lo, values + lo, head_offset, visible, D);
         }
       }
     }
@@ -514,16 +543,26 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   const auto dtype = query.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
               "query must be float32 or bfloat16, got ", dtype);
-  TORCH_CHECK(key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype &&
-                  out.scalar_type() == dtype,
-              "query, key_cache, value_cache and out must share a dtype");
+  const auto cache_dtype = key_cache.scalar_type();
+  TORCH_CHECK(out.scalar_type() == dtype, "query and out must share a dtype");
+  TORCH_CHECK(value_cache.scalar_type() == cache_dtype,
+              "key_cache and value_cache must share a dtype");
+  TORCH_CHECK(cache_dtype == dtype || cache_dtype == at::kBFloat16 || cache_dtype == at::kChar ||
+                  cache_dtype == at::kFloat8_e4m3fn || cache_dtype == at::kFloat8_e5m2,
+              "the cache must be stored as the query's dtype, bfloat16, int8 or float8 "
+              "(e4m3fn, e5m2), got ", cache_dtype);
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
                   value_cache.strides() == key_cache.strides(),
               "key_cache and value_cache must be [num_blocks, block_size, kv_heads, head_dim] "
               "with the same layout");
   TORCH_CHECK(key_cache.stride(3) == 1, "caches must have a packed last dimension");
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2);
-  const int64_t head_dim = key_cache.size(3), heads = query.size(1);
+  const int64_t head_dim = query.size(2), heads = query.size(1);
+  // int8 rows end with their float16 scale (kernels/kv_quant.py).
+  const int64_t row_width = head_dim + (cache_dtype == at::kChar ? 2 : 0);
+  TORCH_CHECK(key_cache.size(3) == row_width, "the cache's rows must be ", row_width,
+              " wide for head_dim ", head_dim, " and a ", cache_dtype, " cache, got ",
+              key_cache.size(3));
   check_rows(query, "query", heads, head_dim);
   check_rows(out, "out", heads, head_dim);
   TORCH_CHECK(out.size(0) == query.size(0), "out must have query's shape");
@@ -570,33 +609,45 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   // Longest first, handed out one at a time: uneven items still balance across threads.
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& x, const Item& y) { return x.cost > y.cost; });
-  auto launch = [&](auto tag, auto fixed_dim) {
+  auto launch = [&](auto tag, auto cache_tag, auto fixed_dim) {
     using T = decltype(tag);
+    using C = decltype(cache_tag);
     constexpr int kD = decltype(fixed_dim)::value;
     const Rows<const T> q{query.data_ptr<T>(), query.stride(0), query.stride(1)};
     const Rows<T> o{out.data_ptr<T>(), out.stride(0), out.stride(1)};
-    const T* kc = key_cache.data_ptr<T>();
-    const T* vc = value_cache.data_ptr<T>();
+    const C* kc = static_cast<const C*>(key_cache.data_ptr());
+    const C* vc = static_cast<const C*>(value_cache.data_ptr());
     const int64_t n_items = static_cast<int64_t>(items.size());
     std::atomic<int64_t> next{0};
     at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_items), 1,
                      [&](int64_t, int64_t) {
                        std::vector<float> buffer;
                        for (int64_t i = next++; i < n_items; i = next++)
-                         run_item<T, kD>(items[i], a, q, kc, vc, o, buffer);
+                         run_item<T, C, kD>(items[i], a, q, kc, vc, o, buffer);
                      });
   };
-  auto by_dim = [&](auto tag) {
+  auto by_dim = [&](auto tag, auto cache_tag) {
     switch (head_dim) {
-      case 64: return launch(tag, std::integral_constant<int, 64>{});
-      case 128: return launch(tag, std::integral_constant<int, 128>{});
-      case 32: return launch(tag, std::integral_constant<int, 32>{});
-      case 96: return launch(tag, std::integral_constant<int, 96>{});
-      default: return launch(tag, std::integral_constant<int, 0>{});
+      case 64: return launch(tag, cache_tag, std::integral_constant<int, 64>{});
+      case 128: return launch(tag, cache_tag, std::integral_constant<int, 128>{});
+      case 32: return launch(tag, cache_tag, std::integral_constant<int, 32>{});
+      case 96: return launch(tag, cache_tag, std::integral_constant<int, 96>{});
+      default: return launch(tag, cache_tag, std::integral_constant<int, 0>{});
     }
   };
-  if (dtype == at::kFloat) by_dim(float{});
-  else by_dim(c10::BFloat16{});
+  auto by_cache = [&](auto tag) {
+    using T = decltype(tag);
+    switch (cache_dtype) {
+      case at::kChar: return by_dim(tag, int8_t{});
+      case at::kFloat8_e4m3fn: return by_dim(tag, c10::Float8_e4m3fn{});
+      case at::kFloat8_e5m2: return by_dim(tag, c10::Float8_e5m2{});
+      case at::kBFloat16: return by_dim(tag, c10::BFloat16{});
+      default:
+        if constexpr (std::is_same_v<T, float>) return by_dim(tag, float{});
+    }
+  };
+  if (dtype == at::kFloat) by_cache(float{});
+  else by_cache(c10::BFloat16{});
 }
 
 }  // namespace

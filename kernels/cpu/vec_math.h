@@ -3,6 +3,13 @@
 #pragma once
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Half.h>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -18,6 +25,12 @@ inline float load(c10::BFloat16 x) {
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+
+// Quantized KV cache elements (kernels/kv_quant.py): int8 (its row's scale applied by the
+// caller) and float8, whose bits are widened in registers (see load_vec below).
+inline float load(int8_t x) { return static_cast<float>(x); }
+inline float load(c10::Float8_e4m3fn x) { return static_cast<float>(x); }
+inline float load(c10::Float8_e5m2 x) { return static_cast<float>(x); }
 
 // One vector register of floats: 16 with AVX-512, 8 with AVX, else 4. (Wider-than-register
 // generic vectors make GCC scalarize conversions and selects.)
@@ -77,5 +90,72 @@ inline Vec load_vec(const c10::BFloat16* p) {
   std::memcpy(&v, &w, sizeof v);
   return v;
 }
+
+typedef uint32_t WordVec __attribute__((vector_size(kLanes * 4)));
+
+// kLanes bytes widened to 32-bit lanes, sign- or zero-extended. GCC 12 scalarizes
+// __builtin_convertvector from a byte vector (a load took 2.5x float32's time), so the
+// x86 widening instructions are named where the build has them.
+template <bool kSigned>
+inline IntVec widen_bytes(const void* p) {
+#if FOLIO_LANES == 16
+  const __m128i b = _mm_loadu_si128(static_cast<const __m128i*>(p));
+  return reinterpret_cast<IntVec>(kSigned ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+#elif FOLIO_LANES == 8 && defined(__AVX2__)
+  const __m128i b = _mm_loadl_epi64(static_cast<const __m128i*>(p));
+  return reinterpret_cast<IntVec>(kSigned ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+#else
+  IntVec w;
+  for (int i = 0; i < kLanes; ++i)
+    w[i] = kSigned ? static_cast<const int8_t*>(p)[i] : static_cast<const uint8_t*>(p)[i];
+  return w;
+#endif
+}
+
+inline Vec load_vec(const int8_t* p) { return __builtin_convertvector(widen_bytes<true>(p), Vec); }
+
+// A float8 with kExp exponent bits (bias 2^(kExp-1) - 1) and 7 - kExp mantissa bits. A
+// normal one's magnitude bits, shifted into a float's exponent and mantissa fields with the
+// bias difference added, are its float; a subnormal (exponent 0) is its mantissa times
+// 2^(1 - bias - mantissa bits), computed as such (rebiasing by a multiply would make float
+// denormals, which cost a microcode assist per vector). Inf/NaN are never written.
+template <int kExp>
+inline Vec load_fp8_vec(const void* p) {
+  constexpr int kMantissa = 7 - kExp;
+  constexpr int kBias = (1 << (kExp - 1)) - 1;
+  const IntVec w = widen_bytes<false>(p);
+  const IntVec magnitude = w & 0x7F;
+  const IntVec normal_bits = (magnitude << (23 - kMantissa)) + ((127 - kBias) << 23);
+  Vec normal;
+  std::memcpy(&normal, &normal_bits, sizeof normal);
+  const float step = 1.0f / static_cast<float>(1 << (kBias - 1 + kMantissa));   // 2^(1-bias-m)
+  const Vec subnormal = __builtin_convertvector(magnitude, Vec) * step;
+  const Vec v = magnitude < (1 << kMantissa) ? subnormal : normal;
+  IntVec bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits |= (w & 0x80) << 24;
+  Vec out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+inline Vec load_vec(const c10::Float8_e4m3fn* p) { return load_fp8_vec<4>(p); }
+inline Vec load_vec(const c10::Float8_e5m2* p) { return load_fp8_vec<5>(p); }
+
+// The factor a cache row's values are multiplied by: the float16 after an int8 row's
+// head_dim values, 1 for every other element type (the compiler drops the multiply).
+template <typename C>
+inline float row_scale(const C* row, int64_t head_dim) {
+  if constexpr (std::is_same_v<C, int8_t>) {
+    uint16_t bits;
+    std::memcpy(&bits, row + head_dim, sizeof bits);
+    return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+  } else {
+    (void)row;
+    (void)head_dim;
+    return 1.0f;
+  }
+}
+template <typename C>
+constexpr bool kScaledRows = std::is_same_v<C, int8_t>;
 
 }  // namespace folio_cpu
