@@ -1,0 +1,157 @@
+"""The plan hop from rank 0 to the ranks on other nodes: TCP with CURVE.
+
+Rank 0 binds one ROUTER on master_addr:(master_port + 1); each rank on another node
+connects a DEALER, says hello (its pid and its engine settings), and then receives every
+scheduler message rank 0 passes on. Both ends authenticate with the executor keypair every
+executor of the deployment already holds (`folio keys`: executor.key, admitted by
+authorized_executors/): rank 0 is the CURVE server with it, the other ranks connect with
+it, so only a holder of the executor secret can take or send plans.
+
+A lost link ends the group: rank 0 sees the disconnect (a closed connection at once, a
+silent peer after the ZeroMQ heartbeat timeout) and so does a remote rank, which exits; its
+node starts it again (executor/tp_headless.py) and it rejoins the next group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+
+import zmq
+
+from folio.shared.config import EngineConfig
+from folio.shared.security import EXECUTOR, load_keys, make_client, start_authenticator, \
+    stop_authenticator, zap_domain
+from folio.shared.transport import DOWN_EVENTS, UP_EVENTS, configure, monitor_socket, \
+    read_monitor_event
+
+# Settings that may differ between nodes: paths, this node's index, its threads.
+NODE_OWN = ("model", "tokenizer", "node_rank", "cpu_threads")
+
+
+def plan_address(engine: EngineConfig) -> str:
+    return f"tcp://{socket.gethostbyname(engine.master_addr)}:{engine.master_port + 1}"
+
+
+def group_settings(engine: EngineConfig) -> dict:
+    """The engine settings every node of a group must agree on."""
+    return {k: v for k, v in asdict(engine).items() if k not in NODE_OWN}
+
+
+def _curve(sock: zmq.Socket, keys_dir: str | None, server: bool) -> zmq.Socket:
+    if keys_dir is None:
+        return sock
+    keys = load_keys(keys_dir, peer=EXECUTOR)
+    if server:
+        sock.setsockopt(zmq.ZAP_DOMAIN, zap_domain(EXECUTOR))
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        sock.curve_secretkey = keys.client_secret
+        sock.curve_publickey = keys.client_public
+        sock.curve_server = True
+        return sock
+    return make_client(sock, keys.client_public, keys.client_public, keys.client_secret)
+
+
+class RemotePlans:
+    """Rank 0's end: the ROUTER the other nodes' ranks connect to."""
+
+    def __init__(self, engine: EngineConfig, remote_ranks: tuple[int, ...],
+                 keys_dir: str | None) -> None:
+        self.engine = engine
+        self.remote_ranks = remote_ranks
+        self.ctx = zmq.Context()
+        self.auth = start_authenticator(self.ctx, load_keys(keys_dir, peer=EXECUTOR),
+                                        serves=(EXECUTOR,)) if keys_dir else None
+        self.sock = _curve(configure(self.ctx.socket(zmq.ROUTER)), keys_dir, server=True)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a gone peer raises, not drops
+        self.monitor = monitor_socket(self.sock)
+        self.address = plan_address(engine)
+        self.sock.bind(self.address)
+        self.peers: dict[int, tuple[bytes, int]] = {}   # rank: (identity, pid)
+        self.lost: str | None = None
+
+    def wait_joined(self, timeout_s: float, check: Callable[[], None]) -> None:
+        """Until every remote rank has said hello (they are past the rendezvous, so they
+        connect within moments); `check` raises when a local rank died meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.peers) < len(self.remote_ranks):
+            check()
+            if time.monotonic() > deadline:
+                missing = sorted(set(self.remote_ranks) - set(self.peers))
+                raise ConnectionError(f"tensor-parallel ranks {missing} joined the group but "
+                                      f"never reached {self.address} (the plan hop)")
+            if not self.sock.poll(100):
+                continue
+            identity, pid, settings = self.sock.recv_multipart()
+            rank = int(identity.decode().removeprefix("rank-"))
+            theirs, ours = json.loads(settings), group_settings(self.engine)
+            differ = sorted(k for k in ours if theirs.get(k) != ours[k])
+            if differ:
+                raise ValueError(f"tensor-parallel rank {rank} runs other engine settings "
+                                 "than rank 0: " + ", ".join(
+                                     f"{k}={theirs.get(k)!r} there, {ours[k]!r} here"
+                                     for k in differ))
+            self.peers[rank] = (identity, int(pid))
+
+    @property
+    def pids(self) -> dict[int, int]:
+        return {rank: pid for rank, (_, pid) in self.peers.items()}
+
+    def down(self) -> str | None:
+        """Why the hop to another node is down, once a link to it was lost."""
+        while self.lost is None and self.monitor.poll(0):
+            if read_monitor_event(self.monitor) & DOWN_EVENTS:
+                self.lost = (f"the link to tensor-parallel ranks {list(self.remote_ranks)} "
+                             f"on other nodes was lost ({self.address})")
+        return self.lost
+
+    def send(self, data: bytes) -> None:
+        for rank, (identity, _) in self.peers.items():
+            try:
+                self.sock.send_multipart([identity, data], copy=False)
+            except zmq.ZMQError as error:
+                self.lost = f"tensor-parallel rank {rank} is unreachable ({error})"
+                raise ConnectionError(self.lost) from None
+
+    def close(self) -> None:
+        self.monitor.close(0)
+        self.sock.close(0)
+        stop_authenticator(self.auth)
+        self.ctx.term()
+
+
+class PlanReceiver:
+    """A rank on another node: its link to rank 0's ROUTER."""
+
+    def __init__(self, address: str, rank: int, engine: EngineConfig,
+                 keys_dir: str | None) -> None:
+        self.ctx = zmq.Context()
+        self.sock = _curve(configure(self.ctx.socket(zmq.DEALER)), keys_dir, server=False)
+        self.sock.setsockopt(zmq.IDENTITY, f"rank-{rank}".encode())
+        self.monitor = monitor_socket(self.sock)
+        self.sock.connect(address)
+        self.address = address
+        self.up = False
+        # Queued until the handshake: rank 0 reads it once past the rendezvous.
+        self.sock.send_multipart([str(os.getpid()).encode(),
+                                  json.dumps(group_settings(engine)).encode()])
+
+    def recv(self) -> bytes:
+        """The next message from rank 0; ConnectionError once its link is lost."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll())
+            if self.monitor in events:
+                event = read_monitor_event(self.monitor)
+                if event & UP_EVENTS:
+                    self.up = True
+                elif event & DOWN_EVENTS and self.up:
+                    raise ConnectionError(f"lost the link to rank 0 at {self.address}")
+            if self.sock in events:
+                return self.sock.recv()
