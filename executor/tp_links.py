@@ -7,27 +7,47 @@ executor of the deployment already holds (`folio keys`: executor.key, admitted b
 authorized_executors/): rank 0 is the CURVE server with it, the other ranks connect with
 it, so only a holder of the executor secret can take or send plans.
 
-A lost link ends the group: rank 0 sees the disconnect (a closed connection at once, a
-silent peer after the ZeroMQ heartbeat timeout) and so does a remote rank, which exits; its
-node starts it again (executor/tp_headless.py) and it rejoins the next group.
+A lost link ends the group: a watcher thread at each end sees the disconnect (a closed
+connection at once, a silent peer after the ZeroMQ heartbeat timeout, ~1 s). Rank 0's main
+thread then fails the step and stops the group; if it does not within STUCK_S, it is inside
+a collective that waits for the lost node (gloo and NCCL wait as long as the group may be
+idle), and the watcher ends the process, which the scheduler sees at once. A remote rank
+exits at once; its node starts it again (executor/tp_headless.py) and it rejoins the next
+group.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 
 import zmq
-
 from folio.shared.config import EngineConfig
-from folio.shared.security import EXECUTOR, load_keys, make_client, start_authenticator, \
-    stop_authenticator, zap_domain
-from folio.shared.transport import DOWN_EVENTS, UP_EVENTS, configure, monitor_socket, \
-    read_monitor_event
+from folio.shared.security import (
+    EXECUTOR,
+    load_keys,
+    make_client,
+    start_authenticator,
+    stop_authenticator,
+    zap_domain,
+)
+from folio.shared.transport import (
+    DOWN_EVENTS,
+    UP_EVENTS,
+    configure,
+    monitor_socket,
+    read_monitor_event,
+)
+
+log = logging.getLogger("folio.executor")
+
+STUCK_S = 5.0
 
 # Settings that may differ between nodes: paths, this node's index, its threads.
 NODE_OWN = ("model", "tokenizer", "node_rank", "cpu_threads")
@@ -73,6 +93,9 @@ class RemotePlans:
         self.sock.bind(self.address)
         self.peers: dict[int, tuple[bytes, int]] = {}   # rank: (identity, pid)
         self.lost: str | None = None
+        self.closing = threading.Event()
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        self.watcher.start()
 
     def wait_joined(self, timeout_s: float, check: Callable[[], None]) -> None:
         """Until every remote rank has said hello (they are past the rendezvous, so they
@@ -103,11 +126,17 @@ class RemotePlans:
 
     def down(self) -> str | None:
         """Why the hop to another node is down, once a link to it was lost."""
-        while self.lost is None and self.monitor.poll(0):
-            if read_monitor_event(self.monitor) & DOWN_EVENTS:
-                self.lost = (f"the link to tensor-parallel ranks {list(self.remote_ranks)} "
-                             f"on other nodes was lost ({self.address})")
         return self.lost
+
+    def _watch(self) -> None:
+        if not _watch_links(self.monitor, self.closing):
+            return
+        self.lost = (f"the link to tensor-parallel ranks {list(self.remote_ranks)} on other "
+                     f"nodes was lost ({self.address})")
+        if not self.closing.wait(STUCK_S):
+            log.error("%s, and rank 0 is stuck in a collective waiting for them: exiting",
+                      self.lost)
+            os._exit(1)
 
     def send(self, data: bytes) -> None:
         for rank, (identity, _) in self.peers.items():
@@ -118,6 +147,8 @@ class RemotePlans:
                 raise ConnectionError(self.lost) from None
 
     def close(self) -> None:
+        self.closing.set()
+        self.watcher.join()
         self.monitor.close(0)
         self.sock.close(0)
         stop_authenticator(self.auth)
@@ -135,23 +166,29 @@ class PlanReceiver:
         self.monitor = monitor_socket(self.sock)
         self.sock.connect(address)
         self.address = address
-        self.up = False
+        threading.Thread(target=self._watch, daemon=True).start()
         # Queued until the handshake: rank 0 reads it once past the rendezvous.
         self.sock.send_multipart([str(os.getpid()).encode(),
                                   json.dumps(group_settings(engine)).encode()])
 
     def recv(self) -> bytes:
-        """The next message from rank 0; ConnectionError once its link is lost."""
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.monitor, zmq.POLLIN)
-        while True:
-            events = dict(poller.poll())
-            if self.monitor in events:
-                event = read_monitor_event(self.monitor)
-                if event & UP_EVENTS:
-                    self.up = True
-                elif event & DOWN_EVENTS and self.up:
-                    raise ConnectionError(f"lost the link to rank 0 at {self.address}")
-            if self.sock in events:
-                return self.sock.recv()
+        return self.sock.recv()
+
+    def _watch(self) -> None:
+        """Rank 0 gone: this rank ends (waiting for a plan or inside a collective alike)."""
+        if _watch_links(self.monitor, threading.Event()):
+            log.error("lost the link to rank 0 at %s: this rank ends", self.address)
+            os._exit(1)
+
+
+def _watch_links(monitor: zmq.Socket, closing: threading.Event) -> bool:
+    """True once a link that was up went down; False when `closing` was set first."""
+    up = False
+    while not closing.is_set():
+        if not monitor.poll(100):
+            continue
+        event = read_monitor_event(monitor)
+        up = up or bool(event & UP_EVENTS)
+        if up and event & DOWN_EVENTS:
+            return True
+    return False

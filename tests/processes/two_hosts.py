@@ -27,6 +27,12 @@ ADDRESSES = ("10.77.0.1", "10.77.0.2")
 @dataclass(frozen=True)
 class Hosts:
     names: tuple[str, str]   # the namespaces
+    links: tuple[str, str]   # each one's end of the veth pair
+
+    def set_link(self, host: int, up: bool) -> None:
+        """Unplug (or plug back) a host's cable: its peers see silence, no closed
+        connection."""
+        _ip("-n", self.names[host], "link", "set", self.links[host], "up" if up else "down")
 
     def spawn(self, host: int, args: list[str], log: Path) -> subprocess.Popen:
         """`python -m folio ARGS` in host 0 or 1, in a process group of its own (so a kill
@@ -63,18 +69,18 @@ def two_hosts() -> Iterator[Hosts]:
             _ip("-n", name, "addr", "add", f"{address}/24", "dev", link)
             _ip("-n", name, "link", "set", link, "up")
             _ip("-n", name, "link", "set", "lo", "up")
-        yield Hosts(names)
+        yield Hosts(names, links)
     finally:
         for name in made:   # the veth pair goes with its namespaces
             _kill_all_in(name)
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, check=False)
         if not made:
-            subprocess.run(["ip", "link", "del", links[0]], capture_output=True, timeout=30)
+            subprocess.run(["ip", "link", "del", links[0]], capture_output=True, timeout=30, check=False)
 
 
 def _kill_all_in(name: str) -> None:
     out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
-                         timeout=30).stdout
+                         timeout=30, check=False).stdout
     for pid in map(int, out.split()):
         try:
             os.kill(pid, signal.SIGKILL)
