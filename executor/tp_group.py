@@ -94,6 +94,10 @@ class RankGroup:
             if hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(0, rank_cores(cores, layout.per_node, 0))
             self.engine = _rank_engine(engine, cores, layout.per_node)
+            if self.remote is not None:   # the wait may be long: say for whom
+                log.info("tensor parallel: waiting at %s for ranks %d..%d of nodes 1..%d "
+                         "(`folio executor --headless`)", address, layout.per_node, size - 1,
+                         layout.nnodes - 1)
             self.tp = TensorParallel(TPConfig(size, 0, address, backend))
             if self.remote is not None:
                 self.remote.wait_joined(JOIN_TIMEOUT_S, self.check)

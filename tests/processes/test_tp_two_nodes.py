@@ -190,3 +190,18 @@ def test_a_lost_node_fails_in_flight_requests_and_the_group_comes_back(hosts, ke
     log = nodes.serve_log.read_text()
     assert "the link to tensor-parallel ranks [1] on other nodes was lost" in log, log[-3000:]
     assert len(re.findall(r"tensor parallel: 2 ranks on gloo .* over 2 nodes", log)) == 2
+
+
+def test_a_node_with_other_engine_settings_is_refused_naming_them(hosts, keys, tmp_path,
+                                                                 llama_dir):
+    nodes = TwoNodes(hosts, tmp_path, llama_dir, keys, "--dtype", "float32")
+    os.killpg(nodes.node.pid, signal.SIGKILL)   # node 1 comes with another dtype instead
+    nodes.node.wait()
+    nodes.engine = (*nodes.engine[:-2], "--dtype", "bfloat16")
+    nodes.node = nodes.start_node()
+    try:
+        assert nodes.serve.wait(timeout=240) == 1   # a refused setting: not restarted
+    finally:
+        nodes.stop()
+    assert ("folio executor: error: tensor-parallel rank 1 runs other engine settings than "
+            "rank 0: dtype='bfloat16' there, 'float32' here") in nodes.serve_log.read_text()
