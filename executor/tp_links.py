@@ -166,7 +166,9 @@ class PlanReceiver:
         self.monitor = monitor_socket(self.sock)
         self.sock.connect(address)
         self.address = address
-        threading.Thread(target=self._watch, daemon=True).start()
+        self.closing = threading.Event()
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        self.watcher.start()
         # Queued until the handshake: rank 0 reads it once past the rendezvous.
         self.sock.send_multipart([str(os.getpid()).encode(),
                                   json.dumps(group_settings(engine)).encode()])
@@ -176,9 +178,16 @@ class PlanReceiver:
 
     def _watch(self) -> None:
         """Rank 0 gone: this rank ends (waiting for a plan or inside a collective alike)."""
-        if _watch_links(self.monitor, threading.Event()):
+        if _watch_links(self.monitor, self.closing):
             log.error("lost the link to rank 0 at %s: this rank ends", self.address)
             os._exit(1)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.watcher.join()
+        self.monitor.close(0)
+        self.sock.close(0)
+        self.ctx.term()
 
 
 def _watch_links(monitor: zmq.Socket, closing: threading.Event) -> bool:
