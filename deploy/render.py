@@ -13,8 +13,8 @@ One layout per shape, all with the same containers, probes, keys and model mount
 - --replicas N: a frontend Deployment routing to N scheduler+executor pods (a StatefulSet,
   whose stable names the frontend's --scheduler-address lists);
 - --nodes N: the same frontend routing to the leaders of a LeaderWorkerSet, each group one
-  tensor-parallel executor spread over N pods (needs `folio executor --nnodes/--node-rank/
-  --master-addr/--headless`, issue 30 item 1: not runnable before those flags exist).
+  tensor-parallel executor spread over N pods (`folio executor --nnodes/--node-rank/
+  --master-addr`, `--headless` on the workers; docs/deployment.md, "Across machines").
 
 The committed manifests are this script's output for DEFAULTS (a test checks they are
 current): edit the script and run --write-defaults, never the YAML.
@@ -154,7 +154,7 @@ def _executor_args(o: Options, headless: bool) -> list[str]:
     if not headless:
         args += ["--scheduler-address", f"tcp://127.0.0.1:{EXECUTOR_LINK}"]
     args += ["--model", o.model_path, "--tensor-parallel-size", str(o.tensor_parallel_size)]
-    if o.nodes > 1:   # issue 30 item 1: not yet flags of `folio executor`
+    if o.nodes > 1:
         args += ["--nnodes", "$(LWS_GROUP_SIZE)", "--node-rank", "$(LWS_WORKER_INDEX)",
                  "--master-addr", "$(LWS_LEADER_ADDRESS)"]
         if headless:
@@ -163,16 +163,15 @@ def _executor_args(o: Options, headless: bool) -> list[str]:
 
 
 def executor_container(o: Options, headless: bool = False) -> dict:
-    env = {"FOLIO_LOG_LEVEL": "INFO"}
-    if not headless:
-        env["FOLIO_CURVE_KEYS"] = "/keys"
+    # Workers too: rank 0's plans reach them over TCP + CURVE with the executor keypair.
+    env = {"FOLIO_LOG_LEVEL": "INFO", "FOLIO_CURVE_KEYS": "/keys"}
     if o.device == "cpu":
         env["FOLIO_DEVICE"] = "cpu"
     container = {
         "name": "executor", "image": o.container_image, "imagePullPolicy": "IfNotPresent",
         "args": _executor_args(o, headless), "env": _env(env),
         "resources": _executor_resources(o), "securityContext": _security(),
-        "volumeMounts": [*_mounts(None if headless else "keys-executor", model=True),
+        "volumeMounts": [*_mounts("keys-executor", model=True),
                          {"name": "shm", "mountPath": "/dev/shm"}],
     }
     if not headless:
@@ -348,7 +347,7 @@ def multinode(o: Options) -> list[dict]:
     schedulers = [f"tcp://{name}-{i}.{name}:{FRONTEND_LINK}" for i in range(o.replicas)]
     leader = pod_spec(o, [scheduler_container(o, "0.0.0.0"), executor_container(o)],
                       ("scheduler", "executor"), model=True)
-    worker = pod_spec(o, [executor_container(o, headless=True)], (), model=True)
+    worker = pod_spec(o, [executor_container(o, headless=True)], ("executor",), model=True)
     lws = {
         "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
         "metadata": _meta(o, name, "tensor-parallel"),
@@ -390,9 +389,6 @@ def command_line(o: Options) -> str:
 def to_yaml(o: Options) -> str:
     header = (f"# Folio on Kubernetes, rendered by `{command_line(o)}`\n"
               "# (docs/deployment.md, \"Kubernetes\"). Edit deploy/render.py, not this file.\n")
-    if o.nodes > 1:
-        header += ("# NOT YET RUNNABLE: `folio executor` does not have --nnodes, --node-rank,\n"
-                   "# --master-addr and --headless yet (issue 30 item 1).\n")
     return header + yaml.safe_dump_all(render(o), sort_keys=False, default_flow_style=False,
                                        width=100)
 

@@ -74,8 +74,8 @@ class Executor:
         builds and caches its share of the model, and every count of blocks is the
         smallest rank's."""
         if config.tensor_parallel_size > 1 and tp is None:
-            raise ValueError("tensor_parallel_size > 1 runs in `folio executor` (or `folio "
-                             "serve`), which starts the ranks")
+            raise ValueError("tensor_parallel_size > 1 needs this process's rank: folio.LLM, "
+                             "`folio executor` and `folio serve` start the group")
         self.config = config
         self.tp = tp
         self.model_config = read_model_config(config.model)

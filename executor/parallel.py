@@ -39,6 +39,7 @@ class TPConfig:
     rank: int
     init_address: str        # tcp://host:port of rank 0's rendezvous
     backend: str             # "gloo" (CPU) or "nccl" (CUDA)
+    local_rank: int = 0      # the rank's place on its node: its GPU
 
 
 class TensorParallel:
@@ -46,7 +47,7 @@ class TensorParallel:
         self.config = config
         self.size, self.rank = config.size, config.rank
         if config.backend == "nccl":
-            torch.cuda.set_device(config.rank)
+            torch.cuda.set_device(config.local_rank)
         dist.init_process_group(config.backend, init_method=config.init_address,
                                 rank=config.rank, world_size=config.size,
                                 timeout=IDLE_TIMEOUT)

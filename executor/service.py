@@ -46,7 +46,7 @@ class ExecutorService:
         if config.engine.tensor_parallel_size > 1:
             from folio.executor.tp_group import RankGroup
 
-            self.ranks = RankGroup(config.engine)
+            self.ranks = RankGroup(config.engine, config.curve_keys)
         try:
             self.executor = Executor(self.ranks.engine if self.ranks else config.engine,
                                      self.ranks.tp if self.ranks else None)

@@ -59,9 +59,10 @@ class ServePlan:
 
 @dataclass(frozen=True)
 class ExecutorPlan:
-    scheduler_address: str
+    scheduler_address: str | None   # None: --headless
     engine: EngineConfig
     curve_keys: str | None
+    headless: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ def check_serve(args: argparse.Namespace) -> ServePlan:
         shutdown=config_of(ShutdownSettings, args), transport=transport)
     plan.scheduler_config("ipc://checked", "ipc://checked")   # its own checks, before its
     check_engine(plan.engine)                                 # addresses exist
+    check_nodes(plan.engine, False, transport)
+    if plan.engine.nnodes > 1 and serve.data_parallel_size > 1:
+        raise SettingError("data_parallel_size", "with --nnodes > 1 is not supported: one "
+                           "tensor-parallel group spans the nodes")
     if serve.zmq_address:
         check_bind(zmq_address=serve.zmq_address)
         check_links(bool(transport.curve_keys), transport.insecure_transport,
@@ -124,11 +129,45 @@ def check_scheduler(args: argparse.Namespace) -> SchedulerServiceConfig:
 def check_executor(args: argparse.Namespace) -> ExecutorPlan:
     links = config_of(ExecutorLinks, args)
     transport = config_of(TransportSettings, args)
-    check_links(bool(transport.curve_keys), transport.insecure_transport,
-                ("scheduler_address",), scheduler_address=links.scheduler_address)
+    if links.scheduler_address is None and not links.headless:
+        raise SettingError("scheduler_address", "is required (unless --headless)")
+    if links.scheduler_address is not None:
+        check_links(bool(transport.curve_keys), transport.insecure_transport,
+                    ("scheduler_address",), scheduler_address=links.scheduler_address)
     engine = config_of(EngineConfig, args, model=resolve_model(links.model))
     check_engine(engine)   # before torch is imported
-    return ExecutorPlan(links.scheduler_address, engine, transport.curve_keys)
+    check_nodes(engine, links.headless, transport)
+    return ExecutorPlan(links.scheduler_address, engine, transport.curve_keys,
+                        links.headless)
+
+
+def check_nodes(engine: EngineConfig, headless: bool, transport: TransportSettings) -> None:
+    """Multi-node tensor parallelism: a layout the ranks can take, node 0 reachable, and
+    plans between nodes over CURVE only."""
+    nnodes, node, size = engine.nnodes, engine.node_rank, engine.tensor_parallel_size
+    if node >= nnodes:
+        raise SettingError("node_rank", f"{node} must be below --nnodes {nnodes}")
+    if size % nnodes:
+        raise SettingError("nnodes", f"{nnodes} does not divide --tensor-parallel-size "
+                           f"{size}: every node runs an equal share of the ranks")
+    if headless and nnodes == 1:
+        raise SettingError("headless", "needs --nnodes > 1: a headless node runs its share "
+                           "of a group spread over several nodes")
+    if headless and node == 0:
+        raise SettingError("headless", "needs --node-rank > 0: node 0 holds rank 0, which "
+                           "the scheduler talks to (run it without --headless)")
+    if node > 0 and not headless:
+        raise SettingError("node_rank", f"{node} runs tensor-parallel ranks only: start it "
+                           "with `folio executor --headless` (node 0 runs the scheduler)")
+    if nnodes == 1:
+        return
+    if not engine.master_addr:
+        raise SettingError("master_addr", "is required with --nnodes > 1: node 0's address "
+                           "the other nodes reach")
+    if not transport.curve_keys and not transport.insecure_transport:
+        raise SettingError("curve_keys", "is required with --nnodes > 1: rank 0's plans "
+                           "travel to the other nodes over TCP (or --insecure-transport on "
+                           "a trusted network)")
 
 
 def check_keys(args: argparse.Namespace) -> KeysSettings:

@@ -126,6 +126,10 @@ def _probe(plan: ProbePlan) -> int:
 def _executor(plan: ExecutorPlan) -> int:
     from folio.executor.service import ExecutorService, ExecutorServiceConfig
 
+    if plan.headless:   # this node's tensor-parallel ranks only
+        from folio.executor.tp_headless import run_headless
+
+        return run_headless(plan.engine, plan.curve_keys)
     try:
         service = ExecutorService(ExecutorServiceConfig(plan.scheduler_address, plan.engine,
                                                         plan.curve_keys))

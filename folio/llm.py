@@ -99,6 +99,11 @@ class LLM:
     def stats(self) -> dict[str, int | float]:
         return self.engine.stats()
 
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks this LLM started (also done when it is collected
+        or the process exits)."""
+        self.engine.close()
+
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):

@@ -86,6 +86,8 @@ class Supervisor:
             return base + config_flags(self.scheduler_configs[replica])
         transport = config_flags(plan.transport, skip=("insecure_transport",))
         if role == "executor":
+            if plan.transport.insecure_transport and self.config.nnodes > 1:
+                transport.append("--insecure-transport")   # the plan hop to other nodes
             return base + ["--model", self.model, "--scheduler-address",
                            self.scheduler_configs[replica].executor_address, *transport,
                            *config_flags(self.config, skip=("model",))]

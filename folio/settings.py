@@ -62,7 +62,11 @@ class ServeSettings(Checked):
 @dataclass(frozen=True, kw_only=True)
 class ExecutorLinks(Checked):
     model: str | None = setting(None, MODEL_HELP)
-    scheduler_address: str = setting(MISSING, "the scheduler's executor address")
+    scheduler_address: str | None = setting(None, "the scheduler's executor address "
+                                            "(required unless --headless)")
+    headless: bool = setting(False, "run this node's tensor-parallel ranks only (node-rank "
+                             "> 0 of nnodes): no scheduler link; they join node 0's group, "
+                             "and rejoin whenever the group restarts")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 from folio.shared.kv_cache_dtype import KV_CACHE_DTYPES
 from folio.shared.settings import (SettingError, at_least, check_fields, fraction,
-                                   non_negative_int, optional, positive_int, power_of_two,
-                                   above, setting)
+                                   in_range, non_negative_int, optional, positive_int,
+                                   power_of_two, above, setting)
 
 __all__ = ["SettingError", "setting", "SchedulingPolicy", "EngineConfig", "ExecutorCapacity",
            "SchedulerConfig", "policy_values"]
@@ -120,6 +120,20 @@ class EngineConfig(SchedulingPolicy):
     tensor_parallel_size: int = setting(
         1, "executor ranks the model is split across (one per GPU; on CPU, processes "
         "sharing its cores)", check=positive_int)
+    # Multi-node tensor parallelism (vLLM's and SGLang's names): node r runs ranks
+    # r*N/nnodes .. (r+1)*N/nnodes-1; node 0 holds rank 0, the one the scheduler talks to.
+    nnodes: int = setting(1, "machines the tensor-parallel ranks are spread over (an equal "
+                          "share each; every node gives the same engine settings)",
+                          check=positive_int)
+    node_rank: int = setting(0, "this machine's index among the nnodes (0: the node with "
+                             "the scheduler; the others run `folio executor --headless`)",
+                             check=non_negative_int)
+    master_addr: str | None = setting(None, "node 0's address the other nodes reach (the "
+                                      "torch.distributed rendezvous and the plan hop); "
+                                      "required with nnodes > 1")
+    master_port: int = setting(29500, "node 0's torch.distributed rendezvous port; the plan "
+                               "hop to the other nodes listens on master-port + 1",
+                               check=in_range(1, 65534))
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

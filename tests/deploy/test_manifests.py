@@ -22,7 +22,7 @@ from folio.shared.security import EXECUTOR, FRONTEND, generate_keys, load_keys
 from tests.deploy.manifest_checks import lint, pod_templates, schema_errors
 
 ROOT = Path(__file__).resolve().parents[2]
-# issue 30 item 1: flags of `folio executor` the multi-node manifest already uses.
+# The multi-node flags, whose $(LWS_*) values LeaderWorkerSet fills in at run time.
 FUTURE_FLAGS = {"--nnodes": 1, "--node-rank": 1, "--master-addr": 1, "--headless": 0}
 
 
