@@ -12,7 +12,6 @@ import array
 import fcntl
 import os
 import socket
-import struct
 from dataclasses import dataclass
 
 from folio.shared.config import EngineConfig
@@ -89,7 +88,8 @@ def interface_towards(host: str) -> str | None:
 
 def _ipv4_of(name: str) -> str | None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = array.array("B", struct.pack("256s", name.encode()[:15]))
+        # struct ifreq: the interface name, NUL-padded, then room for the address.
+        request = array.array("B", name.encode()[:15].ljust(256, b"\0"))
         try:
             fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)
         except OSError:   # no IPv4 address on it
