@@ -69,20 +69,52 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor,
                          scales[..., None]).reshape(n, k)
 
 
+# Rows of x up to which the register-blocked kernel runs; above, tiles of W dequantized to
+# float32 go through a float GEMM (bench/quant_kernels.py: at 64 rows and more the GEMM on a
+# dequantized tile ran about 2x faster than the kernel, at 8 rows about as fast).
+SMALL_BATCH = 8
+# Values of W dequantized per tile (8 MiB of float32): the tile stays in cache for its GEMM,
+# and lm_head is never whole in float.
+TILE_VALUES = 2 * 1024 * 1024
+
+
 def quant_matmul_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [..., K] (float32 or bfloat16) @ dequantize_int8(q, scales).T, in float32, returned
     in x's dtype."""
-    flat = x.reshape(-1, q.shape[1]).float().contiguous()
-    out = torch.empty(flat.shape[0], q.shape[0], dtype=torch.float32)
-    torch.ops.folio.quant_matmul_int8(out, flat, q, scales, q.shape[1] // scales.shape[1])
-    return out.to(x.dtype).reshape(*x.shape[:-1], q.shape[0])
+    group = q.shape[1] // scales.shape[1]
+    return _matmul(x, q.shape[0], q.shape[1],
+                   lambda out, flat: torch.ops.folio.quant_matmul_int8(out, flat, q, scales,
+                                                                      group),
+                   lambda out, begin, end: torch.ops.folio.dequantize_int8(out, q, scales,
+                                                                           group, begin, end))
 
 
 def quant_matmul_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                       mins: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ dequantize_int4(packed, scales, mins).T, as quant_matmul_int8."""
     k = packed.shape[1] * 2
+    group = k // scales.shape[1]
+    return _matmul(x, packed.shape[0], k,
+                   lambda out, flat: torch.ops.folio.quant_matmul_int4(out, flat, packed,
+                                                                      scales, mins, group),
+                   lambda out, begin, end: torch.ops.folio.dequantize_int4(
+                       out, packed, scales, mins, group, begin, end))
+
+
+def _matmul(x: torch.Tensor, n: int, k: int, kernel, dequantize) -> torch.Tensor:
     flat = x.reshape(-1, k).float().contiguous()
-    out = torch.empty(flat.shape[0], packed.shape[0], dtype=torch.float32)
-    torch.ops.folio.quant_matmul_int4(out, flat, packed, scales, mins, k // scales.shape[1])
-    return out.to(x.dtype).reshape(*x.shape[:-1], packed.shape[0])
+    out = torch.empty(flat.shape[0], n, dtype=torch.float32)
+    if flat.shape[0] <= SMALL_BATCH:
+        kernel(out, flat)
+    else:
+        tile = min(n, max(1, TILE_VALUES // k))
+        weight = torch.empty(tile, k, dtype=torch.float32)
+        for begin in range(0, n, tile):
+            end = min(n, begin + tile)
+            rows = weight[:end - begin]
+            dequantize(rows, begin, end)
+            if tile == n:
+                torch.mm(flat, rows.T, out=out)
+            else:
+                out[:, begin:end] = flat @ rows.T
+    return out.to(x.dtype).reshape(*x.shape[:-1], n)

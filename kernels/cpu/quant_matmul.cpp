@@ -8,6 +8,9 @@
 //       Each 32 values along K are 16 bytes: byte i holds value i (low nibble) and value
 //       i + 16 (high nibble), GGUF Q4_0/Q4_1's block layout, so those blocks are kept as they
 //       are in the file. group is a multiple of 32.
+//   folio::dequantize_int8(out, q, scales, group, n_begin, n_end)
+//   folio::dequantize_int4(out, packed, scales, mins, group, n_begin, n_end)
+//       rows n_begin:n_end of the float32 weight, for a float GEMM on large batches
 //
 // A decode step (M = 1) is bound by the bytes of W, so W is read once, converted to floats
 // in registers and multiplied with several rows of x (up to kRowsM) while it is there: the
@@ -116,33 +119,48 @@ struct Weights {
 template <int NB, int MB>
 void register_block(const Weights& w, int64_t n0, const float* x, int64_t ldx, float* out,
                     int64_t ldo) {
+  // Every loop over j, m, v is unrolled so the accumulators live in registers (a loop over
+  // W's rows outside the loop over K left them in memory: 3x slower).
   V acc[NB][MB][kVecs];
+#pragma GCC unroll 16
   for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 16
     for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
       for (int v = 0; v < kVecs; ++v) acc[j][m][v] = vzero();
   const int64_t groups = w.k / w.group;
   const int64_t full = w.group / kBlock * kBlock;   // int8 per-channel: a tail may remain
   float tail[NB][MB] = {};
   for (int64_t g = 0; g < groups; ++g) {
+    V vs[NB], vm[NB];
+#pragma GCC unroll 16
     for (int j = 0; j < NB; ++j) {
-      const int64_t row = n0 + j;
-      const float scale = w.scales[row * groups + g];
-      const float offset = w.mins != nullptr ? w.mins[row * groups + g] : 0.f;
-      const V vs = vset(scale), vm = vset(offset);
-      for (int64_t k = g * w.group; k < g * w.group + full; k += kBlock) {
+      const int64_t at = (n0 + j) * groups + g;
+      vs[j] = vset(w.scales[at]);
+      vm[j] = vset(w.mins != nullptr ? w.mins[at] : 0.f);
+    }
+    for (int64_t k = g * w.group; k < g * w.group + full; k += kBlock) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NB; ++j) {
         V wv[kVecs];
         if (w.int4) {
-          load_int4(static_cast<const uint8_t*>(w.data) + row * (w.k / 2) + k / 2, wv);
+          load_int4(static_cast<const uint8_t*>(w.data) + (n0 + j) * (w.k / 2) + k / 2, wv);
         } else {
-          load_int8(static_cast<const int8_t*>(w.data) + row * w.k + k, wv);
+          load_int8(static_cast<const int8_t*>(w.data) + (n0 + j) * w.k + k, wv);
         }
-        for (int v = 0; v < kVecs; ++v) wv[v] = vfma(wv[v], vs, vm);
+#pragma GCC unroll 16
+        for (int v = 0; v < kVecs; ++v) wv[v] = vfma(wv[v], vs[j], vm[j]);
+#pragma GCC unroll 16
         for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
           for (int v = 0; v < kVecs; ++v)
             acc[j][m][v] = vfma(vload(x + m * ldx + k + v * kLanes), wv[v], acc[j][m][v]);
       }
-      if (full != w.group) {   // int8 only (int4 groups are whole blocks)
-        const int8_t* q = static_cast<const int8_t*>(w.data) + row * w.k;
+    }
+    if (full != w.group) {   // int8 only (int4 groups are whole blocks)
+      for (int j = 0; j < NB; ++j) {
+        const int8_t* q = static_cast<const int8_t*>(w.data) + (n0 + j) * w.k;
+        const float scale = w.scales[(n0 + j) * groups + g];
         for (int64_t k = g * w.group + full; k < (g + 1) * w.group; ++k) {
           const float value = static_cast<float>(q[k]) * scale;
           for (int m = 0; m < MB; ++m) tail[j][m] += x[m * ldx + k] * value;
@@ -190,6 +208,38 @@ void matmul(const Weights& w, const float* x, int64_t m_rows, int64_t n_rows, fl
   });
 }
 
+// dequant(W)[n_begin:n_end] into out [n_end - n_begin, K] float32: for a large batch the
+// rows are dequantized a tile at a time and handed to a float GEMM (faster there than
+// register_block, whose loads of x cost as much as its FMAs).
+void dequantize_rows(const Weights& w, int64_t n_begin, int64_t n_end, float* out) {
+  const int64_t groups = w.k / w.group;
+  const int64_t full = w.group / kBlock * kBlock;
+  at::parallel_for(n_begin, n_end, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      float* row = out + (n - n_begin) * w.k;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float scale = w.scales[n * groups + g];
+        const V vs = vset(scale), vm = vset(w.mins != nullptr ? w.mins[n * groups + g] : 0.f);
+        for (int64_t k = g * w.group; k < g * w.group + full; k += kBlock) {
+          V wv[kVecs];
+          if (w.int4) {
+            load_int4(static_cast<const uint8_t*>(w.data) + n * (w.k / 2) + k / 2, wv);
+          } else {
+            load_int8(static_cast<const int8_t*>(w.data) + n * w.k + k, wv);
+          }
+          for (int v = 0; v < kVecs; ++v) {
+            const V value = vfma(wv[v], vs, vm);
+            std::memcpy(row + k + v * kLanes, &value, sizeof value);
+          }
+        }
+        const int8_t* q = static_cast<const int8_t*>(w.data) + n * w.k;
+        for (int64_t k = g * w.group + full; k < (g + 1) * w.group; ++k)
+          row[k] = static_cast<float>(q[k]) * scale;
+      }
+    }
+  });
+}
+
 void check_common(const Tensor& out, const Tensor& x, const Tensor& scales, int64_t n,
                   int64_t k, int64_t group) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
@@ -225,15 +275,56 @@ void quant_matmul_int4(Tensor out, const Tensor& x, const Tensor& packed, const 
   matmul(w, x.data_ptr<float>(), x.size(0), packed.size(0), out.data_ptr<float>());
 }
 
+void check_out_rows(const Tensor& out, int64_t n_begin, int64_t n_end, int64_t n, int64_t k) {
+  TORCH_CHECK(0 <= n_begin && n_begin <= n_end && n_end <= n, "rows ", n_begin, ":", n_end,
+              " outside the weight's ", n);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() &&
+              out.numel() == (n_end - n_begin) * k, "out must be float32 [rows, K]");
+}
+
+void dequantize_int8(Tensor out, const Tensor& q, const Tensor& scales, int64_t group,
+                     int64_t n_begin, int64_t n_end) {
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(),
+              "q must be a contiguous int8 [N, K] tensor");
+  TORCH_CHECK(group > 0 && q.size(1) % group == 0 && scales.is_contiguous() &&
+              scales.scalar_type() == at::kFloat && scales.numel() == q.size(0) * (q.size(1) / group),
+              "scales must be float32 [N, K / group]");
+  check_out_rows(out, n_begin, n_end, q.size(0), q.size(1));
+  const Weights w{q.data_ptr(), scales.data_ptr<float>(), nullptr, q.size(1), group, false};
+  dequantize_rows(w, n_begin, n_end, out.data_ptr<float>());
+}
+
+void dequantize_int4(Tensor out, const Tensor& packed, const Tensor& scales, const Tensor& mins,
+                     int64_t group, int64_t n_begin, int64_t n_end) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+              "packed must be a contiguous uint8 [N, K / 2] tensor");
+  const int64_t k = packed.size(1) * 2;
+  TORCH_CHECK(group % kBlock == 0 && k % group == 0, "int4 group ", group, " must be a multiple of 32 dividing K");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && mins.scalar_type() == at::kFloat &&
+              scales.is_contiguous() && mins.is_contiguous() &&
+              scales.numel() == packed.size(0) * (k / group) && mins.numel() == scales.numel(),
+              "scales and mins must be float32 [N, K / group]");
+  check_out_rows(out, n_begin, n_end, packed.size(0), k);
+  const Weights w{packed.data_ptr(), scales.data_ptr<float>(), mins.data_ptr<float>(), k, group,
+                  true};
+  dequantize_rows(w, n_begin, n_end, out.data_ptr<float>());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(folio, m) {
   m.def("quant_matmul_int8(Tensor(a!) out, Tensor x, Tensor q, Tensor scales, int group) -> ()");
   m.def("quant_matmul_int4(Tensor(a!) out, Tensor x, Tensor packed, Tensor scales, "
         "Tensor mins, int group) -> ()");
+  m.def("dequantize_int8(Tensor(a!) out, Tensor q, Tensor scales, int group, int n_begin, "
+        "int n_end) -> ()");
+  m.def("dequantize_int4(Tensor(a!) out, Tensor packed, Tensor scales, Tensor mins, int group, "
+        "int n_begin, int n_end) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(folio, CPU, m) {
   m.impl("quant_matmul_int8", quant_matmul_int8);
   m.impl("quant_matmul_int4", quant_matmul_int4);
+  m.impl("dequantize_int8", dequantize_int8);
+  m.impl("dequantize_int4", dequantize_int4);
 }

@@ -107,3 +107,33 @@ def test_shape_errors_name_the_problem():
         torch.ops.folio.quant_matmul_int4(torch.empty(1, 4), torch.zeros(1, 64),
                                           torch.zeros(4, 32, dtype=torch.uint8),
                                           torch.ones(4, 4), torch.ones(4, 4), 16)
+
+
+@pytest.mark.parametrize("rows", [9, 64, 130])
+def test_register_kernel_alone_at_large_batches(rows):
+    """The faces hand batches above SMALL_BATCH to a GEMM on dequantized tiles; the
+    register kernel itself must hold at any batch."""
+    torch.manual_seed(rows)
+    n, k = 45, 128
+    values = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    scales, mins = torch.rand(n, 4) * 0.01, -torch.rand(n, 4) * 0.05
+    x = torch.randn(rows, k)
+    out = torch.empty(rows, n)
+    torch.ops.folio.quant_matmul_int4(out, x, pack_int4(values), scales, mins, 32)
+    assert_close_to(out, expected(x, dequantize_int4(pack_int4(values), scales, mins)), x)
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    torch.ops.folio.quant_matmul_int8(out, x, q, scales, 32)
+    assert_close_to(out, expected(x, dequantize_int8(q, scales)), x)
+
+
+def test_tiled_gemm_path_covers_every_row(monkeypatch):
+    from folio.kernels import cpu_quant
+
+    monkeypatch.setattr(cpu_quant, "TILE_VALUES", 7 * 64)   # tiles of 7 rows over 30
+    torch.manual_seed(1)
+    q, scales = quantize_int8(torch.randn(30, 64), 32)
+    x = torch.randn(20, 64)
+    assert_close_to(quant_matmul_int8(x, q, scales), expected(x, dequantize_int8(q, scales)), x)
+    packed, s4, m4 = quantize_int4(torch.randn(30, 64), 32)
+    assert_close_to(quant_matmul_int4(x, packed, s4, m4),
+                    expected(x, dequantize_int4(packed, s4, m4)), x)
