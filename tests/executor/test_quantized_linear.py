@@ -198,7 +198,7 @@ def test_cli_refuses_int4_for_a_model_its_groups_cannot_take(tmp_path_factory, t
                        hidden_size=80, num_heads=4, num_kv_heads=2)
     result = subprocess.run([sys.executable, "-m", "folio", "serve", "--model", str(model),
                              "--device", "cpu", "--quantization", "int4"],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert "quantization" in line and "multiple of 32" in line and "80" in line
