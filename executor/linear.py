@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from folio.executor.models.moe import SparseMoe
-from folio.executor.quantized_linear import Int8Linear, int8_unavailable_reason
+from folio.executor.weight_only_linear import WeightOnlyLinear
 
 log = logging.getLogger("folio.executor")
 
@@ -56,15 +56,16 @@ def onednn_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
 def pack_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
                  backend: str = "auto", quantization: str = "none") -> str:
     """Swap every nn.Linear of `model` for a PackedLinear where oneDNN can run it, or for
-    an Int8Linear with quantization="int8".
+    a WeightOnlyLinear with quantization="int8" or "int4".
 
     `backend` is "auto" (oneDNN where it can run), "onednn" (or an error) or "torch".
-    Returns the name of the matmul path used: "onednn", "torch" (plain F.linear) or "int8".
+    Returns the name of the matmul path used: "onednn", "torch" (plain F.linear), "int8"
+    or "int4".
     """
-    if quantization == "int8":
-        return _quantize_linears(model, device, dtype, backend)
+    if quantization in QUANTIZED_BITS:
+        return _quantize_linears(model, device, dtype, backend, QUANTIZED_BITS[quantization])
     if quantization != "none":
-        raise ValueError(f"quantization={quantization!r} is not supported (none, int8)")
+        raise ValueError(f"quantization={quantization!r} is not supported (none, int8, int4)")
     if backend == "torch":
         log.info("linear layers: torch F.linear (asked for)")
         return "torch"
@@ -83,24 +84,43 @@ def pack_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
 
 
 def _quantize_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
-                      backend: str) -> str:
-    """Every nn.Linear to int8, but a mixture-of-experts router: its few outputs decide
-    which experts run, and it is too small for its bytes to matter. The router and any
-    other linear left float go through the float path `backend` names."""
-    reason = int8_unavailable_reason(device)
-    if reason is not None:
-        raise ValueError(f"quantization='int8' cannot run here: {reason}")
+                      backend: str, bits: int) -> str:
+    """Every nn.Linear to int8/int4 weights, but a mixture-of-experts router: its few outputs
+    decide which experts run, and it is too small for its bytes to matter. The router and any
+    other linear left float go through the float path `backend` names. lm_head is quantized
+    too, to int8 (a tied embedding keeps its float weight for the lookup)."""
+    from folio.kernels import cpu_attention
+
+    if device.type != "cpu":
+        raise ValueError(f"quantization='int{bits}' runs on the CPU executor only (the "
+                         f"device is {device.type})")
+    native = cpu_attention.load().ok
+    if not native:
+        log.warning("linear layers: the CPU operators are not built (%s); int%d weights are "
+                    "dequantized at every call, which is slow", cpu_attention.load().detail,
+                    bits)
     routers = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(parent, SparseMoe) and name == "gate":
                 routers.append(parent)
             elif isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear(child))
+                # lm_head stays int8 under int4 (llama.cpp's Q4 files keep it at Q6_K/Q8_0
+                # too): int4 there cost SmolLM2-135M 4.7% perplexity, int8 0.1%.
+                layer_bits = 8 if parent is model and name == "lm_head" else bits
+                setattr(parent, name, WeightOnlyLinear.from_linear(child, layer_bits, native))
+    float_linears_to(routers, device, dtype, backend)
+    log.info("linear layers: int%d weights (lm_head int8), float activations", bits)
+    return f"int{bits}"
+
+
+def float_linears_to(routers: list[nn.Module], device: torch.device, dtype: torch.dtype,
+                     backend: str) -> None:
     if routers:
         held = nn.ModuleList(parent.gate for parent in routers)
         pack_linears(held, device, dtype, backend)
         for parent, packed in zip(routers, held):
             parent.gate = packed
-    log.info("linear layers: int8 weights (per-channel), int8 activations (per-token)")
-    return "int8"
+
+
+QUANTIZED_BITS = {"int8": 8, "int4": 4}

@@ -1,4 +1,8 @@
-"""int8 linear layers for the CPU executor (`--quantization int8`).
+"""W8A8 int8 linear layers (int8 weights and per-token int8 activations): `--quantization
+int8` served these until issue 27 measured that quantizing the activations cost SmolLM2-135M
+5% perplexity (weight-only int8: 0.25%); it now serves executor/weight_only_linear.py. Kept
+for the kernel benches (bench/int8_kernels.py, bench/quant_kernels.py) and as the record of
+that measurement.
 
 A decode step reads every weight once, so on a CPU its speed is the bytes of the weights:
 int8 weights are a quarter of float32's. Weights are quantized at load, per output channel

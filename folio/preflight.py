@@ -15,6 +15,7 @@ from pathlib import Path
 
 from folio.executor.gguf_file import is_directory_or_gguf, is_gguf
 from folio.executor.model_config import ModelConfig
+from folio.executor.quant_groups import quantization_problem
 from folio.executor.models.hf_config import read_model_config
 from folio.placement import executor_runs_on_cpu
 from folio.shared.config import EngineConfig, ExecutorCapacity, SchedulerConfig, SettingError
@@ -69,6 +70,10 @@ def check_engine(config: EngineConfig) -> ModelConfig:
     if config.quantization != "none" and not executor_runs_on_cpu(config.device):
         raise SettingError("quantization", f"{config.quantization} weights run on the CPU "
                            f"executor only (the device is {config.device}: give --device cpu)")
+    problem = quantization_problem(config.quantization, model_config,
+                                   config.tensor_parallel_size)
+    if problem is not None:
+        raise SettingError("quantization", problem)
     _check_kv_cache_dtype(config)
     _check_cpu_memory(config)
     limit = model_config.context_limit

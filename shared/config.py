@@ -26,7 +26,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 LINEAR_BACKENDS = ("auto", "onednn", "torch")
-QUANTIZATIONS = ("none", "int8")
+QUANTIZATIONS = ("none", "int8", "int4")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain may take
@@ -108,10 +108,12 @@ class EngineConfig(SchedulingPolicy):
     linear_backend: str = setting("auto", "CPU matmuls: onednn (prepacked weights), torch "
                                   "(plain F.linear); auto: onednn where torch has it",
                                   choices=LINEAR_BACKENDS)
-    quantization: str = setting("none", "weights quantized at load from a float checkpoint "
-                                "(CPU only): int8 keeps each linear layer's weights as int8 "
-                                "with one scale per output channel, and multiplies them with "
-                                "activations quantized per token", choices=QUANTIZATIONS)
+    quantization: str = setting("none", "linear layers' weights quantized at load (CPU "
+                                "only; activations stay float): int8 with one scale per "
+                                "output channel, int4 with a scale and a min per 32 input "
+                                "values (asymmetric); a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K "
+                                "weights are kept as they are whatever this says",
+                                choices=QUANTIZATIONS)
     cpu_threads: int | None = setting(None, "executor's torch threads on CPU (default: "
                                       "one per core it may use, fewer while other busy "
                                       "processes hold those cores)",

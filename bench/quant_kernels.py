@@ -1,0 +1,75 @@
+"""Milliseconds per matmul of the weight-only kernels (kernels/cpu/quant_matmul.cpp) against
+float32 oneDNN (PackedLinear) and the W8A8 FBGEMM path (Int8Linear), on SmolLM2-135M's shapes
+at several batch sizes: which path is fastest where.
+
+    python -m bench.quant_kernels [--rows 1 8 64 512] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+from torch import nn
+
+from folio.executor.linear import PackedLinear
+from folio.executor.quantized_linear import Int8Linear
+from folio.kernels import cpu_attention
+from folio.kernels.cpu_quant import (quant_matmul_int4, quant_matmul_int8, quantize_int4,
+                                     quantize_int8)
+
+# (N, K): SmolLM2-135M's o_proj, gate/up, down, k/v, lm_head
+SHAPES = ((576, 576), (1536, 576), (576, 1536), (192, 576), (49152, 576))
+
+
+def timed(fn, x, budget_s: float = 0.3) -> float:
+    fn(x)
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < budget_s or calls < 3:
+        fn(x)
+        calls += 1
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def paths(linear: nn.Linear) -> dict:
+    w = linear.weight
+    k = w.shape[1]
+    q8c, s8c = quantize_int8(w, k)
+    q8g, s8g = quantize_int8(w, 32)
+    p4, s4, m4 = quantize_int4(w, 32)
+    p4b, s4b, m4b = quantize_int4(w, 64)
+    return {"float32 onednn": PackedLinear(linear),
+            "w8a8 fbgemm": Int8Linear(linear),
+            "int8 ch": lambda x: quant_matmul_int8(x, q8c, s8c),
+            "int8 g32": lambda x: quant_matmul_int8(x, q8g, s8g),
+            "int4 g32": lambda x: quant_matmul_int4(x, p4, s4, m4),
+            "int4 g64": lambda x: quant_matmul_int4(x, p4b, s4b, m4b)}
+
+
+@torch.inference_mode()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 512])
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    status = cpu_attention.load()
+    if not status.ok:
+        raise SystemExit(f"the CPU operators are unavailable: {status.detail}")
+    print(f"threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}")
+    for n, k in SHAPES:
+        linear = nn.Linear(k, n, bias=False)
+        layers = paths(linear)
+        for rows in args.rows:
+            if n > 10000 and rows > 64:
+                continue   # lm_head runs on the sampled rows only
+            x = torch.randn(rows, k)
+            best = {name: min(timed(fn, x) for _ in range(args.repeat))
+                    for name, fn in layers.items()}
+            cells = "  ".join(f"{name} {ms:7.3f}" for name, ms in best.items())
+            print(f"{n:5d}x{k:<4d} M={rows:<3d} {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
