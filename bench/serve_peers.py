@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -246,6 +247,9 @@ def parse_args(argv):
 
 def main(argv) -> None:
     args = parse_args(argv)
+    # A stopped race still stops its server (each runs in its own session): exit through
+    # the `finally` below instead of dying on the signal.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     engines = build_engines(args)
     if not engines:
         raise SystemExit("no engines: give --folio, --variant, --llama or --vllm")
