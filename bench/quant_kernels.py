@@ -2,7 +2,7 @@
 float32 oneDNN (PackedLinear) and the W8A8 FBGEMM path (Int8Linear), on SmolLM2-135M's shapes
 at several batch sizes: which path is fastest where.
 
-    python -m bench.quant_kernels [--rows 1 8 64 512] [--repeat 3]
+    python -m bench.quant_kernels [--rows 1 8 64 512] [--repeat 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from folio.kernels.cpu_quant import (quant_matmul_int4, quant_matmul_int8, quant
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (192, 576), (49152, 576))
 
 
-def timed(fn, x, budget_s: float = 0.3) -> float:
+def timed(fn, x, budget_s: float = 0.2) -> float:
     fn(x)
     calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < budget_s or calls < 3:
@@ -52,8 +52,11 @@ def paths(linear: nn.Linear) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 512])
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3, help="trials per cell; the best is kept")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     status = cpu_attention.load()
     if not status.ok:
         raise SystemExit(f"the CPU operators are unavailable: {status.detail}")
