@@ -17,6 +17,8 @@ from typing import Any
 from folio.shared.settings import (SettingError, at_least, check_fields, fraction,
                                    non_negative_int, optional, positive_int, power_of_two,
                                    above, setting)
+from folio.shared.speculative import (SpeculativeConfig, check_speculative_config,
+                                      parse_speculative_config)
 
 __all__ = ["SettingError", "setting", "SchedulingPolicy", "EngineConfig", "ExecutorCapacity",
            "SchedulerConfig", "policy_values"]
@@ -53,6 +55,15 @@ class SchedulingPolicy:
                                 check=non_negative_int)
     max_n: int = setting(64, "the largest n (samples per prompt) a request may ask",
                          check=positive_int)
+    speculative_config: str | None = setting(
+        None, "speculative decoding as a JSON object, e.g. '{\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 4}' (docs/speculative.md); off when unset",
+        check=check_speculative_config, metavar="JSON")
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """speculative_config parsed (checked when the config was made); None: off."""
+        return parse_speculative_config(self.speculative_config)
 
     def __post_init__(self) -> None:
         check_fields(self)   # every declared check, the subclasses' fields' too

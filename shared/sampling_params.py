@@ -47,6 +47,8 @@ class SamplingParams:
     # One vLLM structured_outputs key, e.g. {"json": schema} (shared/structured_output.py):
     # the executor masks every sampled token to the spec's grammar.
     structured_output: dict[str, Any] | None = None
+    # False: this request never carries speculative drafts (docs/speculative.md).
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         # Lists from callers and the wire become tuples, so nobody changes a frozen value
@@ -83,7 +85,7 @@ class SamplingParams:
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise ValueError(f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids, got "
                              f"{len(self.stop_token_ids)}")
-        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "speculative"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool")
         for name in ("logprobs", "prompt_logprobs"):
