@@ -181,24 +181,36 @@ def verify(sampler: Sampler, logits: torch.Tensor, requests: list[CachedRequest]
 def _verify_sampled(sampler: Sampler, logits: torch.Tensor, rows: list, first_row: list[int],
                     requests: list[CachedRequest], drafts: list[list[int]], plain,
                     indices: list[int], outcomes: list[_Outcome]) -> None:
-    """Rejection sampling for the sampled (non-greedy) requests with drafts."""
+    """Rejection sampling for the sampled (non-greedy) requests with drafts, in one pass:
+    their rows' distributions together, then the accept tests and residual draws."""
+    span_rows: list[int] = []
+    spans: list[tuple[int, list[int]]] = []
     for i in indices:
-        proposed = drafts[i]
-        first = first_row[i]
-        span = list(range(first, first + len(proposed) + 1))
-        views = [rows[r] for r in span]
-        index = torch.tensor(span, dtype=torch.long, device=logits.device)
-        raw = logits.index_select(0, index)
-        probs = sampler.probabilities(sampler.processed(raw, views), views)
-        accepted, token = verify_sampled(probs, proposed, requests[i], sampler)
-        last = first + accepted
+        spans.append((len(span_rows), drafts[i]))
+        span_rows.extend(range(first_row[i], first_row[i] + len(drafts[i]) + 1))
+    views = [rows[r] for r in span_rows]
+    index = torch.tensor(span_rows, dtype=torch.long, device=logits.device)
+    raw = logits.index_select(0, index)
+    probs = sampler.probabilities(sampler.processed(raw, views), views)
+    answers = verify_sampled(probs, spans, [requests[i] for i in indices], sampler)
+    chosen_rows: list[int] = []
+    chosen_tokens: list[int] = []
+    for i, (start, proposed), (accepted, token) in zip(indices, spans, answers):
+        last = first_row[i] + accepted
         if token is None:   # every draft accepted: the ordinary draw at the last row
             token = plain.tokens[last]
-        chosen = proposed[:accepted] + [token]
-        entries = sampler.logprobs_of(raw[:accepted + 1], chosen, views[:accepted + 1])
-        failed = next((plain.failed[r] for r in range(first, last + 1) if r in plain.failed),
-                      None)
-        outcomes[i] = _Outcome(chosen, entries, accepted, failed)
+        tokens = proposed[:accepted] + [token]
+        chosen_rows.extend(range(start, start + accepted + 1))
+        chosen_tokens.extend(tokens)
+        failed = next((plain.failed[r] for r in range(first_row[i], last + 1)
+                       if r in plain.failed), None)
+        outcomes[i] = _Outcome(tokens, [], accepted, failed)
+    # Logprobs of the returned tokens under their rows' raw logits (rows that ask).
+    pick = torch.tensor(chosen_rows, dtype=torch.long, device=logits.device)
+    entries = iter(sampler.logprobs_of(raw.index_select(0, pick), chosen_tokens,
+                                       [views[r] for r in chosen_rows]))
+    for i in indices:
+        outcomes[i].logprobs = [next(entries) for _ in outcomes[i].tokens]
 
 
 def new_speculator(config, max_model_len: int) -> Speculator | None:
