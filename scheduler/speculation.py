@@ -89,9 +89,34 @@ class DraftPlanner:
         if request.spec_proposed < config.acceptance_window:
             return
         if request.spec_accepted < config.min_acceptance * request.spec_proposed:
-            request.spec_paused_until = step + config.cooldown_steps
+            request.spec_paused_until = step + 1 + config.cooldown_steps
         request.spec_proposed = request.spec_accepted = 0
 
     def stats(self) -> dict[str, int | list[int]]:
         return {**self.counters,
                 "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_position)}
+
+
+class SpecLog:
+    """The periodic log line of speculative decoding: every `interval_s` while drafts are
+    verified, the share of draft tokens accepted and the mean accepted length (tokens a
+    request gets per step that carries drafts: 1 + accepted / drafts, vLLM's measure)."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self.last_at = 0.0
+        self.last = (0, 0, 0)
+
+    def line(self, now: float, stats: dict) -> str | None:
+        if now - self.last_at < self.interval_s or "spec_decode_num_drafts" not in stats:
+            return None
+        counts = (stats["spec_decode_num_drafts"], stats["spec_decode_num_draft_tokens"],
+                  stats["spec_decode_num_accepted_tokens"])
+        drafts, tokens, accepted = (a - b for a, b in zip(counts, self.last))
+        self.last_at = now
+        if not drafts:
+            return None
+        self.last = counts
+        return (f"speculative decoding: {drafts} drafts of {tokens} tokens, "
+                f"{100 * accepted / max(tokens, 1):.1f}% accepted, mean accepted length "
+                f"{1 + accepted / drafts:.2f}")
