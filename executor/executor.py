@@ -158,7 +158,7 @@ class Executor:
                 if plan.drafts and self.speculator is not None else None
             inputs = self.batch.prepare(scheduled, drafts)
             # Structured outputs' masks, on a worker thread while the forward pass runs.
-            pending_masks = self.grammar.start(inputs.sampled)
+            pending_masks = self.grammar.start(inputs.sampled, inputs.drafts)
             if getattr(self.model, "longrope_original", None) is not None:
                 recompute_crossing(self.model, self.ops, self.model.longrope_original,
                                    [request for request, _ in scheduled], self.batch.rows.tokens,

@@ -97,11 +97,10 @@ class Speculator:
     @staticmethod
     def _may_draft(request: CachedRequest, num_tokens: int) -> bool:
         """A decode step (the one verified token left), of a request whose every row the
-        verification handles: structured outputs and prompt logprobs run without drafts."""
+        verification handles (prompt logprobs run without drafts)."""
         sampling = request.sampling
         return (num_tokens == 1 and len(request.token_ids) - request.num_computed == 1
-                and sampling.speculative and sampling.structured_output is None
-                and sampling.prompt_logprobs is None)
+                and sampling.speculative and sampling.prompt_logprobs is None)
 
     def finish_step(self, sampler: Sampler, batch: InputBatch, inputs: StepInputs,
                     logits: torch.Tensor, masks, failed_grammar: dict[int, str],
@@ -140,16 +139,15 @@ class Speculator:
 
 def verify(sampler: Sampler, logits: torch.Tensor, requests: list[CachedRequest],
            drafts: list[list[int]], masks) -> list[_Outcome]:
-    """Each request's tokens from its logits rows (one, or one per draft plus one)."""
+    """Each request's tokens from its logits rows (one, or one per draft plus one).
+    `masks`: the grammar's, one row per logits row of a constrained request (a draft the
+    grammar refuses is banned at its own row, so it is never accepted)."""
     rows: list[CachedRequest | _DraftRow] = []
     first_row: list[int] = []
     for request, proposed in zip(requests, drafts):
         first_row.append(len(rows))
         rows.append(request)
         rows.extend(_DraftRow(request, proposed[:j]) for j in range(1, len(proposed) + 1))
-    if masks is not None:   # grammar rows are per request; requests with one have no drafts
-        mask_rows, bitmask = masks
-        masks = ([first_row[i] for i in mask_rows], bitmask)
     # Every row as an ordinary decode row: its own token, logprobs and failure.
     plain = sampler.sample(logits, rows, masks)
     outcomes: list[_Outcome] = []
@@ -174,13 +172,13 @@ def verify(sampler: Sampler, logits: torch.Tensor, requests: list[CachedRequest]
                                  accepted, failed))
     if sampled_drafts:
         _verify_sampled(sampler, logits, rows, first_row, requests, drafts, plain,
-                        sampled_drafts, outcomes)
+                        sampled_drafts, outcomes, masks)
     return outcomes
 
 
 def _verify_sampled(sampler: Sampler, logits: torch.Tensor, rows: list, first_row: list[int],
                     requests: list[CachedRequest], drafts: list[list[int]], plain,
-                    indices: list[int], outcomes: list[_Outcome]) -> None:
+                    indices: list[int], outcomes: list[_Outcome], masks=None) -> None:
     """Rejection sampling for the sampled (non-greedy) requests with drafts, in one pass:
     their rows' distributions together, then the accept tests and residual draws."""
     span_rows: list[int] = []
@@ -191,7 +189,8 @@ def _verify_sampled(sampler: Sampler, logits: torch.Tensor, rows: list, first_ro
     views = [rows[r] for r in span_rows]
     index = torch.tensor(span_rows, dtype=torch.long, device=logits.device)
     raw = logits.index_select(0, index)
-    probs = sampler.probabilities(sampler.processed(raw, views), views)
+    probs = sampler.probabilities(sampler.processed(raw, views, _sub_masks(masks, span_rows)),
+                                  views)
     answers = verify_sampled(probs, spans, [requests[i] for i in indices], sampler)
     chosen_rows: list[int] = []
     chosen_tokens: list[int] = []
@@ -211,6 +210,19 @@ def _verify_sampled(sampler: Sampler, logits: torch.Tensor, rows: list, first_ro
                                        [views[r] for r in chosen_rows]))
     for i in indices:
         outcomes[i].logprobs = [next(entries) for _ in outcomes[i].tokens]
+
+
+def _sub_masks(masks, rows: list[int]):
+    """The grammar masks of `rows` (logits rows), renumbered as their places in it."""
+    if masks is None:
+        return None
+    where = {row: place for place, row in enumerate(rows)}
+    mask_rows, bitmask = masks
+    picked = [(where[row], k) for k, row in enumerate(mask_rows) if row in where]
+    if not picked:
+        return None
+    index = torch.tensor([k for _, k in picked], dtype=torch.long)
+    return [place for place, _ in picked], bitmask.index_select(0, index)
 
 
 def new_speculator(config, max_model_len: int) -> Speculator | None:

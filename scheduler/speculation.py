@@ -38,8 +38,8 @@ class DraftPlanner:
         request's length limit (every position the steps in flight may write stays
         below it, so nothing past max_tokens or the context is ever written)."""
         sampling = request.sampling
-        if (not sampling.speculative or sampling.structured_output is not None
-                or sampling.prompt_logprobs is not None or step < request.spec_paused_until):
+        if (not sampling.speculative or sampling.prompt_logprobs is not None
+                or step < request.spec_paused_until):
             return 0
         room = request.stop_num_tokens - 2 - request.num_computed_tokens \
             - request.num_draft_slots

@@ -111,10 +111,10 @@ def test_a_request_whose_drafts_are_rejected_pauses_then_tries_again():
     assert carried[:6] == [True, True, False, False, False, True]
 
 
-def test_opted_out_and_unspeculative_requests_get_no_drafts():
+def test_opted_out_and_prompt_logprobs_requests_get_no_drafts():
     scheduler = _scheduler()
     scheduler.add_request("a", [1, 2, 3, 4, 5], _params(speculative=False))
-    scheduler.add_request("b", [1, 2, 3, 4, 5], _params(structured_output={"regex": "a+"}))
+    scheduler.add_request("b", [1, 2, 3, 4, 5], _params(prompt_logprobs=1))
     plan = scheduler.schedule()
     scheduler.update(plan, _result(plan, {0: [7], 1: [7]}))
     assert scheduler.schedule().drafts == {}
