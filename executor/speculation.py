@@ -15,6 +15,7 @@ output distribution is the model's (executor/rejection_sampler.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +46,28 @@ def propose_ngram(tokens: np.ndarray, max_drafts: int, lookup_min: int, lookup_m
     return []
 
 
+class _Extended(Sequence):
+    """A request's token ids followed by some drafts, without copying the ids (the sampler
+    mostly asks the length; penalties read them all)."""
+
+    __slots__ = ("base", "extra")
+
+    def __init__(self, base: list[int], extra: list[int]) -> None:
+        self.base = base
+        self.extra = extra
+
+    def __len__(self) -> int:
+        return len(self.base) + len(self.extra)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return (self.base + self.extra)[index]
+        if index < 0:
+            index += len(self)
+        size = len(self.base)
+        return self.base[index] if index < size else self.extra[index - size]
+
+
 class _DraftRow:
     """A request as one of its draft rows sees it: its tokens with the drafts before the
     row appended (what the sampler reads: token ids, prompt length, parameters)."""
@@ -53,7 +76,9 @@ class _DraftRow:
 
     def __init__(self, request: CachedRequest, drafts: list[int]) -> None:
         self.handle = request.handle
-        self.token_ids = request.token_ids + drafts
+        # Penalties read every id (as a tensor): a real list for them.
+        self.token_ids = request.token_ids + drafts if request.sampling.needs_penalties() \
+            else _Extended(request.token_ids, drafts)
         self.prompt_len = request.prompt_len
         self.sampling = request.sampling
 

@@ -20,7 +20,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     # Policy (docs/speculative.md): no drafts in a step with more running requests than
     # this (a large batch is compute-bound, verifying drafts would cost the crowd) ...
-    max_running: int = 8
+    max_running: int = 4
     # ... and a request whose acceptance over its last `acceptance_window` drafts falls
     # below this stops proposing for `cooldown_steps` steps, then tries again.
     min_acceptance: float = 0.1

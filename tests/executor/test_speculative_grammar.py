@@ -10,7 +10,7 @@ from folio import LLM, SamplingParams
 from tests.conftest import TEST_DEVICE
 
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-                   "prompt_lookup_min": 1})
+                   "prompt_lookup_min": 1, "max_running": 64})
 SCHEMA = {"type": "object", "properties": {
     "items": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99},
               "minItems": 8, "maxItems": 12},

@@ -16,7 +16,7 @@ from folio import LLM, SamplingParams
 from tests.conftest import TEST_DEVICE
 
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-                   "prompt_lookup_min": 1})
+                   "prompt_lookup_min": 1, "max_running": 64})
 
 
 def _prompts() -> list[list[int]]:

@@ -18,7 +18,7 @@ from folio.executor.speculation import verify
 from tests.conftest import TEST_DEVICE
 
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-                   "prompt_lookup_min": 1})
+                   "prompt_lookup_min": 1, "max_running": 64})
 VOCAB = 6
 
 

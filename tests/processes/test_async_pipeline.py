@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 NUM_KV_BLOCKS = 24   # 384 slots of 16 tokens for about 1000 wanted: preemption is certain
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-                   "prompt_lookup_min": 1})
+                   "prompt_lookup_min": 1, "max_running": 64})
 
 
 def _workload(seed: int = 3):
