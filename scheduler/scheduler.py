@@ -175,8 +175,11 @@ class Scheduler:
             if num_new == 0:
                 continue
             end = computed + num_new
-            # Slots for the new tokens (and their full blocks registered for this step).
-            new_blocks = allocate_slots(request, num_new, step)
+            # Slots for the new tokens (and their full blocks registered for this step),
+            # past the positions the drafts of steps in flight may fill (their count is
+            # learned with their results; a decode step registers the same blocks).
+            extra = request.num_draft_slots
+            new_blocks = allocate_slots(request, num_new + extra, step)
             if new_blocks is None:
                 index = running.index(request)   # rare: the pool is short
                 while new_blocks is None:
@@ -185,7 +188,7 @@ class Scheduler:
                     preempted = True
                     if victim is request:
                         break
-                    new_blocks = allocate_slots(request, num_new, step)
+                    new_blocks = allocate_slots(request, num_new + extra, step)
                 if new_blocks is None:
                     break
             if request.on_executor:   # the common case goes into the plan at once
@@ -310,6 +313,8 @@ class Scheduler:
                 request.request_id, [token_id], reason,
                 logprobs=None if entry is None else [entry],
                 queued_s=request.queue_s if num_tokens == request.prompt_len + 1 else None))
+        if several:   # blocks its accepted drafts filled were written by this step
+            self.kv.confirm_through(plan.step_id)
         return StepOutputs(plain_ids, plain_tokens, outputs)
 
     def discard_unconfirmed(self) -> None:

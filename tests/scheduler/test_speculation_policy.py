@@ -138,3 +138,20 @@ def test_counters_reach_prometheus_and_the_log_line():
     assert log.line(20.0, stats) == ("speculative decoding: 10 drafts of 40 tokens, 62.5% "
                                      "accepted, mean accepted length 3.50")
     assert log.line(25.0, stats) is None
+
+
+def test_a_step_without_drafts_still_covers_the_drafts_in_flight():
+    """One step ahead, a step the policy gives no drafts still writes its token after
+    whatever the step in flight accepts: its slots reach past those drafts."""
+    scheduler = _scheduler()
+    scheduler.add_request("a", [1, 2, 3, 4, 5, 6, 7], _params())
+    request = scheduler.requests["a"]
+    first = scheduler.schedule()
+    scheduler.update(first, _result(first, {0: [9]}))
+    step1 = scheduler.schedule()
+    assert step1.drafts == {0: 4}
+    request.spec_paused_until = 1 << 30   # the policy turns drafts off for it
+    step2 = scheduler.schedule()
+    assert step2.drafts == {} and step2.running_num_tokens == [1]
+    # Step 2's token lands at position 7 + (0..4 accepted in step 1) + 1 <= 12.
+    assert len(scheduler.kv.block_ids(request)) * 4 >= 13
