@@ -114,7 +114,9 @@ class Executor:
         self.grammar = self._new_grammar()
         original = getattr(self.model, "longrope_original", None)
         self._rewrites_kv = original is not None and self.max_model_len > original
-        self.speculator = new_speculator(config, self.max_model_len)
+        # Not when the KV is rewritten in place (longrope): its recompute reads known tokens.
+        self.speculator = None if self._rewrites_kv else new_speculator(config,
+                                                                         self.max_model_len)
         if self._rewrites_kv and config.enable_prefix_caching:
             log.warning("longrope: a sequence passing %d tokens has its cached part recomputed "
                         "in place, so the scheduler shares no block through the prefix cache "
