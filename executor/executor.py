@@ -25,6 +25,7 @@ from folio.executor.models.hf_config import read_model_config
 from folio.executor.models.longrope import recompute_crossing
 from folio.executor.ops import select_ops
 from folio.executor.sampler import Sampler, score_tokens
+from folio.executor.speculation import new_speculator
 from folio.executor.thread_governor import ThreadGovernor
 from folio.shared.config import EngineConfig, ExecutorCapacity
 from folio.shared.step import StepPlan, StepResult
@@ -128,6 +129,9 @@ class Executor:
         self.grammar = self._new_grammar()
         original = getattr(self.model, "longrope_original", None)
         self._rewrites_kv = original is not None and self.max_model_len > original
+        # Not when the KV is rewritten in place (longrope): its recompute reads known tokens.
+        self.speculator = None if self._rewrites_kv else new_speculator(config,
+                                                                         self.max_model_len)
         if self._rewrites_kv and config.enable_prefix_caching:
             log.warning("longrope: a sequence passing %d tokens has its cached part recomputed "
                         "in place, so the scheduler shares no block through the prefix cache "
@@ -170,9 +174,11 @@ class Executor:
         self.mover.apply(plan.copies, plan.swap_out, plan.swap_in)
         result = StepResult(step_id=plan.step_id)
         if scheduled:
-            inputs = self.batch.prepare(scheduled)
+            drafts = self.speculator.propose(scheduled, plan.drafts, self.batch) \
+                if plan.drafts and self.speculator is not None else None
+            inputs = self.batch.prepare(scheduled, drafts)
             # Structured outputs' masks, on a worker thread while the forward pass runs.
-            pending_masks = self.grammar.start(inputs.sampled)
+            pending_masks = self.grammar.start(inputs.sampled, inputs.drafts)
             if getattr(self.model, "longrope_original", None) is not None:
                 recompute_crossing(self.model, self.ops, self.model.longrope_original,
                                    [request for request, _ in scheduled], self.batch.rows.tokens,
@@ -180,7 +186,13 @@ class Executor:
             attention = self.ops.prepare(inputs.attention, self.config.block_size)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attention)
             masks = pending_masks.result() if pending_masks is not None else None
-            if inputs.sampled:
+            if inputs.sampled and drafts:   # several rows per request (speculation.py)
+                logits = self.model.compute_logits(hidden[inputs.logits_indices])
+                pairs = self.speculator.finish_step(
+                    self.sampler, self.batch, inputs, logits, masks,
+                    self.grammar.take_failed(inputs.sampled), result)
+                self.grammar.accepted([r for r, _ in pairs], [t for _, t in pairs])
+            elif inputs.sampled:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
                 sampled = self.sampler.sample(logits, inputs.sampled, masks)
                 tokens, logprobs = sampled.tokens, sampled.logprobs

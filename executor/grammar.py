@@ -73,8 +73,12 @@ class GrammarMasks:
             if spec is not None:
                 self._new[new.handle] = (spec, list(new.token_ids[new.prompt_len:]))
 
-    def start(self, sampled: list[CachedRequest]) -> Future | None:
-        """Begin this step's masks for the constrained rows of `sampled`, on the worker."""
+    def start(self, sampled: list[CachedRequest], drafts: list[list[int]] | None = None
+              ) -> Future | None:
+        """Begin this step's masks for the constrained rows of `sampled`, on the worker.
+        `drafts` (speculative decoding, aligned with `sampled`): a request's logits rows
+        are then its verified one and one per draft, each masked as if the drafts before
+        it had been sampled, and the masks' rows count every request's rows."""
         if not self.active:
             return None
         rows = [i for i, r in enumerate(sampled)
@@ -82,7 +86,14 @@ class GrammarMasks:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="folio-grammar")
         handles = [sampled[i].handle for i in rows]
-        return self._pool.submit(self._masks, rows, handles)
+        if drafts is None:
+            return self._pool.submit(self._masks, rows, handles)
+        first, offset = [], 0
+        for proposed in drafts:
+            first.append(offset)
+            offset += 1 + len(proposed)
+        return self._pool.submit(self._masks, [first[i] for i in rows], handles,
+                                 [drafts[i] for i in rows])
 
     def take_failed(self, sampled: list[CachedRequest]) -> dict[int, str]:
         """Rows of `sampled` whose grammar failed in the last `start` (after its result),
@@ -108,7 +119,8 @@ class GrammarMasks:
 
     # ---- on the worker thread -------------------------------------------------------------
 
-    def _masks(self, rows: list[int], handles: list[int]
+    def _masks(self, rows: list[int], handles: list[int],
+               drafts: list[list[int]] | None = None
                ) -> tuple[list[int], torch.Tensor] | None:
         for handle, (spec, replay) in list(self._new.items()):
             try:
@@ -129,17 +141,31 @@ class GrammarMasks:
                 tokens.clear()
         if not rows:
             return None
+        if drafts is not None:
+            rows, handles, drafts = _draft_rows(rows, handles, drafts)
         mask = torch.zeros((len(rows), self.words), dtype=torch.int32)
         stride = self.words * 4
         for k, handle in enumerate(handles):
             matcher = self._matchers[handle]
             if matcher is None:
                 continue
+            # A draft row: the drafts before it consumed (rolled back after its mask). One
+            # the grammar refuses leaves the rows after it empty: its own row's mask bans
+            # it, so it is rejected and they are never read.
+            before = drafts[k] if drafts is not None else ()
+            if before:
+                consumed = matcher.try_consume_tokens(list(before))
+                if consumed < len(before):
+                    if consumed:
+                        matcher.rollback(consumed)
+                    continue
             # One row at a time, timed in this thread's CPU time (a loaded machine does
             # not count against a request); llguidance drops the GIL meanwhile.
             start = time.thread_time()
             matcher.unsafe_compute_mask_ptr(mask.data_ptr() + k * stride, stride)
             self._charge(handle, matcher, time.thread_time() - start)
+            if before:
+                matcher.rollback(len(before))
         empty = ~(mask != 0).any(dim=1)
         if bool(empty.any()):
             # No matcher, or one with no token left: only end-of-sequence is allowed, so
@@ -197,6 +223,19 @@ class GrammarMasks:
         self._failed.pop(handle, None)
         self._new.pop(handle, None)
         self._sampled.pop(handle, None)
+
+
+def _draft_rows(rows: list[int], handles: list[int], drafts: list[list[int]]
+                ) -> tuple[list[int], list[int], list[list[int]]]:
+    """One mask row per logits row of each constrained request: its verified row, then
+    one per draft, each with the drafts before it."""
+    out_rows, out_handles, before = [], [], []
+    for row, handle, proposed in zip(rows, handles, drafts):
+        for j in range(len(proposed) + 1):
+            out_rows.append(row + j)
+            out_handles.append(handle)
+            before.append(proposed[:j])
+    return out_rows, out_handles, before
 
 
 def _bit(index: int) -> int:

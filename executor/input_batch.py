@@ -45,6 +45,10 @@ class StepInputs:
     sampled: list[CachedRequest]       # the requests those rows belong to, in order
     # Prompt-logprob work: (request, first batch row, first prompt position scored, count).
     prompt_scoring: list[tuple[CachedRequest, int, int, int]]
+    # With speculative drafts in the step: the draft tokens of each request of `sampled`
+    # (empty lists for the others), whose rows all follow its verified row in
+    # logits_indices; None when no request carries drafts.
+    drafts: list[list[int]] | None = None
 
 
 class _Rows:
@@ -111,7 +115,16 @@ class InputBatch:
         self.rows.tokens[request.row, len(request.token_ids)] = token
         request.token_ids.append(token)
 
-    def prepare(self, scheduled: list[tuple[CachedRequest, int]]) -> StepInputs:
+    def write_drafts(self, request: CachedRequest, drafts: list[int]) -> None:
+        """Put draft tokens after the request's known tokens as the step's inputs (not
+        appended: sampled tokens overwrite them)."""
+        start = len(request.token_ids)
+        self.rows.tokens[request.row, start:start + len(drafts)] = drafts
+
+    def prepare(self, scheduled: list[tuple[CachedRequest, int]],
+                drafts: dict[int, list[int]] | None = None) -> StepInputs:
+        """`drafts`: speculative draft tokens by handle, written by write_drafts and
+        counted in their request's scheduled tokens; each gets a logits row."""
         count = len(scheduled)
         row_of = np.empty(count, dtype=np.int64)
         begins = np.empty(count, dtype=np.int64)
@@ -132,6 +145,12 @@ class InputBatch:
                 if last > begin:
                     scoring.append((request, start, begin + 1, last - begin))
             start += num_tokens
+            extra = drafts.get(request.handle) if drafts else None
+            if extra:   # the verified row, then one row per draft
+                request.num_computed = end - len(extra)
+                sampled_at.extend(range(start - 1 - len(extra), start))
+                sampled.append(request)
+                continue
             request.num_computed = end
             if end == len(request.token_ids):
                 sampled_at.append(start - 1)
@@ -161,6 +180,7 @@ class InputBatch:
             logits_indices=to_device(np.asarray(sampled_at, dtype=np.int64), device),
             sampled=sampled,
             prompt_scoring=scoring,
+            drafts=[drafts.get(r.handle, []) for r in sampled] if drafts else None,
         )
 
 

@@ -70,9 +70,7 @@ class Sampler:
         """`masks`: (rows, int32 bitmask) of the rows a grammar constrains
         (executor/grammar.py); applied first, to those rows only."""
         raw = logits
-        if masks is not None:
-            logits = apply_masks(logits.clone(), *masks)
-        logits = self._process(logits, requests, cloned=masks is not None)
+        logits = self.processed(logits, requests, masks)
         best, tokens = logits.max(dim=-1)   # max, not argmax: a NaN row shows in `best`
         bad = ~torch.isfinite(best)
         rows = [i for i, r in enumerate(requests) if not r.sampling.greedy]
@@ -92,6 +90,33 @@ class Sampler:
         return SampledBatch(tokens.tolist(), logprobs, failed)
 
     # ---- logit processing ---------------------------------------------------------------
+
+    def processed(self, logits: torch.Tensor, requests: list[CachedRequest],
+                  masks: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor:
+        """The logits every choice is made from: grammar masks, logit bias, the
+        min_tokens ban and penalties applied (the raw logits are not changed)."""
+        if masks is not None:
+            logits = apply_masks(logits.clone(), *masks)
+        return self._process(logits, requests, cloned=masks is not None)
+
+    def probabilities(self, logits: torch.Tensor, requests: list[CachedRequest]
+                      ) -> torch.Tensor:
+        """Each sampled row's distribution over processed logits: temperature, top-k,
+        top-p, then min-p."""
+        params = [r.sampling for r in requests]
+        device = logits.device
+        temperature = torch.tensor([max(float(p.temperature), 1e-5) for p in params],
+                                   device=device)
+        logits = logits / temperature[:, None]
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+            logits = _apply_top_k_top_p(logits, [p.top_k for p in params],
+                                        [p.top_p for p in params])
+        probs = torch.softmax(logits, dim=-1)
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], device=device)
+            floor = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+            probs = probs.masked_fill(probs < floor, 0.0)
+        return probs
 
     def _process(self, logits: torch.Tensor, requests: list[CachedRequest],
                  cloned: bool = False) -> torch.Tensor:
@@ -128,23 +153,11 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, requests: list[CachedRequest]
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """The drawn tokens, and which rows had no finite probability mass to draw from."""
-        params = [r.sampling for r in requests]
-        device = logits.device
-        temperature = torch.tensor([max(float(p.temperature), 1e-5) for p in params],
-                                   device=device)
-        logits = logits / temperature[:, None]
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            logits = _apply_top_k_top_p(logits, [p.top_k for p in params],
-                                        [p.top_p for p in params])
-        probs = torch.softmax(logits, dim=-1)
-        if any(p.min_p > 0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], device=device)
-            floor = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
-            probs = probs.masked_fill(probs < floor, 0.0)
+        probs = self.probabilities(logits, requests)
         cdf = probs.float().cumsum(dim=-1)
         total = cdf[:, -1]
         bad = ~(torch.isfinite(total) & (total > 0))
-        return _inverse_cdf(probs, self._uniforms(requests, device), cdf), bad
+        return _inverse_cdf(probs, self._uniforms(requests, logits.device), cdf), bad
 
     def _uniforms(self, requests: list[CachedRequest], device: torch.device) -> torch.Tensor:
         """One U[0, 1) per row: the batch generator's, or for a seeded request one from
@@ -178,6 +191,11 @@ class Sampler:
                 top_ids=top.indices[j, :want].tolist() if want else [],
                 top_logprobs=top.values[j, :want].tolist() if want else [])
         return result
+
+    def logprobs_of(self, raw: torch.Tensor, tokens: list[int],
+                    requests: list[CachedRequest]) -> list[TokenLogprobs | None]:
+        """The logprobs entries (for the rows that ask) of given tokens under raw logits."""
+        return self._logprobs(raw, self._long(tokens), requests)
 
     def _long(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -1,7 +1,8 @@
 """Prometheus metrics, named like vLLM's with a `folio:` prefix.
 
 Request-level counters and histograms are observed here from engine-client events; engine
-gauges and counters (running, waiting, KV usage, prefix cache, preemptions) are read from
+gauges and counters (running, waiting, KV usage, prefix cache, preemptions, speculative
+decoding) are read from
 the scheduler's stats at scrape time. One registry per frontend: no global state.
 """
 
@@ -44,8 +45,27 @@ class _EngineStatsCollector:
         preemptions.add_metric(["recompute"], float(stats.get("preemptions_recompute", 0)))
         preemptions.add_metric(["swap"], float(stats.get("preemptions_swap", 0)))
         yield preemptions
+        yield from _speculative(stats)
         yield from _per_replica(stats.get("replicas") or [])
         yield from _per_rank(stats)
+
+
+def _speculative(stats: dict[str, Any]):
+    """Speculative decoding's counters, as vLLM names them (present when it is on)."""
+    if "spec_decode_num_drafts" not in stats:
+        return
+    for name, doc in (("num_drafts", "Steps in which a request carried draft tokens"),
+                      ("num_draft_tokens", "Draft tokens proposed and verified"),
+                      ("num_accepted_tokens", "Draft tokens accepted")):
+        yield CounterMetricFamily(f"folio:spec_decode_{name}", doc,
+                                  value=float(stats.get(f"spec_decode_{name}", 0)))
+    per_position = CounterMetricFamily("folio:spec_decode_num_accepted_tokens_per_pos",
+                                       "Draft tokens accepted, by position in the step",
+                                       labels=["position"])
+    for position, count in enumerate(stats.get("spec_decode_num_accepted_tokens_per_pos")
+                                     or ()):
+        per_position.add_metric([str(position)], float(count))
+    yield per_position
 
 
 def _per_rank(stats: dict[str, Any]):

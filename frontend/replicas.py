@@ -31,7 +31,8 @@ LOAD_POLL_S = 0.5
 _SUMMED = ("kv_blocks_total", "kv_blocks_free", "kv_blocks_used", "kv_blocks_cached",
            "swap_blocks_total", "swap_blocks_free", "num_running", "num_waiting",
            "num_swapped", "prefix_cache_queries", "prefix_cache_hits",
-           "preemptions_recompute", "preemptions_swap")
+           "preemptions_recompute", "preemptions_swap", "spec_decode_num_drafts",
+           "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 
 
 class Replicas:

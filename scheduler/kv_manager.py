@@ -156,6 +156,24 @@ class KVCacheManager:
         self._set_work_at(table)
         return new_blocks
 
+    def reserve_slots(self, request: Request, num_slots: int) -> list[int] | tuple[()] | None:
+        """Slots for the request's first `num_slots` positions, for speculative drafts:
+        blocks appended as needed (returned), none registered in the prefix cache (drafts
+        are not verified tokens); None, changing nothing, when the pool is short. Slots
+        past what the drafts' tokens turn out to need stay in the table: the next step
+        asks for them again."""
+        table = self._tables[request.handle]
+        if num_slots <= table.num_slots:
+            return ()
+        missing = self.blocks_for(num_slots) - len(table.block_ids)
+        if missing > self.pool.num_free:
+            return None
+        new_blocks = self.pool.allocate(missing)
+        table.block_ids.extend(new_blocks)
+        table.num_slots = len(table.block_ids) * self.block_size
+        self._set_work_at(table)
+        return new_blocks
+
     def free(self, request: Request) -> None:
         """Release every block the request holds, on the device and in the swap space
         (preempted to be recomputed: its prefix hashes stay for its next admission)."""

@@ -23,7 +23,9 @@ class Request:
                  "status", "num_computed_tokens", "finish_reason", "on_executor",
                  "num_pending", "admit_seq", "resumed_step", "num_preemptions",
                  "fork_children", "prompt_logprobs_next", "arrival_time", "queue_s",
-                 "stop_length_at", "stop_ids", "prompt_len", "num_tokens", "stop_num_tokens")
+                 "stop_length_at", "stop_ids", "prompt_len", "num_tokens", "stop_num_tokens",
+                 "draft_steps", "num_draft_slots", "spec_proposed", "spec_accepted",
+                 "spec_paused_until")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
@@ -58,6 +60,15 @@ class Request:
         self.stop_length_at = 0
         self.stop_ids: frozenset[int] = frozenset()
         self.stop_num_tokens = 0   # prompt_len + stop_length_at: num_tokens at that limit
+        # Speculative decoding (scheduler/speculation.py): the draft cap of each step in
+        # flight by step id, and their sum (positions past the verified ones those steps
+        # may write); drafts proposed and accepted since the policy last judged, and the
+        # step before which it proposes none.
+        self.draft_steps: dict[int, int] = {}
+        self.num_draft_slots = 0
+        self.spec_proposed = 0
+        self.spec_accepted = 0
+        self.spec_paused_until = 0
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -53,6 +53,7 @@ from folio.scheduler.kv_manager import KVCacheManager
 from folio.scheduler.kv_map import build_kv_map
 from folio.scheduler.preemption import should_swap
 from folio.scheduler.request import Request, RequestStatus
+from folio.scheduler.speculation import DraftPlanner
 from folio.scheduler.stop import finish_reason_after_token, stop_triggers
 from folio.shared.config import SchedulerConfig
 from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
@@ -89,6 +90,11 @@ class Scheduler:
         self.counters = dict.fromkeys((
             "preemptions_recompute", "preemptions_swap", "prefix_cache_queries",
             "prefix_cache_hits", "num_finished", "forks"), 0)
+        # Speculative decoding (scheduler/speculation.py); None: off. Not for sliding-window
+        # models (the window's block accounting counts verified tokens only).
+        speculative = config.speculative
+        self.drafts = DraftPlanner(speculative) \
+            if speculative is not None and config.sliding_window is None else None
 
     # ---- requests in and out ------------------------------------------------------------
 
@@ -161,6 +167,8 @@ class Scheduler:
         add_count = plan.running_num_tokens.append
         appended = plan.new_block_ids
         allocate_slots = self.kv.allocate_slots
+        drafts = self.drafts if self.drafts is not None and \
+            self.drafts.step_allows(len(running)) else None
         # The decode loop runs for every running request every step, so it reads the
         # token counts cached on the request (num_tokens, stop_num_tokens: see
         # scheduler/request.py) rather than working them out, and makes one call to the
@@ -179,8 +187,11 @@ class Scheduler:
             if num_new == 0:
                 continue
             end = computed + num_new
-            # Slots for the new tokens (and their full blocks registered for this step).
-            new_blocks = allocate_slots(request, num_new, step)
+            # Slots for the new tokens (and their full blocks registered for this step),
+            # past the positions the drafts of steps in flight may fill (their count is
+            # learned with their results; a decode step registers the same blocks).
+            extra = request.num_draft_slots
+            new_blocks = allocate_slots(request, num_new + extra, step)
             if new_blocks is None:
                 index = running.index(request)   # rare: the pool is short
                 while new_blocks is None:
@@ -189,10 +200,13 @@ class Scheduler:
                     preempted = True
                     if victim is request:
                         break
-                    new_blocks = allocate_slots(request, num_new, step)
+                    new_blocks = allocate_slots(request, num_new + extra, step)
                 if new_blocks is None:
                     break
             if request.on_executor:   # the common case goes into the plan at once
+                if drafts is not None and remaining == num_new == 1:
+                    new_blocks, budget = self._plan_drafts(request, new_blocks, budget, plan,
+                                                           step, drafts)
                 add_handle(request.handle)
                 add_count(num_new)
                 if new_blocks:
@@ -213,6 +227,23 @@ class Scheduler:
             self._admit(scheduled, budget, step)
         return self._build_plan(plan, scheduled)
 
+    def _plan_drafts(self, request: Request, new_blocks: list[int] | tuple[()], budget: int,
+                     plan: StepPlan, step: int, drafts: DraftPlanner
+                     ) -> tuple[list[int] | tuple[()], int]:
+        """A decode step's draft cap and the slots it needs (before its verified token
+        is counted computed): every position the steps in flight and this one may write.
+        No drafts when the pool would have to preempt for them."""
+        cap = drafts.cap(request, step, budget)
+        if cap <= 0:
+            return new_blocks, budget
+        extra = self.kv.reserve_slots(
+            request, request.num_computed_tokens + 1 + request.num_draft_slots + cap)
+        if extra is None:
+            return new_blocks, budget
+        drafts.planned(request, step, cap)
+        plan.drafts[request.handle] = cap
+        return ([*new_blocks, *extra] if extra else new_blocks), budget - cap
+
     def plan_for_executor(self) -> StepPlan | None:
         """What one step is, for the in-process engine (folio/engine.py) and the scheduler
         process (scheduler/service.py) alike: plan it; None when the executor has nothing to
@@ -232,6 +263,12 @@ class Scheduler:
         plain_tokens: list[int] = []
         self.kv.confirm_through(plan.step_id)
         by_handle = self._by_handle
+        # Requests with several tokens this step (accepted drafts) report each as an entry:
+        # entries come out before the plain tokens, and a request's tokens stay in order.
+        several: set[int] | frozenset[int] = frozenset()
+        if plan.drafts and self.drafts is not None:   # before the tokens are appended
+            self.drafts.apply(plan, result, by_handle)
+            several = {handle for handle, _, accepted in result.drafts if accepted}
         for handle, start, entries in result.prompt_logprobs:
             request = by_handle.get(handle)
             if request is None:
@@ -270,14 +307,15 @@ class Scheduler:
             # The common case, tested in line: a plain token (no logprobs, not the first,
             # which reports its queue time and may start forks) that stops nothing.
             if (entry is None and request.prompt_len + 1 < num_tokens < request.stop_num_tokens
-                    and token_id not in request.stop_ids):
+                    and token_id not in request.stop_ids and handle not in several):
                 add_plain_id(request.request_id)
                 add_plain_token(token_id)
                 continue
             if request.fork_children:   # only ever before the first token
                 self._fork(request)
             reason = finish_reason_after_token(request, token_id)
-            if reason is None and entry is None and num_tokens > request.prompt_len + 1:
+            if (reason is None and entry is None and num_tokens > request.prompt_len + 1
+                    and handle not in several):
                 add_plain_id(request.request_id)
                 add_plain_token(token_id)
                 continue
@@ -287,6 +325,8 @@ class Scheduler:
                 request.request_id, [token_id], reason,
                 logprobs=None if entry is None else [entry],
                 queued_s=request.queue_s if num_tokens == request.prompt_len + 1 else None))
+        if several:   # blocks its accepted drafts filled were written by this step
+            self.kv.confirm_through(plan.step_id)
         return StepOutputs(plain_ids, plain_tokens, outputs)
 
     def discard_unconfirmed(self) -> None:
@@ -304,6 +344,7 @@ class Scheduler:
             "num_swapped": len(self.swapped),
             "steps": self._next_step,
             **self.counters,
+            **(self.drafts.stats() if self.drafts is not None else {}),
         }
 
     def kv_map(self) -> dict:
@@ -456,6 +497,8 @@ class Scheduler:
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         self.running.remove(request)
+        if self.drafts is not None:
+            self.drafts.preempted(request)
         self._drop_on_executor(request)
         request.num_preemptions += 1
         live = self.kv.num_live_blocks(request)   # freed (null) entries are not copied

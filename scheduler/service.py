@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 
@@ -33,6 +34,7 @@ from folio.scheduler.reply_cache import CachedReply
 from folio.scheduler.request_failure import fail_requests
 from folio.scheduler.scheduler import Scheduler
 from folio.scheduler.shutdown import ShutdownDrain
+from folio.scheduler.speculation import SpecLog
 from folio.scheduler.steps_in_flight import StepsInFlight
 from folio.shared import messages as m
 from folio.shared.codes import RefusalCode
@@ -125,6 +127,7 @@ class SchedulerService:
         if self.kv_events is not None and self.kv_events.replay is not None:
             self.poller.register(self.kv_events.replay, zmq.POLLIN)
         self.scheduler: Scheduler | None = None   # one per attached executor
+        self.spec_log = SpecLog()
         self.router = FrontendRouter(self.frontend_sock, self._abort_orphan)
         self.executor_link = ExecutorLink(self.executor_sock, ExecutorTimeouts(
             heartbeat_s=config.executor_timeout_s, step_s=config.step_timeout_s))
@@ -165,6 +168,10 @@ class SchedulerService:
         self._maybe_step()
         if self.kv_events is not None:
             self._publish_kv_events(events)
+        if self.scheduler is not None and self.scheduler.drafts is not None:
+            line = self.spec_log.line(time.monotonic(), self.scheduler.drafts.counters)
+            if line is not None:
+                log.info("%s", line)
         self.router.heartbeat(self._engine_info)
         self._check_drain()
 

@@ -18,6 +18,8 @@ from folio.shared.kv_cache_dtype import KV_CACHE_DTYPES
 from folio.shared.settings import (SettingError, at_least, check_fields, fraction,
                                    in_range, non_negative_int, optional, positive_int,
                                    power_of_two, above, setting)
+from folio.shared.speculative import (SpeculativeConfig, check_speculative_config,
+                                      parse_speculative_config)
 
 __all__ = ["SettingError", "setting", "SchedulingPolicy", "EngineConfig", "ExecutorCapacity",
            "SchedulerConfig", "policy_values"]
@@ -59,6 +61,15 @@ class SchedulingPolicy:
         "fcfs", "fcfs: first come, first served; priority: by each request's priority "
         "(lower first, as vLLM), then arrival, a more urgent arrival preempting less urgent "
         "running requests", choices=SCHEDULING_POLICIES)
+    speculative_config: str | None = setting(
+        None, "speculative decoding as a JSON object, e.g. '{\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 4}' (docs/speculative.md); off when unset",
+        check=check_speculative_config, metavar="JSON")
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """speculative_config parsed (checked when the config was made); None: off."""
+        return parse_speculative_config(self.speculative_config)
 
     def __post_init__(self) -> None:
         check_fields(self)   # every declared check, the subclasses' fields' too

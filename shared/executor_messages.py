@@ -13,12 +13,14 @@ from folio.shared.links import Link
 from folio.shared.sampling_params import sampling_from_wire
 from folio.shared.schema import (Bool, Field, Float, Int, Ints, Items, ListOf, Message, Nil,
                                  Sampling, Shape, Str, number_text)
+from folio.shared.speculative import MAX_SPECULATIVE_TOKENS
 from folio.shared.step import NewRequest, StepPlan, StepResult
 from folio.shared.wire import MAX_BLOCK_ID, MAX_TOKEN_ID, Body, ProtocolError, pack
 
 MAX_FAILURE_CHARS = 500   # why one request failed in a step (result `x`)
 MAX_RUN_TOKENS = 1 << 24   # tokens one plan asks of one running request
 MAX_TOP_K = 1024   # top-k alternatives per logprobs entry
+MAX_DRAFTS = MAX_SPECULATIVE_TOKENS   # drafts one request carries in one step
 
 
 class ExecutorHello(NamedTuple):
@@ -80,6 +82,8 @@ def encode_plan(plan: StepPlan) -> bytes:
     for key, pairs in (("so", plan.swap_out), ("si", plan.swap_in), ("cp", plan.copies)):
         if pairs:
             body[key] = [x for pair in pairs for x in pair]
+    if plan.drafts:
+        body["d"] = [x for pair in plan.drafts.items() for x in pair]
     return pack("plan", body)
 
 
@@ -113,6 +117,10 @@ def decode_plan(body: Body) -> StepPlan:
     plan.swap_out = body.pairs("so", MAX_BLOCK_ID)
     plan.swap_in = body.pairs("si", MAX_BLOCK_ID)
     plan.copies = body.pairs("cp", MAX_BLOCK_ID)
+    flat = body.ints("d", optional=True)
+    if len(flat) % 2 or any(cap > MAX_DRAFTS for cap in flat[1::2]):
+        raise ProtocolError(f"plan: 'd' is flat (handle, draft cap <= {MAX_DRAFTS}) pairs")
+    plan.drafts = dict(zip(flat[0::2], flat[1::2]))
     return plan
 
 
@@ -126,6 +134,8 @@ def encode_result(result: StepResult) -> bytes:
                        for handle, start, entries in result.prompt_logprobs]
     if result.failed:
         body["x"] = [[handle, reason[:MAX_FAILURE_CHARS]] for handle, reason in result.failed]
+    if result.drafts:
+        body["sd"] = [x for entry in result.drafts for x in entry]
     return pack("result", body)
 
 
@@ -167,6 +177,12 @@ def decode_result(body: Body) -> StepResult:
             raise ProtocolError("result: 'x' items are [handle, reason]")
         one = Body("result.x", dict(zip(("h", "r"), item)))
         result.failed.append((one.int("h", 0), one.str("r", MAX_FAILURE_CHARS)))
+    flat = body.ints("sd", optional=True)
+    if len(flat) % 3:
+        raise ProtocolError("result: 'sd' is flat (handle, proposed, accepted) triples")
+    result.drafts = [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+    if any(not accepted <= proposed <= MAX_DRAFTS for _, proposed, accepted in result.drafts):
+        raise ProtocolError(f"result: 'sd' entries need accepted <= proposed <= {MAX_DRAFTS}")
     return result
 
 
@@ -230,6 +246,8 @@ PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (
     Field("so", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
     Field("si", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
     Field("cp", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
+    Field("d", Ints(), default=None,
+          rule=f"flat (handle, draft cap ≤ {MAX_DRAFTS}) pairs: even length"),
 ), codec=(encode_plan, decode_plan), table=True)
 
 RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (
@@ -245,6 +263,9 @@ RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("x", ListOf(Items("result.x", (
         Field("handle", Int(0)),
         Field("reason", Str(MAX_FAILURE_CHARS, cut=MAX_FAILURE_CHARS))))), default=None),
+    Field("sd", Ints(), default=None,
+          rule=f"flat (handle, drafts proposed ≤ {MAX_DRAFTS}, drafts accepted ≤ proposed) "
+               "triples"),
 ), codec=(encode_result, decode_result),
    table=True)
 

@@ -41,7 +41,8 @@ class StepOutputs:
     on -- as two parallel lists (no object per token), and everything else (a finish, an
     error, logprobs, prompt logprobs, the first token's queue time) as entries apart.
     Iterating yields EngineOutput objects, entries first: a request's prompt logprobs always
-    precede its token, and a request has at most one token per step."""
+    precede its token. A request with several tokens in one step (accepted speculative
+    drafts) has them all as entries, in order."""
 
     ids: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)

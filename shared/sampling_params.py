@@ -50,6 +50,8 @@ class SamplingParams:
     # Not sampling, but per request like the rest: vLLM's priority (lower runs first), read
     # by the scheduler under --scheduling-policy priority only.
     priority: int = 0
+    # False: this request never carries speculative drafts (docs/speculative.md).
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         # Lists from callers and the wire become tuples, so nobody changes a frozen value
@@ -86,7 +88,7 @@ class SamplingParams:
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise ValueError(f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids, got "
                              f"{len(self.stop_token_ids)}")
-        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "speculative"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool")
         for name in ("logprobs", "prompt_logprobs"):

@@ -16,6 +16,11 @@ _FIELDS = (
         "swap_blocks_total", "swap_blocks_free", "num_running", "num_waiting", "num_swapped",
         "steps", "preemptions_recompute", "preemptions_swap", "prefix_cache_queries",
         "prefix_cache_hits", "num_finished", "forks")),
+    # Speculative decoding (scheduler/speculation.py), present when it is on.
+    *(Field(key, Int(0), default=None) for key in (
+        "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
+        "spec_decode_num_accepted_tokens")),
+    Field("spec_decode_num_accepted_tokens_per_pos", Ints(0, max_len=64), default=None),
     Field("executor_alive", Bool(), default=None),
     Field("executor_ranks", Ints(0, 1 << 31, 1024), default=None),
     Field("num_frontends", Int(0), default=None),

@@ -39,6 +39,10 @@ class StepPlan:
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
+    # Speculative decoding (docs/speculative.md): running requests (by handle) whose step
+    # may carry up to this many draft tokens after its verified one; the executor proposes
+    # them from its own tokens. Not counted in running_num_tokens.
+    drafts: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -52,7 +56,8 @@ class StepPlan:
 @dataclass(slots=True)
 class StepResult:
     step_id: int
-    # One sampled token per request that reached the end of its known tokens.
+    # The sampled tokens of each request that reached the end of its known tokens: one,
+    # or with drafts verified (see `drafts`) several, consecutive, in order.
     handles: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     # Aligned with handles when any request asked for logprobs, else empty: None, or
@@ -66,3 +71,6 @@ class StepResult:
     # Requests that failed alone this step (a non-finite row, a grammar past its budget):
     # (handle, why). Not in `handles`; the scheduler ends each with an error.
     failed: list[tuple[int, str]] = field(default_factory=list)
+    # Each request that carried drafts: (handle, drafts proposed, drafts accepted); its
+    # entries in `handles` are the accepted drafts and the token after them.
+    drafts: list[tuple[int, int, int]] = field(default_factory=list)

@@ -87,17 +87,59 @@ class FakeExecutor:
         assert len(handles) == len(set(handles)), "request scheduled twice in one step"
 
         self._move(plan)
+        drafted = self._propose(plan.drafts, scheduled)
         self._write_and_check(scheduled)
 
         result = StepResult(plan.step_id)
         for handle, held, _ in scheduled:
-            if held.computed == len(held.tokens):
+            if handle in drafted:
+                self._verify(handle, held, *drafted[handle], result)
+            elif held.computed == len(held.tokens):
                 token = sample(held.digests[-1], self.vocab_size)
                 held.tokens.append(token)
                 extend_digests(held.digests, held.tokens)
                 result.handles.append(handle)
                 result.token_ids.append(token)
         return result
+
+    # ---- speculative drafts ---------------------------------------------------------------
+
+    def _propose(self, caps: dict[int, int], scheduled: list) -> dict[int, tuple[int, int]]:
+        """Drafts for the decode steps the plan allows them: the cap's worth, of which a
+        number fixed by the history are right (the tokens that really follow) and the next
+        one wrong. They are appended for the write (their KV is written, like a real
+        executor's); _verify takes them back. By handle: (drafts, right ones)."""
+        drafted = {}
+        for index, (handle, held, count) in enumerate(scheduled):
+            cap = caps.get(handle, 0)
+            if not cap or count != 1 or held.computed != len(held.tokens) - 1:
+                continue
+            right = hash((held.digests[-1], 0xACC)) % (cap + 1)
+            for _ in range(right):
+                held.tokens.append(sample(held.digests[-1], self.vocab_size))
+                extend_digests(held.digests, held.tokens)
+            while len(held.tokens) < held.computed + 1 + cap:   # the wrong one, and more
+                wrong = (sample(held.digests[-1], self.vocab_size) + 1) % self.vocab_size
+                held.tokens.append(wrong)
+                extend_digests(held.digests, held.tokens)
+            drafted[handle] = (cap, right)
+            scheduled[index] = (handle, held, 1 + cap)
+        return drafted
+
+    def _verify(self, handle: int, held: _Held, drafts: int, right: int,
+                result: StepResult) -> None:
+        """Keep the right drafts and the token after them; forget the wrong one."""
+        verified = len(held.tokens) - drafts   # the tokens before the drafts
+        del held.tokens[verified + right:]
+        del held.digests[verified + right:]
+        held.computed = verified + right
+        token = sample(held.digests[-1], self.vocab_size)
+        held.tokens.append(token)
+        extend_digests(held.digests, held.tokens)
+        kept = held.tokens[verified:]
+        result.handles.extend([handle] * len(kept))
+        result.token_ids.extend(kept)
+        result.drafts.append((handle, drafts, right))
 
     # ---- the fake KV cache --------------------------------------------------------------
 

@@ -69,3 +69,19 @@ def test_eos_stops_and_ignore_eos_continues(llama_dir):
     assert stopped.token_ids == [eos] and stopped.finish_reason == "stop"
     longer = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0]
     assert len(longer.token_ids) == 8 and longer.finish_reason == "length"
+
+
+@pytest.mark.parametrize("engine_args", [
+    {"num_kv_blocks": 2048},
+    {"num_kv_blocks": 24, "max_num_batched_tokens": 128},
+    {"block_size": 4, "num_kv_blocks": 400, "max_num_batched_tokens": 37, "max_num_seqs": 5},
+], ids=["large-pool", "preemption", "small-blocks-chunks"])
+def test_greedy_matches_transformers_with_speculation(llama_dir, expected, engine_args):
+    """n-gram drafts verified in the same pass (docs/speculative.md): still transformers'
+    tokens, with drafts accepted."""
+    spec = ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, '
+            '"max_running": 64}')
+    outputs, stats = _folio_greedy(llama_dir, speculative_config=spec, **engine_args)
+    assert outputs == expected(llama_dir)
+    assert stats["spec_decode_num_accepted_tokens"] > 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]

@@ -21,6 +21,8 @@ from tests.pipeline import Pipeline
 pytestmark = pytest.mark.slow
 
 NUM_KV_BLOCKS = 24   # 384 slots of 16 tokens for about 1000 wanted: preemption is certain
+SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+                   "prompt_lookup_min": 1, "max_running": 64})
 
 
 def _workload(seed: int = 3):
@@ -120,7 +122,10 @@ def runs(tmp_path_factory, llama_dir):
             ("serial", ("--no-async-scheduling",), ()),
             ("async", ("--async-scheduling",), ()),
             ("async-swap", ("--preemption-mode", "swap"), ("--preemption-mode", "swap",
-                                                          "--num-swap-blocks", "64"))):
+                                                          "--num-swap-blocks", "64")),
+            # Speculative decoding: both processes read the same setting.
+            ("async-spec", ("--async-scheduling", "--speculative-config", SPEC),
+             ("--speculative-config", SPEC))):
         port = free_port()
         pipe = Pipeline(tmp_path_factory.mktemp(name), llama_dir, http_port=port,
                         engine_args=("--num-kv-blocks", str(NUM_KV_BLOCKS), *engine_args),
@@ -154,3 +159,17 @@ def test_preemption_happened_and_every_block_came_back(runs):
             assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == NUM_KV_BLOCKS, name
             assert stats["swap_blocks_free"] == stats["swap_blocks_total"], name
             assert stats["num_running"] == stats["num_waiting"] == stats["num_swapped"] == 0
+
+
+def test_speculative_decoding_one_step_ahead_matches_serial(runs):
+    """Greedy answers, finish reasons, stop strings and forks as without speculation
+    (seeded samples are drawn differently: rejection sampling, docs/speculative.md)."""
+    serial, spec = runs["serial"], runs["async-spec"]
+    for key in ("greedy", "greedy_reasons", "stopped", "forks"):
+        assert spec[key] == serial[key], key
+    assert _same_scores(spec["prompt_logprobs"], serial["prompt_logprobs"])
+    after_bursts, idle = spec["stats"]
+    assert idle["spec_decode_num_accepted_tokens"] > 0
+    assert after_bursts["preemptions_recompute"] > 0
+    for stats in (after_bursts, idle):
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == NUM_KV_BLOCKS

@@ -15,6 +15,7 @@ pools are entirely free.
 
 from __future__ import annotations
 
+import json
 from collections import Counter, deque
 
 import pytest
@@ -37,6 +38,11 @@ VOCAB = 64
 EOS = 3
 MAX_MODEL_LEN = 40
 PREFIXES = [[(7 * i + 5 * k) % VOCAB for i in range(24)] for k in range(1, 4)]
+
+
+SPEC_K1 = json.dumps({"num_speculative_tokens": 1, "max_running": 64})
+SPEC_K3 = json.dumps({"num_speculative_tokens": 3, "max_running": 64,
+                      "acceptance_window": 6, "min_acceptance": 0.5, "cooldown_steps": 2})
 
 
 @st.composite
@@ -69,6 +75,9 @@ def configs(draw) -> SchedulerConfig:
         swap_bytes_per_s=1.0,
         sliding_window=sliding_window,
         scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
+        # Speculative decoding: the fake executor's drafts are partly right (docs/
+        # speculative.md); a sliding window turns it off.
+        speculative_config=draw(st.sampled_from([None, None, SPEC_K1, SPEC_K3])),
     )
 
 
@@ -409,7 +418,11 @@ def check_scheduler(driver: Driver) -> None:
         if request.status is RequestStatus.RUNNING:
             assert request.num_computed_tokens <= len(tokens)
             assert len(block_ids) * size >= request.num_computed_tokens
-            assert len(block_ids) <= -(-len(tokens) // size)
+            # Speculative drafts' slots stay in the table until the request needs them
+            # (at most the drafts of the steps in flight and one step's more).
+            slack = 0 if scheduler.drafts is None else \
+                1 + 2 * scheduler.drafts.config.num_speculative_tokens
+            assert len(block_ids) <= -(-(len(tokens) + slack) // size)
             if request.on_executor and request.handle not in ahead_new:
                 held = executor.requests[request.handle]
                 # The executor's table is append-only: entries freed since it was sent still
