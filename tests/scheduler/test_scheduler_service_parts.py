@@ -83,6 +83,7 @@ def test_the_in_process_engine_steps_by_the_same_rule():
 
     engine = object.__new__(InProcessEngine)   # its scheduler, a fake executor: no model
     engine.scheduler, engine.executor = _scheduler(), FakeExecutor(16, 32, vocab_size=1024)
+    engine.ranks = None   # one process: no tensor-parallel ranks
     engine.add_request("a", [4, 5, 6], GREEDY)
     engine.add_request("b", [4, 5], GREEDY)
     tokens: dict[str, list[int]] = {}
