@@ -32,6 +32,7 @@ class _Engine:   # what /health, /v1/models and a refused completion read
     facts = ModelFacts(vocab_size=256, max_model_len=64, max_logprobs=20, max_n=64)
     draining = False
     engine_alive = True
+    tokenizer = None
 
     def replica_health(self) -> None:   # one scheduler, no replicas
         return None
@@ -211,7 +212,9 @@ def test_a_whole_request_with_a_body_is_served_on_a_busy_connection(server):
         sock.sendall(HEAD.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
         answer = b""
         while b"}}" not in answer:
-            answer += sock.recv(65536)
+            chunk = sock.recv(65536)
+            assert chunk, f"the server closed the connection after {answer[:300]!r}"
+            answer += chunk
         assert answer.startswith(b"HTTP/1.1 400 ") and b'"prompt"' in answer, answer[:300]
         time.sleep(DEADLINE_S * 0.6)   # twice past the deadline, counted from the start
     sock.close()
