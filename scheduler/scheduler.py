@@ -158,8 +158,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[_Scheduled] = []
         preempted = False
-        if self._by_priority and self.waiting:
-            self._preempt_for_priority(plan)
+        made_room = self._by_priority and self.waiting and self._preempt_for_priority(plan)
 
         chunked = self.config.enable_chunked_prefill
         running = self.running
@@ -221,9 +220,13 @@ class Scheduler:
                 break
 
         # A step that had to preempt brings nobody in: memory is already short.
-        if not preempted:
+        # Under the priority policy a waiting request more urgent than every swapped one goes
+        # first, and a victim preempted for it this step is not brought straight back.
+        urgent = self._by_priority and self.waiting and (made_room or not self.swapped or (
+            self.waiting[0].sampling.priority < self.swapped[0].sampling.priority))
+        if not preempted and not urgent:
             budget = self._swap_in(plan, scheduled, budget, step)
-        if not preempted and not self.swapped:
+        if not preempted and (urgent or not self.swapped):
             self._admit(scheduled, budget, step)
         return self._build_plan(plan, scheduled)
 
@@ -476,15 +479,18 @@ class Scheduler:
         queue.insert(bisect.bisect_right(
             queue, key, key=lambda r: (r.sampling.priority, r.handle)), request)
 
-    def _preempt_for_priority(self, plan: StepPlan) -> None:
+    def _preempt_for_priority(self, plan: StepPlan) -> bool:
         """Before the step schedules anyone: preempt running requests less urgent than the
-        first waiting one while it cannot be admitted."""
+        first waiting one while it cannot be admitted. Whether it preempted any."""
         head = self.waiting[0]
+        preempted = False
         while self.running and self.running[-1].sampling.priority > head.sampling.priority:
             seats = len(self.running) < self.config.max_num_seqs
             if seats and self.kv.can_admit(head, self.kv.find_cached_prefix(head)):
-                return
+                break
             self._preempt(self.running[-1], plan)
+            preempted = True
+        return preempted
 
     def _pick_victim(self, first_unscheduled: int, step: int) -> Request:
         """The newest running request not yet scheduled this step, skipping any resumed in
