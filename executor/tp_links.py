@@ -35,7 +35,7 @@ from folio.shared.security import (
     make_client,
     start_authenticator,
     stop_authenticator,
-    zap_domain,
+    serve_curve,
 )
 from folio.shared.transport import (
     DOWN_EVENTS,
@@ -66,13 +66,8 @@ def _curve(sock: zmq.Socket, keys_dir: str | None, server: bool) -> zmq.Socket:
     if keys_dir is None:
         return sock
     keys = load_keys(keys_dir, peer=EXECUTOR)
-    if server:
-        sock.setsockopt(zmq.ZAP_DOMAIN, zap_domain(EXECUTOR))
-        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
-        sock.curve_secretkey = keys.client_secret
-        sock.curve_publickey = keys.client_public
-        sock.curve_server = True
-        return sock
+    if server:   # the executor keypair serves: every node's ranks hold it
+        return serve_curve(sock, keys.client_public, keys.client_secret, EXECUTOR)
     return make_client(sock, keys.client_public, keys.client_public, keys.client_secret)
 
 

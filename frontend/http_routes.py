@@ -17,7 +17,6 @@ from starlette.requests import Request
 
 from folio.frontend.api_errors import ApiError
 from folio.frontend.engine_protocol import Engine
-from folio.frontend.generic_tools import renders_tools
 from folio.frontend.http_answers import respond
 from folio.frontend.http_body import read_json
 from folio.frontend.metrics import Metrics
@@ -39,6 +38,7 @@ class Served:
     metrics: Metrics
     created: int                    # the models' "created" time
     tool_call_parser: str | None
+    renders_tools: bool             # the chat template reads `tools` (frontend/generic_tools.py)
 
     @property
     def model(self) -> str:
@@ -46,7 +46,7 @@ class Served:
 
     def terms(self) -> ServerTerms:
         return ServerTerms(self.engine.facts.max_logprobs, self.tool_call_parser,
-                           renders_tools(self.engine.tokenizer))
+                           self.renders_tools)
 
 
 def _served(request: Request) -> Served:

@@ -24,6 +24,7 @@ from uvicorn.importer import import_from_string
 from folio.frontend.api_errors import ApiError
 from folio.frontend.engine_protocol import Engine
 from folio.frontend.http_access import AccessGate
+from folio.frontend.generic_tools import renders_tools
 from folio.frontend.http_limits import (IDLE_TIMEOUT_S, MAX_HEAD_BYTES, REQUEST_TIMEOUT_S,
                                         ConnectionGate, allowed_hosts, connection_cap, gated)
 from folio.frontend.http_routes import RETRY_AFTER_S, ROUTES, Served
@@ -45,7 +46,9 @@ def create_app(engine: Engine, model_name: str | list[str], api_key: str | None 
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
     metrics = Metrics(names[0])
     engine.observers.append(metrics.observe)
-    app.state.served = Served(engine, names, metrics, int(time.time()), tool_call_parser)
+    # The template is fixed for the server's life: read whether it renders tools once.
+    app.state.served = Served(engine, names, metrics, int(time.time()), tool_call_parser,
+                              renders_tools(engine.tokenizer))
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(ApiError, _api_error)

@@ -144,11 +144,17 @@ def make_server(sock: zmq.Socket, keys: CurveKeys | None, peer: str = CLIENT) ->
     if keys is not None:
         if keys.server_secret is None:
             raise ValueError("this process needs the server's secret key")
-        sock.setsockopt(zmq.ZAP_DOMAIN, zap_domain(peer))
-        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
-        sock.curve_secretkey = keys.server_secret
-        sock.curve_publickey = keys.server_public
-        sock.curve_server = True
+        serve_curve(sock, keys.server_public, keys.server_secret, peer)
+    return sock
+
+
+def serve_curve(sock: zmq.Socket, public: bytes, secret: bytes, peer: str) -> zmq.Socket:
+    """Before bind: a CURVE server with this keypair; ZAP admits only `peer`'s allow-list."""
+    sock.setsockopt(zmq.ZAP_DOMAIN, zap_domain(peer))
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
     return sock
 
 
