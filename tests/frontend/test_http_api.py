@@ -248,6 +248,7 @@ def test_metrics_public_serves_them_without_the_key():
     class Engine:   # what the routes used here read
         observers: list = []
         max_model_len = 64
+        tokenizer = None   # create_app reads whether its chat template renders tools
 
         async def stats(self, timeout: float = 1.0) -> dict:
             return {"num_running": 3}
