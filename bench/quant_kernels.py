@@ -1,6 +1,7 @@
-"""Milliseconds per matmul of the weight-only kernels (kernels/cpu/quant_matmul.cpp) against
-float32 oneDNN (PackedLinear) and the W8A8 FBGEMM path (Int8Linear), on SmolLM2-135M's shapes
-at several batch sizes: which path is fastest where.
+"""Milliseconds per matmul of the quantized kernels, float activations
+(kernels/cpu/quant_matmul.cpp) and int8 activations ("a8", kernels/cpu/quant_dot.cpp, up to 8
+rows), against float32 oneDNN (PackedLinear), on SmolLM2-135M's shapes at several batch sizes:
+which path is fastest where. Above 8 rows both int8 columns are the same float GEMM path.
 
     python -m bench.quant_kernels [--rows 1 8 64 512] [--repeat 3] [--threads 1]
 """
@@ -15,7 +16,6 @@ import torch
 from torch import nn
 
 from folio.executor.linear import PackedLinear
-from folio.executor.quantized_linear import Int8Linear
 from folio.kernels import cpu_attention
 from folio.kernels.cpu_quant import (quant_matmul_int4, quant_matmul_int8, quantize_int4,
                                      quantize_int8)
@@ -41,10 +41,11 @@ def paths(linear: nn.Linear) -> dict:
     p4, s4, m4 = quantize_int4(w, 32)
     p4b, s4b, m4b = quantize_int4(w, 64)
     return {"float32 onednn": PackedLinear(linear),
-            "w8a8 fbgemm": Int8Linear(linear),
             "int8 ch": lambda x: quant_matmul_int8(x, q8c, s8c),
+            "int8 ch a8": lambda x: quant_matmul_int8(x, q8c, s8c, True),
             "int8 g32": lambda x: quant_matmul_int8(x, q8g, s8g),
             "int4 g32": lambda x: quant_matmul_int4(x, p4, s4, m4),
+            "int4 g32 a8": lambda x: quant_matmul_int4(x, p4, s4, m4, True),
             "int4 g64": lambda x: quant_matmul_int4(x, p4b, s4b, m4b)}
 
 

@@ -58,7 +58,6 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     from folio import LLM, SamplingParams
-    from folio.executor.quantized_linear import Int8Linear
     from folio.executor.weight_only_linear import WeightOnlyLinear
 
     llm = LLM(args.model_dir, skip_tokenizer_init=True, dtype="float32", device="cpu",
@@ -74,7 +73,7 @@ def worker(args: argparse.Namespace) -> dict:
     many = timed_generate(llm, prompts, args.output_len)
     return {"quantization": args.worker, "one_user_tok_s": one,
             f"{args.users}_users_tok_s": many,
-            "quantized_layers": sum(isinstance(m, (Int8Linear, WeightOnlyLinear))
+            "quantized_layers": sum(isinstance(m, WeightOnlyLinear)
                                     for m in model.modules()),
             "rss_mib": rss_mib(),
             "threads": torch.get_num_threads()}

@@ -99,12 +99,15 @@ class Executor:
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
                                 self.device, self.max_model_len, tp)
         self.num_params = sum(p.numel() for p in self.model.parameters())
+        int8_activations = config.quantized_activations == "int8"
         if is_gguf(config.model) and self.device.type == "cpu" and tp is None:
             keep_gguf_quantized(self.model, config.model,
                                 ARCHITECTURES[self.model_config.architecture].weights,
-                                cpu_attention.load().ok, self.model_config.tie_word_embeddings)
+                                cpu_attention.load().ok, self.model_config.tie_word_embeddings,
+                                int8_activations)
         self.linear_backend = pack_linears(self.model, self.device, self.dtype,
-                                           config.linear_backend, config.quantization)
+                                           config.linear_backend, config.quantization,
+                                           int8_activations)
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
         if self.kv_dtype != self.dtype and self.ops.name == "triton":
             raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype}: the Triton attention "

@@ -123,7 +123,7 @@ def iterate_kept_weights(path: str | Path) -> Iterator[tuple[str, QuantizedWeigh
 
 
 def keep_gguf_quantized(model: nn.Module, path: str | Path, weight_names, native: bool,
-                        tie_word_embeddings: bool) -> int:
+                        tie_word_embeddings: bool, int8_activations: bool = False) -> int:
     """Swap each nn.Linear of `model` whose whole weight is held in KEPT_TYPES in the file
     (all parts of a fused one, in one format) for a WeightOnlyLinear on those blocks; a tied
     lm_head takes the embedding's. Returns how many were swapped."""
@@ -151,7 +151,7 @@ def keep_gguf_quantized(model: nn.Module, path: str | Path, weight_names, native
         bias = None if linear.bias is None else linear.bias.detach().clone()
         parent_name, _, child = param_name.rsplit(".", 1)[0].rpartition(".")
         setattr(modules[parent_name] if parent_name else model, child,
-                WeightOnlyLinear(weight, bias, native))
+                WeightOnlyLinear(weight, bias, native, int8_activations))
         swapped += 1
     log.info("GGUF: %d linear layers kept quantized as in the file", swapped)
     return swapped

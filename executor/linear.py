@@ -15,6 +15,7 @@ from torch import nn
 
 from folio.executor.models.moe import SparseMoe
 from folio.executor.weight_only_linear import WeightOnlyLinear
+from folio.kernels import cpu_quant
 
 log = logging.getLogger("folio.executor")
 
@@ -54,7 +55,8 @@ def onednn_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
 
 
 def pack_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
-                 backend: str = "auto", quantization: str = "none") -> str:
+                 backend: str = "auto", quantization: str = "none",
+                 int8_activations: bool = False) -> str:
     """Swap every nn.Linear of `model` for a PackedLinear where oneDNN can run it, or for
     a WeightOnlyLinear with quantization="int8" or "int4".
 
@@ -63,7 +65,8 @@ def pack_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
     or "int4".
     """
     if quantization in QUANTIZED_BITS:
-        return _quantize_linears(model, device, dtype, backend, QUANTIZED_BITS[quantization])
+        return _quantize_linears(model, device, dtype, backend, QUANTIZED_BITS[quantization],
+                                 int8_activations)
     if quantization != "none":
         raise ValueError(f"quantization={quantization!r} is not supported (none, int8, int4)")
     if backend == "torch":
@@ -84,7 +87,7 @@ def pack_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
 
 
 def _quantize_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
-                      backend: str, bits: int) -> str:
+                      backend: str, bits: int, int8_activations: bool) -> str:
     """Every nn.Linear to int8/int4 weights, but a mixture-of-experts router: its few outputs
     decide which experts run, and it is too small for its bytes to matter. The router and any
     other linear left float go through the float path `backend` names. lm_head is quantized
@@ -108,9 +111,11 @@ def _quantize_linears(model: nn.Module, device: torch.device, dtype: torch.dtype
                 # lm_head stays int8 under int4 (llama.cpp's Q4 files keep it at Q6_K/Q8_0
                 # too): int4 there cost SmolLM2-135M 4.7% perplexity, int8 0.1%.
                 layer_bits = 8 if parent is model and name == "lm_head" else bits
-                setattr(parent, name, WeightOnlyLinear.from_linear(child, layer_bits, native))
+                setattr(parent, name, WeightOnlyLinear.from_linear(child, layer_bits, native,
+                                                                     int8_activations))
     float_linears_to(routers, device, dtype, backend)
-    log.info("linear layers: int%d weights (lm_head int8), float activations", bits)
+    log.info("linear layers: int%d weights (lm_head int8), %s activations up to %d rows",
+             bits, "int8" if int8_activations else "float", cpu_quant.SMALL_BATCH)
     return f"int{bits}"
 
 

@@ -1,10 +1,14 @@
-"""Weight-only quantized linear layers for the CPU executor (`--quantization int8|int4`, and
-a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K weights kept as they are in the file).
+"""Quantized linear layers for the CPU executor (`--quantization int8|int4`, and a GGUF
+file's Q8_0/Q4_0/Q4_1/Q4_K weights kept as they are in the file).
 
 The weights stay int8 (one scale per group of values along K) or int4 (a scale and a min per
-group) in memory; activations stay float and the sums are float32
-(kernels/cpu/quant_matmul.cpp). Quantizing the activations too (the W8A8 path of
-executor/quantized_linear.py) cost most of int8's perplexity on SmolLM2-135M
+group) in memory. Prompts (more than 8 rows) multiply float activations by tiles of W
+dequantized to float32 (kernels/cpu/quant_matmul.cpp). Decode batches of up to 8 rows, by
+default (`--quantized-activations int8`), round their activations to int8 per 32 values and
+sum integer dot products (kernels/cpu/quant_dot.cpp), llama.cpp's scheme for its Q8_0/Q4
+files: about 2x faster from 2 rows on, the same at one row (a step is bound by the bytes of
+the weights there). An earlier W8A8 path with one activation scale per token (FBGEMM) cost
+SmolLM2-135M 5% perplexity and was removed; per 32 values the rounding is far finer
 (docs/benchmarks.md, "Quality of the quantized paths").
 """
 
@@ -62,7 +66,7 @@ class WeightOnlyLinear(nn.Module):
     """y = x @ dequant(W).T + b; x float32 or bfloat16, y in x's dtype."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None,
-                 native: bool) -> None:
+                 native: bool, int8_activations: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bits = weight.bits
@@ -73,11 +77,17 @@ class WeightOnlyLinear(nn.Module):
         # Without the built operators (kernels.cpu_attention), a float matmul on the weight
         # dequantized at each call: right, only slow.
         self.native = native
+        # Small batches with activations quantized per 32 values and integer dot products
+        # (kernels/cpu/quant_dot.cpp). Its sign trick cannot take -128, which no quantizer
+        # here or in llama.cpp writes; a GGUF file that holds one keeps float activations.
+        self.int8_activations = (int8_activations and weight.shape[1] % cpu_quant.DOT_BLOCK == 0
+                                 and not (weight.bits == 8 and bool((weight.data == -128).any())))
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, bits: int, native: bool) -> WeightOnlyLinear:
+    def from_linear(cls, linear: nn.Linear, bits: int, native: bool,
+                    int8_activations: bool = False) -> WeightOnlyLinear:
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(quantize_weight(linear.weight, bits), bias, native)
+        return cls(quantize_weight(linear.weight, bits), bias, native, int8_activations)
 
     def quantized_weight(self) -> QuantizedWeight:
         return QuantizedWeight(self.bits, self.data, self.scales, self.mins)
@@ -87,13 +97,15 @@ class WeightOnlyLinear(nn.Module):
             out = x.float() @ self.quantized_weight().dequantize().T
             out = out.to(x.dtype)
         elif self.bits == 8:
-            out = cpu_quant.quant_matmul_int8(x, self.data, self.scales)
+            out = cpu_quant.quant_matmul_int8(x, self.data, self.scales, self.int8_activations)
         else:
-            out = cpu_quant.quant_matmul_int4(x, self.data, self.scales, self.mins)
+            out = cpu_quant.quant_matmul_int4(x, self.data, self.scales, self.mins,
+                                              self.int8_activations)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"int{self.bits}, group={self.in_features // self.scales.shape[1]}")
+                f"int{self.bits}, group={self.in_features // self.scales.shape[1]}, "
+                f"{'int8' if self.int8_activations else 'float'} activations")

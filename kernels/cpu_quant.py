@@ -54,6 +54,18 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat((blocks & 0xF, blocks >> 4), dim=2).reshape(n, half * 2)
 
 
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x float32 [M, K] as kernels/cpu/quant_dot.cpp rounds it: (q int8 [M, K], scales
+    float32 [M, K // 32]), per 32 values scale = max|x| / 127, q = round-half-even(x * 127 /
+    max|x|) (0 for a block of zeros)."""
+    m, k = x.shape
+    blocks = x.float().reshape(m, k // DOT_BLOCK, DOT_BLOCK)
+    amax = blocks.abs().amax(dim=2)
+    inverse = torch.where(amax > 0, INT8_MAX / amax, torch.zeros_like(amax))
+    q = torch.round(blocks * inverse[..., None]).to(torch.int8)
+    return q.reshape(m, k), amax / INT8_MAX
+
+
 def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     n, k = q.shape
     group = k // scales.shape[1]
@@ -69,6 +81,8 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor,
                          scales[..., None]).reshape(n, k)
 
 
+# Values per activation scale and per integer dot product in kernels/cpu/quant_dot.cpp.
+DOT_BLOCK = 32
 # Rows of x up to which the register-blocked kernel runs; above, tiles of W dequantized to
 # float32 go through a float GEMM (bench/quant_kernels.py: at 64 rows and more the GEMM on a
 # dequantized tile ran about 2x faster than the kernel, at 8 rows about as fast).
@@ -78,25 +92,29 @@ SMALL_BATCH = 8
 TILE_VALUES = 2 * 1024 * 1024
 
 
-def quant_matmul_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def quant_matmul_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+                      int8_activations: bool = False) -> torch.Tensor:
     """x [..., K] (float32 or bfloat16) @ dequantize_int8(q, scales).T, in float32, returned
-    in x's dtype."""
+    in x's dtype. With int8_activations, a small batch runs kernels/cpu/quant_dot.cpp: x
+    quantized per 32 values, integer dot products (q must not hold -128 then)."""
     group = q.shape[1] // scales.shape[1]
+    small = (torch.ops.folio.quant_dot_int8 if int8_activations and group % DOT_BLOCK == 0
+             else torch.ops.folio.quant_matmul_int8)
     return _matmul(x, q.shape[0], q.shape[1],
-                   lambda out, flat: torch.ops.folio.quant_matmul_int8(out, flat, q, scales,
-                                                                      group),
+                   lambda out, flat: small(out, flat, q, scales, group),
                    lambda out, begin, end: torch.ops.folio.dequantize_int8(out, q, scales,
                                                                            group, begin, end))
 
 
 def quant_matmul_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-                      mins: torch.Tensor) -> torch.Tensor:
+                      mins: torch.Tensor, int8_activations: bool = False) -> torch.Tensor:
     """x [..., K] @ dequantize_int4(packed, scales, mins).T, as quant_matmul_int8."""
     k = packed.shape[1] * 2
     group = k // scales.shape[1]
+    small = (torch.ops.folio.quant_dot_int4 if int8_activations
+             else torch.ops.folio.quant_matmul_int4)
     return _matmul(x, packed.shape[0], k,
-                   lambda out, flat: torch.ops.folio.quant_matmul_int4(out, flat, packed,
-                                                                      scales, mins, group),
+                   lambda out, flat: small(out, flat, packed, scales, mins, group),
                    lambda out, begin, end: torch.ops.folio.dequantize_int4(
                        out, packed, scales, mins, group, begin, end))
 

@@ -29,6 +29,7 @@ DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 LINEAR_BACKENDS = ("auto", "onednn", "torch")
 QUANTIZATIONS = ("none", "int8", "int4")
+QUANTIZED_ACTIVATIONS = ("int8", "float")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain may take
@@ -125,6 +126,12 @@ class EngineConfig(SchedulingPolicy):
                                 "values (asymmetric); a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K "
                                 "weights are kept as they are whatever this says",
                                 choices=QUANTIZATIONS)
+    quantized_activations: str = setting(
+        "int8", "how int8/int4 weights (--quantization, a GGUF's Q8_0/Q4_x) multiply batches "
+        "of up to 8 rows, decode steps: int8 rounds each 32 activations to int8 with a scale "
+        "and sums integer dot products (llama.cpp's Q8_0 scheme; about 2x faster on AVX2); "
+        "float keeps them float32 (docs/benchmarks.md, quality)",
+        choices=QUANTIZED_ACTIVATIONS)
     cpu_threads: int | None = setting(None, "executor's torch threads on CPU (default: "
                                       "one per core it may use, fewer while other busy "
                                       "processes hold those cores)",

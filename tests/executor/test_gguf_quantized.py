@@ -50,7 +50,10 @@ def _prompt_logprobs(path: Path, monkeypatch, keep: bool) -> tuple[list, object]
 
     if not keep:
         monkeypatch.setattr(executor_module, "keep_gguf_quantized", lambda *args: 0)
-    llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64)
+    # float activations: the file's blocks against their dequantized floats, exactly (the
+    # default int8 activations of small batches round x too: tests/kernels/test_quant_dot.py)
+    llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64,
+              quantized_activations="float")
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=1, temperature=0,
                                                 prompt_logprobs=5))
     kept = [name for name, module in llm.engine.executor.model.named_modules()

@@ -1,12 +1,8 @@
-"""Quantized weights on the CPU executor: the W8A8 layer's arithmetic (executor/
-quantized_linear.py, kept for comparison), and `quantization="int8"|"int4"` (weight-only,
-executor/weight_only_linear.py): the model kept quantized in memory, greedy tokens against
+"""Quantized weights on the CPU executor, `quantization="int8"|"int4"`
+(executor/weight_only_linear.py): the model kept quantized in memory, greedy tokens against
 float32, and refusals by name."""
 
 from __future__ import annotations
-
-import gc
-import os
 
 import pytest
 import torch
@@ -14,92 +10,8 @@ from torch import nn
 
 from folio import LLM, SamplingParams
 from folio.executor.linear import PackedLinear, pack_linears
-from folio.executor.quantized_linear import Int8Linear, prepacked_available, quantize_rows
 from folio.executor.weight_only_linear import WeightOnlyLinear
 from tests.hf_oracle import random_prompts
-
-KERNELS = ["int_mm"] + (["prepacked"] if prepacked_available() else [])
-
-
-def test_quantize_rows_is_per_channel_symmetric():
-    weight = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [-100.0, 10.0, 1.0]])
-    q, scale = quantize_rows(weight)
-    assert q.dtype == torch.int8 and scale.dtype == torch.float32
-    assert q.abs().amax(dim=1).tolist() == [127, 0, 127]   # each row's largest maps to 127
-    torch.testing.assert_close(scale[[0, 2]], torch.tensor([2.0, 100.0]) / 127)
-    # Rounding to the nearest step: no entry is further than half a step away.
-    error = (q.float() * scale[:, None] - weight).abs()
-    assert (error <= scale[:, None] / 2 + 1e-6).all()
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 7, 300])
-def test_int8_linear_within_the_quantization_error(rows, bias, kernel):
-    torch.manual_seed(rows)
-    linear = nn.Linear(96, 200, bias=bias)
-    x = torch.randn(rows, 96)
-    x[0] *= 1000   # one token's outliers must not coarsen the other tokens' steps
-    layer = Int8Linear(linear, kernel)
-    assert layer.kernel == kernel
-    out = layer(x)
-    assert out.shape == (rows, 200) and out.dtype == torch.float32
-    q = layer.int8_weight()
-    assert q.dtype == torch.int8 and q.shape == (200, 96)
-    torch.testing.assert_close(q, quantize_rows(linear.weight)[0], rtol=0, atol=0)
-    expected = x.double() @ linear.weight.double().T
-    if bias:
-        expected += linear.bias.double()
-    # |x w - x^ w^| <= |x| |w - w^| + |x - x^| |w| + |x - x^| |w - w^|, each error within
-    # half its step: the bound from the two scales, per output. The activation step is
-    # max|x| / 127 per token (FBGEMM's uint8 range / 255 is no coarser).
-    w_step = layer.scale.double()                                        # [N]
-    x_step = x.double().abs().amax(dim=1, keepdim=True) / 127            # [M, 1]
-    bound = (w_step / 2 * x.double().abs().sum(1, keepdim=True)
-             + x_step / 2 * linear.weight.double().abs().sum(1)
-             + 96 * x_step * w_step / 4)
-    error = (out.double() - expected).abs()
-    assert (error <= bound + 1e-5).all()
-    # and far closer than the bound on average (errors of independent roundings cancel)
-    assert error.mean() < bound.mean() / 4
-    if kernel == "int_mm":   # exactly the integer product rescaled, nothing dequantized
-        xq = torch.round(x / x_step.float()).to(torch.int8)
-        exact = (xq.long() @ q.long().T).double() * x_step * layer.scale.double()
-        if bias:
-            exact += linear.bias.double()
-        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.skipif(not prepacked_available(), reason="this torch has no FBGEMM")
-def test_prepacked_int8_linear_holds_far_less_than_float32s_bytes():
-    """The int8 weights (a quarter of float32's bytes) and FBGEMM's packed copy, never a
-    float one: a float copy kept would grow the process by at least float32's bytes. The
-    bound leaves room for what the allocator keeps of the quantizing temporaries."""
-    linear = nn.Linear(4096, 4096, bias=False)
-    float_bytes = linear.weight.nbytes
-    before = _rss()
-    layer = Int8Linear(linear, "prepacked")
-    grown = _rss() - before
-    assert 0.2 * float_bytes < grown < 0.8 * float_bytes, grown / float_bytes
-    assert all(t.dim() < 2 for t in list(layer.buffers()) + list(layer.parameters()))
-
-
-def _rss() -> int:
-    gc.collect()
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_int8_linear_takes_bfloat16_activations_and_leading_dims(kernel):
-    torch.manual_seed(0)
-    linear = nn.Linear(64, 32)
-    layer = Int8Linear(linear, kernel)
-    x = torch.randn(2, 3, 64)
-    out = layer(x.bfloat16())
-    assert out.shape == (2, 3, 32) and out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), linear(x).detach(), rtol=0.05, atol=0.05)
-
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_ops_built():
@@ -182,8 +94,10 @@ def test_quantized_model_is_quantized_in_memory_and_predicts_float32_tokens(
         (agreed, quantized, reference)
     longer = _greedy(llm, prompts[:4], [8] * 4)
     assert all(len(tokens) == 8 for tokens in longer)   # it produces text
-    if quantization == "int8":   # 3 and 2 of 4 eight-token runs were float32's exactly
-        assert sum(a == b for a, b in zip(longer, reference_long)) >= 2
+    if quantization == "int8":
+        # Measured: with float activations 3 and 2 of 4 eight-token runs were float32's
+        # exactly (llama, qwen2); with the default int8 activations in decode, 2 and 1.
+        assert sum(a == b for a, b in zip(longer, reference_long)) >= 1
 
 
 def test_cli_refuses_int4_for_a_model_its_groups_cannot_take(tmp_path_factory, tokenizer_dir):
