@@ -109,10 +109,14 @@ class Executor:
                                            config.linear_backend, config.quantization,
                                            int8_activations)
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
-        if self.kv_dtype != self.dtype and self.ops.name == "triton":
+        if (self.ops.name == "triton" and self.kv_dtype.is_floating_point
+                and self.kv_dtype.itemsize > 1 and self.kv_dtype != self.dtype):
             raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype}: the Triton attention "
-                             "kernels read caches in the model's dtype only; use the cpu or "
-                             "torch attention backend, or kv_cache_dtype=auto")
+                             "kernels read float caches in the model's dtype only (int8 and "
+                             "fp8_* caches they read in place)")
+        if self.ops.name == "triton" and self.kv_dtype == torch.int8 and self.model_config.head_dim % 2:
+            raise ValueError(f"kv_cache_dtype=int8: the Triton kernels need an even head_dim "
+                             f"(this model's is {self.model_config.head_dim})")
         self.bytes_per_block = bytes_per_block(self.model_config, config.block_size,
                                                self.kv_dtype)
         self.num_kv_blocks = self._num_kv_blocks()

@@ -96,10 +96,11 @@ def _check_kv_cache_dtype(config: EngineConfig) -> None:
         return
     triton = config.attention_backend == "triton" or (
         config.attention_backend == "auto" and not executor_runs_on_cpu(config.device))
-    if triton:
+    if triton and name == "bfloat16":
         raise SettingError("kv_cache_dtype", f"{name}: the Triton attention kernels (the GPU "
-                           "executor's) read caches in the model's dtype only; give "
-                           "--kv-cache-dtype auto, or --attention-backend cpu or torch")
+                           "executor's) read float caches in the model's dtype only (give "
+                           "--dtype bfloat16 and --kv-cache-dtype auto), or int8 and fp8_* "
+                           "caches")
     if name.startswith("fp8_"):
         import torch   # only for a float8 cache: is it in this build?
 

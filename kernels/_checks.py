@@ -14,6 +14,9 @@ import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+# KV caches stored quantized (kernels/kv_quant.py): int8 rows with a float16 scale, float8.
+KV_QUANTIZED_DTYPES = (torch.int8,) + tuple(
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name))
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:

@@ -36,11 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
-from folio.kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_contiguous,
-                             check_inner_contiguous, check_same_device, check_shape,
-                             check_tensor)
+from folio.kernels._checks import (FLOAT_DTYPES, INDEX_DTYPES, KV_QUANTIZED_DTYPES,
+                                   check_contiguous, check_inner_contiguous, check_same_device,
+                                   check_shape, check_tensor)
 from folio.kernels._launch import (check_launch_device, is_interpreted, multiprocessor_count,
                              next_power_of_2, on_device)
+from folio.kernels.kv_quant import row_width
 from folio.kernels.reference import check_attention_options
 from folio.kernels.triton_dot import dot_f32
 
@@ -82,7 +83,7 @@ def _find_sequence(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr
 
 @triton.jit
 def _paged_attention_kernel(
-    out_ptr, query_ptr, key_cache_ptr, value_cache_ptr,
+    out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, key_scale_ptr, value_scale_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     part_acc_ptr, part_max_ptr, part_sum_ptr,
     scale_log2, softcap_log2, window, num_seqs, num_heads, num_splits,
@@ -95,7 +96,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, KV_INT8: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -150,6 +151,15 @@ def _paged_attention_kernel(
 
         key_t = tl.load(key_cache_ptr + k_offsets[None, :] + dims[:, None],
                         mask=position_valid[None, :] & dim_valid[:, None], other=0.0)
+        # Quantized caches are read in place: an int8 row's float16 scale sits after its
+        # HEAD_DIM values (scale pointers are the caches viewed as float16, so the scale's
+        # index is the row's byte offset / 2); float8 rows are plain casts.
+        if KV_INT8:
+            k_scale = tl.load(key_scale_ptr + (k_offsets + HEAD_DIM) // 2, mask=position_valid,
+                              other=0.0).to(tl.float32)
+            key_t = (key_t.to(tl.float32) * k_scale[None, :]).to(query.dtype)
+        else:
+            key_t = key_t.to(query.dtype)
         scores = dot_f32(query, key_t, DOT_PRECISION, DOT_UPCAST) * scale_log2
         if SOFTCAP:
             # c*log2(e) * tanh(s / (c*log2(e))) is the cap of s = scores / log2(e), times
@@ -169,6 +179,12 @@ def _paged_attention_kernel(
 
         value = tl.load(value_cache_ptr + v_offsets[:, None] + dims[None, :],
                         mask=position_valid[:, None] & dim_valid[None, :], other=0.0)
+        if KV_INT8:
+            v_scale = tl.load(value_scale_ptr + (v_offsets + HEAD_DIM) // 2,
+                              mask=position_valid, other=0.0).to(tl.float32)
+            value = (value.to(tl.float32) * v_scale[:, None]).to(query.dtype)
+        else:
+            value = value.to(query.dtype)
         acc = acc * alpha[:, None] + dot_f32(probs.to(value.dtype), value, DOT_PRECISION,
                                           DOT_UPCAST)
         row_max = new_max
@@ -272,8 +288,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     softcap: float | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
-    query [T, H, D]; key_cache/value_cache [N, B, Hkv, D] with H % Hkv == 0, same dtype as
-    query; block_tables [S, M] int32; seq_lens [S] (context including the new tokens);
+    query [T, H, D]; key_cache/value_cache [N, B, Hkv, D] with H % Hkv == 0, in query's dtype
+    or stored quantized (kernels/kv_quant.py: float8 [N, B, Hkv, D], or int8 [N, B, Hkv, D + 2]
+    rows of D values and a float16 scale, D even), read in place; block_tables [S, M] int32; seq_lens [S] (context including the new tokens);
     query_start_loc [S + 1], cumulative, query_start_loc[S] <= T. The new tokens of sequence i
     are query[query_start_loc[i]:query_start_loc[i + 1]], the last positions of its context.
     Returns `out` ([T, H, D], query's dtype); rows of no sequence are left untouched.
@@ -284,8 +301,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     Block ids, seq_lens and query_start_loc values are not checked (that needs a device sync).
     """
     check_tensor("query", query, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("key_cache", key_cache, ndim=4, dtypes=FLOAT_DTYPES)
-    check_tensor("value_cache", value_cache, ndim=4, dtypes=FLOAT_DTYPES)
+    check_tensor("key_cache", key_cache, ndim=4, dtypes=FLOAT_DTYPES + KV_QUANTIZED_DTYPES)
+    check_tensor("value_cache", value_cache, ndim=4, dtypes=FLOAT_DTYPES + KV_QUANTIZED_DTYPES)
     check_tensor("block_tables", block_tables, ndim=2, dtypes=INDEX_DTYPES)
     check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES)
     check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES)
@@ -296,9 +313,16 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     num_seqs = seq_lens.shape[0]
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.dtype != query.dtype:
+        if cache.dtype != query.dtype and cache.dtype not in KV_QUANTIZED_DTYPES:
             raise TypeError(f"{name} dtype {cache.dtype} differs from query dtype {query.dtype}")
-    check_shape("key_cache", key_cache, (None, None, None, head_dim))
+    if value_cache.dtype != key_cache.dtype:
+        raise TypeError(f"value_cache dtype {value_cache.dtype} differs from key_cache dtype "
+                        f"{key_cache.dtype}")
+    kv_int8 = key_cache.dtype == torch.int8
+    if kv_int8 and head_dim % 2:
+        raise ValueError(f"an int8 KV cache needs an even head_dim (its float16 scales are "
+                         f"read 2-byte aligned), got {head_dim}")
+    check_shape("key_cache", key_cache, (None, None, None, row_width(key_cache.dtype, head_dim)))
     check_shape("value_cache", value_cache, key_cache.shape)
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"query heads ({num_heads}) must be a multiple of key_cache KV heads "
@@ -348,8 +372,11 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
     grid = (num_tokens // launch.block_q + num_seqs, num_kv_heads, launch.num_splits)
     with on_device(query):
+        # The scale pointers: the caches' bytes as float16 (unused unless int8).
+        scales = ((key_cache.view(torch.float16), value_cache.view(torch.float16)) if kv_int8
+                  else (key_cache, value_cache))
         _paged_attention_kernel[grid](
-            out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+            out, query, key_cache, value_cache, *scales, block_tables, seq_lens, query_start_loc,
             part_acc, part_max, part_sum,
             float(scale) * _LOG2_E, float(softcap or 1.0) * _LOG2_E, int(window or 0),
             num_seqs, num_heads, launch.num_splits,
@@ -363,7 +390,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             TILE_N=launch.tile_size, BLOCK_SIZE=block_size,
             SPLIT=split, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
             DOT_UPCAST=query.dtype == torch.bfloat16 and is_interpreted(_paged_attention_kernel),
-            WINDOWED=window is not None, SOFTCAP=softcap is not None,
+            WINDOWED=window is not None, SOFTCAP=softcap is not None, KV_INT8=kv_int8,
             num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
         if split:

@@ -108,7 +108,8 @@ class EngineConfig(SchedulingPolicy):
     kv_cache_dtype: str = setting(
         "auto", "KV cache element type; auto: the model's dtype. int8: each (token, KV head) "
         "row as int8 with a float16 scale (1.94x the tokens per GiB of bfloat16 at head_dim "
-        "64); fp8_*: float8 (2x). Not with the Triton kernels (docs/cpu.md)",
+        "64); fp8_*: float8 (2x). The C++ CPU attention and the Triton kernels read them in "
+        "place; bfloat16 on Triton only as the model's own dtype (docs/cpu.md)",
         choices=KV_CACHE_DTYPES)
     swap_space: float = setting(1.0, "GiB of CPU swap pool, when preemption may swap",
                                 check=at_least(0, " GiB"))

@@ -44,3 +44,21 @@ def test_triton_backend_past_a_sliding_window(tmp_path_factory, tokenizer_dir):
     assert [r.outputs[0].token_ids for r in results] == hf_greedy(model_dir, prompts,
                                                                   max_tokens, TEST_DEVICE)
     assert llm.stats()["kv_blocks_free"] == 11
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3"])
+def test_triton_backend_on_a_quantized_cache(llama_dir, kv_cache_dtype):
+    """The Triton write quantizes as the torch path does (bit for bit) and attention reads
+    the blocks in place: the same greedy tokens as the torch backend on the same cache."""
+    prompts = [[5, 9, 200, 31, 7, 7, 64], [100] * 21, [3]]
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in (4, 3, 5)]
+    tokens = {}
+    for backend in ("triton", "torch"):
+        llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE,
+                  attention_backend=backend, kv_cache_dtype=kv_cache_dtype, block_size=4,
+                  num_kv_blocks=64, max_num_batched_tokens=9)
+        assert llm.engine.executor.kv_dtype.itemsize == 1
+        free = llm.stats()["kv_blocks_free"]
+        tokens[backend] = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+        assert llm.stats()["kv_blocks_free"] == free
+    assert tokens["triton"] == tokens["torch"]
