@@ -28,9 +28,12 @@
 #include <immintrin.h>
 #endif
 
+#include "quant_weights.h"
+
 namespace {
 
 using at::Tensor;
+using folio_quant::Weights;
 
 constexpr int kBlock = 32;   // values per load of W (one GGUF block)
 constexpr int kRowsM = 4;    // rows of x sharing each converted block of W
@@ -106,13 +109,6 @@ constexpr int kVecs = kBlock / kLanes;   // vectors per block of 32 values
 // registers (32 with AVX-512, 16 with AVX2).
 constexpr int kRowsN = kLanes == 16 ? 4 : 2;
 
-struct Weights {
-  const void* data;        // int8 [N, K] or packed uint8 [N, K / 2]
-  const float* scales;     // [N, K / group]
-  const float* mins;       // [N, K / group], nullptr for int8
-  int64_t k, group;
-  bool int4;
-};
 
 // out[m, n0 + j] for m < MB, j < NB: sums over K, one block of 32 values of each W row at a
 // time, dequantized in registers and multiplied into all MB rows of x.
@@ -240,38 +236,15 @@ void dequantize_rows(const Weights& w, int64_t n_begin, int64_t n_end, float* ou
   });
 }
 
-void check_common(const Tensor& out, const Tensor& x, const Tensor& scales, int64_t n,
-                  int64_t k, int64_t group) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
-              x.is_contiguous(), "x must be a contiguous float32 CPU tensor [M, K]");
-  TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, the weight ", k);
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 &&
-              out.size(0) == x.size(0) && out.size(1) == n, "out must be float32 [M, N]");
-  TORCH_CHECK(group > 0 && k % group == 0, "group ", group, " does not divide K = ", k);
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
-              scales.numel() == n * (k / group), "scales must be float32 [N, K / group]");
-}
-
 void quant_matmul_int8(Tensor out, const Tensor& x, const Tensor& q, const Tensor& scales,
                        int64_t group) {
-  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(),
-              "q must be a contiguous int8 [N, K] tensor");
-  check_common(out, x, scales, q.size(0), q.size(1), group);
-  const Weights w{q.data_ptr(), scales.data_ptr<float>(), nullptr, q.size(1), group, false};
+  const Weights w = folio_quant::int8_weights(out, x, q, scales, group, 1);
   matmul(w, x.data_ptr<float>(), x.size(0), q.size(0), out.data_ptr<float>());
 }
 
 void quant_matmul_int4(Tensor out, const Tensor& x, const Tensor& packed, const Tensor& scales,
                        const Tensor& mins, int64_t group) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
-              "packed must be a contiguous uint8 [N, K / 2] tensor");
-  const int64_t k = packed.size(1) * 2;
-  TORCH_CHECK(group % kBlock == 0, "int4 group ", group, " is not a multiple of 32");
-  check_common(out, x, scales, packed.size(0), k, group);
-  TORCH_CHECK(mins.scalar_type() == at::kFloat && mins.is_contiguous() &&
-              mins.numel() == scales.numel(), "mins must be float32 [N, K / group]");
-  const Weights w{packed.data_ptr(), scales.data_ptr<float>(), mins.data_ptr<float>(), k,
-                  group, true};
+  const Weights w = folio_quant::int4_weights(out, x, packed, scales, mins, group);
   matmul(w, x.data_ptr<float>(), x.size(0), packed.size(0), out.data_ptr<float>());
 }
 

@@ -125,23 +125,29 @@ def test_operator_refuses_a_row_width_that_does_not_fit():
         cpu_attention.paged_attention_cpu(batch.query, narrow, narrow, *batch.args()[3:])
 
 
+def write_inputs(dtype: torch.dtype, tokens: int, top: int):
+    """(key, value [tokens, 3, 64], slots into 8 blocks of 16) for a cache write test: wide
+    magnitudes up to 10^top (float8's saturation, int8's float16 scale), exact zeros, a tie,
+    a padded token (slot -1)."""
+    gen = torch.Generator().manual_seed(7)
+    key = (torch.randn(tokens, 3, 64, generator=gen)
+           * torch.logspace(-4, top, tokens)[:, None, None]).to(dtype)
+    key[3] = 0.0
+    key[4, 0, :2] = torch.tensor([127.0, 0.5])      # amax 127: a scale of 1, a tie at 0.5
+    value = torch.randn(tokens, 3, 64, generator=gen).to(dtype) * 1e3
+    slots = torch.randperm(8 * 16, generator=gen)[:tokens]
+    slots[5] = -1                                    # a padded token: not written
+    return key, value, slots
+
+
 @pytest.mark.parametrize("kv_cache_dtype", STORED)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_write_matches_the_reference_bit_for_bit(kv_cache_dtype, dtype):
     if kv_cache_dtype == "bfloat16" and dtype == torch.bfloat16:
         pytest.skip("the model's own type: a plain copy")
-    gen = torch.Generator().manual_seed(7)
     storage = kv_storage_dtype(kv_cache_dtype, dtype)
-    tokens, heads, head_dim = 37, 3, 64
-    # Wide magnitudes (float8's saturation, int8's float16 scale), exact zeros, ties.
-    key = (torch.randn(tokens, heads, head_dim, generator=gen)
-           * torch.logspace(-4, 3, tokens)[:, None, None]).to(dtype)
-    key[3] = 0.0
-    key[4, 0, :2] = torch.tensor([127.0, 0.5])      # amax 127: a scale of 1, a tie at 0.5
-    value = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype) * 1e3
-    slots = torch.randperm(8 * 16, generator=gen)[:tokens]
-    slots[5] = -1                                    # a padded token: not written
-    shape = (8, 16, heads, row_width(storage, head_dim))
+    key, value, slots = write_inputs(dtype, tokens=37, top=3)
+    shape = (8, 16, key.shape[1], row_width(storage, key.shape[2]))
     caches = [torch.zeros(shape).to(storage) for _ in range(4)]
     reference.reshape_and_cache_ref(key, value, caches[0], caches[1], slots)
     torch.ops.folio.quantize_and_cache(key, value, caches[2], caches[3], slots.to(torch.int32))

@@ -12,7 +12,7 @@ from folio.kernels.kv_quant import kv_storage_dtype, quantize_rows, row_width
 from folio.kernels.triton_attention import paged_attention
 from folio.kernels.triton_cache import reshape_and_cache
 from tests.kernels.paged_batch import make_batch, oracle, relative_error
-from tests.kernels.test_quantized_kv import quantized
+from tests.kernels.test_quantized_kv import quantized, write_inputs
 
 QUANTIZED = ["int8", "fp8_e4m3", "fp8_e5m2"]
 SEQS = [(40, 1), (0, 23), (20, 9), (3, 30), (70, 3)]
@@ -49,18 +49,10 @@ def test_window_softcap_and_bfloat16(kv_cache_dtype, device):
 @pytest.mark.parametrize("kv_cache_dtype", QUANTIZED)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_write_matches_the_reference_bit_for_bit(kv_cache_dtype, dtype, device):
-    gen = torch.Generator().manual_seed(7)
     storage = kv_storage_dtype(kv_cache_dtype, dtype)
-    tokens, heads, head_dim = 21, 3, 64
-    # Wide magnitudes (float8's saturation, int8's float16 scale), exact zeros, ties.
-    key = (torch.randn(tokens, heads, head_dim, generator=gen)
-           * torch.logspace(-4, 6, tokens)[:, None, None]).to(dtype)
-    key[3] = 0.0
-    key[4, 0, :2] = torch.tensor([127.0, 0.5])      # amax 127: a scale of 1, a tie at 0.5
-    value = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype) * 1e3
-    slots = torch.randperm(8 * 16, generator=gen)[:tokens]
-    slots[5] = -1                                    # a padded token: not written
-    shape = (8, 16, heads, row_width(storage, head_dim))
+    key, value, slots = write_inputs(dtype, tokens=21, top=6)
+    heads = key.shape[1]
+    shape = (8, 16, heads, row_width(storage, key.shape[2]))
     key_cache = torch.zeros(shape).to(storage).to(device)
     value_cache = torch.zeros(shape).to(storage).to(device)
     reshape_and_cache(key.to(device), value.to(device), key_cache, value_cache,
