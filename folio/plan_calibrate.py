@@ -6,8 +6,10 @@ requests is stepped by hand, as the engine steps: the scheduler plans, the execu
 the plan, the scheduler applies the result; the executor's part and the scheduler's part
 of every step are timed apart. Prompt chunks of several sizes are run at several contexts
 (a prefix already cached, then the chunk after it), and decode batches of several sizes at
-several contexts. Repeats of the same step shape are reduced to their median before the
-fit. The hop is a plan and its result through a ZeroMQ ipc pair, encoded as on the wire.
+several contexts (the requests of a batch share a cached prefix, so their prompts are
+cheap to compute). The whole grid runs `repeats` times, and each step shape's times are
+reduced to their median before the fit (a shared machine's neighbours come and go). The
+hop is a plan and its result through a ZeroMQ ipc pair, encoded as on the wire.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class Grid:
     repeats: int
 
 
-FULL = Grid((32, 128, 512), (0, 256, 1024), (1, 4, 16, 32), (128, 512), 8, 2)
+FULL = Grid((32, 128, 512), (0, 256, 1024), (1, 4, 16, 32), (128, 512), 6, 3)
 QUICK = Grid((16, 64), (0, 64), (1, 4), (32,), 3, 1)
 
 
@@ -107,20 +109,25 @@ def collect(stepper: Stepper, grid: Grid, vocab_size: int, max_model_len: int,
     stepper.run([ids(8) for _ in range(max(grid.batches))], 2)
     for _ in range(grid.repeats):
         for context in grid.contexts:
-            for chunk in grid.chunks:
-                if context + chunk + 1 > max_model_len or context + chunk > pool_tokens // 2:
-                    continue
-                prefix = ids(context)
-                if context:
-                    samples += stepper.run([prefix], 1)   # now cached
+            chunks = [c for c in grid.chunks
+                      if context + c + 1 <= max_model_len and context + c <= pool_tokens // 2]
+            if not chunks:
+                continue
+            prefix = ids(context)
+            if context:
+                samples += stepper.run([prefix], 1)   # now cached: each chunk comes after it
+            for chunk in chunks:
                 samples += stepper.run([prefix + ids(chunk)], 1)
         for context in grid.decode_contexts:
+            # One shared prefix and a block's worth of each request's own tokens: decode
+            # reads every request's whole context, but the prompts cost little to compute.
+            shared = ids(max(context - 16, 0))
             for batch in grid.batches:
                 if context + grid.decode_steps > max_model_len or \
                         batch * (context + grid.decode_steps) > pool_tokens * 3 // 4:
                     continue
-                samples += stepper.run([ids(context) for _ in range(batch)],
-                                       grid.decode_steps)
+                samples += stepper.run([shared + ids(context - len(shared))
+                                        for _ in range(batch)], grid.decode_steps)
     return samples
 
 

@@ -189,6 +189,7 @@ def make_plan(settings: PlanSettings, cost, workload) -> dict[str, Any]:
         if slo:
             found = search_rate(workload, cost, option, slo, quantile)
             entry["max_rate"] = None if found.rate is None else round(found.rate, 4)
+            entry["max_rate_bounded"] = found.bounded
             entry["at_max_rate"] = found.result.summary if found.result else None
         results.append(entry)
     return {"workload": workload.spec, "rate": workload.rate, "requests": workload.n,
@@ -216,7 +217,9 @@ def table(plan: dict[str, Any]) -> str:
                str(s["swap_blocks"]), f"{s['prefix_hit_rate']:.0%}"]
         if plan["slo"]:
             best = entry.get("at_max_rate")
-            row += ["none" if entry["max_rate"] is None else f"{entry['max_rate']:.3g} req/s",
+            rate = entry["max_rate"]
+            row += ["none" if rate is None else f"{rate:.3g} req/s" if entry["max_rate_bounded"]
+                    else f">= {rate:.3g} req/s (never missed)",
                     f"{best['mean_running']:.1f}" if best else "-"]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

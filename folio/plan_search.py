@@ -51,6 +51,8 @@ class Capacity:
     rate: float | None            # the highest rate found to meet the SLO; None: none does
     result: PlanResult | None     # the replay at that rate
     tried: list[PlanResult]
+    bounded: bool = True          # False: met at every rate tried (the workload's n
+                                  # requests never load the engine enough to miss it)
 
 
 def search_rate(workload: Workload, cost: CostModel, options: Options, slo: dict[str, float],
@@ -80,7 +82,7 @@ def search_rate(workload: Workload, cost: CostModel, options: Options, slo: dict
     if low is None:
         return Capacity(None, None, tried)
     if high is None:   # passes at every rate tried: the workload never loads it
-        return Capacity(low, good, tried)
+        return Capacity(low, good, tried, bounded=False)
     for _ in range(rounds):
         middle = (low + high) / 2
         result = run(middle)
