@@ -5,12 +5,16 @@ three loads, and `folio plan`'s prediction of the same requests at the same arri
     python bench/plan_check.py --model /tmp/smol/f32 --rates 0.5,1,2 --num-prompts 16
     python bench/plan_check.py --cost plan-cost.json            # skip the calibration
 
+The bench model is bench/throughput.py's checkpoint with a tokenizer trained beside it
+(bench/serve_race.py's serving_model_dir).
+
 It calibrates the model first (`folio plan calibrate`, the same engine flags as the
 server) unless --cost names a file. For each rate the client sends --num-prompts prompts of
 --input-len random ids, --output-len tokens each, at Poisson arrivals drawn as the client
 draws them (seed + 1), so the plan replays the very arrival times as a trace; each rate gets
-its own seed (no prefix is shared across runs). It prints measured against predicted
-output throughput and p50/p99 TTFT and TPOT, with the error of each, and writes the JSON.
+its own seed (no prefix is shared across runs); 8 requests warm the server up first. It
+prints measured against predicted output throughput and p50/p99 TTFT and TPOT, with the
+error of each, and writes the JSON.
 Targets (docs/planner.md): within 10% at p50 and for throughput, 25% at p99. Those are
 benchmarks, not tests: the machine is shared and its load is written beside each figure.
 """
@@ -65,8 +69,8 @@ def predicted_value(summary: dict, metric: str, quantile: str | None) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="default: the bench model "
-                        "(bench/throughput.py builds it)")
+    parser.add_argument("--model", default=None, help="default: the bench model with a "
+                        "tokenizer (bench/serve_race.py builds it)")
     parser.add_argument("--cost", type=Path, default=None)
     parser.add_argument("--rates", default="1,2,4", help="requests/s, comma-separated")
     parser.add_argument("--num-prompts", type=int, default=24)
@@ -79,9 +83,9 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        from bench.throughput import build_model
+        from bench.serve_race import serving_model_dir
 
-        model = str(build_model(Path(".folio-cache/bench-llama-32m")))
+        model = str(serving_model_dir(Path(".folio-cache")))
     engine_args = args.engine_args.split()
     cost = args.cost
     if cost is None:
@@ -93,6 +97,12 @@ def main() -> None:
     rows = []
     proc, base = serve_process.start(model, engine_args)
     try:
+        # Warm-up, not measured: a fresh server's first steps of each shape are slow.
+        warm = serve_client.make_prompts(8, args.input_len, vocab, args.seed + 1000)
+        asyncio.run(serve_client.run_benchmark(
+            base, warm, args.output_len, model=None, max_concurrency=None,
+            request_rate=float("inf"), seed=args.seed + 1000, request_timeout=600,
+            deadline=600))
         for number, rate in enumerate(float(r) for r in args.rates.split(",")):
             seed = args.seed + number
             prompts = serve_client.make_prompts(args.num_prompts, args.input_len, vocab, seed)

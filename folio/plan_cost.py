@@ -73,11 +73,16 @@ class CostModel:
     date: str = ""
     fit_error: dict[str, float] = field(default_factory=dict)
 
-    def step_ms(self, rows: list[tuple[int, int]], swapped_blocks: int = 0) -> float:
+    def step_ms(self, rows: list[tuple[int, int]], swapped_blocks: int = 0,
+                overlapped: bool = False) -> float:
+        """overlapped: async scheduling, the scheduler planning and sending the next step
+        while the executor runs this one (a step takes the longer of the two)."""
         executor = sum(self.executor_ms[name] * value
                        for name, value in zip(FEATURES, step_features(rows)))
-        scheduler = self.scheduler_ms["base"] + self.scheduler_ms["per_row"] * len(rows)
-        return executor + scheduler + self.hop_ms + swapped_blocks * self.swap_ms_per_block
+        executor += swapped_blocks * self.swap_ms_per_block
+        control = self.scheduler_ms["base"] + self.scheduler_ms["per_row"] * len(rows) \
+            + self.hop_ms
+        return max(executor, control) if overlapped else executor + control
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, **asdict(self)}, indent=2)

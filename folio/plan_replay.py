@@ -36,6 +36,7 @@ class Options:
     preemption_mode: str | None = None
     num_kv_blocks: int | None = None
     contiguous: bool = False   # reserve max_model_len slots per request, in one piece
+    one_ahead: bool = True     # async scheduling, `folio serve`'s default
 
 
 def scheduler_config(cost: CostModel, options: Options) -> SchedulerConfig:
@@ -93,10 +94,11 @@ def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Optio
     running_time = 0.0
 
     def step_seconds(plan, rows) -> float:
-        return cost.step_ms(rows, len(plan.swap_out) + len(plan.swap_in)) / 1000
+        return cost.step_ms(rows, len(plan.swap_out) + len(plan.swap_in),
+                            options.one_ahead) / 1000
 
     end = 0.0
-    for step in replay(trace, config, step_seconds, scheduler):
+    for step in replay(trace, config, step_seconds, scheduler, one_ahead=options.one_ahead):
         swapped += len(step.plan.swap_out) + len(step.plan.swap_in)
         peak_blocks = max(peak_blocks, step.stats["kv_blocks_used"])
         peak_running = max(peak_running, step.stats["num_running"])

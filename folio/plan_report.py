@@ -58,6 +58,9 @@ class PlanSettings(Checked):
                                         check=optional(positive_int))
     preemption_mode: str | None = setting(None, "plan: how requests are preempted",
                                           choices=PREEMPTION_MODES)
+    async_scheduling: bool = setting(True, "plan: as `folio serve --async-scheduling`: each "
+                                     "step planned while the one before runs (an arrival "
+                                     "waits a step longer; the hop is hidden)")
     # plan
     workload: str | None = setting(None, "poisson:rate=R,n=N,prompt=P,output=O[,prefix=T,"
                                    "prefixes=K,seed=S], fixed:... or a JSONL trace "
@@ -155,7 +158,8 @@ def _options(settings: PlanSettings):
         settings.block_size,
         None if settings.kv_cache_dtype == "auto" else settings.kv_cache_dtype,
         settings.max_num_batched_tokens,
-        settings.max_num_seqs, None, settings.preemption_mode, settings.num_kv_blocks)
+        settings.max_num_seqs, None, settings.preemption_mode, settings.num_kv_blocks,
+        one_ahead=settings.async_scheduling)
 
 
 def make_plan(settings: PlanSettings, cost, workload) -> dict[str, Any]:
@@ -178,7 +182,8 @@ def make_plan(settings: PlanSettings, cost, workload) -> dict[str, Any]:
                             max_num_batched_tokens=o.max_num_batched_tokens
                             or given.max_num_batched_tokens,
                             max_num_seqs=given.max_num_seqs,
-                            preemption_mode=given.preemption_mode)
+                            preemption_mode=given.preemption_mode,
+                            one_ahead=given.one_ahead)
                     for o in compare_options(cost)[1:]]
     results = []
     for option in options:

@@ -74,18 +74,20 @@ StepSeconds = Callable[[StepPlan, list[tuple[int, int]]], float]
 
 
 def replay(trace: list[TraceRequest], config: SchedulerConfig, step_seconds: StepSeconds,
-           scheduler: Scheduler | None = None, static_batch: int | None = None
-           ) -> Iterator[Step]:
+           scheduler: Scheduler | None = None, static_batch: int | None = None,
+           one_ahead: bool = False) -> Iterator[Step]:
     """Feed `trace` to the scheduler as the simulated clock reaches each arrival, and step
     until all have finished. static_batch: release that many arrived requests only when the
-    previous batch has finished (request-level batching)."""
+    previous batch has finished (request-level batching). one_ahead: the scheduler process's
+    async scheduling, each step planned when the one before it starts, so a step admits only
+    the requests that had arrived by then."""
     scheduler = scheduler or Scheduler(config)
     executor = SpeedExecutor()
     order = sorted(range(len(trace)), key=lambda i: trace[i].arrival)
     names = [trace[i].name or str(i) for i in range(len(trace))]
     by_handle: dict[int, int] = {}
     live = {}   # handle -> the scheduler's request, for its context length
-    arrived, clock, number = 0, 0.0, 0
+    arrived, clock, number, planned_at = 0, 0.0, 0, 0.0
     while arrived < len(order) or scheduler.has_unfinished_requests():
         idle = not scheduler.has_unfinished_requests()
         if idle and trace[order[arrived]].arrival > clock:
@@ -93,7 +95,8 @@ def replay(trace: list[TraceRequest], config: SchedulerConfig, step_seconds: Ste
         limit = len(order)
         if static_batch is not None:
             limit = arrived + static_batch if idle else arrived
-        while arrived < min(limit, len(order)) and trace[order[arrived]].arrival <= clock:
+        gate = planned_at if one_ahead and not idle else clock
+        while arrived < min(limit, len(order)) and trace[order[arrived]].arrival <= gate:
             index = order[arrived]
             request = trace[index]
             scheduler.add_request(names[index], prompt_ids(index, request), SamplingParams(
@@ -113,7 +116,7 @@ def replay(trace: list[TraceRequest], config: SchedulerConfig, step_seconds: Ste
                 for new in plan.new_requests]
         rows += [(count, live[handle].num_computed_tokens)
                  for handle, count in zip(plan.running_handles, plan.running_num_tokens)]
-        start = clock
+        start = planned_at = clock
         clock += step_seconds(plan, rows)
         outputs = list(scheduler.update(plan, executor.execute(plan)))
         yield Step(number, plan, stats, start, clock, outputs,

@@ -30,7 +30,7 @@ def test_latencies_on_a_hand_made_cost():
     (40-50): it joins step 3 (50-80 ms: 10 + 20 prompt tokens)."""
     cost = hand_cost(base_ms=10, per_prefill_token=1)
     trace = [TraceRequest(0.0, 30, 4), TraceRequest(0.045, 20, 2)]
-    s = predict(trace, cost).summary
+    s = predict(trace, cost, Options(one_ahead=False)).summary
     # r0: tokens at 40, 50, 80, 90 ms; r1 at 80, 90 ms.
     assert s["ttft_p50_ms"] == pytest.approx(35) and s["ttft_p99_ms"] == pytest.approx(40)
     assert s["tpot_p99_ms"] == pytest.approx(50 / 3, abs=1e-3)
@@ -41,6 +41,19 @@ def test_latencies_on_a_hand_made_cost():
     assert s["peak_running"] == 2 and s["preemptions"] == 0
     # Step 4: r0 computes its 33rd token in a third block while r1 holds 2.
     assert s["peak_kv_blocks"] == 5
+
+
+def test_async_scheduling_admits_a_step_later():
+    """One step ahead (`folio serve`'s default): step 3 was planned when step 2 began
+    (40 ms), before r1 arrived (45 ms), so r1 joins step 4, planned at 50 ms: r0's tokens at
+    40, 50, 60, 90 ms; r1's at 90 (60-90: 10 + 20 prompt tokens) and 100."""
+    cost = hand_cost(base_ms=10, per_prefill_token=1)
+    trace = [TraceRequest(0.0, 30, 4), TraceRequest(0.045, 20, 2)]
+    s = predict(trace, cost, Options(one_ahead=True)).summary
+    assert s["ttft_p50_ms"] == pytest.approx(40) and s["ttft_p99_ms"] == pytest.approx(45)
+    assert s["tpot_p99_ms"] == pytest.approx(50 / 3, abs=1e-3)   # r0: (90 - 40) / 3
+    assert s["tpot_p50_ms"] == pytest.approx(10)                 # r1
+    assert s["duration_s"] == pytest.approx(0.1)
 
 
 def test_shared_prefixes_hit_the_cache(tmp_path):
