@@ -72,7 +72,8 @@ def test_bad_workloads_and_slos_are_refused(cost_file, capsys, argv, flag, probl
 
 def test_bad_cost_files_are_refused(cost_file, tmp_path, capsys):
     good = json.loads(cost_file.read_text())
-    broken = {"not JSON": "{", "wrong format": json.dumps({**good, "format": "x"}),
+    broken = {"not JSON": "{",
+              "not a folio-plan-cost/1 file": json.dumps({**good, "format": "x"}),
               "missing executor_ms.per_decode_row": json.dumps(
                   {**good, "executor_ms": {k: v for k, v in good["executor_ms"].items()
                                            if k != "per_decode_row"}}),
