@@ -4,7 +4,8 @@ cost model (folio/plan_cost.py).
 The engine is built in-process as folio.LLM builds it (folio/engine.py). A small grid of
 requests is stepped by hand, as the engine steps: the scheduler plans, the executor runs
 the plan, the scheduler applies the result; the executor's part and the scheduler's part
-of every step are timed apart. Prompt chunks of several sizes are run at several contexts
+of every step are timed apart (the scheduler's also alone, on a fake executor, at up to 256
+requests a step). Prompt chunks of several sizes are run at several contexts
 (a prefix already cached, then the chunk after it), and decode batches of several sizes at
 several contexts (the requests of a batch share a cached prefix, so their prompts are
 cheap to compute). The whole grid runs `repeats` times, and each step shape's times are
@@ -82,12 +83,13 @@ class Stepper:
                     for new in plan.new_requests]
             rows += [(count, self.live[handle].num_computed_tokens)
                      for handle, count in zip(plan.running_handles, plan.running_num_tokens)]
+            sent = clock()   # the rows' bookkeeping is neither part's cost
             result = self.executor.execute(plan)
             executed = clock()
             scheduler.update(plan, result)
             done = clock()
             self.plans.append(plan)
-            samples.append(Sample(tuple(rows), (executed - planned) * 1000,
+            samples.append(Sample(tuple(rows), (executed - sent) * 1000,
                                   (planned - start + done - executed) * 1000))
         return samples
 
@@ -131,18 +133,44 @@ def collect(stepper: Stepper, grid: Grid, vocab_size: int, max_model_len: int,
     return samples
 
 
-def fit_samples(samples: list[Sample]) -> tuple[dict, dict, dict]:
+def scheduler_samples(config, batches: tuple[int, ...] = (1, 16, 64, 256),
+                      steps: int = 6, seed: int = 1) -> list[Sample]:
+    """The real Scheduler alone, at larger batches than the executor's grid runs, on a fake
+    executor (folio/sim_loop.py's SpeedExecutor) whose results cost nothing: the scheduler's
+    own time per step (plan and update) against the requests in it. `config`: the engine's
+    SchedulerConfig, its pool grown to hold the largest batch."""
+    from folio.scheduler.scheduler import Scheduler
+    from folio.sim_loop import SpeedExecutor
+
+    prompt = 32
+    batches = tuple(b for b in batches if b <= config.max_num_seqs)
+    need = max(batches) * -(-(prompt + steps + 1) // config.block_size) + 2
+    config = replace(config, num_kv_blocks=max(config.num_kv_blocks, need))
+    stepper = Stepper(Scheduler(config), SpeedExecutor())
+    rng = random.Random(seed)
+    samples = []
+    for batch in batches:
+        prompts = [[rng.randrange(1, config.vocab_size) for _ in range(prompt)]
+                   for _ in range(batch)]
+        samples += stepper.run(prompts, steps)
+    return samples
+
+
+def fit_samples(samples: list[Sample], control: list[Sample] = ()) -> tuple[dict, dict, dict]:
     """(executor coefficients, scheduler coefficients, fit error) from the steps, repeats
-    of one step shape reduced to their medians."""
+    of one step shape reduced to their medians; the scheduler's from `control` (steps on a
+    fake executor, scheduler_samples) too."""
     by_shape: dict[tuple, list[Sample]] = {}
     for sample in samples:
         by_shape.setdefault(sample.rows, []).append(sample)
     shapes = list(by_shape)
     features = [step_features(list(rows)) for rows in shapes]
     executor = [statistics.median(s.executor_ms for s in by_shape[r]) for r in shapes]
-    scheduler = [statistics.median(s.scheduler_ms for s in by_shape[r]) for r in shapes]
     coefficients = fit_non_negative(features, executor)
-    rows = [[1.0, float(len(r))] for r in shapes]
+    rows = [[1.0, float(len(r))] for r in shapes] + [[1.0, float(len(s.rows))]
+                                                      for s in control]
+    scheduler = [statistics.median(s.scheduler_ms for s in by_shape[r]) for r in shapes] + [
+        s.scheduler_ms for s in control]
     sched = fit_non_negative(rows, scheduler)
     return (dict(zip(FEATURES, coefficients)), {"base": sched[0], "per_row": sched[1]},
             fit_error(features, executor, coefficients))
@@ -233,7 +261,9 @@ def calibrate(config, grid: Grid, flags: dict[str, Any], hop_ms: float | None = 
         stepper = Stepper(scheduler, executor)
         samples = collect(stepper, grid, capacity.vocab_size, capacity.max_model_len,
                           scheduler.config.usable_kv_blocks * capacity.block_size)
-        executor_ms, scheduler_ms, error = fit_samples(samples)
+        control = scheduler_samples(scheduler.config,
+                                    (1, 16) if grid is QUICK else (1, 16, 64, 256))
+        executor_ms, scheduler_ms, error = fit_samples(samples, control)
         hop = measure_hop(stepper.plans) if hop_ms is None else hop_ms
         policy = policy_values(scheduler.config)
         scheduling = {key: policy[key] for key in (

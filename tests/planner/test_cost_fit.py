@@ -72,3 +72,18 @@ def test_fit_keeps_coefficients_non_negative():
     coefficients = fit_non_negative(features, targets)
     assert min(coefficients) >= 0
     assert coefficients[:2] == pytest.approx([2, 3], rel=1e-3)
+
+
+def test_the_scheduler_is_also_timed_alone_at_large_batches():
+    """The scheduler's own cost comes from steps of every batch size asked for, run by the
+    real Scheduler on a fake executor (its pool grown to hold the largest batch)."""
+    from folio.plan_calibrate import scheduler_samples
+
+    config = SchedulerConfig(num_kv_blocks=8, block_size=16, max_model_len=256,
+                             vocab_size=1000, max_num_seqs=64)
+    samples = scheduler_samples(config, batches=(1, 16, 64, 256), steps=3)
+    decode_rows = {len(s.rows) for s in samples if all(count == 1 for count, _ in s.rows)}
+    assert decode_rows == {1, 16, 64}   # 256 is over max_num_seqs
+    assert all(s.executor_ms >= 0 and s.scheduler_ms >= 0 for s in samples)
+    _, scheduler_ms, _ = fit_samples(samples[:1], samples)
+    assert scheduler_ms["base"] >= 0 and scheduler_ms["per_row"] >= 0
