@@ -9,7 +9,7 @@
                                                     line: arrival, prompt_tokens, output_tokens,
                                                     optional prefix or prefix_id, prefix_tokens)
 
-Keys: rate (requests/s, > 0), n (requests), prompt, output (tokens: N or LO-HI), prefix
+Keys: rate (requests/s, > 0), n (requests, at most 100,000), prompt, output (tokens: N or LO-HI), prefix
 (shared tokens), prefixes (how many distinct prefixes, default 1), seed (default 0). A
 rate search (--slo) scales a trace's arrival times.
 """
@@ -24,6 +24,7 @@ from folio.sim_inputs import TraceRequest, load_trace
 
 KINDS = ("poisson", "fixed")
 KEYS = ("rate", "n", "prompt", "output", "prefix", "prefixes", "seed")
+MAX_REQUESTS = 100_000   # a replay holds every request's token times
 
 
 def _span(text: str, key: str) -> tuple[int, int]:
@@ -95,8 +96,10 @@ def parse_workload(spec: str) -> Workload:
         seed = int(values.get("seed", 0))
     except ValueError as error:
         raise ValueError(f"{spec!r}: {error}") from None
-    if not rate > 0 or rate == float("inf") or n < 1 or prefix < 0 or prefixes < 1:
-        raise ValueError(f"{spec!r}: rate > 0, n >= 1, prefix >= 0, prefixes >= 1")
+    if not rate > 0 or rate == float("inf") or not 1 <= n <= MAX_REQUESTS or prefix < 0 \
+            or prefixes < 1:
+        raise ValueError(f"{spec!r}: rate > 0, 1 <= n <= {MAX_REQUESTS}, prefix >= 0, "
+                         "prefixes >= 1")
     try:
         prompt, output = _span(values["prompt"], "prompt"), _span(values["output"], "output")
     except ValueError as error:
