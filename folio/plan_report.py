@@ -102,14 +102,18 @@ def run_plan(settings: PlanSettings) -> int:
         print(json.dumps(plan, indent=2))
     else:
         print(table(plan))
-    if settings.save:
-        Path(settings.save).write_text(json.dumps(plan, indent=2))
-        print(f"wrote {settings.save}")
-    if settings.plot:
-        from folio.plan_plot import plot_plan
+    try:
+        if settings.save:
+            Path(settings.save).write_text(json.dumps(plan, indent=2))
+            print(f"wrote {settings.save}")
+        if settings.plot:
+            from folio.plan_plot import plot_plan
 
-        plot_plan(plan, Path(settings.plot))
-        print(f"wrote {settings.plot}")
+            plot_plan(plan, Path(settings.plot))
+            print(f"wrote {settings.plot}")
+    except OSError as error:
+        raise SettingError("save" if settings.save and not Path(settings.save).exists()
+                           else "plot", f"cannot write it ({error})") from None
     return 0
 
 
@@ -124,6 +128,8 @@ def _calibrate(settings: PlanSettings) -> int:
     if flags.get("kv_cache_dtype") not in (None, *KV_CACHE_DTYPES):
         raise SettingError("kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)} "
                            "to calibrate")
+    if not Path(settings.cost).resolve().parent.is_dir():   # before minutes of measuring
+        raise SettingError("cost", f"{settings.cost}: its directory does not exist")
     model = settings.model
     if model is None:
         from folio.default_model import default_model_path
