@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,13 @@ def table(plan: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [f"workload {plan['workload']} ({plan['requests']} requests at "
              f"{plan['rate']:.3g} req/s), cost {plan['cost_file']}"]
+    machine, fit = plan["machine"], plan["fit_error"]
+    if machine.get("load_average") and fit:
+        # A step's cost moves with the machine's load: say what the costs were measured under.
+        lines.append(f"calibrated {plan['calibrated']} on {machine.get('device', '?')} "
+                     f"({machine.get('cores', '?')} cores) at load "
+                     f"{machine['load_average'][0]:g} (now {os.getloadavg()[0]:.2f}); fit "
+                     f"error median {fit.get('median_pct')}%, p90 {fit.get('p90_pct')}%")
     if plan["slo"]:
         bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in plan["slo"].items())
         lines.append(f"SLO: p{q} {bounds}; concurrency: mean requests running at that rate")
