@@ -88,7 +88,7 @@ def test_plan_page_draws_a_saved_plan(server, browser, tmp_path):  # noqa: F811
     one line per option in each chart, the SLO as a line, a table row per option."""
     from folio.plan_report import PlanSettings, make_plan
     from folio.plan_workload import parse_workload
-    from tests.planner.conftest import hand_cost
+    from tests.planner.hand_cost import hand_cost
 
     settings = PlanSettings(workload="fixed:rate=20,n=10,prompt=64,output=16", compare=True,
                             slo="tpot=25ms")

@@ -12,7 +12,7 @@ from folio.plan_search import compare_options, meets, parse_slo, search_rate
 from folio.plan_workload import parse_workload
 from folio.scheduler.scheduler import Scheduler
 from folio.sim_inputs import TraceRequest
-from tests.planner.conftest import hand_cost
+from tests.planner.hand_cost import hand_cost
 
 
 def test_the_plan_runs_the_serving_scheduler(cost):
