@@ -184,9 +184,15 @@ def check_simulate(args: argparse.Namespace):
     return config_of(SimulateSettings, args)
 
 
+def check_plan(args: argparse.Namespace):
+    from folio.plan_report import PlanSettings
+
+    return config_of(PlanSettings, args)
+
+
 CHECKS = {"serve": check_serve, "frontend": check_frontend, "scheduler": check_scheduler,
           "executor": check_executor, "keys": check_keys, "probe": check_probe,
-          "simulate": check_simulate}
+          "simulate": check_simulate, "plan": check_plan}
 
 
 def api_key(http: HttpSettings) -> str | None:

@@ -101,6 +101,10 @@ def run_role(role: str, checked: Any) -> int:
         from folio.sim_report import run_simulate
 
         return run_simulate(checked)
+    if role == "plan":
+        from folio.plan_report import run_plan
+
+        return run_plan(checked)
     if role == "probe":
         return _probe(checked)
     set_role_title(role)

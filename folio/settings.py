@@ -15,6 +15,7 @@ from typing import Any
 
 from folio.placement import PLACEMENTS
 from folio.scheduler.service import SchedulerServiceConfig
+from folio.plan_report import PlanSettings
 from folio.sim_report import SimulateSettings
 from folio.shared.config import EngineConfig, SchedulingPolicy
 from folio.shared.service_settings import (ClientLimitSettings, FrontendLinks, HttpSettings,
@@ -141,4 +142,7 @@ COMMANDS = (
         Group(TransportSettings))),
     Command("simulate", "replay a request trace through the real scheduler: paged vs "
             "contiguous reservation", (Group(SimulateSettings),)),
+    Command("plan", "capacity planner: `plan calibrate` measures this machine's engine; "
+            "`plan --workload` predicts latency, throughput and KV memory",
+            (Group(PlanSettings),)),
 )

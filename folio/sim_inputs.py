@@ -1,7 +1,8 @@
 """What `folio simulate` replays, and on what: the trace's requests and the simulated machine.
 
 A trace is JSONL, one request a line: {"arrival": s, "prompt_tokens": n, "output_tokens":
-n, "prefix": id (optional), "prefix_tokens": n (optional; default the whole prompt)}.
+n, "prefix" (or "prefix_id"): id (optional), "prefix_tokens": n (optional; default the whole
+prompt)}.
 Requests with the same prefix id start with the same prefix_tokens token ids.
 """
 
@@ -48,12 +49,13 @@ def load_trace(path: str | Path) -> list[TraceRequest]:
             continue
         try:
             item = json.loads(line)
+            prefix = item.get("prefix", item.get("prefix_id"))
             request = TraceRequest(
                 arrival=float(item["arrival"]), prompt_tokens=int(item["prompt_tokens"]),
                 output_tokens=int(item["output_tokens"]),
-                prefix=None if item.get("prefix") is None else str(item["prefix"]),
+                prefix=None if prefix is None else str(prefix),
                 prefix_tokens=item.get("prefix_tokens"), name=str(item.get("name", "")))
-        except (ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{path}:{number}: not a trace line ({error})") from None
         if request.arrival < 0 or request.prompt_tokens < 1 or request.output_tokens < 1:
             raise ValueError(f"{path}:{number}: arrival >= 0, prompt_tokens and "

@@ -151,6 +151,10 @@ async def kv_page() -> HTMLResponse:
     return _page("kv.html")
 
 
+async def plan_page() -> HTMLResponse:
+    return _page("plan.html")   # drawn from a `folio plan --save` file the user picks
+
+
 async def chat_page() -> HTMLResponse:
     return _page("chat.html")
 
@@ -167,5 +171,6 @@ ROUTES = (
     ("GET", "/metrics", prometheus),
     ("GET", "/v1/kv/map", kv_map),
     ("GET", "/kv", kv_page),
+    ("GET", "/plan", plan_page),
     ("GET", "/", chat_page),
 )

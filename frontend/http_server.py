@@ -2,8 +2,9 @@
 
 Routes (frontend/http_routes.py): GET /v1/models, GET /v1/models/{id}, POST /v1/completions,
 POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /health, GET /metrics,
-GET /v1/kv/map (the KV cache's page map), the chat page at / and the page map's live view at
-/kv. Errors use OpenAI's envelope {"error": {"message", "type", "param", "code"}}.
+GET /v1/kv/map (the KV cache's page map), the chat page at /, the page map's live view at
+/kv and a saved capacity plan drawn at /plan (docs/planner.md). Errors use OpenAI's envelope
+{"error": {"message", "type", "param", "code"}}.
 """
 
 from __future__ import annotations

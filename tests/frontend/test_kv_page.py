@@ -1,9 +1,11 @@
 """The live page map at /kv, in headless Chromium: the grid changes while a request runs,
 shared prompt blocks show their count, and every block is free (or cached) at the end.
-A screenshot is saved to $FOLIO_TEST_ARTIFACTS (default: the test's tmp directory)."""
+The plan page at /plan beside it draws a saved plan. Screenshots are saved to
+$FOLIO_TEST_ARTIFACTS (default: the test's tmp directory)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -79,3 +81,38 @@ def test_grid_follows_a_running_request(server, browser, tmp_path):  # noqa: F81
     assert answers == [200, 200]
     _wait(browser, lambda d: all(s != "U" for s, _, _ in _blocks(d)), "every block free")
     assert browser.execute_script("return document.body.dataset.used;") == "0"
+
+
+def test_plan_page_draws_a_saved_plan(server, browser, tmp_path):  # noqa: F811
+    """/plan beside the page map: a `folio plan --save` file, picked in the page, drawn as
+    one line per option in each chart, the SLO as a line, a table row per option."""
+    from folio.plan_report import PlanSettings, make_plan
+    from folio.plan_workload import parse_workload
+    from tests.planner.hand_cost import hand_cost
+
+    settings = PlanSettings(workload="fixed:rate=20,n=10,prompt=64,output=16", compare=True,
+                            slo="tpot=25ms")
+    plan = make_plan(settings, hand_cost(base_ms=5, per_prefill_token=0.1),
+                     parse_workload(settings.workload))
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps(plan))
+    browser.get(server + "/plan")
+    browser.find_element("id", "file").send_keys(str(saved))
+    count = len(plan["options"])
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.options;")
+          == str(count), "the plan drawn", timeout=15)
+    drawn = browser.execute_script(
+        "return ['ttft-chart', 'tpot-chart'].map(id => [...document.querySelectorAll("
+        "`#${id} .series`)].map(l => l.dataset.option));")
+    names = [entry["option"] for entry in plan["options"]]
+    assert drawn == [names, names]
+    assert browser.execute_script("return document.querySelectorAll('#tpot-chart .slo')"
+                                  ".length;") == 1
+    rows = browser.execute_script(
+        "return [...document.querySelectorAll('#options tr[data-option]')]"
+        ".map(r => r.dataset.option);")
+    assert rows == names and "contiguous, reserve" in browser.find_element(
+        "id", "options").text
+    artifacts = Path(os.environ.get("FOLIO_TEST_ARTIFACTS", tmp_path))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(artifacts / "plan_page.png"))

@@ -1,0 +1,137 @@
+"""The capacity planner against reality: `folio serve` under bench/serve.py's client at
+three loads, and `folio plan`'s prediction of the same requests at the same arrival times.
+
+    python bench/plan_check.py                                  # the bench model
+    python bench/plan_check.py --model /tmp/smol/f32 --rates 0.5,1,2 --num-prompts 16
+    python bench/plan_check.py --cost plan-cost.json            # skip the calibration
+
+The bench model is bench/throughput.py's checkpoint with a tokenizer trained beside it
+(bench/serve_race.py's serving_model_dir).
+
+It calibrates the model first (`folio plan calibrate`, the same engine flags as the
+server) unless --cost names a file. For each rate the client sends --num-prompts prompts of
+--input-len random ids, --output-len tokens each, at Poisson arrivals drawn as the client
+draws them (seed + 1), so the plan replays the very arrival times as a trace; each rate gets
+its own seed (no prefix is shared across runs); 8 requests warm the server up first. It
+prints measured against predicted output throughput and p50/p99 TTFT and TPOT, with the
+error of each, and writes the JSON.
+Targets (docs/planner.md): within 10% at p50 and for throughput, 25% at p99. Those are
+benchmarks, not tests: the machine is shared and its load is written beside each figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import serve_client, serve_process  # noqa: E402
+
+METRICS = (("output_throughput", None), ("ttft", "p50"), ("ttft", "p99"), ("tpot", "p50"),
+           ("tpot", "p99"))
+
+
+def arrivals(num: int, rate: float, seed: int) -> list[float]:
+    """The client's Poisson arrival times (bench/serve_client.py run_benchmark)."""
+    rng, clock, times = random.Random(seed + 1), 0.0, []
+    for index in range(num):
+        if index:
+            clock += rng.expovariate(rate)
+        times.append(clock)
+    return times
+
+
+def predicted(cost: Path, times: list[float], input_len: int, output_len: int) -> dict:
+    from folio.plan_cost import load_cost
+    from folio.plan_replay import predict
+    from folio.sim_inputs import TraceRequest
+
+    trace = [TraceRequest(t, input_len, output_len) for t in times]
+    return predict(trace, load_cost(cost)).summary
+
+
+def measured_value(report: dict, metric: str, quantile: str | None) -> float:
+    return report[metric] if quantile is None else report[f"{metric}_ms"][quantile]
+
+
+def predicted_value(summary: dict, metric: str, quantile: str | None) -> float:
+    return summary[metric] if quantile is None else summary[f"{metric}_{quantile}_ms"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: the bench model with a "
+                        "tokenizer (bench/serve_race.py builds it)")
+    parser.add_argument("--cost", type=Path, default=None)
+    parser.add_argument("--rates", default="1,2,4", help="requests/s, comma-separated")
+    parser.add_argument("--num-prompts", type=int, default=24)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--engine-args", default="--num-kv-blocks 1024",
+                        help="flags for both the calibration and the server")
+    parser.add_argument("--seed", type=int, default=100)
+    parser.add_argument("-o", "--out", type=Path, default=Path("plan_check.json"))
+    args = parser.parse_args()
+    model = args.model
+    if model is None:
+        from bench.serve_race import serving_model_dir
+
+        model = str(serving_model_dir(Path(".folio-cache")))
+    engine_args = args.engine_args.split()
+    cost = args.cost
+    if cost is None:
+        cost = Path(tempfile.mkdtemp(prefix="plan-check-")) / "cost.json"
+        subprocess.run([sys.executable, "-m", "folio", "--log-level", "WARNING", "plan",
+                        "calibrate", "--model", model, "--cost", str(cost), *engine_args],
+                       check=True)
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    rows = []
+    proc, base = serve_process.start(model, engine_args)
+    try:
+        # Warm-up, not measured: a fresh server's first steps of each shape are slow.
+        warm = serve_client.make_prompts(8, args.input_len, vocab, args.seed + 1000)
+        asyncio.run(serve_client.run_benchmark(
+            base, warm, args.output_len, model=None, max_concurrency=None,
+            request_rate=float("inf"), seed=args.seed + 1000, request_timeout=600,
+            deadline=600))
+        for number, rate in enumerate(float(r) for r in args.rates.split(",")):
+            seed = args.seed + number
+            prompts = serve_client.make_prompts(args.num_prompts, args.input_len, vocab, seed)
+            report = asyncio.run(serve_client.run_benchmark(
+                base, prompts, args.output_len, model=None, max_concurrency=None,
+                request_rate=rate, seed=seed, request_timeout=600, deadline=1800))
+            plan = predicted(cost, arrivals(args.num_prompts, rate, seed), args.input_len,
+                             args.output_len)
+            row = {"rate": rate, "loadavg_1m": report["loadavg_1m_after"],
+                   "failed": report["failed"]}
+            for metric, quantile in METRICS:
+                name = metric if quantile is None else f"{metric}_{quantile}"
+                real = measured_value(report, metric, quantile)
+                guess = predicted_value(plan, metric, quantile)
+                row[name] = {"measured": real, "predicted": guess,
+                             "error_pct": (guess - real) / real * 100 if real else None}
+            rows.append(row)
+            print(f"rate {rate:g} req/s (load {row['loadavg_1m']:.1f}): " + ", ".join(
+                f"{k} {v['measured']:.1f} vs {v['predicted']:.1f} ({v['error_pct']:+.0f}%)"
+                for k, v in row.items() if isinstance(v, dict)), flush=True)
+    finally:
+        serve_process.stop(proc)
+    result = {"model": model, "engine_args": engine_args, "cost": str(cost),
+              "cost_model": json.loads(cost.read_text()), "input_len": args.input_len,
+              "output_len": args.output_len, "num_prompts": args.num_prompts,
+              "cores": len(os.sched_getaffinity(0)), "rates": rows}
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

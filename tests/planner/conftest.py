@@ -1,0 +1,13 @@
+"""The planner tests' shared fixture."""
+
+from __future__ import annotations
+
+import pytest
+
+from folio.plan_cost import CostModel
+from tests.planner.hand_cost import hand_cost
+
+
+@pytest.fixture
+def cost() -> CostModel:
+    return hand_cost()
