@@ -3,13 +3,13 @@ Folio can serve it with, or refused with the cause (no torch import: the command
 checks read it before any process starts).
 
 Three formats map exactly onto Folio's quantized weights (executor/weight_only_linear.py):
-- compressed-tensors "int-quantized" int8 (llm-compressor's W8A8 / W8A16 int8): int8
-  weights, symmetric, one scale per channel, per group or per tensor;
+- compressed-tensors (llm-compressor) "int-quantized" int8 (W8A8) and "pack-quantized" int4 /
+  int8 (W4A16, W8A16): symmetric, one scale per channel, per group or per tensor;
 - AWQ (AutoAWQ's GEMM layout) int4 with zero points;
 - GPTQ int4 (symmetric or not) and symmetric int8, act-order only where g_idx is the
   trivial order (checked against the file by folio/preflight.py).
 Everything else is refused by name: other formats and versions, fp8, asymmetric int8,
-bits other than 4/8, sparsity, a quantized KV cache.
+bits other than 4/8, sparsity, a quantized KV cache, a non-trivial act-order.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ class PrequantScheme:
     bits: int              # 8 or 4
     group: int | None      # input values per scale; None: one per output channel (all of K)
     zero_point: bool       # asymmetric (a zero point per group)
-    checkpoint_format: str = ""   # GPTQ: "gptq" (zeros stored minus one) or "gptq_v2"
-    act_order: bool = False       # GPTQ desc_act: g_idx must still be the trivial order
+    # GPTQ: "gptq" (zeros stored minus one) or "gptq_v2"; compressed-tensors: its format
+    checkpoint_format: str = ""
+    act_order: bool = False       # GPTQ desc_act / actorder: g_idx must be the trivial order
 
     def describe(self) -> str:
         group = "per channel" if self.group is None else f"groups of {self.group}"
@@ -119,24 +120,30 @@ def _ct_group(group: dict[str, Any], fmt: str, name: str) -> PrequantScheme:
     if kind != "int" or "float" in fmt:
         raise ValueError(f"{name} {kind} weights (format {fmt!r}) are not supported: fp8 "
                          "schemes do not map onto Folio's int8/int4 weights")
-    if fmt != "int-quantized":
-        raise ValueError(f"{name} format {fmt!r} is not supported (int-quantized int8 only)")
+    if fmt not in _CT_FORMATS:
+        raise ValueError(f"{name} format {fmt!r} is not supported ({', '.join(_CT_FORMATS)})")
     activations = group.get("input_activations") or {}
     if activations and str(activations.get("type", "int")) != "int":
         raise ValueError(f"{name} {activations.get('type')} activations (fp8) are not "
                          "supported")
     bits = int(weights.get("num_bits", 8))
-    if bits != 8:
-        raise ValueError(f"{name} int-quantized with {bits} bits is not supported (8 only)")
+    if bits not in _CT_FORMATS[fmt]:
+        raise ValueError(f"{name} {fmt} with {bits} bits is not supported "
+                         f"({' or '.join(map(str, _CT_FORMATS[fmt]))})")
     if not weights.get("symmetric", True):
-        raise ValueError(f"{name} asymmetric int8 weights do not map onto Folio's symmetric "
-                         "int8 weights")
+        raise ValueError(f"{name} asymmetric int{bits} weights are not supported (symmetric "
+                         "only: Folio's int8 has no zero point)")
     strategy = str(weights.get("strategy", "channel"))
-    if strategy in ("channel", "tensor"):
-        return PrequantScheme("compressed-tensors", 8, None, zero_point=False)
-    if strategy == "group":
-        return PrequantScheme("compressed-tensors", 8,
-                              _group(weights.get("group_size"), "compressed-tensors"),
-                              zero_point=False)
-    raise ValueError(f"{name} weight strategy {strategy!r} is not supported (channel, group "
-                     "or tensor)")
+    if strategy not in ("channel", "tensor", "group"):
+        raise ValueError(f"{name} weight strategy {strategy!r} is not supported (channel, "
+                         "group or tensor)")
+    group_size = _group(weights.get("group_size"), "compressed-tensors") \
+        if strategy == "group" else None
+    return PrequantScheme("compressed-tensors", bits, group_size, zero_point=False,
+                          checkpoint_format=fmt,
+                          act_order=weights.get("actorder") not in (None, False))
+
+
+# compressed-tensors formats Folio maps, and their bits: int8 as it is, or int4/int8 values
+# packed eight/four to an int32 with an offset of 8/128 (symmetric).
+_CT_FORMATS = {"int-quantized": (8,), "pack-quantized": (4, 8)}

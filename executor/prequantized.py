@@ -3,7 +3,10 @@ quantized on the CPU executor, re-expressed exactly as Folio's formats
 (executor/weight_only_linear.py):
 
 - compressed-tensors int-quantized: `weight` int8 [N, K] and `weight_scale` ([N, 1] per
-  channel, [N, K / g] per group, one value per tensor) are Folio's int8 as they are.
+  channel, [N, K / g] per group, one value per tensor) are Folio's int8 as they are;
+  pack-quantized: `weight_packed` int32 [N, K * bits / 32], values q + 2 ** (bits - 1) in
+  order along K from the low bits (`weight_shape` [N, K]): int4 is Folio's int4 with min
+  -8 * scale, int8 is Folio's int8 v - 128.
 - AWQ (GEMM): `qweight` int32 [K, N / 8], eight int4 along N in the order 0, 2, 4, 6, 1, 3, 5,
   7 from the low nibble; `qzeros` int32 [K / g, N / 8] packed the same way; `scales`
   [K / g, N]. w = (q - z) * s is Folio's int4 with scale s and min -z * s.
@@ -35,7 +38,8 @@ from folio.kernels.cpu_quant import pack_int4
 log = logging.getLogger("folio.executor")
 
 _PACKED_PARTS = ("qweight", "qzeros", "scales", "g_idx")          # AWQ and GPTQ
-_CT_PARTS = ("weight_scale", "weight_zero_point", "input_scale", "input_zero_point")
+_CT_PARTS = ("weight_scale", "weight_zero_point", "input_scale", "input_zero_point",
+             "weight_packed", "weight_shape", "weight_g_idx")
 # AWQ's nibble i holds column _AWQ_ORDER[i] of each eight; column c sits in nibble
 # _AWQ_COLUMN_NIBBLE[c].
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -101,16 +105,35 @@ def gptq_weight(parts: dict[str, torch.Tensor], scheme: PrequantScheme) -> Quant
     return QuantizedWeight(8, data, scales.float().T.contiguous(), None)
 
 
-def compressed_int8_weight(parts: dict[str, torch.Tensor]) -> QuantizedWeight:
-    data = parts["weight"].contiguous()
+def compressed_weight(parts: dict[str, torch.Tensor], scheme: PrequantScheme
+                      ) -> QuantizedWeight:
+    """compressed-tensors: int8 `weight` [N, K] (int-quantized), or `weight_packed` int32
+    [N, K * bits / 32] holding q + 2 ** (bits - 1) in order along K (pack-quantized), with
+    `weight_scale` [N, 1], [N, K / g] or one value."""
     zero = parts.get("weight_zero_point")
     if zero is not None and bool((zero != 0).any()):
-        raise ValueError("compressed-tensors int8 with nonzero weight_zero_point (asymmetric) "
-                         "does not map onto Folio's symmetric int8")
+        raise ValueError("compressed-tensors with nonzero weight_zero_point (asymmetric) does "
+                         "not map onto Folio's symmetric weights")
+    if scheme.checkpoint_format == "pack-quantized":
+        n, k = (int(size) for size in parts["weight_shape"])
+        values = unpack_int32(parts["weight_packed"], scheme.bits)[:, :k]
+    else:
+        values = parts["weight"]
+        n, k = values.shape
     scales = parts["weight_scale"].float()
     if scales.numel() == 1:   # per tensor
-        scales = scales.reshape(1, 1).expand(data.shape[0], 1)
-    return QuantizedWeight(8, data, scales.reshape(data.shape[0], -1).contiguous(), None)
+        scales = scales.reshape(1, 1).expand(n, 1)
+    scales = scales.reshape(n, -1).contiguous()
+    g_idx = parts.get("weight_g_idx")
+    if g_idx is not None and not torch.equal(
+            g_idx.to(torch.int64), torch.arange(k) // (k // scales.shape[1])):
+        raise ValueError("compressed-tensors act-order with a g_idx other than the trivial "
+                         "order is not supported")
+    if scheme.checkpoint_format == "int-quantized":
+        return QuantizedWeight(8, values.contiguous(), scales, None)
+    if scheme.bits == 8:
+        return QuantizedWeight(8, (values - 128).to(torch.int8).contiguous(), scales, None)
+    return QuantizedWeight(4, pack_int4(values.to(torch.uint8)), scales, -8 * scales)
 
 
 def quantized_weight(parts: dict[str, torch.Tensor], scheme: PrequantScheme) -> QuantizedWeight:
@@ -119,7 +142,7 @@ def quantized_weight(parts: dict[str, torch.Tensor], scheme: PrequantScheme) -> 
         return awq_weight(parts)
     if scheme.method == "gptq":
         return gptq_weight(parts, scheme)
-    return compressed_int8_weight(parts)
+    return compressed_weight(parts, scheme)
 
 
 def iterate_quantized(model_dir: str | Path, scheme: PrequantScheme
@@ -132,8 +155,9 @@ def iterate_quantized(model_dir: str | Path, scheme: PrequantScheme
             modules.setdefault(module, {})[name.rpartition(".")[2]] = tensor
     for module in list(modules):
         parts = modules.pop(module)
-        needed = ("weight", "weight_scale") if scheme.method == "compressed-tensors" else (
-            "qweight", "qzeros", "scales")
+        needed = (("qweight", "qzeros", "scales") if scheme.method != "compressed-tensors"
+                  else ("weight_packed", "weight_shape", "weight_scale")
+                  if scheme.checkpoint_format == "pack-quantized" else ("weight", "weight_scale"))
         missing = [leaf for leaf in needed if leaf not in parts]
         if missing:
             raise ValueError(f"pre-quantized checkpoint: {module} lacks {', '.join(missing)}")

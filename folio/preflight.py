@@ -103,26 +103,26 @@ def _check_prequantized(config: EngineConfig, model_config: ModelConfig) -> None
     problem = prequantized_problem(model_config, config.tensor_parallel_size)
     if problem is not None:
         raise SettingError("model", f"{config.model}: {problem}")
-    if scheme.method == "gptq" and scheme.act_order:
+    if scheme.act_order:
         _check_trivial_g_idx(config.model, scheme.group)
 
 
 def _check_trivial_g_idx(model: str, group: int | None) -> None:
-    """GPTQ act-order: each g_idx must still be k // group (the checkpoint was reordered
-    back, or desc_act changed nothing); any other order is refused."""
+    """Act-order (GPTQ desc_act, compressed-tensors actorder): each g_idx must still be
+    k // group (desc_act changed nothing); any other order is refused."""
     import numpy as np
     from safetensors import safe_open
 
     for file in _weight_files(Path(model)):
         with safe_open(str(file), framework="numpy") as handle:
             for name in handle.keys():
-                if not name.endswith(".g_idx"):
+                if not name.endswith((".g_idx", ".weight_g_idx")):
                     continue
                 g_idx = handle.get_tensor(name).astype(np.int64)
                 trivial = np.arange(g_idx.size) // (group or g_idx.size)
                 if not np.array_equal(g_idx, trivial):
-                    raise SettingError("model", f"{model}: GPTQ act-order (desc_act) with a "
-                                       f"non-trivial g_idx ({name}) is not supported")
+                    raise SettingError("model", f"{model}: act-order (desc_act, actorder) "
+                                       f"with a non-trivial g_idx ({name}) is not supported")
 
 
 def _check_kv_cache_dtype(config: EngineConfig) -> None:

@@ -44,6 +44,16 @@ FORMATS = {
                         "strategy": "channel", "dynamic": False},
             "input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
                                   "strategy": "token", "dynamic": True}}}}, 8, None),
+    "compressed_w4a16": ({
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+            "group_size": 32, "actorder": None}}}}, 4, 32),
+    "compressed_w8a16": ({
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}}}}, 8,
+        None),
 }
 
 
@@ -131,8 +141,24 @@ def compressed_int8_parts(w: np.ndarray):
     return parts, (q.float() * scales.float()).numpy()
 
 
+def compressed_packed_parts(w: np.ndarray, bits: int, group: int | None):
+    """pack-quantized: symmetric q stored as q + 2 ** (bits - 1), packed along K."""
+    n, k = w.shape
+    group = group or k
+    top = 2 ** (bits - 1) - 1
+    grouped = torch.from_numpy(w).reshape(n, k // group, group)
+    scales = (grouped.abs().amax(dim=2) / top).to(torch.float16)
+    q = torch.round(grouped / scales[..., None].float()).clamp(-top, top).reshape(n, k)
+    parts = {"weight_packed": to_int32(pack_rows((q + 2 ** (bits - 1)).long().numpy(), bits)),
+             "weight_scale": scales, "weight_shape": torch.tensor([n, k])}
+    dequantized = (q.reshape(n, k // group, group) * scales[..., None].float()).reshape(n, k)
+    return parts, dequantized.numpy()
+
+
 def quantize_layer(name: str, w: np.ndarray):
     config, bits, group = FORMATS[name]
+    if config.get("format") == "pack-quantized":
+        return compressed_packed_parts(w, bits, group)
     if name == "awq":
         return awq_parts(w, group)
     if name.startswith("gptq"):
@@ -172,9 +198,10 @@ def checkpoints(llama_dir, tmp_path_factory):
 
 # -- tests ------------------------------------------------------------------------------------
 
-def test_awq_packing_round_trips_through_the_loaders_unpacking():
-    """unpack(pack(q)) == q for AutoAWQ's column order and GPTQ's order along K: the loader's
-    weight dequantizes to exactly this file's (q - z) * s."""
+def test_packing_round_trips_through_the_loaders_unpacking():
+    """unpack(pack(q)) == q for AutoAWQ's column order, GPTQ's order along K and
+    compressed-tensors' offset values: the loader's weight dequantizes to exactly this
+    file's (q - z) * s."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((16, 64)).astype(np.float32)
     for parts, expected, scheme in (
@@ -184,7 +211,11 @@ def test_awq_packing_round_trips_through_the_loaders_unpacking():
                 {"quantization_config": {"quant_method": "gptq", "bits": 4,
                                          "group_size": 32}})),
             (*gptq_parts(w, None, 8, sym=True), read_quantization_config(
-                {"quantization_config": FORMATS["gptq8"][0]}))):
+                {"quantization_config": FORMATS["gptq8"][0]})),
+            (*compressed_packed_parts(w, 4, 32), read_quantization_config(
+                {"quantization_config": FORMATS["compressed_w4a16"][0]})),
+            (*compressed_packed_parts(w, 8, None), read_quantization_config(
+                {"quantization_config": FORMATS["compressed_w8a16"][0]}))):
         weight = quantized_weight(parts, scheme)
         assert weight.shape == (16, 64)
         assert torch.equal(weight.dequantize(), torch.from_numpy(expected))
@@ -256,6 +287,12 @@ def test_quantization_flag_quantizes_only_the_float_layers(checkpoints):
     ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {
         "g": {"weights": {"num_bits": 8, "type": "int", "symmetric": False}}}},
      "asymmetric int8"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+        "g": {"weights": {"num_bits": 2, "type": "int"}}}}, "2 bits"),
+    ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {
+        "g": {"weights": {"num_bits": 8, "type": "int"}}}, "sparsity_config": {"format":
+                                                                             "sparse-24"}},
+     "sparsity"),
     ({"quant_method": "bitsandbytes"}, "bitsandbytes"),
 ])
 def test_layouts_that_do_not_map_are_refused_by_name(quant, cause):
