@@ -16,9 +16,10 @@ quantized on the CPU executor, re-expressed exactly as Folio's formats
   int4 maps like AWQ; symmetric int8 (every z = 128) is Folio's int8 q - 128.
 
 With float16 or bfloat16 scales both forms of w are exact in float32, so a kept layer holds
-exactly the weight the format defines. The float model is built first with these layers left
-unfilled (executor/model_loader.py skips their tensors), then each is swapped for a
-WeightOnlyLinear; no float copy of a quantized matrix is made.
+exactly the weight the format defines. The model is built with these layers as
+PendingQuantizedLinear (no float weight allocated; executor/model_loader.py skips their
+tensors), then each is swapped for a WeightOnlyLinear: no float copy of a quantized matrix is
+ever made.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch import nn
 
 from folio.executor.prequant_config import PrequantScheme
 from folio.executor.weight_only_linear import QuantizedWeight, WeightOnlyLinear
-from folio.executor.weights import iterate_weights
+from folio.executor.weights import checkpoint_tensor_names, iterate_weights
 from folio.kernels.cpu_quant import pack_int4
 
 log = logging.getLogger("folio.executor")
@@ -55,6 +56,45 @@ def quantized_module(name: str, tensor: torch.Tensor, scheme: PrequantScheme) ->
             return module
         return None
     return module if leaf in _PACKED_PARTS else None
+
+
+# A module holding one of these is quantized in the file (read from the headers alone).
+_MARKERS = ("qweight", "weight_packed", "weight_scale")
+
+
+def quantized_params(model_dir: str | Path, weight_names) -> set[str]:
+    """Folio's weight parameters ("layers.0.self_attn.qkv_proj.weight") that the checkpoint
+    holds quantized, from the tensor names alone."""
+    modules = {name.rpartition(".")[0] for name in checkpoint_tensor_names(model_dir)
+               if name.rpartition(".")[2] in _MARKERS}
+    targets = (weight_names.target(f"{module}.weight") for module in modules)
+    return {target[0] for target in targets if target is not None and target[1] is None}
+
+
+class PendingQuantizedLinear(nn.Module):
+    """Stands in for an nn.Linear whose weight the file holds quantized, so that no float
+    weight is ever allocated for it: it holds only the bias until keep_prequantized swaps
+    it for a WeightOnlyLinear."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a pre-quantized layer was never swapped for its quantized weight")
+
+
+def leave_unallocated(model: nn.Module, params: set[str]) -> None:
+    """Replace each nn.Linear whose weight is in `params` by a PendingQuantizedLinear (on the
+    meta model, before its parameters are allocated)."""
+    modules = dict(model.named_modules())
+    for param_name in params:
+        module_name = param_name.rsplit(".", 1)[0]
+        if isinstance(modules.get(module_name), nn.Linear):
+            parent_name, _, child = module_name.rpartition(".")
+            setattr(modules[parent_name] if parent_name else model, child,
+                    PendingQuantizedLinear(modules[module_name]))
 
 
 def unpack_int32(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -180,17 +220,23 @@ def keep_prequantized(model: nn.Module, model_dir: str | Path, scheme: PrequantS
     for param_name, found in parts.items():
         module_name = param_name.rsplit(".", 1)[0]
         linear = modules.get(module_name)
-        if not isinstance(linear, nn.Linear):
+        if not isinstance(linear, (nn.Linear, PendingQuantizedLinear)):
             raise ValueError(f"pre-quantized checkpoint: {param_name} is not a linear layer")
         ordered = [found[key] for key in sorted(found, key=lambda key: key or 0)]
         weight = QuantizedWeight.concatenate(ordered) if len(ordered) > 1 else ordered[0]
-        if weight.shape != tuple(linear.weight.shape):
+        needed = (linear.out_features, linear.in_features)
+        if weight.shape != needed:
             raise ValueError(f"pre-quantized checkpoint: {param_name} unpacks to "
-                             f"{weight.shape}, the model needs {tuple(linear.weight.shape)}")
+                             f"{weight.shape}, the model needs {needed}")
         bias = None if linear.bias is None else linear.bias.detach().clone()
         parent_name, _, child = module_name.rpartition(".")
         setattr(modules[parent_name] if parent_name else model, child,
                 WeightOnlyLinear(weight, bias, native, int8_activations))
+    pending = [name for name, module in model.named_modules()
+               if isinstance(module, PendingQuantizedLinear)]
+    if pending:
+        raise ValueError(f"pre-quantized checkpoint: {len(pending)} quantized layer(s) or "
+                         f"part(s) of them missing, e.g. {pending[:3]}")
     log.info("pre-quantized checkpoint: %d linear layers kept as %s", len(parts),
              scheme.describe())
     return len(parts)

@@ -255,7 +255,11 @@ def test_prequantized_serves_the_dequantized_model(name, checkpoints):
     assert torch.equal(kept["layers.1.mlp.down_proj"].quantized_weight().dequantize(),
                        reference["model.layers.1.mlp.down_proj.weight"])
 
-    _, float_logprobs, float_tokens = _serve(reference_path)
+    reference_llm, float_logprobs, float_tokens = _serve(reference_path)
+    # no float weight was ever allocated for the quantized layers
+    packed = sum(t.numel() for n, t in reference.items()
+                 if n.rpartition(".")[0].rpartition(".")[2] in LINEARS and n.endswith("weight"))
+    assert llm.engine.executor.num_params == reference_llm.engine.executor.num_params - packed
     assert tokens == float_tokens
     for got, want in zip([p for prompt in logprobs for p in prompt],
                          [p for prompt in float_logprobs for p in prompt]):
