@@ -108,6 +108,13 @@ class Executor:
             keep_prequantized(self.model, config.model, self.model_config.prequantized,
                               ARCHITECTURES[self.model_config.architecture].weights,
                               cpu_attention.load().ok, int8_activations)
+            # the cost model counts every weight, the quantized ones too
+            self.num_params += sum(m.in_features * m.out_features
+                                   for m in self.model.modules()
+                                   if isinstance(m, WeightOnlyLinear))
+            if config.quantization != "none":
+                log.info("--quantization %s: only the layers the pre-quantized checkpoint "
+                         "holds in float are quantized", config.quantization)
         elif is_gguf(config.model) and self.device.type == "cpu" and tp is None:
             keep_gguf_quantized(self.model, config.model,
                                 ARCHITECTURES[self.model_config.architecture].weights,

@@ -256,16 +256,29 @@ def test_prequantized_serves_the_dequantized_model(name, checkpoints):
                        reference["model.layers.1.mlp.down_proj.weight"])
 
     reference_llm, float_logprobs, float_tokens = _serve(reference_path)
-    # no float weight was ever allocated for the quantized layers
-    packed = sum(t.numel() for n, t in reference.items()
-                 if n.rpartition(".")[0].rpartition(".")[2] in LINEARS and n.endswith("weight"))
-    assert llm.engine.executor.num_params == reference_llm.engine.executor.num_params - packed
+    assert llm.engine.executor.num_params == reference_llm.engine.executor.num_params
     assert tokens == float_tokens
     for got, want in zip([p for prompt in logprobs for p in prompt],
                          [p for prompt in float_logprobs for p in prompt]):
         assert got.keys() == want.keys()
         for token, logprob in want.items():
             assert abs(got[token] - logprob) < 1e-3
+
+
+def test_no_float_weight_is_allocated_for_quantized_layers(checkpoints):
+    from folio.executor.model_loader import load_model
+    from folio.executor.models.hf_config import read_model_config
+    from folio.executor.ops import select_ops
+
+    path = checkpoints["gptq4"][0]
+    cpu = torch.device("cpu")
+    model = load_model(path, read_model_config(path), select_ops("torch", cpu), torch.float32,
+                       cpu, 64)
+    names = [name for name, _ in model.named_parameters()]
+    assert "lm_head.weight" in names and "layers.1.input_layernorm.weight" in names
+    assert not [name for name in names
+                if name.endswith(("qkv_proj.weight", "o_proj.weight", "gate_up_proj.weight",
+                                  "down_proj.weight"))]
 
 
 @pytest.mark.usefixtures("cpu_ops_built")
@@ -312,6 +325,14 @@ def test_refusals_before_any_weight_is_read(checkpoints, tmp_path):
     with pytest.raises(SettingError, match="CPU executor only") as error:
         check_engine(EngineConfig(model=awq, device="cuda", skip_tokenizer_init=True))
     assert error.value.setting == "device"
+    gemv = tmp_path / "gemv"
+    shutil.copytree(awq, gemv)
+    config = json.loads((gemv / "config.json").read_text())
+    config["quantization_config"]["version"] = "gemv"
+    (gemv / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SettingError, match="AWQ version 'gemv'") as error:
+        check_engine(EngineConfig(model=str(gemv), device="cpu", skip_tokenizer_init=True))
+    assert error.value.setting == "model"
     # GPTQ act-order whose g_idx is not the trivial order
     reordered = tmp_path / "act-order"
     shutil.copytree(checkpoints["gptq4"][0], reordered)
