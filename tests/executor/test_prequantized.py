@@ -191,9 +191,13 @@ def write_checkpoints(name: str, source: Path, root: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(llama_dir, tmp_path_factory):
+def checkpoints(llama_dir, qwen2_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("prequantized")
-    return {name: write_checkpoints(name, llama_dir, root) for name in FORMATS}
+    made = {name: write_checkpoints(name, llama_dir, root) for name in FORMATS}
+    # q/k/v biases (kept float beside the packed weights), one KV head, tied embeddings
+    (root / "qwen2").mkdir()
+    made["awq_qwen2"] = write_checkpoints("awq", qwen2_dir, root / "qwen2")
+    return made
 
 
 # -- tests ------------------------------------------------------------------------------------
@@ -235,10 +239,10 @@ def _serve(path: Path, **engine_args):
 
 
 @pytest.mark.usefixtures("cpu_ops_built")
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", [*FORMATS, "awq_qwen2"])
 def test_prequantized_serves_the_dequantized_model(name, checkpoints):
     quantized_path, reference_path = checkpoints[name]
-    _, bits, _ = FORMATS[name]
+    _, bits, _ = FORMATS[name.removesuffix("_qwen2")]
     llm, logprobs, tokens = _serve(quantized_path)
     model = llm.engine.executor.model
     kept = {n: m for n, m in model.named_modules() if isinstance(m, WeightOnlyLinear)}
@@ -252,6 +256,10 @@ def test_prequantized_serves_the_dequantized_model(name, checkpoints):
     expected = torch.cat([reference[f"model.layers.0.self_attn.{p}.weight"]
                           for p in ("q_proj", "k_proj", "v_proj")])
     assert torch.equal(layer, expected)
+    if name == "awq_qwen2":   # the float biases loaded into the quantized layer
+        assert torch.equal(kept["layers.0.self_attn.qkv_proj"].bias, torch.cat(
+            [reference[f"model.layers.0.self_attn.{p}.bias"] for p in ("q_proj", "k_proj",
+                                                                       "v_proj")]))
     assert torch.equal(kept["layers.1.mlp.down_proj"].quantized_weight().dequantize(),
                        reference["model.layers.1.mlp.down_proj.weight"])
 
