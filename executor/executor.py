@@ -10,6 +10,7 @@ import torch
 from folio.executor.block_mover import BlockMover, measure_swap_bytes_per_s
 from folio.executor.gguf_file import is_gguf
 from folio.executor.gguf_quantized import keep_gguf_quantized
+from folio.executor.prequantized import keep_prequantized
 from folio.executor.grammar import GrammarMasks
 from folio.executor.input_batch import InputBatch
 from folio.executor.cpu_threads import apply_cpu_threads
@@ -100,7 +101,21 @@ class Executor:
                                 self.device, self.max_model_len, tp)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         int8_activations = config.quantized_activations == "int8"
-        if is_gguf(config.model) and self.device.type == "cpu" and tp is None:
+        if self.model_config.prequantized is not None:
+            if self.device.type != "cpu" or tp is not None:
+                raise ValueError("a pre-quantized checkpoint runs on the CPU executor only, "
+                                 "on one rank")
+            keep_prequantized(self.model, config.model, self.model_config.prequantized,
+                              ARCHITECTURES[self.model_config.architecture].weights,
+                              cpu_attention.load().ok, int8_activations)
+            # the cost model counts every weight, the quantized ones too
+            self.num_params += sum(m.in_features * m.out_features
+                                   for m in self.model.modules()
+                                   if isinstance(m, WeightOnlyLinear))
+            if config.quantization != "none":
+                log.info("--quantization %s: only the layers the pre-quantized checkpoint "
+                         "holds in float are quantized", config.quantization)
+        elif is_gguf(config.model) and self.device.type == "cpu" and tp is None:
             keep_gguf_quantized(self.model, config.model,
                                 ARCHITECTURES[self.model_config.architecture].weights,
                                 cpu_attention.load().ok, self.model_config.tie_word_embeddings,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from folio.executor.prequant_config import PrequantScheme
+
 
 @dataclass(frozen=True)
 class RopeConfig:
@@ -63,6 +65,7 @@ class ModelConfig:
     local_rope: RopeConfig | None = None     # rope of the windowed layers when it differs
     rotary_dim: int | None = None            # partial rotary; None: the whole head
     moe: MoeConfig | None = None
+    prequantized: PrequantScheme | None = None   # a pre-quantized checkpoint's scheme
 
     @property
     def context_limit(self) -> int:

@@ -1,5 +1,6 @@
 """Builds Folio's model from a Hugging Face checkpoint directory or a GGUF file (its tensors
-renamed and dequantized by executor/gguf_weights.py)."""
+renamed and dequantized by executor/gguf_weights.py). A pre-quantized checkpoint's quantized
+layers are left without a weight here: executor/prequantized.py swaps in quantized ones."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.decoder import CausalLM
 from folio.executor.models.describe import describe
 from folio.executor.ops import KernelOps
+from folio.executor.prequantized import leave_unallocated, quantized_module, quantized_params
 from folio.executor.weights import iterate_weights
 
 log = logging.getLogger("folio.executor")
@@ -22,17 +24,23 @@ log = logging.getLogger("folio.executor")
 def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype: torch.dtype,
                device: torch.device, max_positions: int, tp=None) -> nn.Module:
     """`tp` (executor/parallel.py's TensorParallel): `config` is this rank's share, and
-    each tensor is sliced to this rank's part as it streams in."""
+    each tensor is sliced to this rank's part as it streams in. With config.prequantized,
+    the layers the file holds quantized get no float weight and their tensors are skipped."""
     weight_names = ARCHITECTURES[config.architecture].weights
     with torch.device("meta"):
         model = CausalLM(config, ops, max_positions)
         if tp is not None:
             tp.parallelize(model)
+    if config.prequantized is not None:   # no float weight for the layers held quantized
+        leave_unallocated(model, quantized_params(model_dir, weight_names))
     model = model.to_empty(device=device).to(dtype)
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)   # elements written, to tell a complete checkpoint
     seen: set[tuple] = set()
     for name, tensor in iterate_weights(model_dir):
+        if config.prequantized is not None and quantized_module(name, tensor,
+                                                                config.prequantized):
+            continue   # executor/prequantized.py reads it
         target = weight_names.target(name)
         if target is None:
             continue

@@ -32,3 +32,21 @@ def quantization_problem(quantization: str, config: ModelConfig,
             return (f"int4 quantizes groups of {INT4_GROUP} input values; {layers} of this "
                     f"model take {size}, not a multiple of {INT4_GROUP}")
     return None
+
+
+def prequantized_problem(config: ModelConfig, tensor_parallel_size: int = 1) -> str | None:
+    """Why a pre-quantized checkpoint's layout does not map onto this model, or None."""
+    scheme = config.prequantized
+    if scheme is None:
+        return None
+    if config.moe is not None:
+        return (f"{scheme.describe()}: pre-quantized mixture-of-experts checkpoints are not "
+                "supported")
+    if tensor_parallel_size > 1:
+        return f"{scheme.describe()}: pre-quantized checkpoints run on one rank only"
+    group = scheme.group or (INT4_GROUP if scheme.bits == 4 else None)
+    for layers, size in linear_inputs(config).items():
+        if group is not None and size % group:
+            return (f"{scheme.describe()}: {layers} of this model take {size} input values, "
+                    f"not a multiple of {group}")
+    return None

@@ -26,6 +26,15 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
 
 
+def checkpoint_tensor_names(model_dir: str | Path) -> list[str]:
+    """Every tensor name of a safetensors checkpoint, from the headers (no data read)."""
+    names = []
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as handle:
+            names.extend(handle.keys())
+    return names
+
+
 def iterate_weights(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     if is_gguf(model_dir):
         yield from iterate_gguf_weights(model_dir)

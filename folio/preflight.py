@@ -15,7 +15,7 @@ from pathlib import Path
 
 from folio.executor.gguf_file import is_directory_or_gguf, is_gguf
 from folio.executor.model_config import ModelConfig
-from folio.executor.quant_groups import quantization_problem
+from folio.executor.quant_groups import prequantized_problem, quantization_problem
 from folio.executor.models.hf_config import read_model_config
 from folio.placement import executor_runs_on_cpu
 from folio.shared.config import EngineConfig, ExecutorCapacity, SchedulerConfig, SettingError
@@ -74,6 +74,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
                                    config.tensor_parallel_size)
     if problem is not None:
         raise SettingError("quantization", problem)
+    _check_prequantized(config, model_config)
     _check_kv_cache_dtype(config)
     _check_cpu_memory(config)
     limit = model_config.context_limit
@@ -87,6 +88,41 @@ def check_engine(config: EngineConfig) -> ModelConfig:
         max_model_len=config.max_model_len or limit, vocab_size=model_config.vocab_size,
         eos_token_ids=model_config.eos_token_ids))
     return model_config
+
+
+def _check_prequantized(config: EngineConfig, model_config: ModelConfig) -> None:
+    """A pre-quantized checkpoint (executor/prequant_config.py) whose layout maps onto Folio's
+    quantized weights; --quantization then only quantizes the layers it holds in float."""
+    scheme = model_config.prequantized
+    if scheme is None:
+        return
+    if not executor_runs_on_cpu(config.device):
+        raise SettingError("device", f"a pre-quantized checkpoint ({scheme.describe()}) runs "
+                           f"on the CPU executor only (the device is {config.device}: give "
+                           "--device cpu)")
+    problem = prequantized_problem(model_config, config.tensor_parallel_size)
+    if problem is not None:
+        raise SettingError("model", f"{config.model}: {problem}")
+    if scheme.act_order:
+        _check_trivial_g_idx(config.model, scheme.group)
+
+
+def _check_trivial_g_idx(model: str, group: int | None) -> None:
+    """Act-order (GPTQ desc_act, compressed-tensors actorder): each g_idx must still be
+    k // group (desc_act changed nothing); any other order is refused."""
+    import numpy as np
+    from safetensors import safe_open
+
+    for file in _weight_files(Path(model)):
+        with safe_open(str(file), framework="numpy") as handle:
+            for name in handle.keys():
+                if not name.endswith((".g_idx", ".weight_g_idx")):
+                    continue
+                g_idx = handle.get_tensor(name).astype(np.int64)
+                trivial = np.arange(g_idx.size) // (group or g_idx.size)
+                if not np.array_equal(g_idx, trivial):
+                    raise SettingError("model", f"{model}: act-order (desc_act, actorder) "
+                                       f"with a non-trivial g_idx ({name}) is not supported")
 
 
 def _check_kv_cache_dtype(config: EngineConfig) -> None:

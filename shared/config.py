@@ -125,10 +125,12 @@ class EngineConfig(SchedulingPolicy):
                                 "only; activations stay float): int8 with one scale per "
                                 "output channel, int4 with a scale and a min per 32 input "
                                 "values (asymmetric); a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K "
-                                "weights are kept as they are whatever this says",
+                                "weights and a pre-quantized (compressed-tensors, AWQ, "
+                                "GPTQ) checkpoint's are kept as they are whatever this says",
                                 choices=QUANTIZATIONS)
     quantized_activations: str = setting(
-        "int8", "how int8/int4 weights (--quantization, a GGUF's Q8_0/Q4_x) multiply batches "
+        "int8", "how int8/int4 weights (--quantization, a GGUF's Q8_0/Q4_x, a pre-quantized "
+        "checkpoint's) multiply batches "
         "of up to 8 rows, decode steps: int8 rounds each 32 activations to int8 with a scale "
         "and sums integer dot products (llama.cpp's Q8_0 scheme; about 2x faster on AVX2); "
         "float keeps them float32 (docs/benchmarks.md, quality)",

@@ -17,6 +17,7 @@ from typing import Any
 from folio.executor.gguf_config import gguf_hf_config
 from folio.executor.gguf_file import is_gguf, open_gguf
 from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
+from folio.executor.prequant_config import read_quantization_config
 from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
                                                  Architecture)
 
@@ -98,6 +99,7 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
         local_rope=local_rope,
         rotary_dim=rotary_dim,
         moe=_moe(raw, arch, num_layers),
+        prequantized=read_quantization_config(raw),
     )
 
 
