@@ -82,6 +82,10 @@ class WeightOnlyLinear(nn.Module):
         # here or in llama.cpp writes; a GGUF file that holds one keeps float activations.
         self.int8_activations = (int8_activations and weight.shape[1] % cpu_quant.DOT_BLOCK == 0
                                  and not (weight.bits == 8 and bool((weight.data == -128).any())))
+        # A decode step calls ~120 of these: its float32 rows go straight to the operator
+        # (one call, no reshapes or casts), chosen once here.
+        self._decode_call = (cpu_quant.small_batch_operator(weight, self.int8_activations)
+                             if native else None)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int, native: bool,
@@ -93,7 +97,11 @@ class WeightOnlyLinear(nn.Module):
         return QuantizedWeight(self.bits, self.data, self.scales, self.mins)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.native:
+        if (self._decode_call is not None and x.dim() == 2 and x.dtype == torch.float32
+                and x.shape[0] <= cpu_quant.SMALL_BATCH and x.is_contiguous()):
+            out = torch.empty(x.shape[0], self.out_features)
+            self._decode_call(out, x)
+        elif not self.native:
             out = x.float() @ self.quantized_weight().dequantize().T
             out = out.to(x.dtype)
         elif self.bits == 8:

@@ -119,6 +119,18 @@ def quant_matmul_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tenso
                        out, packed, scales, mins, group, begin, end))
 
 
+def small_batch_operator(weight, int8_activations: bool):
+    """`call(out, x)` running the operator that quant_matmul_int8/int4 pick for a batch of
+    at most SMALL_BATCH float32 rows on `weight` (a QuantizedWeight), bound once."""
+    group = weight.group
+    if weight.bits == 8:
+        op = (torch.ops.folio.quant_dot_int8 if int8_activations and group % DOT_BLOCK == 0
+              else torch.ops.folio.quant_matmul_int8)
+        return lambda out, x: op(out, x, weight.data, weight.scales, group)
+    op = torch.ops.folio.quant_dot_int4 if int8_activations else torch.ops.folio.quant_matmul_int4
+    return lambda out, x: op(out, x, weight.data, weight.scales, weight.mins, group)
+
+
 def _matmul(x: torch.Tensor, n: int, k: int, kernel, dequantize) -> torch.Tensor:
     flat = x.reshape(-1, k).float().contiguous()
     out = torch.empty(flat.shape[0], n, dtype=torch.float32)
