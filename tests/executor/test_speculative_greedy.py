@@ -196,3 +196,27 @@ def test_greedy_identical_one_step_in_flight(llama_dir, plain, engine_args, spec
     stats = llm.stats()
     assert stats["spec_decode_num_accepted_tokens"] > 0
     _assert_idle(stats)
+
+
+def test_suffix_global_cache_drafts_what_an_earlier_request_answered(llama_dir, plain):
+    """The same question asked again: with the global cache on, its answer is drafted from
+    the first request's output (more drafts accepted than from its own tokens alone), and
+    the output is still the one without speculation."""
+    prompt = [PROMPTS[1]]   # nothing in the prompt to copy
+    params = _greedy()[1]
+    accepted = {}
+    for cached in (0, 4):
+        spec = json.dumps({"method": "suffix", "num_speculative_tokens": 4, "max_running": 64,
+                           "suffix_decoding_min_match_len": 1,
+                           "suffix_decoding_max_spec_factor": 4,
+                           "suffix_decoding_max_cached_requests": cached})
+        llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=512,
+                  speculative_config=spec)
+        first = llm.generate(prompt, params)[0].outputs[0].token_ids
+        before = llm.stats()["spec_decode_num_accepted_tokens"]
+        again = llm.generate(prompt, params)[0].outputs[0].token_ids
+        assert again == first
+        accepted[cached] = llm.stats()["spec_decode_num_accepted_tokens"] - before
+        _assert_idle(llm.stats())
+        assert first == plain[1][0]
+    assert accepted[4] > accepted[0], accepted
