@@ -1,4 +1,5 @@
-"""Speculative decoding (n-gram prompt lookup) on vs off for one user, offline (folio.LLM):
+"""Speculative decoding (n-gram prompt lookup, or suffix decoding with --method suffix) on vs
+off for one user, offline (folio.LLM):
 a copy-heavy prompt ("repeat this text" + a paragraph of Python's pydoc_data topics, the
 model's chat template applied) and a prompt with nothing to copy, alternated A B A B.
 
@@ -48,6 +49,7 @@ def _chat(tokenizer, content: str) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
+    parser.add_argument("--method", choices=("ngram", "suffix"), default="ngram")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -61,8 +63,9 @@ def main() -> None:
 
     from folio import LLM, SamplingParams
 
-    spec = json.dumps({"method": "ngram", "num_speculative_tokens": args.k,
-                       "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+    lookup = {"prompt_lookup_max": 4, "prompt_lookup_min": 2} if args.method == "ngram" \
+        else {}
+    spec = json.dumps({"method": args.method, "num_speculative_tokens": args.k, **lookup,
                        "max_running": args.max_running})
     engines = {"off": LLM(args.model, dtype=args.dtype, device="cpu", num_kv_blocks=512),
                "on": LLM(args.model, dtype=args.dtype, device="cpu", num_kv_blocks=512,

@@ -192,6 +192,9 @@ class Executor:
     def execute(self, plan: StepPlan) -> StepResult:
         start = time.perf_counter()
         self.grammar.apply(plan)
+        if self.speculator is not None:
+            for handle in plan.dropped_handles:
+                self.speculator.retire(self.batch.requests.get(handle))
         scheduled = self.batch.apply(plan)
         self.mover.apply(plan.copies, plan.swap_out, plan.swap_in)
         result = StepResult(step_id=plan.step_id)

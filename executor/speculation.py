@@ -2,8 +2,9 @@
 request's own tokens before the forward pass, verify them after it.
 
 The scheduler sends a cap per request (StepPlan.drafts); the executor proposes up to that
-many tokens by n-gram prompt lookup over the tokens it holds (prompt and verified output,
-the last step's included: one step in flight stays exact). A request's step then computes
+many tokens by n-gram prompt lookup or suffix decoding (executor/suffix_decoding.py) over
+the tokens it holds (prompt and verified output, the last step's included: one step in
+flight stays exact). A request's step then computes
 its verified token plus the drafts as one chunk, with a logits row each.
 
 Verification treats every row as the decode row it would be had the drafts before it been
@@ -24,6 +25,7 @@ import torch
 from folio.executor.input_batch import CachedRequest, InputBatch, StepInputs
 from folio.executor.rejection_sampler import verify_sampled
 from folio.executor.sampler import Sampler, TokenLogprobs
+from folio.executor.suffix_decoding import SuffixCache, SuffixSettings, propose_suffix
 from folio.shared.speculative import SpeculativeConfig
 from folio.shared.step import StepResult
 
@@ -95,12 +97,32 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
+        self.suffix = SuffixSettings(config.suffix_decoding_max_tree_depth,
+                                     config.suffix_decoding_max_spec_factor,
+                                     config.suffix_decoding_min_token_prob,
+                                     config.suffix_decoding_min_match_len)
+        # Suffix decoding's global cache: outputs of the last finished requests (opt-in).
+        self.cache = SuffixCache(config.suffix_decoding_max_cached_requests) \
+            if config.method == "suffix" and config.suffix_decoding_max_cached_requests \
+            else None
+
+    def retire(self, request: CachedRequest | None) -> None:
+        """A request the executor forgets (finished, aborted or preempted): its output joins
+        the global cache. A preempted one may come back and join again, a repeat that only
+        weighs its continuations a little more."""
+        if self.cache is not None and request is not None:
+            self.cache.add(request.token_ids[request.prompt_len:])
+
+    def _propose(self, tokens: np.ndarray, cap: int) -> list[int]:
+        config = self.config
+        if config.method == "suffix":
+            return propose_suffix(tokens, cap, self.suffix, self.cache)
+        return propose_ngram(tokens, cap, config.prompt_lookup_min, config.prompt_lookup_max)
 
     def propose(self, scheduled: list[tuple[CachedRequest, int]], caps: dict[int, int],
                 batch: InputBatch) -> dict[int, list[int]]:
         """Drafts for the requests the plan allows them (their scheduled count grows by
         the drafts found), written into the batch's rows; by handle."""
-        config = self.config
         drafts: dict[int, list[int]] = {}
         for index, (request, num_tokens) in enumerate(scheduled):
             cap = caps.get(request.handle)
@@ -111,8 +133,7 @@ class Speculator:
             if cap <= 0:
                 continue
             tokens = batch.rows.tokens[request.row, :len(request.token_ids)]
-            found = propose_ngram(tokens, cap, config.prompt_lookup_min,
-                                  config.prompt_lookup_max)
+            found = self._propose(tokens, cap)
             if found:
                 batch.write_drafts(request, found)
                 scheduled[index] = (request, num_tokens + len(found))

@@ -32,10 +32,12 @@ def _state(request: Request) -> str:
 
 def build_kv_map(kv: KVCacheManager, config: SchedulerConfig, *, running: Sequence[Request],
                  swapped: Collection[Request], waiting: Collection[Request],
-                 num_requests: int, steps: int) -> dict[str, Any]:
+                 num_requests: int, steps: int,
+                 speculative: dict[str, float] | None = None) -> dict[str, Any]:
     """The snapshot of `kv`'s pools and of the requests in the three queues (`waiting` in
     order, each with its forking children); `num_requests` counts every live request and
-    `steps` the steps planned so far."""
+    `steps` the steps planned so far; `speculative`: the draft planner's summary, when
+    speculative decoding is on."""
     size = config.block_size
     pool, swap_pool = kv.pool, kv.swap.pool
     now = time.monotonic()
@@ -99,6 +101,8 @@ def build_kv_map(kv: KVCacheManager, config: SchedulerConfig, *, running: Sequen
         "totals": counts,
         "contiguous": contiguous(config, listed, num_requests),
     }
+    if speculative is not None:
+        snapshot["speculative"] = speculative
     if n <= MAX_MAP_BLOCKS:
         snapshot["blocks"] = {"state": state.decode(), "ref": pool.ref_counts(),
                               "fill": fill, "owner": owner}
@@ -118,6 +122,9 @@ def _request(kv: KVCacheManager, request: Request, now: float) -> dict[str, Any]
             "prompt_tokens": len(request.prompt_token_ids),
             "max_tokens": request.sampling.max_tokens,
             "preemptions": request.num_preemptions,
+            # speculative decoding: steps that carried drafts, drafts accepted
+            "spec_steps": request.spec_steps,
+            "spec_accepted": request.spec_accepted_total,
             "wait_s": round(age if request.queue_s is None else request.queue_s, 4),
             "age_s": round(age, 4)}
 

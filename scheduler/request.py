@@ -25,7 +25,7 @@ class Request:
                  "fork_children", "prompt_logprobs_next", "arrival_time", "queue_s",
                  "stop_length_at", "stop_ids", "prompt_len", "num_tokens", "stop_num_tokens",
                  "draft_steps", "num_draft_slots", "spec_proposed", "spec_accepted",
-                 "spec_paused_until")
+                 "spec_paused_until", "spec_steps", "spec_accepted_total")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
@@ -63,12 +63,15 @@ class Request:
         # Speculative decoding (scheduler/speculation.py): the draft cap of each step in
         # flight by step id, and their sum (positions past the verified ones those steps
         # may write); drafts proposed and accepted since the policy last judged, and the
-        # step before which it proposes none.
+        # step before which it proposes none; over its life, the steps that carried drafts
+        # and the drafts accepted (the page map's mean accepted length).
         self.draft_steps: dict[int, int] = {}
         self.num_draft_slots = 0
         self.spec_proposed = 0
         self.spec_accepted = 0
         self.spec_paused_until = 0
+        self.spec_steps = 0
+        self.spec_accepted_total = 0
 
     @property
     def all_token_ids(self) -> list[int]:

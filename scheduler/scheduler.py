@@ -354,7 +354,8 @@ class Scheduler:
         """Every block's state and owner, every request's table (scheduler/kv_map.py)."""
         return build_kv_map(self.kv, self.config, running=self.running, swapped=self.swapped,
                             waiting=self.waiting, num_requests=len(self.requests),
-                            steps=self._next_step)
+                            steps=self._next_step,
+                            speculative=None if self.drafts is None else self.drafts.summary())
 
     def kv_slot_utilization(self) -> float:
         """Fraction of the slots in used blocks that hold a computed token."""

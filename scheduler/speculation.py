@@ -77,6 +77,8 @@ class DraftPlanner:
             for position in range(min(accepted, len(per_position))):
                 per_position[position] += 1
             request.num_pending += accepted
+            request.spec_steps += 1
+            request.spec_accepted_total += accepted
             if planned is not None:   # not preempted since: the step's KV is its own
                 request.num_computed_tokens += accepted
             self._judge(request, plan.step_id, proposed, accepted)
@@ -91,6 +93,16 @@ class DraftPlanner:
         if request.spec_accepted < config.min_acceptance * request.spec_proposed:
             request.spec_paused_until = step + 1 + config.cooldown_steps
         request.spec_proposed = request.spec_accepted = 0
+
+    def summary(self) -> dict[str, float]:
+        """The page map's figures: drafts, draft tokens, accepted tokens and the mean
+        accepted length (1 + accepted / drafts; 1.0 before any draft)."""
+        counters = self.counters
+        drafts = counters["spec_decode_num_drafts"]
+        accepted = counters["spec_decode_num_accepted_tokens"]
+        return {"drafts": drafts, "draft_tokens": counters["spec_decode_num_draft_tokens"],
+                "accepted_tokens": accepted,
+                "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0}
 
     def stats(self) -> dict[str, int | list[int]]:
         return {**self.counters,

@@ -64,7 +64,8 @@ class SchedulingPolicy:
         "running requests", choices=SCHEDULING_POLICIES)
     speculative_config: str | None = setting(
         None, "speculative decoding as a JSON object, e.g. '{\"method\": \"ngram\", "
-        "\"num_speculative_tokens\": 4}' (docs/speculative.md); off when unset",
+        "\"num_speculative_tokens\": 4}' (methods: ngram, suffix; docs/speculative.md); off "
+        "when unset",
         check=check_speculative_config, metavar="JSON")
 
     @property

@@ -28,6 +28,9 @@ REQUEST = Shape("kv_map.requests", (
     *(Field(name, Int(0)) for name in ("computed", "tokens", "prompt_tokens")),
     Field("max_tokens", Int(0), default=None, send_nil=True),
     Field("preemptions", Int(0)),
+    # speculative decoding: steps that carried drafts, drafts accepted (0 when off)
+    Field("spec_steps", Int(0), default=0),
+    Field("spec_accepted", Int(0), default=0),
     Field("wait_s", Float()),
     Field("age_s", Float()),
 ))
@@ -53,6 +56,10 @@ PAGE_MAP = Shape("kv_map.map", (
     Field("contiguous", Shape("kv_map.contiguous", tuple(Field(key, Number(0)) for key in (
         "reserve_tokens", "blocks_per_request", "requests", "blocks_needed", "fits",
         "slots_filled", "slot_utilization")), table=False)),
+    # present when speculative decoding is on (docs/speculative.md)
+    Field("speculative", Shape("kv_map.speculative", tuple(Field(key, Number(0)) for key in (
+        "drafts", "draft_tokens", "accepted_tokens", "mean_accepted_length")), table=False),
+        default=None),
     Field("blocks", BLOCKS, default=None),   # absent for a pool too large for these arrays
     Field("swap", SWAP, default=None),
     Field("replica", Int(0, 1 << 16), default=None),   # set by a data-parallel frontend

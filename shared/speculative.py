@@ -8,8 +8,11 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "suffix")
 MAX_SPECULATIVE_TOKENS = 32
+# The global cache holds this many outputs at most (each its first 1024 tokens, one array:
+# a query scans it, so it stays small; executor/suffix_decoding.py).
+MAX_CACHED_REQUESTS = 1024
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,15 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4        # k: drafts per request and step at most
     prompt_lookup_max: int = 4             # n-gram lengths tried, longest first
     prompt_lookup_min: int = 2
+    # "suffix" (executor/suffix_decoding.py; names after vLLM's): the longest context
+    # suffix matched, drafts at most factor x the match length, the least estimated
+    # probability of a drafted path, the shortest match that proposes, and the outputs of
+    # how many finished requests are searched too (0: only the request's own tokens).
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+    suffix_decoding_min_match_len: int = 2
+    suffix_decoding_max_cached_requests: int = 0
     # Policy (docs/speculative.md): no drafts in a step with more running requests than
     # this (a large batch is compute-bound, verifying drafts would cost the crowd) ...
     max_running: int = 4
@@ -37,7 +49,8 @@ def _problem(config: SpeculativeConfig) -> str | None:
     if config.method not in METHODS:
         return f"method must be one of {', '.join(METHODS)}; got {config.method!r}"
     for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-                 "max_running", "acceptance_window"):
+                 "max_running", "acceptance_window", "suffix_decoding_max_tree_depth",
+                 "suffix_decoding_min_match_len"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return f"{name} must be an integer >= 1, got {value!r}"
@@ -46,9 +59,19 @@ def _problem(config: SpeculativeConfig) -> str | None:
                 f"{config.num_speculative_tokens}")
     if config.prompt_lookup_min > config.prompt_lookup_max:
         return "prompt_lookup_min must be <= prompt_lookup_max"
-    if isinstance(config.cooldown_steps, bool) or not isinstance(config.cooldown_steps, int) \
-            or config.cooldown_steps < 0:
-        return f"cooldown_steps must be an integer >= 0, got {config.cooldown_steps!r}"
+    for name in ("cooldown_steps", "suffix_decoding_max_cached_requests"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{name} must be an integer >= 0, got {value!r}"
+    if config.suffix_decoding_max_cached_requests > MAX_CACHED_REQUESTS:
+        return (f"suffix_decoding_max_cached_requests must be at most {MAX_CACHED_REQUESTS}"
+                f", got {config.suffix_decoding_max_cached_requests}")
+    value = config.suffix_decoding_max_spec_factor
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return f"suffix_decoding_max_spec_factor must be a number > 0, got {value!r}"
+    value = config.suffix_decoding_min_token_prob
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        return f"suffix_decoding_min_token_prob must be in [0, 1], got {value!r}"
     value = config.min_acceptance
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         return f"min_acceptance must be in [0, 1], got {value!r}"

@@ -71,16 +71,22 @@ def test_eos_stops_and_ignore_eos_continues(llama_dir):
     assert len(longer.token_ids) == 8 and longer.finish_reason == "length"
 
 
-@pytest.mark.parametrize("engine_args", [
-    {"num_kv_blocks": 2048},
-    {"num_kv_blocks": 24, "max_num_batched_tokens": 128},
-    {"block_size": 4, "num_kv_blocks": 400, "max_num_batched_tokens": 37, "max_num_seqs": 5},
-], ids=["large-pool", "preemption", "small-blocks-chunks"])
-def test_greedy_matches_transformers_with_speculation(llama_dir, expected, engine_args):
-    """n-gram drafts verified in the same pass (docs/speculative.md): still transformers'
-    tokens, with drafts accepted."""
-    spec = ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, '
-            '"max_running": 64}')
+NGRAM = ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, '
+         '"max_running": 64}')
+SUFFIX = ('{"method": "suffix", "num_speculative_tokens": 4, "max_running": 64, '
+          '"suffix_decoding_min_match_len": 1, "suffix_decoding_max_cached_requests": 4}')
+
+
+@pytest.mark.parametrize("spec, engine_args", [
+    (NGRAM, {"num_kv_blocks": 2048}),
+    (NGRAM, {"num_kv_blocks": 24, "max_num_batched_tokens": 128}),
+    (NGRAM, {"block_size": 4, "num_kv_blocks": 400, "max_num_batched_tokens": 37,
+             "max_num_seqs": 5}),
+    (SUFFIX, {"num_kv_blocks": 24, "max_num_batched_tokens": 128}),
+], ids=["large-pool", "preemption", "small-blocks-chunks", "suffix-preemption"])
+def test_greedy_matches_transformers_with_speculation(llama_dir, expected, spec, engine_args):
+    """n-gram and suffix drafts verified in the same pass (docs/speculative.md): still
+    transformers' tokens, with drafts accepted."""
     outputs, stats = _folio_greedy(llama_dir, speculative_config=spec, **engine_args)
     assert outputs == expected(llama_dir)
     assert stats["spec_decode_num_accepted_tokens"] > 0

@@ -1,6 +1,7 @@
 """Speculative decoding, greedy (docs/speculative.md): outputs token-identical to
-speculation off through folio.LLM on the tiny model, with drafts accepted (a prompt that
-repeats itself) and rejected, under max_tokens, stop ids, stop strings, n > 1, prefix-cache
+speculation off through folio.LLM on the tiny model, by each proposer (n-gram lookup and
+suffix decoding with its global cache), with drafts accepted (a prompt that repeats
+itself) and rejected, under max_tokens, stop ids, stop strings, n > 1, prefix-cache
 hits, forced recompute and swap preemption, and one step in flight; every block free when
 idle."""
 
@@ -17,6 +18,15 @@ from tests.conftest import TEST_DEVICE
 
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
                    "prompt_lookup_min": 1, "max_running": 64})
+SUFFIX = json.dumps({"method": "suffix", "num_speculative_tokens": 4, "max_running": 64,
+                     "suffix_decoding_min_match_len": 1, "suffix_decoding_max_spec_factor": 2,
+                     "suffix_decoding_max_cached_requests": 8})
+
+
+@pytest.fixture(params=[SPEC, SUFFIX], ids=["ngram", "suffix"])
+def spec(request):
+    """The tests that hold for every proposer run once per method."""
+    return request.param
 
 
 def _prompts() -> list[list[int]]:
@@ -59,9 +69,9 @@ def plain(llama_dir):
     return outputs
 
 
-def test_greedy_identical_with_drafts_accepted(llama_dir, plain):
+def test_greedy_identical_with_drafts_accepted(llama_dir, plain, spec):
     outputs, stats = _generate(llama_dir, PROMPTS, _greedy(), num_kv_blocks=512,
-                               speculative_config=SPEC)
+                               speculative_config=spec)
     assert outputs == plain
     assert stats["spec_decode_num_accepted_tokens"] > 0
     assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"]
@@ -85,8 +95,8 @@ def test_per_request_opt_out_carries_no_drafts(llama_dir, plain):
     {"num_kv_blocks": 96, "block_size": 4, "max_num_batched_tokens": 23, "max_num_seqs": 3},
     {"num_kv_blocks": 512, "enable_prefix_caching": False},
 ], ids=["recompute", "swap", "small-blocks-chunks", "no-prefix-cache"])
-def test_greedy_identical_under_pressure(llama_dir, plain, engine_args):
-    outputs, stats = _generate(llama_dir, PROMPTS, _greedy(), speculative_config=SPEC,
+def test_greedy_identical_under_pressure(llama_dir, plain, engine_args, spec):
+    outputs, stats = _generate(llama_dir, PROMPTS, _greedy(), speculative_config=spec,
                                **engine_args)
     assert outputs == plain
     assert stats["spec_decode_num_accepted_tokens"] > 0
@@ -97,11 +107,11 @@ def test_greedy_identical_under_pressure(llama_dir, plain, engine_args):
     _assert_idle(stats)
 
 
-def test_prefix_cache_hits_with_drafts(llama_dir):
+def test_prefix_cache_hits_with_drafts(llama_dir, spec):
     params = _greedy()
     # The second round finds the first round's blocks, drafts' blocks never among them.
     llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=512,
-              speculative_config=SPEC)
+              speculative_config=spec)
     first = [r.outputs[0].token_ids for r in llm.generate(PROMPTS, params)]
     again = [r.outputs[0].token_ids for r in llm.generate(
         [p + out for p, out in zip(PROMPTS, first)], _greedy())]
@@ -113,13 +123,13 @@ def test_prefix_cache_hits_with_drafts(llama_dir):
     _assert_idle(stats)
 
 
-def test_stop_ids_min_tokens_and_n(llama_dir):
+def test_stop_ids_min_tokens_and_n(llama_dir, spec):
     stop = PROMPTS[0][3]   # a token the copy-heavy answer is likely to reach
     params = [SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop],
                              min_tokens=m, n=2) for m in (0, 5, 0, 3, 0, 1)]
     want, _ = _generate(llama_dir, PROMPTS, params, num_kv_blocks=512)
     got, stats = _generate(llama_dir, PROMPTS, params, num_kv_blocks=512,
-                           speculative_config=SPEC)
+                           speculative_config=spec)
     assert got == want
     assert stats["forks"] > 0
     _assert_idle(stats)
@@ -178,11 +188,35 @@ def _run_one_ahead(llm: LLM, prompts, params) -> dict[str, list[int]]:
     {"num_kv_blocks": 12, "max_num_batched_tokens": 64, "preemption_mode": "swap",
      "num_swap_blocks": 64},
 ], ids=["roomy", "recompute", "swap"])
-def test_greedy_identical_one_step_in_flight(llama_dir, plain, engine_args):
-    llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, speculative_config=SPEC,
+def test_greedy_identical_one_step_in_flight(llama_dir, plain, engine_args, spec):
+    llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, speculative_config=spec,
               **engine_args)
     tokens = _run_one_ahead(llm, PROMPTS, _greedy())
     assert [tokens[f"r{i}"] for i in range(len(PROMPTS))] == [p[0] for p in plain]
     stats = llm.stats()
     assert stats["spec_decode_num_accepted_tokens"] > 0
     _assert_idle(stats)
+
+
+def test_suffix_global_cache_drafts_what_an_earlier_request_answered(llama_dir, plain):
+    """The same question asked again: with the global cache on, its answer is drafted from
+    the first request's output (more drafts accepted than from its own tokens alone), and
+    the output is still the one without speculation."""
+    prompt = [PROMPTS[1]]   # nothing in the prompt to copy
+    params = _greedy()[1]
+    accepted = {}
+    for cached in (0, 4):
+        spec = json.dumps({"method": "suffix", "num_speculative_tokens": 4, "max_running": 64,
+                           "suffix_decoding_min_match_len": 1,
+                           "suffix_decoding_max_spec_factor": 4,
+                           "suffix_decoding_max_cached_requests": cached})
+        llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=512,
+                  speculative_config=spec)
+        first = llm.generate(prompt, params)[0].outputs[0].token_ids
+        before = llm.stats()["spec_decode_num_accepted_tokens"]
+        again = llm.generate(prompt, params)[0].outputs[0].token_ids
+        assert again == first
+        accepted[cached] = llm.stats()["spec_decode_num_accepted_tokens"] - before
+        _assert_idle(llm.stats())
+        assert first == plain[1][0]
+    assert accepted[4] > accepted[0], accepted

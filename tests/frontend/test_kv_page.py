@@ -1,12 +1,14 @@
 """The live page map at /kv, in headless Chromium: the grid changes while a request runs,
-shared prompt blocks show their count, and every block is free (or cached) at the end.
-The plan page at /plan beside it draws a saved plan. Screenshots are saved to
-$FOLIO_TEST_ARTIFACTS (default: the test's tmp directory)."""
+shared prompt blocks show their count, speculative decoding's mean accepted length shows
+(overall and per request), and every block is free (or cached) at the end. The plan page at
+/plan beside it draws a saved plan. Screenshots are saved to $FOLIO_TEST_ARTIFACTS (default:
+the test's tmp directory)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -18,12 +20,16 @@ from tests.pipeline import Pipeline
 from tests.frontend.test_chat_page import _free_port, _wait, browser  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
+SPEC = json.dumps({"method": "suffix", "num_speculative_tokens": 4,
+                   "suffix_decoding_min_match_len": 1})
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, llama_dir):
     pipe = Pipeline(tmp_path_factory.mktemp("run"), llama_dir,
-                    engine_args=("--num-kv-blocks", "256", "--block-size", "4"),
+                    engine_args=("--num-kv-blocks", "256", "--block-size", "4",
+                                 "--speculative-config", SPEC),
+                    scheduler_args=("--speculative-config", SPEC),   # both read it
                     http_port=_free_port())
     try:
         pipe.wait_ready()
@@ -74,6 +80,15 @@ def test_grid_follows_a_running_request(server, browser, tmp_path):  # noqa: F81
         "id", "lanes").text
     artifacts = Path(os.environ.get("FOLIO_TEST_ARTIFACTS", tmp_path))
     artifacts.mkdir(parents=True, exist_ok=True)
+    # Drafts carried: a request's row shows its mean accepted length, the pool's the overall.
+    spec_cells = "return [...document.querySelectorAll('#tables td.spec')]" \
+        ".map(c => c.textContent);"
+    _wait(browser, lambda d: any(re.fullmatch(r"\d+\.\d\d", c)
+                                 for c in d.execute_script(spec_cells)),
+          "a request's mean accepted length")
+    overall = browser.find_element("id", "spec-mean").text
+    assert re.fullmatch(r"mean accepted length \d+\.\d\d", overall), overall
+    assert float(overall.split()[-1]) >= 1.0
     assert browser.save_screenshot(str(artifacts / "kv_page.png"))
     _wait(browser, lambda d: _blocks(d) != first, "the grid to change as tokens arrive")
     for worker in workers:

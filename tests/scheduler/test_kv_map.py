@@ -185,7 +185,7 @@ def test_http_and_sdk_map_against_stats(tmp_path, llama_dir):
             assert max(seen["blocks"]["ref"]) == 2
             assert set(seen["requests"][0]) == {   # ids and counts, never token ids
                 "id", "state", "blocks", "swap_blocks", "computed", "tokens", "prompt_tokens",
-                "max_tokens", "preemptions", "wait_s", "age_s"}
+                "max_tokens", "preemptions", "spec_steps", "spec_accepted", "wait_s", "age_s"}
             for worker in workers:
                 worker.join(120)
             assert [r.status_code for r in done] == [200, 200]

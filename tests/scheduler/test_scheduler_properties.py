@@ -41,7 +41,7 @@ PREFIXES = [[(7 * i + 5 * k) % VOCAB for i in range(24)] for k in range(1, 4)]
 
 
 SPEC_K1 = json.dumps({"num_speculative_tokens": 1, "max_running": 64})
-SPEC_K3 = json.dumps({"num_speculative_tokens": 3, "max_running": 64,
+SPEC_K3 = json.dumps({"method": "suffix", "num_speculative_tokens": 3, "max_running": 64,
                       "acceptance_window": 6, "min_acceptance": 0.5, "cooldown_steps": 2})
 
 

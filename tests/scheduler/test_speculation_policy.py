@@ -155,3 +155,25 @@ def test_a_step_without_drafts_still_covers_the_drafts_in_flight():
     assert step2.drafts == {} and step2.running_num_tokens == [1]
     # Step 2's token lands at position 7 + (0..4 accepted in step 1) + 1 <= 12.
     assert len(scheduler.kv.block_ids(request)) * 4 >= 13
+
+
+def test_the_page_map_shows_the_mean_accepted_length():
+    from folio.shared.kv_map_wire import decode_kv_map, encode_kv_map
+    from folio.shared.wire import Body, unpack
+
+    scheduler = _scheduler()
+    scheduler.add_request("a", [1, 2, 3, 4, 5, 6], _params())
+    plan = scheduler.schedule()
+    scheduler.update(plan, _result(plan, {0: [7]}))
+    for accepted in (3, 0):   # two steps with 4 drafts: 3 accepted, then none
+        plan = scheduler.schedule()
+        tokens = list(range(20 + 5 * accepted, 21 + 6 * accepted))
+        scheduler.update(plan, _result(plan, {0: tokens}, [(0, 4, accepted)]))
+    _, body = unpack(encode_kv_map(scheduler.kv_map()))
+    snapshot = decode_kv_map(Body("kv_map", body))   # declared: it crosses the wire
+    assert snapshot["speculative"] == {"drafts": 2, "draft_tokens": 8, "accepted_tokens": 3,
+                                       "mean_accepted_length": 2.5}
+    request = snapshot["requests"][0]
+    assert (request["spec_steps"], request["spec_accepted"]) == (2, 3)
+    off = Scheduler(SchedulerConfig(num_kv_blocks=64, block_size=4, max_model_len=256))
+    assert "speculative" not in off.kv_map()
