@@ -9,6 +9,10 @@ plus a PNG (--png) of output tok/s against concurrency.
     python -m bench.speculative_served --model /tmp/smol/f32 --rounds 1 \
         --concurrency 1 4 64 --out spec.jsonl --png docs/images/speculative_served.png
     python -m bench.speculative_served --plot spec.jsonl --png spec.png   # redraw only
+    python -m bench.speculative_served --model /tmp/smol/f32 --serve-model SMOL-q8_0.gguf \
+        --modes off ngram suffix llama.cpp llama.cpp-ngram-simple llama.cpp-ngram-mod \
+        --llama-server .folio-cache/peers/llama.cpp/11040.0.0/build/bin/llama-server \
+        --llama-gguf SMOL-q8_0.gguf --concurrency 1    # against llama.cpp's n-gram speculation
 """
 
 from __future__ import annotations
@@ -32,6 +36,13 @@ MODES = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4},
     "suffix": {"method": "suffix", "num_speculative_tokens": 8},
 }
+# llama.cpp's llama-server (--llama-server, on --llama-gguf) with its own n-gram speculation
+# at its defaults (ngram-simple: lookup 12, up to 48 drafts; ngram-mod: match 24, 48-64).
+LLAMA_MODES = {
+    "llama.cpp": [],
+    "llama.cpp-ngram-simple": ["--spec-type", "ngram-simple"],
+    "llama.cpp-ngram-mod": ["--spec-type", "ngram-mod"],
+}
 
 
 def _post(port: int, body: dict) -> dict:
@@ -42,10 +53,21 @@ def _post(port: int, body: dict) -> dict:
         return json.loads(response.read())
 
 
-def _serve(model: str, port: int, spec: dict | None) -> subprocess.Popen:
-    args = [sys.executable, "-m", "folio", "serve", "--model", model, "--port", str(port),
-            "--dtype", "float32"] + (["--speculative-config", json.dumps(spec)] if spec else [])
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _command(mode: str, args) -> list[str]:
+    if mode in LLAMA_MODES:
+        top = max(args.concurrency)
+        context = top * (max(args.random_len, 1024) + args.max_tokens + 64)
+        return [str(args.llama_server), "-m", str(args.llama_gguf), "--host", "127.0.0.1",
+                "--port", str(args.port), "-np", str(top), "-c", str(context),
+                *LLAMA_MODES[mode]]
+    spec = MODES[mode]
+    return ([sys.executable, "-m", "folio", "serve", "--model", args.serve_model or args.model,
+             "--port", str(args.port), "--dtype", "float32", *args.folio_arg]
+            + (["--speculative-config", json.dumps(spec)] if spec else []))
+
+
+def _serve(command: list[str], port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
@@ -82,21 +104,25 @@ def measure(args) -> list[dict]:
     top = max(args.concurrency)
     workloads = {"copy": [copy_prompt(tokenizer, args.chars, i) for i in range(top)],
                  "random": [random_prompt(vocab, args.random_len, i) for i in range(top)]}
-    modes = [m for m in MODES if m in args.modes]
+    modes = [m for m in (*MODES, *LLAMA_MODES) if m in args.modes]
     rows: list[dict] = []
     answers: dict[tuple[str, int], list[str]] = {}   # greedy: every mode answers the same
     for round_index in range(args.rounds):
         order = modes if round_index % 2 == 0 else modes[::-1]
         for mode in order:
-            proc = _serve(args.model, args.port, MODES[mode])
+            proc = _serve(_command(mode, args), args.port)
+            engine = "llama.cpp" if mode in LLAMA_MODES else "folio"
             try:
-                model = _post(args.port, {"model": args.model, "prompt": "hi",
-                                     "max_tokens": 2})["model"]
+                with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/v1/models",
+                                            timeout=60) as response:
+                    model = json.loads(response.read())["data"][0]["id"]
+                _post(args.port, {"model": model, "prompt": "hi", "max_tokens": 2})   # warm-up
                 for workload, prompts in workloads.items():
                     for users in args.concurrency:
                         before = os.getloadavg()[0]
                         tok_s, texts = _run(args.port, model, prompts[:users], args.max_tokens)
-                        expected = answers.setdefault((workload, users), texts)
+                        # each engine against its own first mode (their numerics differ)
+                        expected = answers.setdefault((engine, workload, users), texts)
                         same = sum(a == b for a, b in zip(expected, texts))
                         row = {"round": round_index, "mode": mode, "workload": workload,
                                "concurrency": users, "tok_s": round(tok_s, 1),
@@ -121,7 +147,7 @@ def plot(rows: list[dict], out: Path) -> None:
     workloads = sorted({r["workload"] for r in rows})
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4))
     for ax, workload in zip(axes if len(workloads) > 1 else [axes], workloads):
-        for mode in MODES:
+        for mode in (*MODES, *LLAMA_MODES):
             points = [(r["concurrency"], r["tok_s"]) for r in rows
                       if r["workload"] == workload and r["mode"] == mode]
             if not points:
@@ -151,7 +177,15 @@ def main() -> None:
     parser.add_argument("--model")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 64])
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=list(MODES),
+                        choices=[*MODES, *LLAMA_MODES])
+    parser.add_argument("--serve-model", help="what folio serves (default --model; e.g. a "
+                        "GGUF file of it); --model gives the tokenizer and vocabulary")
+    parser.add_argument("--folio-arg", action="append", default=[],
+                        help="extra folio serve argument (repeat; --folio-arg=--flag)")
+    parser.add_argument("--llama-server", type=Path, help="llama-server binary (the llama.cpp "
+                        "modes; bench/llama_cpp_build.py builds it)")
+    parser.add_argument("--llama-gguf", type=Path, help="the GGUF llama-server serves")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--chars", type=int, default=1200)
     parser.add_argument("--random-len", type=int, default=256)
@@ -165,6 +199,8 @@ def main() -> None:
     else:
         if not args.model:
             parser.error("--model is needed to measure")
+        if set(args.modes) & set(LLAMA_MODES) and not (args.llama_server and args.llama_gguf):
+            parser.error("the llama.cpp modes need --llama-server and --llama-gguf")
         rows = measure(args)
         if args.out is not None:
             args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
