@@ -105,6 +105,7 @@ class Executor:
                                 cpu_attention.load().ok, self.model_config.tie_word_embeddings)
         self.linear_backend = pack_linears(self.model, self.device, self.dtype,
                                            config.linear_backend, config.quantization)
+        self.lora = self._new_lora_registry()
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
         if self.kv_dtype != self.dtype and self.ops.name == "triton":
             raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype}: the Triton attention "
@@ -184,7 +185,14 @@ class Executor:
                                    [request for request, _ in scheduled], self.batch.rows.tokens,
                                    inputs.attention, self.kv_caches, self.config.block_size)
             attention = self.ops.prepare(inputs.attention, self.config.block_size)
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attention)
+            if self.lora is not None:
+                self.lora.begin_step(scheduled)
+            try:
+                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
+                                    attention)
+            finally:
+                if self.lora is not None:
+                    self.lora.end_step()
             masks = pending_masks.result() if pending_masks is not None else None
             if inputs.sampled and drafts:   # several rows per request (speculation.py)
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
@@ -221,6 +229,26 @@ class Executor:
         if self.threads is not None:
             self.threads.after_step()
         return result
+
+    def _new_lora_registry(self):
+        """The adapters (docs/lora.md), with the start-time ones loaded; None: LoRA off."""
+        config = self.config
+        if not config.enable_lora:
+            return None
+        if self.tp is not None:
+            raise ValueError("enable_lora: LoRA adapters run with tensor_parallel_size 1 only")
+        if getattr(self.model, "longrope_original", None) is not None:
+            raise ValueError("enable_lora: not with a longrope model, whose cached part is "
+                             "recomputed in place without the adapters")
+        from folio.executor.lora_registry import LoraRegistry
+
+        registry = LoraRegistry(self.model, self.model_config,
+                                ARCHITECTURES[self.model_config.architecture].weights,
+                                self.device, self.dtype, config.max_loras,
+                                config.max_lora_rank, config.lora_capacity)
+        for name, path in config.lora_paths.items():
+            registry.load(name, path)
+        return registry
 
     def _new_grammar(self) -> GrammarMasks:
         return GrammarMasks(self.config.tokenizer_path, self.model_config.vocab_size,

@@ -75,6 +75,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
     if problem is not None:
         raise SettingError("quantization", problem)
     _check_kv_cache_dtype(config)
+    _check_lora(config, model_config)
     _check_cpu_memory(config)
     limit = model_config.context_limit
     if config.max_model_len is not None and config.max_model_len > limit:
@@ -87,6 +88,32 @@ def check_engine(config: EngineConfig) -> ModelConfig:
         max_model_len=config.max_model_len or limit, vocab_size=model_config.vocab_size,
         eos_token_ids=model_config.eos_token_ids))
     return model_config
+
+
+def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
+    """LoRA's settings, and every start-time adapter read against the model (its files'
+    headers, not its weights; executor/lora_files.py)."""
+    if not config.enable_lora:
+        if config.lora_modules:
+            raise SettingError("lora_modules", "needs --enable-lora")
+        return
+    if config.tensor_parallel_size > 1:
+        raise SettingError("enable_lora", "runs with tensor_parallel_size 1 only")
+    if config.max_cpu_loras is not None and config.max_cpu_loras < config.max_loras:
+        raise SettingError("max_cpu_loras", f"({config.max_cpu_loras}) must be >= max_loras "
+                           f"({config.max_loras})")
+    if len(config.lora_modules) > config.lora_capacity:
+        raise SettingError("lora_modules", f"gives {len(config.lora_modules)} adapters, more "
+                           f"than max_cpu_loras ({config.lora_capacity})")
+    from folio.executor.lora_files import LoraError, plan_adapter
+    from folio.executor.models.architectures import ARCHITECTURES
+
+    names = ARCHITECTURES[model_config.architecture].weights
+    for name, path in config.lora_paths.items():
+        try:
+            plan_adapter(name, path, model_config, names, config.max_lora_rank)
+        except LoraError as error:
+            raise SettingError("lora_modules", str(error)) from None
 
 
 def _check_kv_cache_dtype(config: EngineConfig) -> None:

@@ -52,6 +52,7 @@ from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.kv_manager import KVCacheManager
 from folio.scheduler.kv_map import build_kv_map
 from folio.scheduler.preemption import should_swap
+from folio.shared.prefix_hash import adapter_seed
 from folio.scheduler.request import Request, RequestStatus
 from folio.scheduler.speculation import DraftPlanner
 from folio.scheduler.stop import finish_reason_after_token, stop_triggers
@@ -85,6 +86,9 @@ class Scheduler:
         self._dropped_handles: list[int] = []
         self._pending_outputs: list[EngineOutput] = []
         self._next_handle = 0
+        # LoRA (docs/lora.md): how many times each adapter name was unloaded, so an adapter
+        # loaded again under a name never meets its predecessor's cached blocks.
+        self._lora_unloads: dict[str, int] = {}
         self._next_step = 0
         self._next_admit = 0
         self.counters = dict.fromkeys((
@@ -375,6 +379,8 @@ class Scheduler:
                  step: int) -> int:
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.swapped[0]
+            if request.sampling.lora is not None and not self._lora_fits(request):
+                break
             num_new = self._tokens_to_schedule(request, budget)
             if num_new == 0:
                 break
@@ -393,6 +399,8 @@ class Scheduler:
     def _admit(self, scheduled: list[_Scheduled], budget: int, step: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.sampling.lora is not None and not self._lora_fits(request):
+                break
             cached = self.kv.find_cached_prefix(request)
             if not self.kv.can_admit(request, cached):
                 break
@@ -432,11 +440,29 @@ class Scheduler:
             bisect.insort(self.running, child, key=self._run_key)
             self.counters["forks"] += 1
 
+    # ---- LoRA adapters (docs/lora.md) ---------------------------------------------------
+
+    def lora_requests(self, name: str) -> int:
+        """Unfinished requests that run with adapter `name`."""
+        return sum(r.sampling.lora == name for r in self.requests.values())
+
+    def forget_lora(self, name: str) -> None:
+        """Adapter `name` was unloaded: a later one of that name hashes its blocks apart."""
+        self._lora_unloads[name] = self._lora_unloads.get(name, 0) + 1
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Whether running `request` keeps the running adapters within max_loras."""
+        running = {r.sampling.lora for r in self.running} - {None}
+        return request.sampling.lora in running or len(running) < self.config.max_loras
+
     # ---- internals ----------------------------------------------------------------------
 
     def _new_request(self, request_id: str, prompt: list[int], sampling: SamplingParams
                      ) -> Request:
         request = Request(request_id, self._next_handle, list(prompt), sampling)
+        if sampling.lora is not None:
+            request.prefix_seed = adapter_seed(sampling.lora,
+                                               self._lora_unloads.get(sampling.lora, 0))
         request.stop_length_at, request.stop_ids = stop_triggers(
             request, self.config.eos_token_ids, self.config.max_request_len)
         request.stop_num_tokens = request.prompt_len + request.stop_length_at

@@ -40,6 +40,17 @@ CURVE_KEYS_HELP = ("CURVE keys directory (`folio keys`): every ZeroMQ socket enc
                    "refuses peers without the keys (default: no CURVE)")
 
 
+def _lora_modules_problem(value: Any) -> str | None:
+    names = []
+    for item in value or ():
+        name, sep, path = str(item).partition("=")
+        if not sep or not name or not path:
+            return f"takes NAME=PATH items, got {item!r}"
+        names.append(name)
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    return f"names {repeated[0]!r} twice" if repeated else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class SchedulingPolicy:
     max_num_seqs: int = setting(256, "requests running at once", check=positive_int)
@@ -65,6 +76,10 @@ class SchedulingPolicy:
         None, "speculative decoding as a JSON object, e.g. '{\"method\": \"ngram\", "
         "\"num_speculative_tokens\": 4}' (docs/speculative.md); off when unset",
         check=check_speculative_config, metavar="JSON")
+    max_loras: int = setting(
+        1, "LoRA adapters the requests of one step may use at once (a request for another "
+        "waits until one running adapter's requests are done); the executor keeps that many "
+        "on the device", check=positive_int)
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -147,11 +162,35 @@ class EngineConfig(SchedulingPolicy):
     master_port: int = setting(29500, "node 0's torch.distributed rendezvous port; the plan "
                                "hop to the other nodes listens on master-port + 1",
                                check=in_range(1, 65534))
+    # LoRA adapters (docs/lora.md), named as vLLM names them.
+    enable_lora: bool = setting(False, "serve LoRA adapters: requests name one (the OpenAI "
+                                "model field, or lora=) to run with it")
+    lora_modules: tuple[str, ...] = setting(
+        (), "LoRA adapters loaded at start, each NAME=PATH (a PEFT adapter directory); "
+        "needs --enable-lora", metavar="NAME=PATH", nargs="+", check=_lora_modules_problem)
+    max_lora_rank: int = setting(16, "the largest rank of an adapter's modules",
+                                 check=positive_int)
+    max_cpu_loras: int | None = setting(
+        None, "adapters held in host memory, loaded ones all counted (default: max-loras, "
+        "or the number of --lora-modules if more)", check=optional(positive_int))
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise SettingError("model", "must be a path to a checkpoint directory")
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules or ()))
         super().__post_init__()
+
+    @property
+    def lora_paths(self) -> dict[str, str]:
+        """lora_modules as {name: path} (checked when the config was made)."""
+        return dict(item.split("=", 1) for item in self.lora_modules)
+
+    @property
+    def lora_capacity(self) -> int:
+        """Adapters host memory holds: max_cpu_loras, or enough for the start-time ones."""
+        if self.max_cpu_loras is not None:
+            return self.max_cpu_loras
+        return max(self.max_loras, len(self.lora_modules))
 
     @property
     def tokenizer_path(self) -> str:
