@@ -159,6 +159,7 @@ class Executor:
             swap_bytes_per_s=self.cost_model[1],
             sliding_window=kv_window(self.model_config, self.max_model_len),
             rewrites_kv=self._rewrites_kv,
+            loras=tuple(self.lora.names_loaded()) if self.lora is not None else (),
         )
 
     def reset(self) -> None:

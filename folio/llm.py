@@ -120,6 +120,7 @@ class LLM:
         """Load a PEFT adapter directory under `name`; a ValueError names why not, and
         nothing of it is kept."""
         self._lora_registry().load(name, str(path))
+        self.engine.scheduler.loras.add(name)
 
     def unload_lora(self, name: str) -> None:
         """Unload adapter `name` (refused while unfinished requests use it: none can be

@@ -126,6 +126,10 @@ class EngineClient:
         return self.info.max_model_len if self.info else None
 
     @property
+    def loras(self) -> tuple[str, ...]:
+        return self.info.loras if self.info else ()
+
+    @property
     def facts(self) -> ModelFacts:
         """What the input processor checks a request against (engine_info's figures)."""
         return ModelFacts(self.vocab_size, self.max_model_len, *self.limits)

@@ -87,6 +87,10 @@ class Engine(Protocol):
     @property
     def max_model_len(self) -> int | None: ...
 
+    @property
+    def loras(self) -> tuple[str, ...]:
+        """The LoRA adapters requests may name now (docs/lora.md)."""
+
     def check_text_size(self, chars: int) -> None:
         """InputError for text that cannot fit the context, before it is tokenized."""
 

@@ -8,7 +8,7 @@ the names served, then parsed once into its typed request (frontend/openai_reque
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
@@ -54,48 +54,67 @@ def _served(request: Request) -> Served:
 
 
 def _unknown_model(served: Served, name: Any) -> ApiError:
+    names = [*served.names, *served.engine.loras]
     return ApiError(404, f"the model {name!r} does not exist; this server serves "
-                    f"{', '.join(map(repr, served.names))}", "model", "model_not_found")
+                    f"{', '.join(map(repr, names))}", "model", "model_not_found")
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    """The JSON body, its `model` (when given) one of the names served."""
+    """The JSON body, its `model` (when given) one of the names served or an adapter."""
     body = await read_json(request)
     name = body.get("model")
     served = _served(request)
-    if name is not None and name not in served.names:
+    if name is not None and name not in served.names and name not in served.engine.loras:
         raise _unknown_model(served, name)
     return body
 
 
-def _card(served: Served, name: str) -> dict[str, Any]:
+def _adapter(served: Served, body: dict[str, Any]) -> str | None:
+    """The LoRA adapter the body's `model` names (docs/lora.md); None: the base model."""
+    name = body.get("model")
+    return None if name is None or name in served.names else name
+
+
+def _card(served: Served, name: str, parent: str | None = None) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": served.created, "owned_by": "folio",
-            "max_model_len": served.engine.max_model_len}
+            "max_model_len": served.engine.max_model_len, "root": name, "parent": parent}
 
 
 async def list_models(request: Request) -> dict[str, Any]:
     served = _served(request)
-    return {"object": "list", "data": [_card(served, name) for name in served.names]}
+    return {"object": "list", "data": [_card(served, name) for name in served.names]
+            + [_card(served, name, served.model) for name in served.engine.loras]}
 
 
 async def get_model(request: Request, name: str) -> dict[str, Any]:
     served = _served(request)
-    if name not in served.names:
-        raise _unknown_model(served, name)
-    return _card(served, name)
+    if name in served.names:
+        return _card(served, name)
+    if name in served.engine.loras:
+        return _card(served, name, served.model)
+    raise _unknown_model(served, name)
 
 
 async def completions(request: Request) -> Response:
     served = _served(request)
-    parsed = CompletionRequest.parse(await _body(request), served.terms())
-    return await respond(request, create_completion(served.engine, parsed, served.model))
+    body = await _body(request)
+    parsed = CompletionRequest.parse(body, served.terms())
+    lora = _adapter(served, body)
+    if lora is not None:
+        parsed = replace(parsed, params=replace(parsed.params, lora=lora))
+    return await respond(request, create_completion(served.engine, parsed,
+                                                    lora or served.model))
 
 
 async def chat_completions(request: Request) -> Response:
     served = _served(request)
-    parsed = ChatRequest.parse(await _body(request), served.terms())
+    body = await _body(request)
+    parsed = ChatRequest.parse(body, served.terms())
+    lora = _adapter(served, body)
+    if lora is not None:
+        parsed = replace(parsed, params=replace(parsed.params, lora=lora))
     return await respond(request, create_chat_completion(served.engine, parsed,
-                                                         served.model))
+                                                         lora or served.model))
 
 
 async def tokenize_route(request: Request) -> dict[str, Any]:

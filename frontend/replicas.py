@@ -111,6 +111,13 @@ class Replicas:
         return self._informed().max_model_len
 
     @property
+    def loras(self) -> tuple[str, ...]:
+        """Adapters some serving replica holds (every replica loads the same ones; one
+        that restarted or missed a load is left out of its adapters' routing)."""
+        names = {name for client in self._live() for name in client.loras}
+        return tuple(sorted(names))
+
+    @property
     def facts(self) -> ModelFacts:
         return self._informed().facts
 
@@ -149,17 +156,19 @@ class Replicas:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
                deadline_s: float | None = None, stops: StopStrings | None = None) -> str:
-        index = self._route(prompt_ids)
+        index = self._route(prompt_ids, params.lora)
         self.routed[index] += 1
         return self.clients[index].submit(prompt_ids, params, sink, deadline_s, stops)
 
-    def _route(self, prompt_ids: list[int]) -> int:
+    def _route(self, prompt_ids: list[int], lora: str | None = None) -> int:
         live = self._serving()
         if not live:   # the gateways refuse first; a replica may die in between
             live = list(range(len(self.clients)))
+        if lora is not None:   # only replicas holding the adapter (if none: its refusal)
+            live = [i for i in live if lora in self.clients[i].loras] or live
         info = self._informed().info
         index, _ = self.router.choose(prompt_ids, info.block_size if info else 16,
-                                      [self._load(i) for i in live])
+                                      [self._load(i) for i in live], lora)
         return index
 
     def _load(self, index: int) -> ReplicaLoad:

@@ -89,6 +89,7 @@ class Scheduler:
         # LoRA (docs/lora.md): how many times each adapter name was unloaded, so an adapter
         # loaded again under a name never meets its predecessor's cached blocks.
         self._lora_unloads: dict[str, int] = {}
+        self.loras: set[str] = set(config.loras)   # adapters requests may name now
         self._next_step = 0
         self._next_admit = 0
         self.counters = dict.fromkeys((
@@ -111,6 +112,8 @@ class Scheduler:
         # The frontend checked these too; the scheduler does not trust its peers.
         check_against_model(sampling, self.config.vocab_size, self.config.max_logprobs,
                             self.config.max_n)
+        if sampling.lora is not None and sampling.lora not in self.loras:
+            raise ValueError(f"no LoRA adapter named {sampling.lora!r} is loaded")
         if sampling.priority and not self._by_priority:
             raise ValueError(f"priority {sampling.priority} needs the engine started with "
                              "--scheduling-policy priority")
@@ -447,7 +450,9 @@ class Scheduler:
         return sum(r.sampling.lora == name for r in self.requests.values())
 
     def forget_lora(self, name: str) -> None:
-        """Adapter `name` was unloaded: a later one of that name hashes its blocks apart."""
+        """Adapter `name` is being unloaded: no request may name it any more, and a later
+        adapter of that name hashes its blocks apart."""
+        self.loras.discard(name)
         self._lora_unloads[name] = self._lora_unloads.get(name, 0) + 1
 
     def _lora_fits(self, request: Request) -> bool:

@@ -300,7 +300,8 @@ class SchedulerService:
             eos_token_ids=cap.eos_token_ids if cap else (),
             executor_alive=self.scheduler is not None,
             max_logprobs=self.config.max_logprobs, max_n=self.config.max_n,
-            executor_ranks=self.executor_link.ranks).encode()
+            executor_ranks=self.executor_link.ranks,
+            loras=tuple(sorted(self.scheduler.loras)) if self.scheduler else ()).encode()
 
     # ---- executor -----------------------------------------------------------------------
 

@@ -218,6 +218,8 @@ class ExecutorCapacity:
     # recomputes it with the other factors): no block may then be shared through the prefix
     # cache, or another request would read the rewritten values.
     rewrites_kv: bool = False
+    # The LoRA adapters loaded when the executor said hello, by name (docs/lora.md).
+    loras: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,7 @@ class SchedulerConfig(SchedulingPolicy):
     prefill_tokens_per_s: float = 0.0
     swap_bytes_per_s: float = 0.0
     sliding_window: int | None = None     # as ExecutorCapacity.sliding_window
+    loras: tuple[str, ...] = ()           # as ExecutorCapacity.loras
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -294,6 +297,7 @@ class SchedulerConfig(SchedulingPolicy):
             prefill_tokens_per_s=capacity.prefill_tokens_per_s,
             swap_bytes_per_s=capacity.swap_bytes_per_s,
             sliding_window=capacity.sliding_window,
+            loras=capacity.loras,
         )
 
 

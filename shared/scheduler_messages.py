@@ -11,10 +11,10 @@ from typing import Any
 
 from folio.shared.codes import FinishReason, RefusalCode
 from folio.shared.config import SchedulingPolicy
-from folio.shared.executor_messages import LOGPROB_ENTRY, decode_logprob_entry
+from folio.shared.executor_messages import LOGPROB_ENTRY, MAX_LORAS, decode_logprob_entry
 from folio.shared.links import Link
 from folio.shared.outputs import EngineOutput, StepOutputs
-from folio.shared.sampling_params import SamplingParams
+from folio.shared.sampling_params import MAX_LORA_NAME_CHARS, SamplingParams
 from folio.shared.schema import (Bool, Code, Field, Float, Int, Ints, Items, ListOf, MapOf,
                                  Message, Sampling, Str)
 from folio.shared.stats_wire import STATS
@@ -38,6 +38,8 @@ class EngineInfo:
     max_n: int = SchedulingPolicy.max_n
     # Pids of the executor's tensor-parallel ranks, rank 0 first (empty: one process).
     executor_ranks: tuple[int, ...] = ()
+    # The LoRA adapters the engine serves now, by name (docs/lora.md).
+    loras: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         return ENGINE_INFO.pack(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -49,7 +51,8 @@ class EngineInfo:
 
 def _engine_info(values: dict[str, Any]) -> EngineInfo:
     return EngineInfo(**values | {"eos_token_ids": tuple(values["eos_token_ids"]),
-                                  "executor_ranks": tuple(values["executor_ranks"])})
+                                  "executor_ranks": tuple(values["executor_ranks"]),
+                                  "loras": tuple(values["loras"])})
 
 
 ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
@@ -62,6 +65,7 @@ ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("max_logprobs", Int(0, 1 << 20), default=SchedulingPolicy.max_logprobs),
     Field("max_n", Int(1, 1 << 20), default=SchedulingPolicy.max_n),
     Field("executor_ranks", Ints(0, 1 << 31, 1024), default=()),
+    Field("loras", ListOf(Str(MAX_LORA_NAME_CHARS), MAX_LORAS), default=()),
 ), value=EngineInfo, build=_engine_info,
    table=True)
 assert [f.name for f in fields(EngineInfo)] == [f.name for f in ENGINE_INFO.fields]
