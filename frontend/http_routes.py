@@ -24,6 +24,8 @@ from folio.frontend.openai_api import create_chat_completion, create_completion
 from folio.frontend.openai_requests import (ChatRequest, CompletionRequest, DetokenizeRequest,
                                             ServerTerms, TokenizeRequest)
 from folio.frontend.openai_tokenize import detokenize, tokenize
+from folio.shared.sampling_params import MAX_LORA_NAME_CHARS
+from folio.shared.scheduler_messages import MAX_LORA_PATH_CHARS
 
 RETRY_AFTER_S = "1"
 
@@ -166,6 +168,53 @@ def _page(name: str) -> HTMLResponse:
     return HTMLResponse(page.read_text(encoding="utf-8"))
 
 
+async def load_lora_adapter(request: Request) -> Response:
+    """vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"} (docs/lora.md)."""
+    served = _served(request)
+    body = await read_json(request)
+    name, path = _lora_field(body, "lora_name"), _lora_field(body, "lora_path")
+    _only_fields(body, ("lora_name", "lora_path"))
+    if name in served.names:
+        raise ApiError(400, f"lora_name {name!r} is the base model's name", "lora_name")
+    error = await served.engine.update_lora(name, path)
+    if error is not None:
+        raise ApiError(400, error, "lora_path")
+    return Response(f"Success: LoRA adapter '{name}' added successfully.", media_type="text/plain")
+
+
+async def unload_lora_adapter(request: Request) -> Response:
+    """vLLM's POST /v1/unload_lora_adapter {"lora_name"}: refused (400, naming how many)
+    while unfinished requests use the adapter."""
+    served = _served(request)
+    body = await read_json(request)
+    name = _lora_field(body, "lora_name")
+    _only_fields(body, ("lora_name", "lora_int_id"))
+    if name not in served.engine.loras:
+        raise ApiError(404, f"no LoRA adapter named {name!r} is loaded", "lora_name",
+                       "model_not_found")
+    error = await served.engine.update_lora(name, None)
+    if error is not None:
+        raise ApiError(400, error, "lora_name")
+    return Response(f"Success: LoRA adapter '{name}' removed successfully.",
+                    media_type="text/plain")
+
+
+def _lora_field(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value or len(value) > MAX_LORA_PATH_CHARS:
+        raise ApiError(400, f"{key} must be a non-empty string", key)
+    if key == "lora_name" and len(value) > MAX_LORA_NAME_CHARS:
+        raise ApiError(400, f"lora_name must be at most {MAX_LORA_NAME_CHARS} characters",
+                       key)
+    return value
+
+
+def _only_fields(body: dict[str, Any], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise ApiError(400, f"unsupported field(s): {', '.join(unknown)}", unknown[0])
+
+
 async def kv_page() -> HTMLResponse:
     return _page("kv.html")
 
@@ -187,4 +236,9 @@ ROUTES = (
     ("GET", "/v1/kv/map", kv_map),
     ("GET", "/kv", kv_page),
     ("GET", "/", chat_page),
+)
+# Only with --enable-lora-runtime-updates (else 404, as vLLM without its variable).
+LORA_ROUTES = (
+    ("POST", "/v1/load_lora_adapter", load_lora_adapter),
+    ("POST", "/v1/unload_lora_adapter", unload_lora_adapter),
 )

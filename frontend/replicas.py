@@ -217,6 +217,21 @@ class Replicas:
         snapshot = await self.clients[replica].kv_map(timeout)
         return None if snapshot is None else {**snapshot, "replica": replica}
 
+    async def update_lora(self, name: str, path: str | None, timeout: float = 60.0
+                          ) -> str | None:
+        """On every replica: a load that fails on one is undone on the others."""
+        clients = self._live()
+        if not clients:
+            return "no replica is serving; try again shortly"
+        errors = await asyncio.gather(*(c.update_lora(name, path, timeout) for c in clients))
+        failed = [(i, e) for i, e in enumerate(errors) if e is not None]
+        if not failed:
+            return None
+        if path is not None:   # nothing half-loaded: unload where it worked
+            await asyncio.gather(*(c.update_lora(name, None, timeout)
+                                   for c, e in zip(clients, errors) if e is None))
+        return "; ".join(dict.fromkeys(e for _, e in failed))
+
     # ---- load ---------------------------------------------------------------------------
 
     async def _poll_load(self) -> None:
