@@ -9,6 +9,17 @@ import torch
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL_LINEAR = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
+# The prompts every LoRA test compares (one spans several 16-token blocks, so prefix
+# caching and preemption matter), with their answer lengths.
+PROMPTS = [[5, 6, 7, 8, 9] * 9, [11, 12, 13] * 7, [100, 200, 300]]
+MAX_TOKENS = [14, 10, 8]
+# The adapters made for long_llama_dir: name -> (seed, rank, alpha, targets, rsLoRA):
+# every projection, a subset of a fused module's slices with rsLoRA, attention only, and
+# the MLP only.
+ADAPTERS = {"all": (1, 8, 16, None, False),
+            "qv-down": (2, 4, 8, ["q_proj", "v_proj", "down_proj"], True),
+            "attn": (3, 16, 8, ATTENTION, False),
+            "mlp": (4, 2, 4, ["gate_proj", "up_proj", "down_proj"], False)}
 
 
 def make_adapter(model_dir: Path, out_dir: Path, seed: int, rank: int = 8,

@@ -1,7 +1,7 @@
 """LoRA adapters (docs/lora.md): greedy output with each adapter token-identical to
 transformers + PEFT in float32, alone and with several adapters and the base model mixed in
 one batch, under preemption (recompute and swap) and prefix caching; bad adapters refused
-with their cause and nothing kept."""
+with their cause and nothing kept; every KV block free when idle."""
 
 from __future__ import annotations
 
@@ -12,37 +12,13 @@ import pytest
 
 from folio import LLM, SamplingParams
 from folio.shared.settings import SettingError
-from tests.lora_adapters import ATTENTION, hf_lora_greedy, make_adapter
+from tests.lora_adapters import ADAPTERS, MAX_TOKENS, PROMPTS, hf_lora_greedy, make_adapter
 
 pytestmark = pytest.mark.parity
 
-# Three prompts: one spans several 16-token blocks, so prefix caching and preemption matter.
-PROMPTS = [[5, 6, 7, 8, 9] * 9, [11, 12, 13] * 7, [100, 200, 300]]
-MAX_TOKENS = [14, 10, 8]
-# name -> (seed, rank, alpha, targets, rsLoRA): every projection, a subset of a fused
-# module's slices with rsLoRA, attention only, and the MLP only.
-ADAPTERS = {"all": (1, 8, 16, None, False), "qv-down": (2, 4, 8, ["q_proj", "v_proj",
-                                                                   "down_proj"], True),
-            "attn": (3, 16, 8, ATTENTION, False), "mlp": (4, 2, 4, ["gate_proj", "up_proj",
-                                                                     "down_proj"], False)}
-
-
-@pytest.fixture(scope="module")
-def adapters(llama_dir, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("loras")
-    return {name: make_adapter(llama_dir, root / name, seed, rank, alpha, targets, rs)
-            for name, (seed, rank, alpha, targets, rs) in ADAPTERS.items()}
-
-
-@pytest.fixture(scope="module")
-def expected(llama_dir, adapters) -> dict:
-    refs = {name: hf_lora_greedy(llama_dir, path, PROMPTS, MAX_TOKENS)
-            for name, path in adapters.items()}
-    refs[None] = hf_lora_greedy(llama_dir, None, PROMPTS, MAX_TOKENS)
-    return refs
-
 
 def _llm(model_dir, adapters, **args) -> LLM:
+    args.setdefault("max_model_len", 1024)
     return LLM(str(model_dir), dtype="float32", device="cpu", enable_lora=True,
                lora_modules=[f"{n}={p}" for n, p in adapters.items()], **args)
 
@@ -65,96 +41,73 @@ def _idle(llm) -> None:
     assert stats["num_running"] == stats["num_waiting"] == stats["num_swapped"] == 0
 
 
-def test_adapters_change_the_output(expected):
-    # Otherwise matching transformers + PEFT would prove nothing about the adapters.
-    for name in ADAPTERS:
-        assert expected[name] != expected[None], name
-
-
-def test_each_adapter_alone_and_all_mixed_with_the_base(llama_dir, adapters, expected):
-    llm = _llm(llama_dir, adapters, max_loras=4)
-    for name in ADAPTERS:
-        assert _run(llm, [name])[name] == expected[name], name
-    got = _run(llm, [*ADAPTERS, None])
-    assert got == {name: expected[name] for name in [*ADAPTERS, None]}
+def test_alone_and_all_mixed_with_the_base(long_llama_dir, lora_adapters, lora_expected):
+    for name in ADAPTERS:   # otherwise matching transformers + PEFT would prove nothing
+        assert lora_expected[name] != lora_expected[None], name
+    llm = _llm(long_llama_dir, lora_adapters, max_loras=4)
+    for name in ("all", "qv-down"):
+        assert _run(llm, [name])[name] == lora_expected[name], name
+    names = [*ADAPTERS, None]
+    assert _run(llm, names) == {name: lora_expected[name] for name in names}
     _idle(llm)
 
 
-def test_fewer_slots_than_adapters_in_the_queue(llama_dir, adapters, expected):
-    # max_loras=2: requests of a third adapter wait until one adapter's requests are done.
-    llm = _llm(llama_dir, adapters, max_loras=2)
-    got = _run(llm, [*ADAPTERS, None])
-    assert got == {name: expected[name] for name in [*ADAPTERS, None]}
-    _idle(llm)
-
-
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_mixed_under_preemption(llama_dir, adapters, expected, mode):
-    llm = _llm(llama_dir, adapters, max_loras=4, num_kv_blocks=10, max_num_batched_tokens=64,
-               preemption_mode=mode, num_swap_blocks=64)
-    got = _run(llm, [*ADAPTERS, None])
-    assert got == {name: expected[name] for name in [*ADAPTERS, None]}
+@pytest.mark.parametrize("mode, max_loras", [("recompute", 2), ("swap", 3)])
+def test_mixed_under_preemption_with_fewer_slots(long_llama_dir, lora_adapters,
+                                                 lora_expected, mode, max_loras):
+    # max_loras below the adapters queued: a request for another adapter waits until one
+    # running adapter's requests are done. A small pool preempts running ones.
+    names = ["all", "attn", "mlp", None]
+    llm = _llm(long_llama_dir, {n: lora_adapters[n] for n in names if n}, max_loras=max_loras,
+               num_kv_blocks=10, max_num_batched_tokens=64, preemption_mode=mode,
+               num_swap_blocks=64)
+    assert _run(llm, names) == {name: lora_expected[name] for name in names}
     assert llm.stats()[f"preemptions_{mode}"] > 0
     _idle(llm)
 
 
-def test_prefix_cache_never_shares_blocks_between_adapters(llama_dir, adapters, expected):
-    llm = _llm(llama_dir, adapters, max_loras=4)
+def test_prefix_cache_never_shares_blocks_between_adapters(long_llama_dir, lora_adapters,
+                                                           lora_expected):
+    llm = _llm(long_llama_dir, lora_adapters, max_loras=2)
     hits = []
     for name in ("all", "attn", None, "all"):
         before = llm.stats()["prefix_cache_hits"]
-        assert _run(llm, [name], PROMPTS[:1], MAX_TOKENS[:1])[name] == expected[name][:1]
+        assert _run(llm, [name], PROMPTS[:1], MAX_TOKENS[:1])[name] == lora_expected[name][:1]
         hits.append(llm.stats()["prefix_cache_hits"] - before)
     # The same prompt: a second adapter and the base find nothing cached; the first
     # adapter again finds its own blocks.
     assert hits[0] == hits[1] == hits[2] == 0 and hits[3] > 0
+    # Another adapter loaded under a name: the first one's cached blocks are not reused.
+    llm.unload_lora("all")
+    with pytest.raises(ValueError, match="no LoRA adapter named 'all' is loaded"):
+        llm.generate(PROMPTS[:1], lora="all")
+    llm.load_lora("all", str(lora_adapters["attn"]))
+    assert _run(llm, ["all"])["all"] == lora_expected["attn"]
+    assert llm.list_loras() == ["qv-down", "attn", "mlp", "all"]
     _idle(llm)
 
 
-def test_load_unload_and_reload_under_the_same_name(llama_dir, adapters, expected):
-    llm = LLM(str(llama_dir), dtype="float32", device="cpu", enable_lora=True,
-              max_cpu_loras=2)
-    llm.load_lora("x", str(adapters["all"]))
-    assert _run(llm, ["x"])["x"] == expected["all"]
-    llm.unload_lora("x")
-    with pytest.raises(ValueError, match="no LoRA adapter named 'x' is loaded"):
-        llm.generate(PROMPTS[:1], lora="x")
-    # Another adapter under the name: the first one's cached blocks must not be reused.
-    llm.load_lora("x", str(adapters["attn"]))
-    assert _run(llm, ["x"])["x"] == expected["attn"]
-    assert llm.list_loras() == ["x"]
+def test_unload_is_refused_while_requests_use_the_adapter(long_llama_dir, lora_adapters):
+    llm = _llm(long_llama_dir, {"all": lora_adapters["all"]})
+    llm.engine.add_request("r", PROMPTS[0], SamplingParams(max_tokens=50, lora="all"))
+    llm.engine.step()
+    with pytest.raises(ValueError, match=r"adapter 'all' has 1 unfinished request\(s\)"):
+        llm.unload_lora("all")
+    llm.engine.abort_request("r")
+    llm.engine.step()
+    llm.unload_lora("all")
+    assert llm.list_loras() == []
     _idle(llm)
 
 
-def test_other_architectures(qwen2_dir, tmp_path):
-    # Qwen2: biased qkv, one KV head, tied embeddings.
+def test_qwen2(qwen2_dir, tmp_path):
+    # Biased qkv, one KV head, tied embeddings.
     path = make_adapter(qwen2_dir, tmp_path / "q", seed=5, rank=8)
     want = hf_lora_greedy(qwen2_dir, path, PROMPTS, MAX_TOKENS)
-    llm = _llm(qwen2_dir, {"q": path})
-    assert _run(llm, ["q"])["q"] == want
-    _idle(llm)
+    assert _run(_llm(qwen2_dir, {"q": path}), ["q"])["q"] == want
 
 
 # ---- bad adapters ---------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def bad(llama_dir, mistral_dir, adapters, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("bad-loras")
-    paths = {"missing": root / "nothing-here",
-             "rank": make_adapter(llama_dir, root / "rank", 7, rank=32),
-             "head": _with_extra_pair(adapters["all"], root / "head", "lm_head", 64, 1024),
-             "other-base": make_adapter(mistral_dir, root / "other", 7, rank=4)}
-    unreadable = root / "unreadable"
-    shutil.copytree(adapters["all"], unreadable)
-    (unreadable / "adapter_model.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"{}")
-    paths["unreadable"] = unreadable
-    dora = root / "dora"
-    shutil.copytree(adapters["all"], dora)
-    config = json.loads((dora / "adapter_config.json").read_text())
-    (dora / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
-    paths["dora"] = dora
-    return paths
-
 
 def _with_extra_pair(source, out, module, in_size, out_size):
     """`source` plus a LoRA pair for `module` (one the model has none for)."""
@@ -170,40 +123,61 @@ def _with_extra_pair(source, out, module, in_size, out_size):
     return out
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing", "adapter_config.json is missing"),
-    ("unreadable", "is not a readable safetensors file"),
-    ("rank", "has rank 32, over --max-lora-rank 16"),
-    ("head", "target module 'lm_head' is not one the model has for LoRA"),
-    ("other-base", r"down_proj. maps 128 -> 96 features; the model.s maps 128 -> 64"),
-    ("dora", "DoRA adapters"),
-])
-def test_bad_adapter_is_refused_with_its_cause(llama_dir, adapters, bad, case, message):
-    with pytest.raises(SettingError, match=message):   # at start: nothing runs
-        _llm(llama_dir, {"bad": bad[case]})
-    llm = _llm(llama_dir, {"all": adapters["all"]}, max_cpu_loras=3)
-    with pytest.raises(ValueError, match=message):     # at run time: nothing kept
-        llm.load_lora("bad", str(bad[case]))
-    assert llm.list_loras() == ["all"]
-    assert _run(llm, ["all"])["all"] == _run(llm, ["all"])["all"]
+def _bad_adapters(model_dir, other_dir, good, root) -> dict:
+    unreadable, dora = root / "unreadable", root / "dora"
+    shutil.copytree(good, unreadable)
+    (unreadable / "adapter_model.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"{}")
+    shutil.copytree(good, dora)
+    config = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
+    return {
+        "adapter_config.json is missing": root / "nothing-here",
+        "is not a readable safetensors file": unreadable,
+        "has rank 32, over --max-lora-rank 16": make_adapter(model_dir, root / "rank", 7,
+                                                             rank=32, targets=["q_proj"]),
+        "target module 'lm_head' is not one the model has for LoRA":
+            _with_extra_pair(good, root / "head", "lm_head", 64, 1024),
+        "down_proj' maps 128 -> 96 features; the model's maps 128 -> 64":
+            make_adapter(other_dir, root / "other", 7, rank=4, targets=["down_proj"]),
+        "DoRA adapters": dora,
+    }
 
 
-def test_names_and_limits(llama_dir, adapters):
-    llm = _llm(llama_dir, {"all": adapters["all"]}, max_cpu_loras=2)
+def test_bad_adapters_are_refused_with_their_cause(long_llama_dir, mistral_dir,
+                                                   lora_adapters, tmp_path):
+    bad = _bad_adapters(long_llama_dir, mistral_dir, lora_adapters["all"], tmp_path)
+    llm = _llm(long_llama_dir, {"all": lora_adapters["all"]}, max_cpu_loras=2)
+    for message, path in bad.items():
+        with pytest.raises(SettingError, match=message):   # at start: nothing runs
+            _llm(long_llama_dir, {"bad": path})
+        with pytest.raises(ValueError, match=message):     # at run time: nothing kept
+            llm.load_lora("bad", str(path))
+        assert llm.list_loras() == ["all"]
+    assert _run(llm, ["all"], PROMPTS[:1], MAX_TOKENS[:1]) == \
+        _run(llm, ["all"], PROMPTS[:1], MAX_TOKENS[:1])
     with pytest.raises(ValueError, match="an adapter named 'all' is already loaded"):
-        llm.load_lora("all", str(adapters["attn"]))
-    llm.load_lora("attn", str(adapters["attn"]))
+        llm.load_lora("all", str(lora_adapters["attn"]))
+    llm.load_lora("attn", str(lora_adapters["attn"]))
     with pytest.raises(ValueError, match=r"the most --max-cpu-loras \(2\) allows"):
-        llm.load_lora("mlp", str(adapters["mlp"]))
+        llm.load_lora("mlp", str(lora_adapters["mlp"]))
     assert llm.list_loras() == ["all", "attn"]
     with pytest.raises(ValueError, match="no LoRA adapter named 'nope' is loaded"):
         llm.generate(PROMPTS[:1], lora="nope")
     _idle(llm)
+
+
+def test_settings_are_checked_at_start(long_llama_dir, lora_adapters):
+    path = lora_adapters["all"]
     with pytest.raises(SettingError, match="lora_modules needs --enable-lora"):
-        LLM(str(llama_dir), lora_modules=[f"a={adapters['all']}"])
+        LLM(str(long_llama_dir), lora_modules=[f"a={path}"])
     with pytest.raises(SettingError, match="lora_modules names 'a' twice"):
-        LLM(str(llama_dir), enable_lora=True, lora_modules=["a=/x", "a=/y"])
+        LLM(str(long_llama_dir), enable_lora=True, lora_modules=[f"a={path}", f"a={path}"])
     with pytest.raises(SettingError, match="lora_modules takes NAME=PATH items"):
-        LLM(str(llama_dir), enable_lora=True, lora_modules=["nopath"])
+        LLM(str(long_llama_dir), enable_lora=True, lora_modules=["nopath"])
+    with pytest.raises(SettingError, match=r"max_cpu_loras \(1\) must be >= max_loras \(2\)"):
+        LLM(str(long_llama_dir), enable_lora=True, max_loras=2, max_cpu_loras=1)
+    with pytest.raises(SettingError, match="gives 2 adapters, more than max_cpu_loras"):
+        LLM(str(long_llama_dir), enable_lora=True, max_cpu_loras=1,
+            lora_modules=[f"a={path}", f"b={path}"])
     with pytest.raises(ValueError, match="LoRA adapters are off"):
-        LLM(str(llama_dir)).generate(PROMPTS[:1], lora="all")
+        LLM(str(long_llama_dir), max_model_len=64).generate(PROMPTS[:1], lora="all")
