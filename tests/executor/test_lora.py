@@ -181,3 +181,19 @@ def test_settings_are_checked_at_start(long_llama_dir, lora_adapters):
             lora_modules=[f"a={path}", f"b={path}"])
     with pytest.raises(ValueError, match="LoRA adapters are off"):
         LLM(str(long_llama_dir), max_model_len=64).generate(PROMPTS[:1], lora="all")
+
+
+def test_speculative_decoding_and_structured_outputs_with_an_adapter(long_llama_dir,
+                                                                     lora_adapters,
+                                                                     lora_expected):
+    llm = _llm(long_llama_dir, {"all": lora_adapters["all"]}, speculative_config=(
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'))
+    # Drafts are verified by the same forward pass, the adapter applied to their rows.
+    assert _run(llm, ["all"]) == {"all": lora_expected["all"]}
+    assert llm.stats()["spec_decode_num_draft_tokens"] > 0
+    # A grammar masks the adapter's logits as the base's.
+    choice = llm.generate(PROMPTS[:1], SamplingParams(
+        temperature=0.0, max_tokens=8, structured_output={"choice": ["yes", "no"]}),
+        lora="all")[0].outputs[0].text
+    assert choice in ("yes", "no")
+    _idle(llm)
