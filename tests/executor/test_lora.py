@@ -93,6 +93,15 @@ def test_unload_is_refused_while_requests_use_the_adapter(long_llama_dir, lora_a
     llm.engine.step()
     with pytest.raises(ValueError, match=r"adapter 'all' has 1 unfinished request\(s\)"):
         llm.unload_lora("all")
+    # The page map names the adapter of each request (none for the base model).
+    llm.engine.add_request("base", PROMPTS[1], SamplingParams(max_tokens=5))
+    entries = {r["id"]: r for r in llm.engine.scheduler.kv_map()["requests"]}
+    assert entries["r"]["lora"] == "all" and "lora" not in entries["base"]
+    from folio.shared import messages as m
+    _, body = m.decode(m.encode_kv_map(llm.engine.scheduler.kv_map()), m.SCHEDULER_TO_FRONTEND)
+    assert {r["id"]: r.get("lora") for r in m.decode_kv_map(body)["requests"]} == \
+        {"r": "all", "base": None}
+    llm.engine.abort_request("base")
     llm.engine.abort_request("r")
     llm.engine.step()
     llm.unload_lora("all")
