@@ -367,9 +367,11 @@ class SchedulerService:
         identity, loads = asker
         if loads and done.error is None and self.scheduler is not None:
             self.scheduler.loras.add(done.name)
+        # Every frontend's list of adapters first: the asker reads it before the answer,
+        # so a request it sends after the answer finds the adapter (or not) as answered.
+        self.router.broadcast(self._engine_info())
         self.router.send(identity, m.encode_lora_updated(done.update_id, done.name,
                                                          done.error))
-        self.router.broadcast(self._engine_info())   # every frontend's list of adapters
 
     def _on_executor_hello(self, identity: bytes, capacity: ExecutorCapacity, pid: int,
                            ranks: tuple[int, ...] = ()) -> None:
