@@ -205,6 +205,12 @@ class Replicas:
                for i, (c, answer) in enumerate(zip(self.clients, answers))]
         total: dict[str, Any] = {key: sum(s.get(key, 0) for s in per) for key in _SUMMED}
         total["executor_alive"] = any(s.get("executor_alive") for s in per)
+        for key in ("lora_running", "lora_waiting"):   # per adapter, summed
+            if any(key in s for s in per):
+                total[key] = {}
+                for s in per:
+                    for name, count in (s.get(key) or {}).items():
+                        total[key][name] = total[key].get(name, 0) + count
         total["replicas"] = [{"replica": i, **s} for i, s in enumerate(per)]
         return total
 

@@ -355,6 +355,7 @@ class Scheduler:
             "steps": self._next_step,
             **self.counters,
             **(self.drafts.stats() if self.drafts is not None else {}),
+            **(self._lora_stats() if self.loras else {}),
         }
 
     def kv_map(self) -> dict:
@@ -454,6 +455,18 @@ class Scheduler:
         adapter of that name hashes its blocks apart."""
         self.loras.discard(name)
         self._lora_unloads[name] = self._lora_unloads.get(name, 0) + 1
+
+    def _lora_stats(self) -> dict[str, dict[str, int]]:
+        """Unfinished requests per adapter: running (and swapped), waiting."""
+        running: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        for queue, counts in ((self.running, running), (self.swapped, running),
+                              (self.waiting, waiting)):
+            for request in queue:
+                name = request.sampling.lora
+                if name is not None:
+                    counts[name] = counts.get(name, 0) + 1 + len(request.fork_children)
+        return {"lora_running": running, "lora_waiting": waiting}
 
     def _lora_fits(self, request: Request) -> bool:
         """Whether running `request` keeps the running adapters within max_loras."""

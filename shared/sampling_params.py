@@ -19,7 +19,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 65_536          # per stop string
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1024
-MAX_LORA_NAME_CHARS = 256
+MAX_LORA_NAME_CHARS = 64   # a map key on the wire (the stats' per-adapter counts)
 # Fields only the frontend reads (stop strings, detokenization): never sent to the engine.
 FRONTEND_ONLY = ("stop", "include_stop_str_in_output", "skip_special_tokens")
 

@@ -94,8 +94,10 @@ def test_unload_is_refused_while_requests_use_the_adapter(long_llama_dir, lora_a
     llm.engine.step()
     with pytest.raises(ValueError, match=r"adapter 'all' has 1 unfinished request\(s\)"):
         llm.unload_lora("all")
-    # The page map names the adapter of each request (none for the base model).
+    # The stats and the page map name the adapter of each request (none for the base).
     llm.engine.add_request("base", PROMPTS[1], SamplingParams(max_tokens=5))
+    stats = llm.stats()
+    assert stats["lora_running"] == {"all": 1} and stats["lora_waiting"] == {}
     entries = {r["id"]: r for r in llm.engine.scheduler.kv_map()["requests"]}
     assert entries["r"]["lora"] == "all" and "lora" not in entries["base"]
     from folio.shared import messages as m
