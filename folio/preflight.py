@@ -99,6 +99,9 @@ def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
         return
     if config.tensor_parallel_size > 1:
         raise SettingError("enable_lora", "runs with tensor_parallel_size 1 only")
+    if model_config.rope.rope_type == "longrope":
+        raise SettingError("enable_lora", "is not supported with a longrope model (its "
+                           "cached part is recomputed in place without the adapters)")
     if config.max_cpu_loras is not None and config.max_cpu_loras < config.max_loras:
         raise SettingError("max_cpu_loras", f"({config.max_cpu_loras}) must be >= max_loras "
                            f"({config.max_loras})")
