@@ -118,3 +118,18 @@ def test_bad_loads_are_refused_with_their_cause(server, adapters, tmp_path):
     client = openai_client(server, KEY)
     with pytest.raises(openai.NotFoundError, match="model_not_found|does not exist"):
         _complete(client, "nope")
+
+
+def test_the_replica_router_hashes_an_adapters_prompt_apart():
+    # As the scheduler does: the same prompt under an adapter matches nothing the base
+    # model (or another adapter) left on a replica.
+    from folio.frontend.routing import PrefixRouter, ReplicaLoad
+
+    router = PrefixRouter()
+    prefix = list(range(3, 35))   # two full blocks of 16
+    loads = [ReplicaLoad(0, 0, 100), ReplicaLoad(1, 0, 100)]
+    router.choose(prefix + [1], 16, loads)
+    assert router.choose(prefix + [2], 16, loads)[1] == 2
+    assert router.choose(prefix + [3], 16, loads, "a")[1] == 0
+    assert router.choose(prefix + [4], 16, loads, "a")[1] == 2
+    assert router.choose(prefix + [5], 16, loads, "b")[1] == 0
