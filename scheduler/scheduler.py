@@ -52,12 +52,12 @@ from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.kv_manager import KVCacheManager
 from folio.scheduler.kv_map import build_kv_map
 from folio.scheduler.preemption import should_swap
-from folio.shared.prefix_hash import adapter_seed
 from folio.scheduler.request import Request, RequestStatus
 from folio.scheduler.speculation import DraftPlanner
 from folio.scheduler.stop import finish_reason_after_token, stop_triggers
 from folio.shared.config import SchedulerConfig
 from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
+from folio.shared.prefix_hash import adapter_seed
 from folio.shared.request_limits import ids_problem, length_problem
 from folio.shared.sampling_params import SamplingParams, check_against_model
 from folio.shared.step import NewRequest, StepPlan, StepResult
