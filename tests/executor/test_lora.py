@@ -12,6 +12,7 @@ import pytest
 
 from folio import LLM, SamplingParams
 from folio.shared.settings import SettingError
+from tests.conftest import TEST_DEVICE
 from tests.lora_adapters import (ADAPTERS, ATTENTION, MAX_TOKENS, PROMPTS, hf_lora_greedy,
                                  make_adapter)
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.parity
 
 def _llm(model_dir, adapters, **args) -> LLM:
     args.setdefault("max_model_len", 1024)
-    return LLM(str(model_dir), dtype="float32", device="cpu", enable_lora=True,
+    return LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, enable_lora=True,
                lora_modules=[f"{n}={p}" for n, p in adapters.items()], **args)
 
 
