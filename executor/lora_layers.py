@@ -29,30 +29,36 @@ class LoraStep:
         self.groups: list[tuple[LoraWeights, slice | torch.Tensor]] = []
 
 
-class LoraLinear(nn.Module):
-    def __init__(self, base: nn.Module, path: str, step: LoraStep) -> None:
-        super().__init__()
-        self.base = base
-        self.path = path   # the key of this module's pair in LoraWeights.pairs
-        self.step = step
+def add_lora(x: torch.Tensor, out: torch.Tensor, path: str,
+             groups: list[tuple[LoraWeights, slice | torch.Tensor]]) -> torch.Tensor:
+    """out += B (A x) on each adapter's rows, for the module at `path` (in place)."""
+    for adapter, rows in groups:
+        pair = adapter.pairs.get(path)
+        if pair is None:
+            continue
+        a, b = pair
+        if isinstance(rows, slice):
+            out[rows] += (x[rows] @ a.t()) @ b.t()
+        else:
+            out.index_add_(0, rows, (x.index_select(0, rows) @ a.t()) @ b.t())
+    return out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.base(x)
-        for adapter, rows in self.step.groups:
-            pair = adapter.pairs.get(self.path)
-            if pair is None:
-                continue
-            a, b = pair
-            if isinstance(rows, slice):
-                out[rows] += (x[rows] @ a.t()) @ b.t()
-            else:
-                out.index_add_(0, rows, (x.index_select(0, rows) @ a.t()) @ b.t())
-        return out
+
+def _lora_forward(base_forward, path: str, step: LoraStep):
+    """The module's own forward, then its adapters' terms when the step has any. Set as the
+    module's forward, not wrapped in another module: a step without adapter rows pays one
+    Python check per projection, not a module call (3 us each, measured)."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        out = base_forward(x)
+        groups = step.groups
+        return add_lora(x, out, path, groups) if groups else out
+    return forward
 
 
 def wrap_lora_targets(model: nn.Module, step: LoraStep) -> None:
-    """Wrap every module an adapter may change (executor/lora_files.py's target_shapes)."""
+    """Give every module an adapter may change (executor/lora_files.py's target_shapes)
+    the LoRA forward."""
     for path in target_shapes(model.config):
         _, index, owner_name, leaf = path.split(".")
-        owner = getattr(model.layers[int(index)], owner_name)
-        setattr(owner, leaf, LoraLinear(getattr(owner, leaf), path, step))
+        module = getattr(getattr(model.layers[int(index)], owner_name), leaf)
+        module.forward = _lora_forward(module.forward, path, step)
