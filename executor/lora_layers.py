@@ -1,7 +1,7 @@
 """LoRA applied per row of a mixed batch: y = base(x) + B_a (A_a x) for each token whose
 request names adapter a, nothing for the base model's tokens (docs/lora.md).
 
-A step's tokens are grouped by adapter (`LoraStep.groups`); each LoRA-wrapped linear runs one
+A step's tokens are grouped by adapter (`LoraStep.groups`); each LoRA-able projection runs one
 pair of small matmuls per adapter present in the step, on that adapter's rows only (a slice
 when they are contiguous, a gather and an index_add otherwise). Measured on CPU against the
 gathered batched form (every token's A and B gathered, then torch.bmm), the grouped one is
@@ -20,7 +20,7 @@ from folio.executor.lora_files import target_shapes
 
 
 class LoraStep:
-    """The adapter groups of the step being run, shared by every wrapped layer: a list of
+    """The adapter groups of the step being run, shared by every LoRA-able layer: a list of
     (adapter, row slice or row index tensor). Written by the executor before each forward."""
 
     __slots__ = ("groups",)
