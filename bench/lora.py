@@ -18,11 +18,27 @@ from pathlib import Path
 import torch
 
 
-def grouped(x, out, pairs, groups):
-    """Folio's form (executor/lora_layers.py): one pair of GEMMs per adapter present."""
+def per_adapter(x, out, pairs, groups):
+    """One gather, pair of GEMMs and scatter-add per adapter present."""
     for (a, b), rows in zip(pairs, groups):
         out.index_add_(0, rows, (x.index_select(0, rows) @ a.t()) @ b.t())
     return out
+
+
+def folio_step(pairs, groups):
+    """Folio's form (executor/lora_layers.py add_lora): the adapters' rows gathered once in
+    adapter order, one pair of GEMMs per adapter on its slice, one scatter-add."""
+    from folio.executor.lora_adapter import LoraWeights
+    from folio.executor.lora_layers import LoraStep
+
+    step = LoraStep()
+    step.rows = torch.cat(groups)
+    at = 0
+    for index, (pair, rows) in enumerate(zip(pairs, groups)):
+        step.groups.append((LoraWeights(f"a{index}", "", pair[0].shape[0], {"m": pair}),
+                            slice(at, at + len(rows))))
+        at += len(rows)
+    return step
 
 
 def gathered(x, out, a_stack, b_stack, ids):
@@ -44,6 +60,8 @@ def _time(fn, repeat: int) -> float:
 
 
 def kernel(args) -> None:
+    from folio.executor.lora_layers import add_lora
+
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     size_in, size_out, rank = args.hidden, args.out, args.rank
@@ -56,15 +74,18 @@ def kernel(args) -> None:
             ids = torch.arange(tokens) % count
             groups = [torch.nonzero(ids == i).flatten() for i in range(count)]
             pairs = [(a_stack[i], b_stack[i]) for i in range(count)]
+            step = folio_step(pairs, groups)
             base = _time(lambda: x @ weight.t(), args.repeat)
-            g = _time(lambda: grouped(x, x @ weight.t(), pairs, groups), args.repeat)
+            g = _time(lambda: add_lora(x, x @ weight.t(), "m", step), args.repeat)
+            p = _time(lambda: per_adapter(x, x @ weight.t(), pairs, groups), args.repeat)
             b = _time(lambda: gathered(x, x @ weight.t(), a_stack, b_stack, ids), args.repeat)
-            got = grouped(x, x @ weight.t(), pairs, groups)
-            assert torch.allclose(got, gathered(x, x @ weight.t(), a_stack, b_stack, ids),
-                                  atol=1e-4)
+            want = gathered(x, x @ weight.t(), a_stack, b_stack, ids)
+            for got in (add_lora(x, x @ weight.t(), "m", step),
+                        per_adapter(x, x @ weight.t(), pairs, groups)):
+                assert torch.allclose(got, want, atol=1e-4)
             print(json.dumps({"tokens": tokens, "adapters": count, "rank": rank,
                               "base_ms": round(base, 3), "grouped_ms": round(g, 3),
-                              "bmm_ms": round(b, 3)}))
+                              "per_adapter_ms": round(p, 3), "bmm_ms": round(b, 3)}))
 
 
 def _random_adapter(out: Path, model_config: dict, rank: int, seed: int) -> Path:

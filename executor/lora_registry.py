@@ -61,11 +61,24 @@ class LoraRegistry:
                 else:
                     ranges.append((start, start + count))
             start += count
-        self.step.groups = [(self._on_device(name), self._rows(ranges))
-                            for name, ranges in groups.items()]
+        adapters = [self._on_device(name) for name in groups]
+        if all(len(ranges) == 1 for ranges in groups.values()):
+            self.step.rows = None
+            self.step.groups = [(w, slice(*ranges[0]))
+                                for w, ranges in zip(adapters, groups.values())]
+            return
+        order, slices, at = [], [], 0
+        for ranges in groups.values():
+            count = sum(b - a for a, b in ranges)
+            order.extend(torch.arange(a, b) for a, b in ranges)
+            slices.append(slice(at, at + count))
+            at += count
+        self.step.rows = torch.cat(order).to(self.device)
+        self.step.groups = list(zip(adapters, slices))
 
     def end_step(self) -> None:
         self.step.groups = []
+        self.step.rows = None
 
     def _on_device(self, name: str) -> LoraWeights:
         weights = self.resident.get(name)
@@ -79,9 +92,3 @@ class LoraRegistry:
             self.resident.popitem(last=False)
         weights = self.resident[name] = host.to(self.device)
         return weights
-
-    def _rows(self, ranges: list[tuple[int, int]]) -> slice | torch.Tensor:
-        if len(ranges) == 1:
-            return slice(*ranges[0])
-        rows = torch.cat([torch.arange(a, b) for a, b in ranges])
-        return rows.to(self.device)
