@@ -123,6 +123,7 @@ class Executor:
         self.linear_backend = pack_linears(self.model, self.device, self.dtype,
                                            config.linear_backend, config.quantization,
                                            int8_activations)
+        self.lora = self._new_lora_registry()
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
         if (self.ops.name == "triton" and self.kv_dtype.is_floating_point
                 and self.kv_dtype.itemsize > 1 and self.kv_dtype != self.dtype):
@@ -180,6 +181,7 @@ class Executor:
             swap_bytes_per_s=self.cost_model[1],
             sliding_window=kv_window(self.model_config, self.max_model_len),
             rewrites_kv=self._rewrites_kv,
+            loras=tuple(self.lora.names_loaded()) if self.lora is not None else (),
         )
 
     def reset(self) -> None:
@@ -209,7 +211,14 @@ class Executor:
                                    [request for request, _ in scheduled], self.batch.rows.tokens,
                                    inputs.attention, self.kv_caches, self.config.block_size)
             attention = self.ops.prepare(inputs.attention, self.config.block_size)
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attention)
+            if self.lora is not None:
+                self.lora.begin_step(scheduled)
+            try:
+                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
+                                    attention)
+            finally:
+                if self.lora is not None:
+                    self.lora.end_step()
             masks = pending_masks.result() if pending_masks is not None else None
             if inputs.sampled and drafts:   # several rows per request (speculation.py)
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
@@ -246,6 +255,26 @@ class Executor:
         if self.threads is not None:
             self.threads.after_step()
         return result
+
+    def _new_lora_registry(self):
+        """The adapters (docs/lora.md), with the start-time ones loaded; None: LoRA off."""
+        config = self.config
+        if not config.enable_lora:
+            return None
+        if self.tp is not None:
+            raise ValueError("enable_lora: LoRA adapters run with tensor_parallel_size 1 only")
+        if getattr(self.model, "longrope_original", None) is not None:
+            raise ValueError("enable_lora: not with a longrope model, whose cached part is "
+                             "recomputed in place without the adapters")
+        from folio.executor.lora_registry import LoraRegistry
+
+        registry = LoraRegistry(self.model, self.model_config,
+                                ARCHITECTURES[self.model_config.architecture].weights,
+                                self.device, self.dtype, config.max_loras,
+                                config.max_lora_rank, config.lora_capacity)
+        for name, path in config.lora_paths.items():
+            registry.load(name, path)
+        return registry
 
     def _new_grammar(self) -> GrammarMasks:
         return GrammarMasks(self.config.tokenizer_path, self.model_config.vocab_size,

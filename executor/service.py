@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -102,6 +103,9 @@ class ExecutorService:
                     continue
                 if msg_type == "ping":
                     continue   # the scheduler checking that we are still connected
+                if msg_type == "lora_update":   # between steps, as the plans come
+                    self.sock.send(self._lora_update(m.decode_lora_update(body)))
+                    continue
                 self._to_ranks(data)   # the plan or reset, to every other rank
                 if plan is None:   # reset: the scheduler gave up on our state
                     self.executor.reset()
@@ -128,6 +132,26 @@ class ExecutorService:
             monitor.close(0)
             self.sock.close(self.linger_ms)
             self.ctx.term()
+
+    def _lora_update(self, update) -> bytes:
+        """Load or unload an adapter (docs/lora.md); the answer says why not, if not."""
+        registry = self.executor.lora
+        error = None
+        try:
+            if registry is None:
+                error = "LoRA adapters are off (start with --enable-lora)"
+            elif update.path is None:
+                registry.unload(update.name)
+            else:
+                started = time.perf_counter()
+                registry.load(update.name, update.path)
+                log.info("loaded LoRA adapter %r from %s in %.0f ms", update.name,
+                         update.path, 1e3 * (time.perf_counter() - started))
+        except ValueError as problem:   # LoraError: the cause, nothing kept
+            error = str(problem)
+        except Exception as problem:   # anything else reading the files: said, not fatal
+            error = f"{type(problem).__name__}: {problem}"
+        return m.encode_lora_updated(update.update_id, update.name, error)
 
     def _hello(self) -> bytes:
         """Capacity, pid and (tensor parallelism) every rank's pid, rank 0 first."""

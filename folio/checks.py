@@ -84,6 +84,7 @@ def check_serve(args: argparse.Namespace) -> ServePlan:
     plan.scheduler_config("ipc://checked", "ipc://checked")   # its own checks, before its
     check_engine(plan.engine)                                 # addresses exist
     check_nodes(plan.engine, False, transport)
+    check_lora_names(plan.engine, http)
     if plan.engine.nnodes > 1 and serve.data_parallel_size > 1:
         raise SettingError("data_parallel_size", "with --nnodes > 1 is not supported: one "
                            "tensor-parallel group spans the nodes")
@@ -93,6 +94,20 @@ def check_serve(args: argparse.Namespace) -> ServePlan:
                     zmq_address=serve.zmq_address)
     check_ports_free(http.host, http.port, serve.zmq_address)
     return plan
+
+
+def check_lora_names(engine: EngineConfig, http: HttpSettings) -> None:
+    """An adapter is chosen by the request's model field: no adapter may take a name the
+    base model answers to (docs/lora.md)."""
+    from folio.frontend.openai_protocol import served_names
+
+    if http.enable_lora_runtime_updates and not engine.enable_lora:
+        raise SettingError("enable_lora_runtime_updates", "needs --enable-lora")
+    names = set(served_names(http.served_model_name, engine.model))
+    for name in engine.lora_paths:
+        if name in names:
+            raise SettingError("lora_modules", f"adapter name {name!r} is the base model's "
+                               "name (--served-model-name)")
 
 
 def check_frontend(args: argparse.Namespace):

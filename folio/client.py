@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -176,24 +177,27 @@ class AsyncClient:
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None, *,
                        request_id: str | None = None, timeout: float | None = None,
-                       deadline: float | None = None) -> Completion:
+                       deadline: float | None = None, lora: str | None = None) -> Completion:
         """`timeout`: how long this client waits; `deadline`: how long the server lets the
-        request run before aborting it (RequestTimeout either way)."""
-        return await self._complete(_prompt_fields(prompt, deadline), params, request_id,
-                                    timeout)
+        request run before aborting it (RequestTimeout either way); `lora`: the LoRA
+        adapter to run with, by name (docs/lora.md)."""
+        return await self._complete(_prompt_fields(prompt, deadline), _with_lora(params, lora),
+                                    request_id, timeout)
 
     async def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
                    *, request_id: str | None = None, timeout: float | None = None,
-                   deadline: float | None = None) -> Completion:
-        return await self._complete(_chat_fields(messages, deadline), params, request_id,
-                                    timeout)
+                   deadline: float | None = None, lora: str | None = None) -> Completion:
+        return await self._complete(_chat_fields(messages, deadline), _with_lora(params, lora),
+                                    request_id, timeout)
 
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
                      request_id: str | None = None, timeout: float | None = None,
-                     deadline: float | None = None) -> AsyncIterator[Delta]:
+                     deadline: float | None = None, lora: str | None = None
+                     ) -> AsyncIterator[Delta]:
         # aclosing: break or aclose() on this stream closes the inner ones at once, and
         # _run's cleanup aborts the request (no waiting for garbage collection).
-        async with contextlib.aclosing(self._deltas(_prompt_fields(prompt, deadline), params,
+        async with contextlib.aclosing(self._deltas(_prompt_fields(prompt, deadline),
+                                                    _with_lora(params, lora),
                                                     request_id, timeout)) as deltas:
             async for delta in deltas:
                 yield delta
@@ -201,8 +205,10 @@ class AsyncClient:
     async def stream_chat(self, messages: list[dict[str, str]],
                           params: SamplingParams | None = None, *,
                           request_id: str | None = None, timeout: float | None = None,
-                          deadline: float | None = None) -> AsyncIterator[Delta]:
-        async with contextlib.aclosing(self._deltas(_chat_fields(messages, deadline), params,
+                          deadline: float | None = None, lora: str | None = None
+                          ) -> AsyncIterator[Delta]:
+        async with contextlib.aclosing(self._deltas(_chat_fields(messages, deadline),
+                                                    _with_lora(params, lora),
                                                     request_id, timeout)) as deltas:
             async for delta in deltas:
                 yield delta
@@ -464,6 +470,13 @@ class Client:
                     return
         finally:
             self._call(agen.aclose())
+
+
+def _with_lora(params: SamplingParams | None, lora: str | None) -> SamplingParams | None:
+    """params (or the defaults) run with LoRA adapter `lora`; None leaves them as given."""
+    if lora is None:
+        return params
+    return dataclasses.replace(params or SamplingParams(), lora=lora)
 
 
 def _prompt_fields(prompt: Prompt, deadline: float | None = None) -> dict[str, Any]:

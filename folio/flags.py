@@ -137,7 +137,8 @@ def config_flags(config: Any, skip: tuple[str, ...] = ()) -> list[str]:
             for item in value:
                 flags += [flag, str(item)]
         elif spec.metadata.get("nargs") and isinstance(value, (list, tuple)):
-            flags += [flag, *map(str, value)]
+            if value:   # none given: no flag (nargs "+" takes at least one)
+                flags += [flag, *map(str, value)]
         else:
             flags += [flag, str(value)]
     return flags

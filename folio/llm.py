@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from folio.engine import InProcessEngine
@@ -37,8 +38,10 @@ class LLM:
         self._counter = 0
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
+        """`lora`: the LoRA adapter to run with, by name (docs/lora.md): one for every
+        prompt, or one (or None, the base model) per prompt."""
         prompt_list = _as_prompt_list(prompts)
         if params is None:
             params = SamplingParams()
@@ -47,6 +50,18 @@ class LLM:
         if len(param_list) != len(prompt_list):
             raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompt_list)} "
                              "prompts; pass one, or one per prompt")
+        if lora is not None:
+            names = [lora] * len(prompt_list) if isinstance(lora, str) else list(lora)
+            if len(names) != len(prompt_list):
+                raise ValueError(f"got {len(names)} adapter names for {len(prompt_list)} "
+                                 "prompts; pass one, or one per prompt")
+            for name in set(names) - {None}:
+                self._check_lora_name(name)
+            param_list = [p if name is None else replace(p, lora=name)
+                          for p, name in zip(param_list, names)]
+        for p in param_list:
+            if p.lora is not None:
+                self._check_lora_name(p.lora)
         # Tokenize and validate everything before queueing anything.
         prepared = [self._prepare(p, sampling) for p, sampling in zip(prompt_list, param_list)]
         results: list[RequestOutput] = []
@@ -98,6 +113,38 @@ class LLM:
 
     def stats(self) -> dict[str, int | float]:
         return self.engine.stats()
+
+    # ---- LoRA adapters (docs/lora.md) ---------------------------------------------------
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load a PEFT adapter directory under `name`; a ValueError names why not, and
+        nothing of it is kept."""
+        self._lora_registry().load(name, str(path))
+        self.engine.scheduler.loras.add(name)
+
+    def unload_lora(self, name: str) -> None:
+        """Unload adapter `name` (refused while unfinished requests use it: none can be
+        here between generate calls)."""
+        registry = self._lora_registry()
+        running = self.engine.scheduler.lora_requests(name)
+        if running:
+            raise ValueError(f"adapter {name!r} has {running} unfinished request(s)")
+        registry.unload(name)
+        self.engine.scheduler.forget_lora(name)
+
+    def list_loras(self) -> list[str]:
+        return self._lora_registry().names_loaded()
+
+    def _lora_registry(self):
+        registry = self.engine.executor.lora
+        if registry is None:
+            raise ValueError("LoRA adapters are off: make the LLM with enable_lora=True")
+        return registry
+
+    def _check_lora_name(self, name: str) -> None:
+        if not isinstance(name, str) or name not in self._lora_registry().host:
+            raise ValueError(f"no LoRA adapter named {name!r} is loaded (loaded: "
+                             f"{', '.join(self._lora_registry().names_loaded()) or 'none'})")
 
     def close(self) -> None:
         """Stop the tensor-parallel ranks this LLM started (also done when it is collected

@@ -76,6 +76,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
         raise SettingError("quantization", problem)
     _check_prequantized(config, model_config)
     _check_kv_cache_dtype(config)
+    _check_lora(config, model_config)
     _check_cpu_memory(config)
     limit = model_config.context_limit
     if config.max_model_len is not None and config.max_model_len > limit:
@@ -123,6 +124,35 @@ def _check_trivial_g_idx(model: str, group: int | None) -> None:
                 if not np.array_equal(g_idx, trivial):
                     raise SettingError("model", f"{model}: act-order (desc_act, actorder) "
                                        f"with a non-trivial g_idx ({name}) is not supported")
+
+
+def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
+    """LoRA's settings, and every start-time adapter read against the model (its files'
+    headers, not its weights; executor/lora_files.py)."""
+    if not config.enable_lora:
+        if config.lora_modules:
+            raise SettingError("lora_modules", "needs --enable-lora")
+        return
+    if config.tensor_parallel_size > 1:
+        raise SettingError("enable_lora", "runs with tensor_parallel_size 1 only")
+    if model_config.rope.rope_type == "longrope":
+        raise SettingError("enable_lora", "is not supported with a longrope model (its "
+                           "cached part is recomputed in place without the adapters)")
+    if config.max_cpu_loras is not None and config.max_cpu_loras < config.max_loras:
+        raise SettingError("max_cpu_loras", f"({config.max_cpu_loras}) must be >= max_loras "
+                           f"({config.max_loras})")
+    if len(config.lora_modules) > config.lora_capacity:
+        raise SettingError("lora_modules", f"gives {len(config.lora_modules)} adapters, more "
+                           f"than max_cpu_loras ({config.lora_capacity})")
+    from folio.executor.lora_files import LoraError, plan_adapter
+    from folio.executor.models.architectures import ARCHITECTURES
+
+    names = ARCHITECTURES[model_config.architecture].weights
+    for name, path in config.lora_paths.items():
+        try:
+            plan_adapter(name, path, model_config, names, config.max_lora_rank)
+        except LoraError as error:
+            raise SettingError("lora_modules", str(error)) from None
 
 
 def _check_kv_cache_dtype(config: EngineConfig) -> None:

@@ -83,6 +83,7 @@ class EngineClient:
         self.link_down_at = -1.0    # last DISCONNECTED of the scheduler socket
         self.stats_waiters: list[asyncio.Future] = []
         self.kv_map_waiters: list[asyncio.Future] = []
+        self.lora_waiters: dict[str, asyncio.Future] = {}   # by update id
         self.observers: list[Any] = []   # metrics: called with (event, request, **details)
         self.draining = False            # shutting down: gateways refuse new requests
         self.unsent = 0                  # messages the scheduler link refused since the last log
@@ -124,6 +125,10 @@ class EngineClient:
     @property
     def max_model_len(self) -> int | None:
         return self.info.max_model_len if self.info else None
+
+    @property
+    def loras(self) -> tuple[str, ...]:
+        return self.info.loras if self.info else ()
 
     @property
     def facts(self) -> ModelFacts:
@@ -222,6 +227,21 @@ class EngineClient:
         except TimeoutError:
             return None
 
+    async def update_lora(self, name: str, path: str | None, timeout: float = 60.0
+                          ) -> str | None:
+        if not self.engine_alive:
+            return "the engine is not running; try again shortly"
+        update_id = f"{self.frontend_id}-lora-{next(self.counter)}"
+        waiter = self.lora_waiters[update_id] = asyncio.get_running_loop().create_future()
+        self._send(m.encode_lora_update(update_id, name, path))
+        try:
+            async with asyncio.timeout(timeout):
+                return await waiter
+        except TimeoutError:
+            return f"the engine did not answer within {timeout:g} s"
+        finally:
+            self.lora_waiters.pop(update_id, None)
+
     # ---- from the scheduler -------------------------------------------------------------
 
     async def _scheduler_loop(self) -> None:
@@ -256,6 +276,11 @@ class EngineClient:
                     for waiter in waiters:
                         if not waiter.done():
                             waiter.set_result(snapshot)
+                elif msg_type == "lora_updated":
+                    done = m.decode_lora_updated(body)
+                    waiter = self.lora_waiters.get(done.update_id)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(done.error)
                 elif msg_type == "stats":
                     stats = m.decode_stats(body)
                     waiters, self.stats_waiters = self.stats_waiters, []

@@ -87,6 +87,10 @@ class Engine(Protocol):
     @property
     def max_model_len(self) -> int | None: ...
 
+    @property
+    def loras(self) -> tuple[str, ...]:
+        """The LoRA adapters requests may name now (docs/lora.md)."""
+
     def check_text_size(self, chars: int) -> None:
         """InputError for text that cannot fit the context, before it is tokenized."""
 
@@ -124,3 +128,8 @@ class Engine(Protocol):
     async def stats(self, timeout: float = 1.0) -> dict[str, Any]: ...
 
     async def kv_map(self, timeout: float = 1.0) -> dict[str, Any] | None: ...
+
+    async def update_lora(self, name: str, path: str | None, timeout: float = 60.0
+                          ) -> str | None:
+        """Load the PEFT adapter at `path` as `name` (None: unload `name`) on the engine
+        (every replica); returns why not (nothing changed), or None when done."""

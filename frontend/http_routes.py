@@ -8,7 +8,7 @@ the names served, then parsed once into its typed request (frontend/openai_reque
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
@@ -24,6 +24,8 @@ from folio.frontend.openai_api import create_chat_completion, create_completion
 from folio.frontend.openai_requests import (ChatRequest, CompletionRequest, DetokenizeRequest,
                                             ServerTerms, TokenizeRequest)
 from folio.frontend.openai_tokenize import detokenize, tokenize
+from folio.shared.sampling_params import MAX_LORA_NAME_CHARS
+from folio.shared.scheduler_messages import MAX_LORA_PATH_CHARS
 
 RETRY_AFTER_S = "1"
 
@@ -54,48 +56,67 @@ def _served(request: Request) -> Served:
 
 
 def _unknown_model(served: Served, name: Any) -> ApiError:
+    names = [*served.names, *served.engine.loras]
     return ApiError(404, f"the model {name!r} does not exist; this server serves "
-                    f"{', '.join(map(repr, served.names))}", "model", "model_not_found")
+                    f"{', '.join(map(repr, names))}", "model", "model_not_found")
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    """The JSON body, its `model` (when given) one of the names served."""
+    """The JSON body, its `model` (when given) one of the names served or an adapter."""
     body = await read_json(request)
     name = body.get("model")
     served = _served(request)
-    if name is not None and name not in served.names:
+    if name is not None and name not in served.names and name not in served.engine.loras:
         raise _unknown_model(served, name)
     return body
 
 
-def _card(served: Served, name: str) -> dict[str, Any]:
+def _adapter(served: Served, body: dict[str, Any]) -> str | None:
+    """The LoRA adapter the body's `model` names (docs/lora.md); None: the base model."""
+    name = body.get("model")
+    return None if name is None or name in served.names else name
+
+
+def _card(served: Served, name: str, parent: str | None = None) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": served.created, "owned_by": "folio",
-            "max_model_len": served.engine.max_model_len}
+            "max_model_len": served.engine.max_model_len, "root": name, "parent": parent}
 
 
 async def list_models(request: Request) -> dict[str, Any]:
     served = _served(request)
-    return {"object": "list", "data": [_card(served, name) for name in served.names]}
+    return {"object": "list", "data": [_card(served, name) for name in served.names]
+            + [_card(served, name, served.model) for name in served.engine.loras]}
 
 
 async def get_model(request: Request, name: str) -> dict[str, Any]:
     served = _served(request)
-    if name not in served.names:
-        raise _unknown_model(served, name)
-    return _card(served, name)
+    if name in served.names:
+        return _card(served, name)
+    if name in served.engine.loras:
+        return _card(served, name, served.model)
+    raise _unknown_model(served, name)
 
 
 async def completions(request: Request) -> Response:
     served = _served(request)
-    parsed = CompletionRequest.parse(await _body(request), served.terms())
-    return await respond(request, create_completion(served.engine, parsed, served.model))
+    body = await _body(request)
+    parsed = CompletionRequest.parse(body, served.terms())
+    lora = _adapter(served, body)
+    if lora is not None:
+        parsed = replace(parsed, params=replace(parsed.params, lora=lora))
+    return await respond(request, create_completion(served.engine, parsed,
+                                                    lora or served.model))
 
 
 async def chat_completions(request: Request) -> Response:
     served = _served(request)
-    parsed = ChatRequest.parse(await _body(request), served.terms())
+    body = await _body(request)
+    parsed = ChatRequest.parse(body, served.terms())
+    lora = _adapter(served, body)
+    if lora is not None:
+        parsed = replace(parsed, params=replace(parsed.params, lora=lora))
     return await respond(request, create_chat_completion(served.engine, parsed,
-                                                         served.model))
+                                                         lora or served.model))
 
 
 async def tokenize_route(request: Request) -> dict[str, Any]:
@@ -147,6 +168,53 @@ def _page(name: str) -> HTMLResponse:
     return HTMLResponse(page.read_text(encoding="utf-8"))
 
 
+async def load_lora_adapter(request: Request) -> Response:
+    """vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"} (docs/lora.md)."""
+    served = _served(request)
+    body = await read_json(request)
+    name, path = _lora_field(body, "lora_name"), _lora_field(body, "lora_path")
+    _only_fields(body, ("lora_name", "lora_path"))
+    if name in served.names:
+        raise ApiError(400, f"lora_name {name!r} is the base model's name", "lora_name")
+    error = await served.engine.update_lora(name, path)
+    if error is not None:
+        raise ApiError(400, error, "lora_path")
+    return Response(f"Success: LoRA adapter '{name}' added successfully.", media_type="text/plain")
+
+
+async def unload_lora_adapter(request: Request) -> Response:
+    """vLLM's POST /v1/unload_lora_adapter {"lora_name"}: refused (400, naming how many)
+    while unfinished requests use the adapter."""
+    served = _served(request)
+    body = await read_json(request)
+    name = _lora_field(body, "lora_name")
+    _only_fields(body, ("lora_name", "lora_int_id"))
+    if name not in served.engine.loras:
+        raise ApiError(404, f"no LoRA adapter named {name!r} is loaded", "lora_name",
+                       "model_not_found")
+    error = await served.engine.update_lora(name, None)
+    if error is not None:
+        raise ApiError(400, error, "lora_name")
+    return Response(f"Success: LoRA adapter '{name}' removed successfully.",
+                    media_type="text/plain")
+
+
+def _lora_field(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value or len(value) > MAX_LORA_PATH_CHARS:
+        raise ApiError(400, f"{key} must be a non-empty string", key)
+    if key == "lora_name" and len(value) > MAX_LORA_NAME_CHARS:
+        raise ApiError(400, f"lora_name must be at most {MAX_LORA_NAME_CHARS} characters",
+                       key)
+    return value
+
+
+def _only_fields(body: dict[str, Any], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise ApiError(400, f"unsupported field(s): {', '.join(unknown)}", unknown[0])
+
+
 async def kv_page() -> HTMLResponse:
     return _page("kv.html")
 
@@ -173,4 +241,9 @@ ROUTES = (
     ("GET", "/kv", kv_page),
     ("GET", "/plan", plan_page),
     ("GET", "/", chat_page),
+)
+# Only with --enable-lora-runtime-updates (else 404, as vLLM without its variable).
+LORA_ROUTES = (
+    ("POST", "/v1/load_lora_adapter", load_lora_adapter),
+    ("POST", "/v1/unload_lora_adapter", unload_lora_adapter),
 )

@@ -28,7 +28,7 @@ from folio.frontend.http_access import AccessGate
 from folio.frontend.generic_tools import renders_tools
 from folio.frontend.http_limits import (IDLE_TIMEOUT_S, MAX_HEAD_BYTES, REQUEST_TIMEOUT_S,
                                         ConnectionGate, allowed_hosts, connection_cap, gated)
-from folio.frontend.http_routes import RETRY_AFTER_S, ROUTES, Served
+from folio.frontend.http_routes import LORA_ROUTES, RETRY_AFTER_S, ROUTES, Served
 from folio.frontend.metrics import Metrics
 from folio.frontend.openai_protocol import served_names
 
@@ -37,7 +37,8 @@ log = logging.getLogger("folio.frontend")
 
 def create_app(engine: Engine, model_name: str | list[str], api_key: str | None = None,
                metrics_public: bool = False, hosts: frozenset[str] | None = None,
-               tool_call_parser: str | None = None) -> FastAPI:
+               tool_call_parser: str | None = None,
+               lora_runtime_updates: bool = False) -> FastAPI:
     """With api_key, /v1 routes need it, and so does /metrics unless metrics_public.
     Several model names: each is accepted, the first is the one answers report.
     hosts: the Host names answered (None: any); others get a 403."""
@@ -53,7 +54,7 @@ def create_app(engine: Engine, model_name: str | list[str], api_key: str | None 
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(ApiError, _api_error)
-    for method, path, handler in ROUTES:
+    for method, path, handler in ROUTES + (LORA_ROUTES if lora_runtime_updates else ()):
         app.add_api_route(path, handler, methods=[method])
     app.add_middleware(AccessGate, hosts=hosts, api_key=api_key,
                        metrics_public=metrics_public)
@@ -103,7 +104,8 @@ async def serve_http(engine: Engine, config, stopped: asyncio.Event) -> None:
     names = served_names(config.served_model_name, config.model)
     app = create_app(engine, names, config.api_key, config.metrics_public,
                      allowed_hosts(config.host, config.allowed_hosts),
-                     getattr(config, "tool_call_parser", None))
+                     getattr(config, "tool_call_parser", None),
+                     getattr(config, "enable_lora_runtime_updates", False))
     gate = ConnectionGate(connection_cap())
     server = _Server(http_config(app, config.host, config.port, gate))
     task = asyncio.create_task(server.serve())

@@ -46,6 +46,7 @@ class _EngineStatsCollector:
         preemptions.add_metric(["swap"], float(stats.get("preemptions_swap", 0)))
         yield preemptions
         yield from _speculative(stats)
+        yield from _lora(stats)
         yield from _per_replica(stats.get("replicas") or [])
         yield from _per_rank(stats)
 
@@ -66,6 +67,20 @@ def _speculative(stats: dict[str, Any]):
                                      or ()):
         per_position.add_metric([str(position)], float(count))
     yield per_position
+
+
+def _lora(stats: dict[str, Any]):
+    """Unfinished requests per LoRA adapter (docs/lora.md), while adapters are loaded."""
+    if "lora_running" not in stats:
+        return
+    for key, name, doc in (("lora_running", "lora_num_requests_running",
+                            "Requests running (or swapped out) with each LoRA adapter"),
+                           ("lora_waiting", "lora_num_requests_waiting",
+                            "Requests waiting to be scheduled with each LoRA adapter")):
+        family = GaugeMetricFamily(f"folio:{name}", doc, labels=["lora"])
+        for adapter, count in sorted((stats.get(key) or {}).items()):
+            family.add_metric([adapter], float(count))
+        yield family
 
 
 def _per_rank(stats: dict[str, Any]):

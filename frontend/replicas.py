@@ -111,6 +111,13 @@ class Replicas:
         return self._informed().max_model_len
 
     @property
+    def loras(self) -> tuple[str, ...]:
+        """Adapters some serving replica holds (every replica loads the same ones; one
+        that restarted or missed a load is left out of its adapters' routing)."""
+        names = {name for client in self._live() for name in client.loras}
+        return tuple(sorted(names))
+
+    @property
     def facts(self) -> ModelFacts:
         return self._informed().facts
 
@@ -149,17 +156,19 @@ class Replicas:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
                deadline_s: float | None = None, stops: StopStrings | None = None) -> str:
-        index = self._route(prompt_ids)
+        index = self._route(prompt_ids, params.lora)
         self.routed[index] += 1
         return self.clients[index].submit(prompt_ids, params, sink, deadline_s, stops)
 
-    def _route(self, prompt_ids: list[int]) -> int:
+    def _route(self, prompt_ids: list[int], lora: str | None = None) -> int:
         live = self._serving()
         if not live:   # the gateways refuse first; a replica may die in between
             live = list(range(len(self.clients)))
+        if lora is not None:   # only replicas holding the adapter (if none: its refusal)
+            live = [i for i in live if lora in self.clients[i].loras] or live
         info = self._informed().info
         index, _ = self.router.choose(prompt_ids, info.block_size if info else 16,
-                                      [self._load(i) for i in live])
+                                      [self._load(i) for i in live], lora)
         return index
 
     def _load(self, index: int) -> ReplicaLoad:
@@ -196,6 +205,12 @@ class Replicas:
                for i, (c, answer) in enumerate(zip(self.clients, answers))]
         total: dict[str, Any] = {key: sum(s.get(key, 0) for s in per) for key in _SUMMED}
         total["executor_alive"] = any(s.get("executor_alive") for s in per)
+        for key in ("lora_running", "lora_waiting"):   # per adapter, summed
+            if any(key in s for s in per):
+                total[key] = {}
+                for s in per:
+                    for name, count in (s.get(key) or {}).items():
+                        total[key][name] = total[key].get(name, 0) + count
         total["replicas"] = [{"replica": i, **s} for i, s in enumerate(per)]
         return total
 
@@ -207,6 +222,21 @@ class Replicas:
             replica = live[0] if live else 0
         snapshot = await self.clients[replica].kv_map(timeout)
         return None if snapshot is None else {**snapshot, "replica": replica}
+
+    async def update_lora(self, name: str, path: str | None, timeout: float = 60.0
+                          ) -> str | None:
+        """On every replica: a load that fails on one is undone on the others."""
+        clients = self._live()
+        if not clients:
+            return "no replica is serving; try again shortly"
+        errors = await asyncio.gather(*(c.update_lora(name, path, timeout) for c in clients))
+        failed = [(i, e) for i, e in enumerate(errors) if e is not None]
+        if not failed:
+            return None
+        if path is not None:   # nothing half-loaded: unload where it worked
+            await asyncio.gather(*(c.update_lora(name, None, timeout)
+                                   for c, e in zip(clients, errors) if e is None))
+        return "; ".join(dict.fromkeys(e for _, e in failed))
 
     # ---- load ---------------------------------------------------------------------------
 

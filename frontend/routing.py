@@ -13,7 +13,7 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from folio.shared.prefix_hash import full_block_hashes
+from folio.shared.prefix_hash import adapter_seed, full_block_hashes
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,13 @@ class PrefixRouter:
         self.owner: OrderedDict[bytes, int] = OrderedDict()   # block hash -> replica
         self.turn = itertools.count()   # rotates ties, so equal replicas share a light load
 
-    def choose(self, prompt_ids: list[int], block_size: int, loads: list[ReplicaLoad]
-               ) -> tuple[int, int]:
+    def choose(self, prompt_ids: list[int], block_size: int, loads: list[ReplicaLoad],
+               lora: str | None = None) -> tuple[int, int]:
         """(replica index, prompt blocks matched there) among `loads` (replicas serving
-        now, at least one); remembers the choice for the prompt's blocks."""
-        hashes = full_block_hashes(prompt_ids, block_size, self.config.max_hashed_blocks)
+        now, at least one); remembers the choice for the prompt's blocks. `lora`: the
+        request's adapter, whose blocks are hashed apart (as the scheduler does)."""
+        hashes = full_block_hashes(prompt_ids, block_size, self.config.max_hashed_blocks,
+                                   adapter_seed(lora))
         matched, holder = self._match(hashes)
         by_index = {load.index: load for load in loads}
         least = self._least_loaded(loads)

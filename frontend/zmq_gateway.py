@@ -258,6 +258,9 @@ class ZmqGateway:
                       "the server is shutting down; retry elsewhere or later")
         elif not self.engine.engine_alive:
             reason = (RefusalCode.ENGINE_DEAD, self.engine.dead_reason())
+        elif request.params.lora is not None and request.params.lora not in self.engine.loras:
+            reason = (RefusalCode.INVALID, f"no LoRA adapter named {request.params.lora!r} "
+                      f"is loaded (loaded: {', '.join(self.engine.loras) or 'none'})")
         elif request.params.n != 1:
             reason = (RefusalCode.INVALID, "n > 1 is not served over the SDK yet; send n "
                       "requests, or use the HTTP API or folio.LLM")

@@ -126,7 +126,8 @@ def _request(kv: KVCacheManager, request: Request, now: float) -> dict[str, Any]
             "spec_steps": request.spec_steps,
             "spec_accepted": request.spec_accepted_total,
             "wait_s": round(age if request.queue_s is None else request.queue_s, 4),
-            "age_s": round(age, 4)}
+            "age_s": round(age, 4),
+            **({"lora": request.sampling.lora} if request.sampling.lora is not None else {})}
 
 
 def contiguous(config: SchedulerConfig, listed: list[Request], num_requests: int

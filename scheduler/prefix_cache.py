@@ -92,7 +92,7 @@ class PrefixCache:
         first = start * size - request.prompt_len
         if full == start + 1 == len(hashes) + 1 and first >= 0:
             # A decode step filled one block of output: hash it and register it here.
-            block_hash = chain_hash(hashes[-1] if start else None,
+            block_hash = chain_hash(hashes[-1] if start else request.prefix_seed,
                                     request.output_token_ids[first:first + size])
             hashes.append(block_hash)
             block_id = block_ids[start]
@@ -181,7 +181,7 @@ class PrefixCache:
 
 def _extend_hashes(request: Request, hashes: list[bytes], count: int, size: int) -> None:
     index = len(hashes)
-    parent = hashes[-1] if hashes else None
+    parent = hashes[-1] if hashes else request.prefix_seed
     while index < count:
         parent = chain_hash(parent, _tokens(request, index * size, (index + 1) * size))
         hashes.append(parent)

@@ -25,7 +25,7 @@ class Request:
                  "fork_children", "prompt_logprobs_next", "arrival_time", "queue_s",
                  "stop_length_at", "stop_ids", "prompt_len", "num_tokens", "stop_num_tokens",
                  "draft_steps", "num_draft_slots", "spec_proposed", "spec_accepted",
-                 "spec_paused_until", "spec_steps", "spec_accepted_total")
+                 "spec_paused_until", "spec_steps", "spec_accepted_total", "prefix_seed")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
@@ -42,6 +42,9 @@ class Request:
         # appends to output_token_ids.
         self.num_tokens = self.prompt_len
         self.sampling = sampling
+        # The first block's parent in the prefix cache's hash chain: None for the base
+        # model, the adapter's seed (shared/prefix_hash.py adapter_seed) for a LoRA request.
+        self.prefix_seed: bytes | None = None
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.finish_reason: str | None = None

@@ -57,6 +57,7 @@ from folio.scheduler.speculation import DraftPlanner
 from folio.scheduler.stop import finish_reason_after_token, stop_triggers
 from folio.shared.config import SchedulerConfig
 from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
+from folio.shared.prefix_hash import adapter_seed
 from folio.shared.request_limits import ids_problem, length_problem
 from folio.shared.sampling_params import SamplingParams, check_against_model
 from folio.shared.step import NewRequest, StepPlan, StepResult
@@ -85,6 +86,10 @@ class Scheduler:
         self._dropped_handles: list[int] = []
         self._pending_outputs: list[EngineOutput] = []
         self._next_handle = 0
+        # LoRA (docs/lora.md): how many times each adapter name was unloaded, so an adapter
+        # loaded again under a name never meets its predecessor's cached blocks.
+        self._lora_unloads: dict[str, int] = {}
+        self.loras: set[str] = set(config.loras)   # adapters requests may name now
         self._next_step = 0
         self._next_admit = 0
         self.counters = dict.fromkeys((
@@ -107,6 +112,8 @@ class Scheduler:
         # The frontend checked these too; the scheduler does not trust its peers.
         check_against_model(sampling, self.config.vocab_size, self.config.max_logprobs,
                             self.config.max_n)
+        if sampling.lora is not None and sampling.lora not in self.loras:
+            raise ValueError(f"no LoRA adapter named {sampling.lora!r} is loaded")
         if sampling.priority and not self._by_priority:
             raise ValueError(f"priority {sampling.priority} needs the engine started with "
                              "--scheduling-policy priority")
@@ -348,6 +355,7 @@ class Scheduler:
             "steps": self._next_step,
             **self.counters,
             **(self.drafts.stats() if self.drafts is not None else {}),
+            **(self._lora_stats() if self.loras else {}),
         }
 
     def kv_map(self) -> dict:
@@ -376,6 +384,8 @@ class Scheduler:
                  step: int) -> int:
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.swapped[0]
+            if request.sampling.lora is not None and not self._lora_fits(request):
+                break
             num_new = self._tokens_to_schedule(request, budget)
             if num_new == 0:
                 break
@@ -394,6 +404,8 @@ class Scheduler:
     def _admit(self, scheduled: list[_Scheduled], budget: int, step: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.sampling.lora is not None and not self._lora_fits(request):
+                break
             cached = self.kv.find_cached_prefix(request)
             if not self.kv.can_admit(request, cached):
                 break
@@ -433,11 +445,43 @@ class Scheduler:
             bisect.insort(self.running, child, key=self._run_key)
             self.counters["forks"] += 1
 
+    # ---- LoRA adapters (docs/lora.md) ---------------------------------------------------
+
+    def lora_requests(self, name: str) -> int:
+        """Unfinished requests that run with adapter `name`."""
+        return sum(r.sampling.lora == name for r in self.requests.values())
+
+    def forget_lora(self, name: str) -> None:
+        """Adapter `name` is being unloaded: no request may name it any more, and a later
+        adapter of that name hashes its blocks apart."""
+        self.loras.discard(name)
+        self._lora_unloads[name] = self._lora_unloads.get(name, 0) + 1
+
+    def _lora_stats(self) -> dict[str, dict[str, int]]:
+        """Unfinished requests per adapter: running (and swapped), waiting."""
+        running: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        for queue, counts in ((self.running, running), (self.swapped, running),
+                              (self.waiting, waiting)):
+            for request in queue:
+                name = request.sampling.lora
+                if name is not None:
+                    counts[name] = counts.get(name, 0) + 1 + len(request.fork_children)
+        return {"lora_running": running, "lora_waiting": waiting}
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Whether running `request` keeps the running adapters within max_loras."""
+        running = {r.sampling.lora for r in self.running} - {None}
+        return request.sampling.lora in running or len(running) < self.config.max_loras
+
     # ---- internals ----------------------------------------------------------------------
 
     def _new_request(self, request_id: str, prompt: list[int], sampling: SamplingParams
                      ) -> Request:
         request = Request(request_id, self._next_handle, list(prompt), sampling)
+        if sampling.lora is not None:
+            request.prefix_seed = adapter_seed(sampling.lora,
+                                               self._lora_unloads.get(sampling.lora, 0))
         request.stop_length_at, request.stop_ids = stop_triggers(
             request, self.config.eos_token_ids, self.config.max_request_len)
         request.stop_num_tokens = request.prompt_len + request.stop_length_at

@@ -137,6 +137,8 @@ class SchedulerService:
         self.heartbeat_reply = m.encode_heartbeat(os.getpid())
         self.stats_reply = CachedReply(STATS_MAX_AGE_S)
         self.kv_map_reply = CachedReply(KV_MAP_MAX_AGE_S)
+        # LoRA loads and unloads passed to the executor: update id -> (asker, is a load).
+        self.lora_updates: dict[str, tuple[bytes, bool]] = {}
 
     # ---- main loop ----------------------------------------------------------------------
 
@@ -250,6 +252,35 @@ class SchedulerService:
             self.router.send(identity, self._stats_reply())
         elif msg_type == "kv_map_request":
             self.router.send(identity, self._kv_map_reply())
+        elif msg_type == "lora_update":
+            self._on_lora_update(identity, m.decode_lora_update(body))
+
+    def _on_lora_update(self, identity: bytes, update) -> None:
+        """A frontend loads or unloads an adapter (docs/lora.md). An unload is refused while
+        unfinished requests use the adapter; once accepted no new request may name it, so
+        no plan after it does. A load counts once the executor says it is done."""
+        scheduler, name = self.scheduler, update.name
+        error = None
+        if scheduler is None:
+            error = "the executor is not running; try again shortly"
+        elif update.path is None and name not in scheduler.loras:
+            error = f"no LoRA adapter named {name!r} is loaded"
+        elif update.path is None and scheduler.lora_requests(name):
+            error = (f"LoRA adapter {name!r} has {scheduler.lora_requests(name)} unfinished "
+                     "request(s); unload it once they are done")
+        elif update.path is not None and name in scheduler.loras:
+            error = f"a LoRA adapter named {name!r} is already loaded"
+        if error is not None:
+            self.router.send(identity, m.encode_lora_updated(update.update_id, name, error))
+            return
+        if update.path is None:
+            scheduler.forget_lora(name)
+        self.lora_updates[update.update_id] = (identity, update.path is not None)
+        if not self.executor_link.send(m.encode_lora_update(update.update_id, name,
+                                                            update.path)):
+            self.lora_updates.pop(update.update_id)
+            self.router.send(identity, m.encode_lora_updated(
+                update.update_id, name, "the executor's connection is gone"))
 
     def _stats_reply(self) -> bytes:
         return self.stats_reply.get(self.scheduler, lambda: m.encode_stats(self.stats()))
@@ -300,7 +331,8 @@ class SchedulerService:
             eos_token_ids=cap.eos_token_ids if cap else (),
             executor_alive=self.scheduler is not None,
             max_logprobs=self.config.max_logprobs, max_n=self.config.max_n,
-            executor_ranks=self.executor_link.ranks).encode()
+            executor_ranks=self.executor_link.ranks,
+            loras=tuple(sorted(self.scheduler.loras)) if self.scheduler else ()).encode()
 
     # ---- executor -----------------------------------------------------------------------
 
@@ -314,6 +346,8 @@ class SchedulerService:
             log.warning("dropped %s from an unknown executor", msg_type)
         elif msg_type == "result":
             self._on_result(m.decode_result(body))
+        elif msg_type == "lora_updated":
+            self._on_lora_updated(m.decode_lora_updated(body))
         elif msg_type == "executor_error":
             error = m.decode_executor_error(body)
             if self.steps.is_stale(error.step_id):
@@ -323,6 +357,21 @@ class SchedulerService:
             if self.scheduler is not None:
                 self.scheduler.discard_unconfirmed()   # that step's blocks hold garbage
             self._fail_all(f"the executor failed a step: {error.message}")
+
+    def _on_lora_updated(self, done) -> None:
+        asker = self.lora_updates.pop(done.update_id, None)
+        if asker is None:
+            log.warning("dropped an answer to LoRA update %r, which is not pending",
+                        done.update_id)
+            return
+        identity, loads = asker
+        if loads and done.error is None and self.scheduler is not None:
+            self.scheduler.loras.add(done.name)
+        # Every frontend's list of adapters first: the asker reads it before the answer,
+        # so a request it sends after the answer finds the adapter (or not) as answered.
+        self.router.broadcast(self._engine_info())
+        self.router.send(identity, m.encode_lora_updated(done.update_id, done.name,
+                                                         done.error))
 
     def _on_executor_hello(self, identity: bytes, capacity: ExecutorCapacity, pid: int,
                            ranks: tuple[int, ...] = ()) -> None:
@@ -382,6 +431,9 @@ class SchedulerService:
 
     def _executor_lost(self, reason: str) -> None:
         log.error("%s; failing in-flight requests and waiting for a new executor", reason)
+        for update_id, (identity, _) in self.lora_updates.items():
+            self.router.send(identity, m.encode_lora_updated(update_id, "", reason))
+        self.lora_updates.clear()
         self._fail_all(reason)
         self.executor_link.lose()
         self.scheduler = None

@@ -41,6 +41,17 @@ CURVE_KEYS_HELP = ("CURVE keys directory (`folio keys`): every ZeroMQ socket enc
                    "refuses peers without the keys (default: no CURVE)")
 
 
+def _lora_modules_problem(value: Any) -> str | None:
+    names = []
+    for item in value or ():
+        name, sep, path = str(item).partition("=")
+        if not sep or not name or not path:
+            return f"takes NAME=PATH items, got {item!r}"
+        names.append(name)
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    return f"names {repeated[0]!r} twice" if repeated else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class SchedulingPolicy:
     max_num_seqs: int = setting(256, "requests running at once", check=positive_int)
@@ -67,6 +78,10 @@ class SchedulingPolicy:
         "\"num_speculative_tokens\": 4}' (methods: ngram, suffix; docs/speculative.md); off "
         "when unset",
         check=check_speculative_config, metavar="JSON")
+    max_loras: int = setting(
+        1, "LoRA adapters the requests of one step may use at once (a request for another "
+        "waits until one running adapter's requests are done); the executor keeps that many "
+        "on the device", check=positive_int)
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -158,11 +173,35 @@ class EngineConfig(SchedulingPolicy):
     master_port: int = setting(29500, "node 0's torch.distributed rendezvous port; the plan "
                                "hop to the other nodes listens on master-port + 1",
                                check=in_range(1, 65534))
+    # LoRA adapters (docs/lora.md), named as vLLM names them.
+    enable_lora: bool = setting(False, "serve LoRA adapters: requests name one (the OpenAI "
+                                "model field, or lora=) to run with it")
+    lora_modules: tuple[str, ...] = setting(
+        (), "LoRA adapters loaded at start, each NAME=PATH (a PEFT adapter directory); "
+        "needs --enable-lora", metavar="NAME=PATH", nargs="+", check=_lora_modules_problem)
+    max_lora_rank: int = setting(16, "the largest rank of an adapter's modules",
+                                 check=positive_int)
+    max_cpu_loras: int | None = setting(
+        None, "adapters held in host memory, loaded ones all counted (default: max-loras, "
+        "or the number of --lora-modules if more)", check=optional(positive_int))
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise SettingError("model", "must be a path to a checkpoint directory")
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules or ()))
         super().__post_init__()
+
+    @property
+    def lora_paths(self) -> dict[str, str]:
+        """lora_modules as {name: path} (checked when the config was made)."""
+        return dict(item.split("=", 1) for item in self.lora_modules)
+
+    @property
+    def lora_capacity(self) -> int:
+        """Adapters host memory holds: max_cpu_loras, or enough for the start-time ones."""
+        if self.max_cpu_loras is not None:
+            return self.max_cpu_loras
+        return max(self.max_loras, len(self.lora_modules))
 
     @property
     def tokenizer_path(self) -> str:
@@ -190,6 +229,8 @@ class ExecutorCapacity:
     # recomputes it with the other factors): no block may then be shared through the prefix
     # cache, or another request would read the rewritten values.
     rewrites_kv: bool = False
+    # The LoRA adapters loaded when the executor said hello, by name (docs/lora.md).
+    loras: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -204,6 +245,7 @@ class SchedulerConfig(SchedulingPolicy):
     prefill_tokens_per_s: float = 0.0
     swap_bytes_per_s: float = 0.0
     sliding_window: int | None = None     # as ExecutorCapacity.sliding_window
+    loras: tuple[str, ...] = ()           # as ExecutorCapacity.loras
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -266,6 +308,7 @@ class SchedulerConfig(SchedulingPolicy):
             prefill_tokens_per_s=capacity.prefill_tokens_per_s,
             swap_bytes_per_s=capacity.swap_bytes_per_s,
             sliding_window=capacity.sliding_window,
+            loras=capacity.loras,
         )
 
 

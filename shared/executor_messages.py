@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from folio.shared.config import ExecutorCapacity
 from folio.shared.links import Link
-from folio.shared.sampling_params import sampling_from_wire
+from folio.shared.sampling_params import MAX_LORA_NAME_CHARS, sampling_from_wire
 from folio.shared.schema import (Bool, Field, Float, Int, Ints, Items, ListOf, Message, Nil,
                                  Sampling, Shape, Str, number_text)
 from folio.shared.speculative import MAX_SPECULATIVE_TOKENS
@@ -21,6 +21,7 @@ MAX_FAILURE_CHARS = 500   # why one request failed in a step (result `x`)
 MAX_RUN_TOKENS = 1 << 24   # tokens one plan asks of one running request
 MAX_TOP_K = 1024   # top-k alternatives per logprobs entry
 MAX_DRAFTS = MAX_SPECULATIVE_TOKENS   # drafts one request carries in one step
+MAX_LORAS = 4096   # adapter names one message lists
 
 
 class ExecutorHello(NamedTuple):
@@ -35,6 +36,7 @@ def _hello(values: dict[str, Any]) -> ExecutorHello:
     values["swap_bytes_per_s"] = max(0.0, values["swap_bytes_per_s"])
     values["sliding_window"] = values["sliding_window"] or None   # 0: no window
     values["eos_token_ids"] = tuple(values["eos_token_ids"])
+    values["loras"] = tuple(values["loras"])
     return ExecutorHello(ExecutorCapacity(**values), pid, ranks)
 
 
@@ -53,6 +55,7 @@ EXECUTOR_HELLO = Message("executor_hello", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("swap_bytes_per_s", Float(), rule="same"),
     Field("sliding_window", Int(0, 1 << 30), default=0),   # 0: some layer sees everything
     Field("rewrites_kv", Bool(), default=False),
+    Field("loras", ListOf(Str(MAX_LORA_NAME_CHARS), MAX_LORAS), default=()),   # adapter names
 ), build=_hello, table=True)
 
 

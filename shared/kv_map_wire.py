@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from folio.shared.links import Link
+from folio.shared.sampling_params import MAX_LORA_NAME_CHARS
 from folio.shared.schema import (Field, Float, Int, Ints, Items, ListOf, Message, Number, Shape,
                                  Str)
 from folio.shared.wire import MAX_BLOCK_ID, Body, ProtocolError
@@ -33,6 +34,7 @@ REQUEST = Shape("kv_map.requests", (
     Field("spec_accepted", Int(0), default=0),
     Field("wait_s", Float()),
     Field("age_s", Float()),
+    Field("lora", Str(MAX_LORA_NAME_CHARS), default=None),   # absent: the base model
 ))
 BLOCKS = Shape("kv_map.blocks", (
     Field("state", Str(MAX_KV_MAP_BLOCKS), rule="one of `F`, `U`, `C` per block"),

@@ -35,6 +35,9 @@ from folio.shared.executor_messages import (ExecutorError, ExecutorHello,  # noq
 from folio.shared.kv_map_wire import (KV_MAP_STATES, MAX_KV_MAP_BLOCKS,  # noqa: F401
                                       MAX_KV_MAP_REQUESTS, decode_kv_map, encode_kv_map)
 from folio.shared.sampling_params import sampling_from_wire  # noqa: F401
+from folio.shared.scheduler_messages import (LoraUpdate, LoraUpdated,  # noqa: F401
+                                             decode_lora_update, decode_lora_updated,
+                                             encode_lora_update, encode_lora_updated)
 from folio.shared.scheduler_messages import (MAX_DROPPED_IDS, Abort, AddRequest,  # noqa: F401
                                              EngineInfo, FrontendDropped, FrontendHello,
                                              Heartbeat, Rejected, decode_abort, decode_add,

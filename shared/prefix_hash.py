@@ -25,10 +25,23 @@ def _packer(count: int) -> Callable[..., bytes]:
     return struct.Struct(f"<{count}q").pack
 
 
-def full_block_hashes(token_ids: list[int], block_size: int, limit: int) -> list[bytes]:
-    """The chained hashes of the first full blocks of `token_ids` (at most `limit`)."""
+def adapter_seed(lora: str | None, generation: int = 0) -> bytes | None:
+    """The first block's parent for a request run with LoRA adapter `lora` (None: the base
+    model, whose chains start from no parent): the adapter's name, and how many times that
+    name was unloaded before, are in every hash of its chain, so two adapters (or an adapter
+    and one loaded later under its name) never share a block."""
+    if lora is None:
+        return None
+    return hashlib.sha256(b"folio-lora\x00" + lora.encode() + b"\x00"
+                          + str(generation).encode()).digest()
+
+
+def full_block_hashes(token_ids: list[int], block_size: int, limit: int,
+                      seed: bytes | None = None) -> list[bytes]:
+    """The chained hashes of the first full blocks of `token_ids` (at most `limit`);
+    `seed`: the first block's parent (adapter_seed)."""
     hashes: list[bytes] = []
-    parent = None
+    parent = seed
     for start in range(0, min(len(token_ids) // block_size, limit) * block_size, block_size):
         parent = chain_hash(parent, token_ids[start:start + block_size])
         hashes.append(parent)

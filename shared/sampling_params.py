@@ -19,6 +19,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 65_536          # per stop string
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1024
+MAX_LORA_NAME_CHARS = 64   # a map key on the wire (the stats' per-adapter counts)
 # Fields only the frontend reads (stop strings, detokenization): never sent to the engine.
 FRONTEND_ONLY = ("stop", "include_stop_str_in_output", "skip_special_tokens")
 
@@ -52,6 +53,9 @@ class SamplingParams:
     priority: int = 0
     # False: this request never carries speculative drafts (docs/speculative.md).
     speculative: bool = True
+    # Not sampling either: the LoRA adapter this request runs with, by name (docs/lora.md);
+    # None: the base model. The executor applies it and the prefix cache keys blocks by it.
+    lora: str | None = None
 
     def __post_init__(self) -> None:
         # Lists from callers and the wire become tuples, so nobody changes a frozen value
@@ -122,6 +126,10 @@ class SamplingParams:
         for token_id in self.stop_token_ids:
             _check_int("stop_token_ids", token_id, low=0, high=_INT32_MAX)
         _check_int("priority", self.priority, low=-_INT32_MAX - 1, high=_INT32_MAX)
+        if self.lora is not None and (not isinstance(self.lora, str) or not self.lora
+                                      or len(self.lora) > MAX_LORA_NAME_CHARS):
+            raise ValueError(f"lora must be an adapter name of 1 to {MAX_LORA_NAME_CHARS} "
+                             f"characters, got {self.lora!r:.80}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from folio.shared.codes import FinishReason, RefusalCode
 from folio.shared.config import SchedulingPolicy
-from folio.shared.executor_messages import LOGPROB_ENTRY, decode_logprob_entry
+from folio.shared.executor_messages import LOGPROB_ENTRY, MAX_LORAS, decode_logprob_entry
 from folio.shared.links import Link
 from folio.shared.outputs import EngineOutput, StepOutputs
-from folio.shared.sampling_params import SamplingParams
+from folio.shared.sampling_params import MAX_LORA_NAME_CHARS, SamplingParams
 from folio.shared.schema import (Bool, Code, Field, Float, Int, Ints, Items, ListOf, MapOf,
                                  Message, Sampling, Str)
 from folio.shared.stats_wire import STATS
@@ -22,6 +22,7 @@ from folio.shared.wire import MAX_ID_LEN, MAX_TOKEN_ID, Body, ProtocolError, pac
 
 MAX_DROPPED_IDS = 4096   # request ids per frontend_dropped message
 MAX_OUTPUT_ITEMS = 1 << 20
+MAX_LORA_PATH_CHARS = 4096
 _ID = Field("id", Str(), "request_id")
 
 
@@ -38,6 +39,8 @@ class EngineInfo:
     max_n: int = SchedulingPolicy.max_n
     # Pids of the executor's tensor-parallel ranks, rank 0 first (empty: one process).
     executor_ranks: tuple[int, ...] = ()
+    # The LoRA adapters the engine serves now, by name (docs/lora.md).
+    loras: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         return ENGINE_INFO.pack(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -49,7 +52,8 @@ class EngineInfo:
 
 def _engine_info(values: dict[str, Any]) -> EngineInfo:
     return EngineInfo(**values | {"eos_token_ids": tuple(values["eos_token_ids"]),
-                                  "executor_ranks": tuple(values["executor_ranks"])})
+                                  "executor_ranks": tuple(values["executor_ranks"]),
+                                  "loras": tuple(values["loras"])})
 
 
 ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
@@ -62,6 +66,7 @@ ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("max_logprobs", Int(0, 1 << 20), default=SchedulingPolicy.max_logprobs),
     Field("max_n", Int(1, 1 << 20), default=SchedulingPolicy.max_n),
     Field("executor_ranks", Ints(0, 1 << 31, 1024), default=()),
+    Field("loras", ListOf(Str(MAX_LORA_NAME_CHARS), MAX_LORAS), default=()),
 ), value=EngineInfo, build=_engine_info,
    table=True)
 assert [f.name for f in fields(EngineInfo)] == [f.name for f in ENGINE_INFO.fields]
@@ -109,7 +114,25 @@ FRONTEND_DROPPED = Message("frontend_dropped", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("reason", Str(4000, cut=2000)),
 ), value="FrontendDropped")
 
+# LoRA adapters loaded and unloaded while serving (docs/lora.md): a frontend asks, the
+# scheduler passes it on (an unload only once no unfinished request uses the adapter), the
+# executor loads or unloads between steps and answers, the scheduler passes the answer back.
+# `path`: load the PEFT adapter directory there; nil: unload. `id`: the asker's, echoed.
+LORA_UPDATE = Message("lora_update", (Link.FRONTEND_TO_SCHEDULER, Link.SCHEDULER_TO_EXECUTOR), (
+    Field("id", Str(), "update_id"),
+    Field("name", Str(MAX_LORA_NAME_CHARS)),
+    Field("path", Str(MAX_LORA_PATH_CHARS), default=None),
+), value="LoraUpdate")
+# `error`: why it was not done (nothing changed); nil: done.
+LORA_UPDATED = Message("lora_updated", (Link.EXECUTOR_TO_SCHEDULER,
+                                        Link.SCHEDULER_TO_FRONTEND), (
+    Field("id", Str(), "update_id"),
+    Field("name", Str(MAX_LORA_NAME_CHARS)),
+    Field("error", Str(4000, cut=2000), default=None),
+), value="LoraUpdated")
+
 AddRequest, Abort, FrontendHello = ADD.value, ABORT.value, FRONTEND_HELLO.value
+LoraUpdate, LoraUpdated = LORA_UPDATE.value, LORA_UPDATED.value
 Heartbeat, Rejected, FrontendDropped = HEARTBEAT.value, REJECTED.value, FRONTEND_DROPPED.value
 
 
@@ -143,6 +166,17 @@ def encode_heartbeat(pid: int, frontend: str | None = None) -> bytes:
 def encode_rejected(request_id: str, message: str,
                     code: RefusalCode | str = RefusalCode.REJECTED) -> bytes:
     return REJECTED.pack(request_id=request_id, message=message, code=code)
+
+
+def encode_lora_update(update_id: str, name: str, path: str | None) -> bytes:
+    return LORA_UPDATE.pack(update_id=update_id, name=name, path=path)
+
+
+def encode_lora_updated(update_id: str, name: str, error: str | None) -> bytes:
+    return LORA_UPDATED.pack(update_id=update_id, name=name, error=error)
+
+
+decode_lora_update, decode_lora_updated = LORA_UPDATE.decode, LORA_UPDATED.decode
 
 
 def encode_stats(stats: dict[str, Any]) -> bytes:
@@ -248,4 +282,4 @@ OUTPUTS = Message("outputs", (Link.SCHEDULER_TO_FRONTEND,), (
 ), codec=(encode_outputs, decode_outputs))
 
 DECLARED = (ENGINE_INFO, ADD, ABORT, FRONTEND_HELLO, STATS_REQUEST, KV_MAP_REQUEST, HEARTBEAT,
-            REJECTED, STATS_REPLY, FRONTEND_DROPPED, OUTPUTS)
+            REJECTED, STATS_REPLY, FRONTEND_DROPPED, OUTPUTS, LORA_UPDATE, LORA_UPDATED)

@@ -59,6 +59,9 @@ class HttpSettings(Checked):
     tool_call_parser: str | None = setting(
         None, "read tool calls out of answers in this format, for chat requests with tools "
         "and tool_choice auto (default: auto refused)", choices=TOOL_CALL_PARSERS)
+    enable_lora_runtime_updates: bool = setting(
+        False, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (behind the API "
+        "key; the engine needs --enable-lora); off, they answer 404")
     allowed_hosts: str | None = setting(
         None, "Host header names HTTP answers, comma-separated, or '*' for any (default: on "
         "a loopback --host only localhost, 127.0.0.1 and ::1)", metavar="NAMES")

@@ -5,7 +5,7 @@ peer cannot pass a huge or wrongly typed map on to /metrics or an SDK caller."""
 
 from __future__ import annotations
 
-from folio.shared.schema import Bool, Field, Float, Int, Ints, ListOf, Shape
+from folio.shared.schema import Bool, Field, Float, Int, Ints, ListOf, MapOf, Shape
 
 # Every count is of samples; with no executor attached only the last three are present.
 _COUNTS = ("kv_blocks_total", "kv_blocks_free", "kv_blocks_used", "kv_blocks_cached")
@@ -24,6 +24,10 @@ _FIELDS = (
     Field("executor_alive", Bool(), default=None),
     Field("executor_ranks", Ints(0, 1 << 31, 1024), default=None),
     Field("num_frontends", Int(0), default=None),
+    # LoRA (docs/lora.md), present while adapters are loaded: unfinished requests per
+    # adapter, running (swapped ones included) and waiting.
+    Field("lora_running", MapOf(Int(0), 4096), default=None),
+    Field("lora_waiting", MapOf(Int(0), 4096), default=None),
 )
 
 STATS = Shape("stats.stats", _FIELDS)

@@ -69,3 +69,25 @@ def llama3_rope_dir(tmp_path_factory, tokenizer_dir) -> Path:
             "original_max_position_embeddings": 64}
     return _model_dir(tmp_path_factory, tokenizer_dir, "llama3", arch="llama",
                       rope_parameters=rope)
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(long_llama_dir, tmp_path_factory) -> dict[str, Path]:
+    """PEFT adapters on long_llama_dir (tests/lora_adapters.py ADAPTERS), by name."""
+    from tests.lora_adapters import ADAPTERS, make_adapter
+
+    root = tmp_path_factory.mktemp("loras")
+    return {name: make_adapter(long_llama_dir, root / name, seed, rank, alpha, targets, rs)
+            for name, (seed, rank, alpha, targets, rs) in ADAPTERS.items()}
+
+
+@pytest.fixture(scope="session")
+def lora_expected(long_llama_dir, lora_adapters) -> dict:
+    """transformers + PEFT greedy answers to tests/lora_adapters.py PROMPTS, by adapter
+    name (None: the base model)."""
+    from tests.lora_adapters import MAX_TOKENS, PROMPTS, hf_lora_greedy
+
+    refs = {name: hf_lora_greedy(long_llama_dir, path, PROMPTS, MAX_TOKENS)
+            for name, path in lora_adapters.items()}
+    refs[None] = hf_lora_greedy(long_llama_dir, None, PROMPTS, MAX_TOKENS)
+    return refs

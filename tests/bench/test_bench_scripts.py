@@ -175,3 +175,14 @@ def test_peer_without_vllm_python_says_so(tmp_path):
     assert done.returncode != 0
     assert "--skip-vllm" in done.stderr and "does not exist" in done.stderr
     assert not (tmp_path / "peer.json").exists()
+
+
+def test_lora_kernel_bench_compares_equal_forms():
+    # bench/lora.py kernel: the grouped and the bmm forms must agree before they are timed.
+    out = _bench("-m", "bench.lora", "kernel", "--repeat", "1", "--hidden", "64", "--out",
+                 "96", "--rank", "4")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["tokens"], r["adapters"]) for r in rows] == [
+        (t, a) for t in (32, 256) for a in (1, 4, 8)]
+    assert all(r["grouped_ms"] > 0 and r["bmm_ms"] > 0 for r in rows)

@@ -86,6 +86,8 @@ def _samples() -> dict[str, list[bytes]]:
         "encode_frontend_hello": [m.encode_frontend_hello("fe-1-abcdef")],
         "encode_stats_request": [m.encode_stats_request()],
         "encode_kv_map_request": [m.encode_kv_map_request()],
+        "encode_lora_update": [m.encode_lora_update("u", "adapter", "/adapters/a")],
+        "encode_lora_updated": [m.encode_lora_updated("u", "adapter", "no such adapter")],
         "encode_rejected": [m.encode_rejected("r", "full", RefusalCode.QUEUE_FULL)],
         "encode_outputs": [m.encode_outputs(StepOutputs(["a"], [3], [entry]))],
         "encode_stats": [m.encode_stats({"num_running": 1, "executor_ranks": [4]})],

@@ -1,0 +1,135 @@
+"""LoRA adapters over HTTP with a real `folio serve` (docs/lora.md): the model field picks
+an adapter, /v1/models lists them under their base, adapters load and unload while other
+requests run, and the guarded routes refuse what they cannot do."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from folio import Client, SamplingParams
+from folio.errors import RequestRejected
+from tests.http_server import openai_client, serving
+from tests.lora_adapters import MAX_TOKENS as MAX_TOKENS_OF
+from tests.lora_adapters import PROMPTS
+
+KEY = "lora-key"
+PROMPT, MAX_TOKENS = PROMPTS[0], MAX_TOKENS_OF[0]
+
+
+@pytest.fixture(scope="module")
+def adapters(lora_adapters) -> dict:
+    return {"a": lora_adapters["all"], "b": lora_adapters["qv-down"]}
+
+
+@pytest.fixture(scope="module")
+def expected(long_llama_dir, lora_expected) -> dict:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(long_llama_dir))
+    return {"a": tokenizer.decode(lora_expected["all"][0]),
+            "b": tokenizer.decode(lora_expected["qv-down"][0])}
+
+
+@pytest.fixture(scope="module")
+def server(long_llama_dir, adapters, tmp_path_factory):
+    with serving(long_llama_dir, tmp_path_factory.mktemp("lora-http"), "--api-key", KEY,
+                 "--served-model-name", "base", "--enable-lora", "--lora-modules",
+                 f"a={adapters['a']}", "--max-loras", "2", "--max-cpu-loras", "2",
+                 "--enable-lora-runtime-updates", "--dtype", "float32",
+                 "--max-model-len", "32768", "--max-num-seqs", "8",
+                 "--num-kv-blocks", "2100") as server:
+        yield server
+
+
+def _post(server, path: str, body: dict, key: str = KEY) -> httpx.Response:
+    return httpx.post(f"{server.base}{path}", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"})
+
+
+def _complete(client, model: str) -> str:
+    return client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                     temperature=0).choices[0].text
+
+
+def test_load_use_unload_reload_while_a_request_runs(server, adapters, expected):
+    client = openai_client(server, KEY)
+    models = {m.id: m for m in client.models.list().data}
+    assert models["a"].parent == "base" and models["base"].parent is None
+    answer = client.completions.create(model="a", prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                       temperature=0)
+    assert answer.model == "a" and answer.choices[0].text == expected["a"]
+    # A long answer with adapter a runs while b is loaded, used and unloaded.
+    stream = client.completions.create(model="a", prompt=PROMPT, max_tokens=30000,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    first = next(iter(stream))
+    assert first.choices[0].text is not None
+    metrics = httpx.get(f"{server.base}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert 'folio:lora_num_requests_running{lora="a"} 1.0' in metrics.text
+    loaded = _post(server, "/v1/load_lora_adapter", {"lora_name": "b",
+                                                     "lora_path": str(adapters["b"])})
+    assert loaded.status_code == 200, loaded.text
+    assert "b" in {m.id for m in client.models.list().data}
+    assert _complete(client, "b") == expected["b"]
+    with Client(server.zmq_address, connect_timeout=30) as sdk:   # the SDK's lora=
+        sdk_answer = sdk.generate(PROMPT, SamplingParams(temperature=0, max_tokens=MAX_TOKENS),
+                                  lora="b")
+        assert sdk_answer.text == expected["b"]
+        with pytest.raises(RequestRejected, match="no LoRA adapter named 'nope' is loaded"):
+            sdk.generate(PROMPT, SamplingParams(max_tokens=2), lora="nope")
+    busy = _post(server, "/v1/unload_lora_adapter", {"lora_name": "a"})
+    assert busy.status_code == 400 and "1 unfinished request" in busy.json()["error"]["message"], \
+        busy.text
+    assert _post(server, "/v1/unload_lora_adapter", {"lora_name": "b"}).status_code == 200
+    with pytest.raises(openai.NotFoundError, match="'b' does not exist"):
+        _complete(client, "b")
+    stream.close()   # the client goes: the long request is aborted, adapter a is free
+    while True:      # until the abort has reached the scheduler (an observed state)
+        gone = _post(server, "/v1/unload_lora_adapter", {"lora_name": "a"})
+        if gone.status_code == 200:
+            break
+        assert "unfinished request" in gone.json()["error"]["message"]
+    # Reloaded under the name of the other: b's weights answer as "a", nothing cached of
+    # the old "a" is reused.
+    assert _post(server, "/v1/load_lora_adapter", {"lora_name": "a",
+                                                   "lora_path": str(adapters["b"])}
+                 ).status_code == 200
+    assert _complete(client, "a") == expected["b"]
+    assert _complete(client, "base") not in (expected["a"], expected["b"])
+
+
+def test_bad_loads_are_refused_with_their_cause(server, adapters, tmp_path):
+    cases = [
+        ({"lora_name": "x", "lora_path": str(tmp_path / "none")}, "adapter_config.json is missing"),
+        ({"lora_name": "base", "lora_path": str(adapters["a"])}, "is the base model's name"),
+        ({"lora_name": "x"}, "lora_path must be a non-empty string"),
+        ({"lora_name": "x", "lora_path": str(adapters["a"]), "extra": 1},
+         "unsupported field(s): extra"),
+    ]
+    for body, message in cases:
+        answer = _post(server, "/v1/load_lora_adapter", body)
+        assert answer.status_code == 400 and message in answer.json()["error"]["message"], \
+            answer.text
+    assert _post(server, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/"},
+                 key="wrong").status_code == 401
+    assert _post(server, "/v1/unload_lora_adapter", {"lora_name": "nope"}).status_code == 404
+    client = openai_client(server, KEY)
+    with pytest.raises(openai.NotFoundError, match="model_not_found|does not exist"):
+        _complete(client, "nope")
+
+
+def test_the_replica_router_hashes_an_adapters_prompt_apart():
+    # As the scheduler does: the same prompt under an adapter matches nothing the base
+    # model (or another adapter) left on a replica.
+    from folio.frontend.routing import PrefixRouter, ReplicaLoad
+
+    router = PrefixRouter()
+    prefix = list(range(3, 35))   # two full blocks of 16
+    loads = [ReplicaLoad(0, 0, 100), ReplicaLoad(1, 0, 100)]
+    router.choose(prefix + [1], 16, loads)
+    assert router.choose(prefix + [2], 16, loads)[1] == 2
+    assert router.choose(prefix + [3], 16, loads, "a")[1] == 0
+    assert router.choose(prefix + [4], 16, loads, "a")[1] == 2
+    assert router.choose(prefix + [5], 16, loads, "b")[1] == 0
