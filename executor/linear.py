@@ -16,6 +16,7 @@ from torch import nn
 from folio.executor.models.moe import SparseMoe
 from folio.executor.weight_only_linear import WeightOnlyLinear
 from folio.kernels import cpu_quant
+from folio.kernels.onednn_packing import onednn_packs
 
 log = logging.getLogger("folio.executor")
 
@@ -47,6 +48,8 @@ def onednn_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
         return f"the device is {device.type}"
     if dtype not in _PACKABLE:
         return f"{dtype} weights are not prepacked"
+    if not onednn_packs(dtype):
+        return f"oneDNN cannot prepack {dtype} weights on this CPU (it needs AVX-512 or AVX-NE-CONVERT)"
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN"
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):

@@ -58,8 +58,9 @@ def plan_address(engine: EngineConfig) -> str:
 
 
 def group_settings(engine: EngineConfig) -> dict:
-    """The engine settings every node of a group must agree on."""
-    return {k: v for k, v in asdict(engine).items() if k not in NODE_OWN}
+    """The engine settings every node of a group must agree on, as JSON carries them (a
+    tuple setting comes back a list: both sides compare that form)."""
+    return json.loads(json.dumps({k: v for k, v in asdict(engine).items() if k not in NODE_OWN}))
 
 
 def _curve(sock: zmq.Socket, keys_dir: str | None, server: bool) -> zmq.Socket:

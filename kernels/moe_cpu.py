@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from folio.kernels import reference
+from folio.kernels.onednn_packing import onednn_packs
 from folio.kernels.moe_reference import check_moe_args, grouped_moe, sort_by_expert
 
 _PACKABLE = (torch.float32, torch.bfloat16)
@@ -60,6 +61,7 @@ class CpuFusedMoe:
     def __init__(self, min_pack_elements: int = DEFAULT_MIN_PACK_ELEMENTS) -> None:
         self._min_pack_elements = min_pack_elements
         self._onednn = onednn_available()
+        self._packable = tuple(dtype for dtype in _PACKABLE if onednn_packs(dtype))
         self._packed: dict[int, _Packed] = {}
 
     @property
@@ -72,7 +74,7 @@ class CpuFusedMoe:
         product is bound by reading the weights, where both matmuls are alike, and F.linear
         has the smaller fixed cost)."""
         return (self._onednn and tokens > 1 and w13.device.type == "cpu"
-                and w13.dtype in _PACKABLE
+                and w13.dtype in self._packable
                 and w13.shape[1] * w13.shape[2] >= self._min_pack_elements)
 
     def _packs(self, w13: torch.Tensor, w2: torch.Tensor) -> _Packed:

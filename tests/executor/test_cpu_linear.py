@@ -75,3 +75,16 @@ def test_thread_policy_follows_the_request_or_the_affinity():
 def test_cpu_threads_must_be_positive(llama_dir):
     with pytest.raises(ValueError, match="cpu_threads must be a positive integer"):
         LLM(str(llama_dir), cpu_threads=0)
+
+
+def test_bfloat16_is_prepacked_only_where_onednn_can():
+    """On a CPU without AVX-512 or AVX-NE-CONVERT oneDNN refuses to prepack bfloat16: the
+    layers stay plain there (torch's matmul) instead of failing at load."""
+    from folio.kernels.onednn_packing import onednn_packs
+
+    model = nn.Sequential(nn.Linear(32, 16)).bfloat16()
+    x = torch.randn(3, 32).bfloat16()
+    reference = model(x)
+    used = pack_linears(model, torch.device("cpu"), torch.bfloat16)
+    assert used == ("onednn" if onednn_packs(torch.bfloat16) else "torch")
+    torch.testing.assert_close(model(x), reference, rtol=2e-2, atol=2e-2)

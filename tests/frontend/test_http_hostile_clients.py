@@ -33,6 +33,7 @@ class _Engine:   # what /health, /v1/models and a refused completion read
     draining = False
     engine_alive = True
     tokenizer = None
+    loras: tuple[str, ...] = ()
 
     def replica_health(self) -> None:   # one scheduler, no replicas
         return None
