@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from folio.executor.model_config import ModelConfig
 from folio.executor.models.weight_names import WeightNames
+from folio.shared.safetensors_header import SafetensorsError, read_shapes
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -24,7 +24,6 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 TARGETS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 _PREFIX = "base_model.model."
 _KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])(\.default)?\.weight$")
-_MAX_HEADER = 100 * 2**20
 
 
 class LoraError(ValueError):
@@ -151,31 +150,10 @@ def _read_header(directory: Path) -> dict[str, tuple[int, ...]]:
     if not file.is_file():
         raise LoraError(f"no LoRA weights at {str(directory)!r}: {WEIGHTS_FILE} is missing "
                         "(adapter_model.bin is not read)")
-    problem = f"{str(file)!r} is not a readable safetensors file"
     try:
-        size = file.stat().st_size
-        with file.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            if not 2 <= length <= min(_MAX_HEADER, size - 8):
-                raise LoraError(problem)
-            header = json.loads(handle.read(length))
-    except (OSError, struct.error, ValueError, UnicodeDecodeError):
-        raise LoraError(problem) from None
-    if not isinstance(header, dict):
-        raise LoraError(problem)
-    shapes = {}
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            begin, end = entry["data_offsets"]
-            shape = tuple(int(x) for x in entry["shape"])
-        except (TypeError, KeyError, ValueError):
-            raise LoraError(problem) from None
-        if not 0 <= begin <= end <= size - 8 - length:
-            raise LoraError(problem)
-        shapes[key] = shape
-    return shapes
+        return read_shapes(file)
+    except SafetensorsError:
+        raise LoraError(f"{str(file)!r} is not a readable safetensors file") from None
 
 
 def _pattern_value(patterns: dict, module: str, default):

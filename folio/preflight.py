@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import struct
 from pathlib import Path
 
 from folio.executor.gguf_file import is_directory_or_gguf, is_gguf
@@ -19,8 +18,8 @@ from folio.executor.quant_groups import prequantized_problem, quantization_probl
 from folio.executor.models.hf_config import read_model_config
 from folio.placement import executor_runs_on_cpu
 from folio.shared.config import EngineConfig, ExecutorCapacity, SchedulerConfig, SettingError
+from folio.shared.safetensors_header import SafetensorsError, read_shapes
 
-_MAX_HEADER = 100 * 2**20   # safetensors' own limit on the JSON header
 
 
 def check_model_dir(model: str) -> ModelConfig:
@@ -203,29 +202,11 @@ def _weight_files(model_dir: Path) -> list[Path]:
 
 def _check_safetensors(model: str, file: Path) -> None:
     """The header parses and every tensor's bytes lie inside the file."""
-    problem = f"{model}: {file.name} is not a readable safetensors file"
     try:
-        size = file.stat().st_size
-        with file.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            if not 2 <= length <= min(_MAX_HEADER, size - 8):
-                raise SettingError("model", f"{problem} (header length {length})")
-            header = json.loads(handle.read(length))
-    except (OSError, struct.error, ValueError) as error:
-        if isinstance(error, SettingError):
-            raise
-        raise SettingError("model", f"{problem} ({error})") from None
-    if not isinstance(header, dict):
-        raise SettingError("model", f"{problem} (header is not a JSON object)")
-    try:
-        end = max((int(entry["data_offsets"][1]) for name, entry in header.items()
-                   if name != "__metadata__"), default=0)
-    except (KeyError, IndexError, TypeError, ValueError):
-        raise SettingError("model", f"{problem} (a tensor entry has no data_offsets)") \
-            from None
-    if 8 + length + end > size:
-        raise SettingError("model", f"{problem} (truncated: {size} bytes, tensors need "
-                           f"{8 + length + end})")
+        read_shapes(file)
+    except SafetensorsError as error:
+        raise SettingError("model", f"{model}: {file.name} is not a readable safetensors "
+                           f"file ({error})") from None
 
 
 def check_ports_free(host: str, port: int | None, zmq_address: str | None) -> None:

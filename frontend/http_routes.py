@@ -100,23 +100,24 @@ async def get_model(request: Request, name: str) -> dict[str, Any]:
 async def completions(request: Request) -> Response:
     served = _served(request)
     body = await _body(request)
-    parsed = CompletionRequest.parse(body, served.terms())
-    lora = _adapter(served, body)
-    if lora is not None:
-        parsed = replace(parsed, params=replace(parsed.params, lora=lora))
-    return await respond(request, create_completion(served.engine, parsed,
-                                                    lora or served.model))
+    parsed, model = _for_model(served, body, CompletionRequest.parse(body, served.terms()))
+    return await respond(request, create_completion(served.engine, parsed, model))
 
 
 async def chat_completions(request: Request) -> Response:
     served = _served(request)
     body = await _body(request)
-    parsed = ChatRequest.parse(body, served.terms())
+    parsed, model = _for_model(served, body, ChatRequest.parse(body, served.terms()))
+    return await respond(request, create_chat_completion(served.engine, parsed, model))
+
+
+def _for_model(served, body: dict, parsed):
+    """The parsed request for the LoRA adapter its `model` names (if any), and the model
+    name its answer carries."""
     lora = _adapter(served, body)
-    if lora is not None:
-        parsed = replace(parsed, params=replace(parsed.params, lora=lora))
-    return await respond(request, create_chat_completion(served.engine, parsed,
-                                                         lora or served.model))
+    if lora is None:
+        return parsed, served.model
+    return replace(parsed, params=replace(parsed.params, lora=lora)), lora
 
 
 async def tokenize_route(request: Request) -> dict[str, Any]:
