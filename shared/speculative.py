@@ -48,21 +48,18 @@ class SpeculativeConfig:
 def _problem(config: SpeculativeConfig) -> str | None:
     if config.method not in METHODS:
         return f"method must be one of {', '.join(METHODS)}; got {config.method!r}"
-    for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-                 "max_running", "acceptance_window", "suffix_decoding_max_tree_depth",
-                 "suffix_decoding_min_match_len"):
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return f"{name} must be an integer >= 1, got {value!r}"
+    problem = _integers_below(config, 1, (
+        "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "max_running",
+        "acceptance_window", "suffix_decoding_max_tree_depth", "suffix_decoding_min_match_len"))
+    problem = problem or _integers_below(config, 0, ("cooldown_steps",
+                                                     "suffix_decoding_max_cached_requests"))
+    if problem:
+        return problem
     if config.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
         return (f"num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}, got "
                 f"{config.num_speculative_tokens}")
     if config.prompt_lookup_min > config.prompt_lookup_max:
         return "prompt_lookup_min must be <= prompt_lookup_max"
-    for name in ("cooldown_steps", "suffix_decoding_max_cached_requests"):
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            return f"{name} must be an integer >= 0, got {value!r}"
     if config.suffix_decoding_max_cached_requests > MAX_CACHED_REQUESTS:
         return (f"suffix_decoding_max_cached_requests must be at most {MAX_CACHED_REQUESTS}"
                 f", got {config.suffix_decoding_max_cached_requests}")
@@ -107,4 +104,13 @@ def check_speculative_config(text: Any) -> str | None:
         parse_speculative_config(text)
     except (TypeError, ValueError) as error:
         return str(error).removeprefix("speculative_config ")
+    return None
+
+
+def _integers_below(config, least: int, names: tuple[str, ...]) -> str | None:
+    """The first of `names` that is not an integer >= least, said in one line."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            return f"{name} must be an integer >= {least}, got {value!r}"
     return None
