@@ -165,7 +165,7 @@ def plot(rows: list[dict], out: Path) -> None:
         ax.set_title(f"{workload} workload")
         ax.legend()
     loads = [value for r in rows for value in r["load"]]
-    fig.suptitle("Speculative decoding served (SmolLM2-135M-Instruct f32, shared 2-core VM, "
+    fig.suptitle("Speculative decoding served (SmolLM2-135M-Instruct, 2-core VM, "
                  f"load {min(loads):.1f}-{max(loads):.1f})", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
