@@ -46,7 +46,7 @@ def test_triton_backend_past_a_sliding_window(tmp_path_factory, tokenizer_dir):
     assert llm.stats()["kv_blocks_free"] == 11
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("kv_cache_dtype", ["int8"])   # float8: the kernel tests' oracle
 def test_triton_backend_on_a_quantized_cache(llama_dir, kv_cache_dtype):
     """The Triton write quantizes as the torch path does (bit for bit) and attention reads
     the blocks in place: the same greedy tokens as the torch backend on the same cache."""
