@@ -98,8 +98,7 @@ def quant_matmul_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
     in x's dtype. With int8_activations, a small batch runs kernels/cpu/quant_dot.cpp: x
     quantized per 32 values, integer dot products (q must not hold -128 then)."""
     group = q.shape[1] // scales.shape[1]
-    small = (torch.ops.folio.quant_dot_int8 if int8_activations and group % DOT_BLOCK == 0
-             else torch.ops.folio.quant_matmul_int8)
+    small = _small_operator(8, group, int8_activations)
     return _matmul(x, q.shape[0], q.shape[1],
                    lambda out, flat: small(out, flat, q, scales, group),
                    lambda out, begin, end: torch.ops.folio.dequantize_int8(out, q, scales,
@@ -111,8 +110,7 @@ def quant_matmul_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tenso
     """x [..., K] @ dequantize_int4(packed, scales, mins).T, as quant_matmul_int8."""
     k = packed.shape[1] * 2
     group = k // scales.shape[1]
-    small = (torch.ops.folio.quant_dot_int4 if int8_activations
-             else torch.ops.folio.quant_matmul_int4)
+    small = _small_operator(4, group, int8_activations)
     return _matmul(x, packed.shape[0], k,
                    lambda out, flat: small(out, flat, packed, scales, mins, group),
                    lambda out, begin, end: torch.ops.folio.dequantize_int4(
@@ -123,12 +121,18 @@ def small_batch_operator(weight, int8_activations: bool):
     """`call(out, x)` running the operator that quant_matmul_int8/int4 pick for a batch of
     at most SMALL_BATCH float32 rows on `weight` (a QuantizedWeight), bound once."""
     group = weight.group
+    op = _small_operator(weight.bits, group, int8_activations)
     if weight.bits == 8:
-        op = (torch.ops.folio.quant_dot_int8 if int8_activations and group % DOT_BLOCK == 0
-              else torch.ops.folio.quant_matmul_int8)
         return lambda out, x: op(out, x, weight.data, weight.scales, group)
-    op = torch.ops.folio.quant_dot_int4 if int8_activations else torch.ops.folio.quant_matmul_int4
     return lambda out, x: op(out, x, weight.data, weight.scales, weight.mins, group)
+
+
+def _small_operator(bits: int, group: int, int8_activations: bool):
+    """The operator for at most SMALL_BATCH rows: int8 activations (quant_dot.cpp) where
+    asked and the groups are whole blocks of 32, else float activations (quant_matmul.cpp)."""
+    if int8_activations and group % DOT_BLOCK == 0:
+        return torch.ops.folio.quant_dot_int8 if bits == 8 else torch.ops.folio.quant_dot_int4
+    return torch.ops.folio.quant_matmul_int8 if bits == 8 else torch.ops.folio.quant_matmul_int4
 
 
 def _matmul(x: torch.Tensor, n: int, k: int, kernel, dequantize) -> torch.Tensor:
