@@ -24,14 +24,17 @@ WORKDIR /opt/folio
 COPY constraints.txt ./
 RUN grep -E '^torch==' constraints.txt > torch-pin.txt \
     && pip install --index-url "${TORCH_INDEX_URL}" -r torch-pin.txt
-COPY pyproject.toml README.md ./
-COPY folio ./folio
-COPY frontend ./frontend
-COPY scheduler ./scheduler
-COPY executor ./executor
-COPY kernels ./kernels
-COPY shared ./shared
-RUN pip install -c constraints.txt . && folio --help > /dev/null
+# The source is built from a folder of its own and removed: a step run where a source tree
+# lies would import that tree's bare `folio/` folder, not the installed package.
+COPY pyproject.toml README.md /tmp/folio-src/
+COPY folio /tmp/folio-src/folio
+COPY frontend /tmp/folio-src/frontend
+COPY scheduler /tmp/folio-src/scheduler
+COPY executor /tmp/folio-src/executor
+COPY kernels /tmp/folio-src/kernels
+COPY shared /tmp/folio-src/shared
+RUN pip install -c constraints.txt /tmp/folio-src && rm -rf /tmp/folio-src \
+    && folio --help > /dev/null
 # The C++ CPU attention operator, built portable (the image may run on another CPU); the
 # compiler is removed again in the same layer.
 ENV FOLIO_CPU_OPS_DIR=/opt/folio/cpu-ops
@@ -54,16 +57,19 @@ ENV PYTHONUNBUFFERED=1 \
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin folio \
     && install -d -o folio -g folio -m 0700 /keys
 WORKDIR /opt/folio
-COPY pyproject.toml README.md ./
-COPY folio ./folio
-COPY frontend ./frontend
-COPY scheduler ./scheduler
-COPY executor ./executor
-COPY kernels ./kernels
-COPY shared ./shared
+# The source is built from a folder of its own and removed: a step run where a source tree
+# lies would import that tree's bare `folio/` folder, not the installed package.
+COPY pyproject.toml README.md /tmp/folio-src/
+COPY folio /tmp/folio-src/folio
+COPY frontend /tmp/folio-src/frontend
+COPY scheduler /tmp/folio-src/scheduler
+COPY executor /tmp/folio-src/executor
+COPY kernels /tmp/folio-src/kernels
+COPY shared /tmp/folio-src/shared
 # No constraints file here: pip keeps the base image's torch (and triton) when they satisfy
 # pyproject.toml, instead of replacing them with the CPU pins.
-RUN pip install . && python -c "import torch; print('torch', torch.__version__)" \
+RUN pip install /tmp/folio-src && rm -rf /tmp/folio-src \
+    && python -c "import torch; print('torch', torch.__version__)" \
     && folio --help > /dev/null
 # The CPU attention operator too, if the base image has a compiler (only --device cpu uses it).
 ENV FOLIO_CPU_OPS_DIR=/opt/folio/cpu-ops

@@ -45,8 +45,7 @@ import httpx
 from folio import SamplingParams
 from folio.client import AsyncClient, Client
 from folio.errors import FolioError
-from folio.shared import messages as m
-
+from folio.shared.protocol import messages as m
 ROOT = Path(__file__).resolve().parent.parent
 GREEDY = dict(temperature=0, ignore_eos=True)
 NUM_KV_BLOCKS = 256

@@ -195,7 +195,7 @@ class SdkDriver:
         import zmq
         import zmq.asyncio
 
-        from folio.shared import messages as m
+        from folio.shared.protocol import messages as m
         from folio.shared.security import load_keys, make_client
         from folio.shared.transport import configure
 

@@ -26,10 +26,10 @@ def per_adapter(x, out, pairs, groups):
 
 
 def folio_step(pairs, groups):
-    """Folio's form (executor/lora_layers.py add_lora): the adapters' rows gathered once in
+    """Folio's form (executor/lora/layers.py add_lora): the adapters' rows gathered once in
     adapter order, one pair of GEMMs per adapter on its slice, one scatter-add."""
-    from folio.executor.lora_adapter import LoraWeights
-    from folio.executor.lora_layers import LoraStep
+    from folio.executor.lora.adapter import LoraWeights
+    from folio.executor.lora.layers import LoraStep
 
     step = LoraStep()
     step.rows = torch.cat(groups)
@@ -60,7 +60,7 @@ def _time(fn, repeat: int) -> float:
 
 
 def kernel(args) -> None:
-    from folio.executor.lora_layers import add_lora
+    from folio.executor.lora.layers import add_lora
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

@@ -39,7 +39,7 @@ import zmq  # noqa: E402
 from bench.serve_process import stop  # noqa: E402
 from folio import SamplingParams  # noqa: E402
 from folio.client import Client  # noqa: E402
-from folio.shared import messages as m  # noqa: E402
+from folio.shared.protocol import messages as m  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0, ignore_eos=True, max_tokens=4)
 

@@ -50,9 +50,9 @@ def arrivals(num: int, rate: float, seed: int) -> list[float]:
 
 
 def predicted(cost: Path, times: list[float], input_len: int, output_len: int) -> dict:
-    from folio.plan_cost import load_cost
-    from folio.plan_replay import predict
-    from folio.sim_inputs import TraceRequest
+    from folio.planner.cost import load_cost
+    from folio.planner.replay import predict
+    from folio.planner.simulator.inputs import TraceRequest
 
     trace = [TraceRequest(t, input_len, output_len) for t in times]
     return predict(trace, load_cost(cost)).summary

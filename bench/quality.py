@@ -6,7 +6,7 @@
 A path is `float32`, `bfloat16`, `int8`, `int4` (the --model-dir checkpoint loaded that way,
 --quantization for the last two; `int8:float` with float activations everywhere, `int8:a8-all`
 with int8 activations on every row, prompts included; the same for int4), a `.gguf` file (loaded with --dtype float32: its
-Q8_0/Q4_0/Q4_1/Q4_K linears kept quantized, executor/gguf_quantized.py, the rest
+Q8_0/Q4_0/Q4_1/Q4_K linears kept quantized, executor/quantization/gguf/quantized.py, the rest
 dequantized) or `kv:TYPE` (float32 weights, the KV cache stored as --kv-cache-dtype TYPE:
 bfloat16, int8, fp8_e4m3, fp8_e5m2). Each path runs in a fresh process (offline
 `folio.LLM`, CPU) and is scored on a fixed English text that ships with Python (the pydoc

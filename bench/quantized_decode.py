@@ -58,7 +58,7 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     from folio import LLM, SamplingParams
-    from folio.executor.weight_only_linear import WeightOnlyLinear
+    from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 
     llm = LLM(args.model_dir, skip_tokenizer_init=True, dtype="float32", device="cpu",
               quantization=args.worker, num_kv_blocks=args.num_kv_blocks,

@@ -51,13 +51,13 @@ sys.path.insert(0, str(ROOT))
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
-from folio.shared import messages as m  # noqa: E402
+from folio.shared.protocol import messages as m  # noqa: E402
 from folio.shared.config import ExecutorCapacity  # noqa: E402
 from folio.shared.sampling_params import SamplingParams  # noqa: E402
-from folio.shared.step import StepPlan, StepResult  # noqa: E402
+from folio.shared.protocol.step import StepPlan, StepResult  # noqa: E402
 from folio.shared.transport import (UP_EVENTS, configure, ipc_address, make_run_dir,  # noqa: E402
                               monitor_socket, read_monitor_event, send_heartbeats)
-from folio.shared.wire import ProtocolError  # noqa: E402
+from folio.shared.protocol.wire import ProtocolError  # noqa: E402
 
 PROMPT_LEN = 16
 BLOCK_SIZE = 16
@@ -509,7 +509,7 @@ def breakdown(num_requests: int, steps: int = 300) -> dict[str, float]:
     """
     from folio.scheduler.scheduler import Scheduler
     from folio.shared.config import SchedulerConfig
-    from folio.shared.wire import Body, unpack
+    from folio.shared.protocol.wire import Body, unpack
 
     scheduler = Scheduler(SchedulerConfig(
         num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=max(256, num_requests),

@@ -8,28 +8,26 @@ import time
 import torch
 
 from folio.executor.block_mover import BlockMover, measure_swap_bytes_per_s
-from folio.executor.gguf_file import is_gguf
-from folio.executor.gguf_quantized import keep_gguf_quantized
-from folio.executor.prequantized import keep_prequantized
-from folio.executor.grammar import GrammarMasks
+from folio.executor.structured_output import GrammarMasks
 from folio.executor.input_batch import InputBatch
 from folio.executor.cpu_threads import apply_cpu_threads
 from folio.executor.kv_cache import allocate_kv_cache, allocate_swap_pool, bytes_per_block
 from folio.kernels.kv_quant import kv_storage_dtype
-from folio.executor.linear import PackedLinear, pack_linears
+from folio.executor.linear import PackedLinear
 from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
-from folio.executor.weight_only_linear import WeightOnlyLinear
+from folio.executor.quantization.weight_formats import apply_weight_format
+from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from folio.kernels import cpu_attention
 from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.models.longrope import recompute_crossing
 from folio.executor.ops import select_ops
 from folio.executor.sampler import Sampler, score_tokens
-from folio.executor.speculation import new_speculator
+from folio.executor.spec_decode.speculator import new_speculator
 from folio.executor.thread_governor import ThreadGovernor
 from folio.shared.config import EngineConfig, ExecutorCapacity
-from folio.shared.step import StepPlan, StepResult
+from folio.shared.protocol.step import StepPlan, StepResult
 
 log = logging.getLogger("folio.executor")
 
@@ -76,7 +74,7 @@ def cpu_multiplies_bfloat16() -> bool:
 
 class Executor:
     def __init__(self, config: EngineConfig, tp=None) -> None:
-        """`tp`: this process's rank of a tensor-parallel group (executor/parallel.py); it
+        """`tp`: this process's rank of a tensor-parallel group (executor/parallel/sharding.py); it
         builds and caches its share of the model, and every count of blocks is the
         smallest rank's."""
         if config.tensor_parallel_size > 1 and tp is None:
@@ -99,30 +97,10 @@ class Executor:
         self.ops = select_ops(config.attention_backend, self.device)
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
                                 self.device, self.max_model_len, tp)
-        self.num_params = sum(p.numel() for p in self.model.parameters())
-        int8_activations = config.quantized_activations == "int8"
-        if self.model_config.prequantized is not None:
-            if self.device.type != "cpu" or tp is not None:
-                raise ValueError("a pre-quantized checkpoint runs on the CPU executor only, "
-                                 "on one rank")
-            keep_prequantized(self.model, config.model, self.model_config.prequantized,
-                              ARCHITECTURES[self.model_config.architecture].weights,
-                              cpu_attention.load().ok, int8_activations)
-            # the cost model counts every weight, the quantized ones too
-            self.num_params += sum(m.in_features * m.out_features
-                                   for m in self.model.modules()
-                                   if isinstance(m, WeightOnlyLinear))
-            if config.quantization != "none":
-                log.info("--quantization %s: only the layers the pre-quantized checkpoint "
-                         "holds in float are quantized", config.quantization)
-        elif is_gguf(config.model) and self.device.type == "cpu" and tp is None:
-            keep_gguf_quantized(self.model, config.model,
-                                ARCHITECTURES[self.model_config.architecture].weights,
-                                cpu_attention.load().ok, self.model_config.tie_word_embeddings,
-                                int8_activations)
-        self.linear_backend = pack_linears(self.model, self.device, self.dtype,
-                                           config.linear_backend, config.quantization,
-                                           int8_activations)
+        weights = apply_weight_format(self.model, config, self.model_config, self.device,
+                                      self.dtype, tp)
+        self.num_params = weights.num_params
+        self.linear_backend = weights.linear_backend
         self.lora = self._new_lora_registry()
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
         if (self.ops.name == "triton" and self.kv_dtype.is_floating_point
@@ -220,7 +198,7 @@ class Executor:
                 if self.lora is not None:
                     self.lora.end_step()
             masks = pending_masks.result() if pending_masks is not None else None
-            if inputs.sampled and drafts:   # several rows per request (speculation.py)
+            if inputs.sampled and drafts:   # several rows per request (spec_decode/speculator.py)
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
                 pairs = self.speculator.finish_step(
                     self.sampler, self.batch, inputs, logits, masks,
@@ -266,7 +244,7 @@ class Executor:
         if getattr(self.model, "longrope_original", None) is not None:
             raise ValueError("enable_lora: not with a longrope model, whose cached part is "
                              "recomputed in place without the adapters")
-        from folio.executor.lora_registry import LoraRegistry
+        from folio.executor.lora.registry import LoraRegistry
 
         registry = LoraRegistry(self.model, self.model_config,
                                 ARCHITECTURES[self.model_config.architecture].weights,

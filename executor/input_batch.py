@@ -18,7 +18,7 @@ import torch
 
 from folio.executor.ops import AttentionInputs
 from folio.shared.sampling_params import SamplingParams
-from folio.shared.step import StepPlan
+from folio.shared.protocol.step import StepPlan
 
 
 class CachedRequest:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from folio.executor.models.moe import SparseMoe
-from folio.executor.weight_only_linear import WeightOnlyLinear
+from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from folio.kernels import cpu_quant
 from folio.kernels.onednn_packing import onednn_packs
 

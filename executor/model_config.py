@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from folio.executor.prequant_config import PrequantScheme
+from folio.executor.quantization.prequantized_config import PrequantScheme
 
 
 @dataclass(frozen=True)

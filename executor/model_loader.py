@@ -1,6 +1,6 @@
 """Builds Folio's model from a Hugging Face checkpoint directory or a GGUF file (its tensors
-renamed and dequantized by executor/gguf_weights.py). A pre-quantized checkpoint's quantized
-layers are left without a weight here: executor/prequantized.py swaps in quantized ones."""
+renamed and dequantized by executor/quantization/gguf/weights.py). A pre-quantized checkpoint's quantized
+layers are left without a weight here: executor/quantization/prequantized.py swaps in quantized ones."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.decoder import CausalLM
 from folio.executor.models.describe import describe
 from folio.executor.ops import KernelOps
-from folio.executor.prequantized import leave_unallocated, quantized_module, quantized_params
+from folio.executor.quantization.prequantized import leave_unallocated, quantized_module, quantized_params
 from folio.executor.weights import iterate_weights
 
 log = logging.getLogger("folio.executor")
@@ -23,7 +23,7 @@ log = logging.getLogger("folio.executor")
 
 def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype: torch.dtype,
                device: torch.device, max_positions: int, tp=None) -> nn.Module:
-    """`tp` (executor/parallel.py's TensorParallel): `config` is this rank's share, and
+    """`tp` (executor/parallel/sharding.py's TensorParallel): `config` is this rank's share, and
     each tensor is sliced to this rank's part as it streams in. With config.prequantized,
     the layers the file holds quantized get no float weight and their tensors are skipped."""
     weight_names = ARCHITECTURES[config.architecture].weights
@@ -40,7 +40,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
     for name, tensor in iterate_weights(model_dir):
         if config.prequantized is not None and quantized_module(name, tensor,
                                                                 config.prequantized):
-            continue   # executor/prequantized.py reads it
+            continue   # executor/quantization/prequantized.py reads it
         target = weight_names.target(name)
         if target is None:
             continue

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from folio.executor.grammar import apply_masks
+from folio.executor.structured_output import apply_masks
 from folio.executor.input_batch import CachedRequest
 
 _MIX_A = 6364136223846793005
@@ -68,7 +68,7 @@ class Sampler:
     def sample(self, logits: torch.Tensor, requests: list[CachedRequest],
                masks: tuple[list[int], torch.Tensor] | None = None) -> SampledBatch:
         """`masks`: (rows, int32 bitmask) of the rows a grammar constrains
-        (executor/grammar.py); applied first, to those rows only."""
+        (executor/structured_output.py); applied first, to those rows only."""
         raw = logits
         logits = self.processed(logits, requests, masks)
         best, tokens = logits.max(dim=-1)   # max, not argmax: a NaN row shows in `best`
@@ -157,7 +157,7 @@ class Sampler:
         cdf = probs.float().cumsum(dim=-1)
         total = cdf[:, -1]
         bad = ~(torch.isfinite(total) & (total > 0))
-        return _inverse_cdf(probs, self._uniforms(requests, logits.device), cdf), bad
+        return inverse_cdf(probs, self._uniforms(requests, logits.device), cdf), bad
 
     def _uniforms(self, requests: list[CachedRequest], device: torch.device) -> torch.Tensor:
         """One U[0, 1) per row: the batch generator's, or for a seeded request one from
@@ -240,7 +240,7 @@ def _apply_penalties(logits: torch.Tensor, requests: list[CachedRequest]) -> tor
     return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
 
 
-def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor,
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor,
                  cdf: torch.Tensor | None = None) -> torch.Tensor:
     """Token i with probability probs[i]: the first whose cumulative mass passes u * total.
     One pass over the vocabulary and one random number per row; drawing Exp(1) noise for

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import zmq
 
 from folio.executor.executor import Executor
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import EngineConfig
 from folio.shared.security import EXECUTOR, load_keys, make_peer
 from folio.shared.transport import (UP_EVENTS, Relink, configure, monitor_socket,
                               read_monitor_event, send_heartbeats)
-from folio.shared.wire import ProtocolError
+from folio.shared.protocol.wire import ProtocolError
 
 log = logging.getLogger("folio.executor")
 
@@ -42,10 +42,10 @@ class ExecutorService:
         self.config = config
         self.keys = load_keys(config.curve_keys, peer=EXECUTOR) \
             if config.curve_keys else None   # fail fast
-        # Tensor parallelism: this process is rank 0 and starts the others (tp_group.py).
+        # Tensor parallelism: this process is rank 0 and starts the others (executor/parallel/group.py).
         self.ranks = None
         if config.engine.tensor_parallel_size > 1:
-            from folio.executor.tp_group import RankGroup
+            from folio.executor.parallel.group import RankGroup
 
             self.ranks = RankGroup(config.engine, config.curve_keys)
         try:

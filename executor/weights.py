@@ -1,5 +1,5 @@
 """Reads tensors from a checkpoint directory (one model.safetensors or a sharded index) or a
-GGUF file (executor/gguf_weights.py)."""
+GGUF file (executor/quantization/gguf/weights.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from folio.executor.gguf_file import is_gguf
-from folio.executor.gguf_weights import iterate_gguf_weights
+from folio.executor.quantization.gguf.file import is_gguf
+from folio.executor.quantization.gguf.weights import iterate_gguf_weights
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from folio.default_model import resolve_model
-from folio.executor.gguf_file import is_directory_or_gguf
+from folio.executor.quantization.gguf.file import is_directory_or_gguf
 from folio.flags import config_of, config_values
 from folio.preflight import check_engine, check_ports_free
 from folio.scheduler.service import SchedulerServiceConfig
-from folio.settings import (SERVE_SCHEDULER_SKIP, ExecutorLinks, KeysSettings,
+from folio.command_settings import (SERVE_SCHEDULER_SKIP, ExecutorLinks, KeysSettings,
                             ProbeSettings, ServeSettings)
 from folio.shared.config import EngineConfig, SettingError, policy_values
 from folio.shared.kv_events_config import parse_kv_events_config
@@ -99,7 +99,7 @@ def check_serve(args: argparse.Namespace) -> ServePlan:
 def check_lora_names(engine: EngineConfig, http: HttpSettings) -> None:
     """An adapter is chosen by the request's model field: no adapter may take a name the
     base model answers to (docs/lora.md)."""
-    from folio.frontend.openai_protocol import served_names
+    from folio.frontend.openai.field_parsers import served_names
 
     if http.enable_lora_runtime_updates and not engine.enable_lora:
         raise SettingError("enable_lora_runtime_updates", "needs --enable-lora")
@@ -194,13 +194,13 @@ def check_probe(args: argparse.Namespace) -> ProbePlan:
 
 
 def check_simulate(args: argparse.Namespace):
-    from folio.sim_report import SimulateSettings
+    from folio.planner.simulator.command import SimulateSettings
 
     return config_of(SimulateSettings, args)
 
 
 def check_plan(args: argparse.Namespace):
-    from folio.plan_report import PlanSettings
+    from folio.planner.command import PlanSettings
 
     return config_of(PlanSettings, args)
 

@@ -1,6 +1,6 @@
 """The `folio` command: serve (all three processes), or one role on its own.
 
-Every flag is generated from a declared setting (folio/settings.py lists each command's),
+Every flag is generated from a declared setting (folio/command_settings.py lists each command's),
 and may also come from the environment as FOLIO_<FLAG> (dashes as underscores, e.g.
 FOLIO_CURVE_KEYS for --curve-keys); a flag on the command line wins, an empty variable
 counts as unset. Every check across settings runs before the command starts anything
@@ -16,7 +16,7 @@ from typing import Any
 
 from folio.checks import CHECKS, ExecutorPlan, ProbePlan
 from folio.flags import FolioParser, add_config_args
-from folio.settings import COMMANDS, MAIN
+from folio.command_settings import COMMANDS, MAIN
 from folio.shared.config import SettingError
 
 
@@ -98,11 +98,11 @@ def run_role(role: str, checked: Any) -> int:
         print(f"keys in {checked.curve_keys}" + ("" if written else " (kept)"))
         return 0
     if role == "simulate":
-        from folio.sim_report import run_simulate
+        from folio.planner.simulator.command import run_simulate
 
         return run_simulate(checked)
     if role == "plan":
-        from folio.plan_report import run_plan
+        from folio.planner.command import run_plan
 
         return run_plan(checked)
     if role == "probe":
@@ -131,7 +131,7 @@ def _executor(plan: ExecutorPlan) -> int:
     from folio.executor.service import ExecutorService, ExecutorServiceConfig
 
     if plan.headless:   # this node's tensor-parallel ranks only
-        from folio.executor.tp_headless import run_headless
+        from folio.executor.parallel.headless import run_headless
 
         return run_headless(plan.engine, plan.curve_keys)
     try:

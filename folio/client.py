@@ -26,12 +26,12 @@ import zmq.asyncio
 
 from folio.errors import (EngineDead, FolioError, RequestRejected, RequestTimeout,
                           ServerUnreachable, error_from_code)
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.outputs import Logprob
 from folio.shared.sampling_params import SamplingParams
 from folio.shared.security import as_key, load_keys, make_client
 from folio.shared.transport import DOWN_EVENTS, UP_EVENTS, Relink, configure, next_monitor_event
-from folio.shared.wire import MAX_MESSAGE_BYTES, Body, ProtocolError
+from folio.shared.protocol.wire import MAX_MESSAGE_BYTES, Body, ProtocolError
 
 Prompt = str | list[int]
 Key = str | bytes

@@ -2,7 +2,7 @@
 `Scheduler.plan_for_executor`, as in the scheduler process).
 
 With tensor_parallel_size N this process is rank 0: it starts ranks 1..N-1 on this host
-(executor/tp_group.py, as `folio executor` does) and hands each plan to them, encoded as the
+(executor/parallel/group.py, as `folio executor` does) and hands each plan to them, encoded as the
 scheduler process would send it, before running it itself."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import weakref
 
 from folio.executor.executor import Executor
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.scheduler.scheduler import Scheduler
 from folio.shared.config import EngineConfig, SchedulerConfig
 from folio.shared.outputs import EngineOutput, StepOutputs
@@ -23,7 +23,7 @@ class InProcessEngine:
         self.config = config
         self.ranks = None
         if config.tensor_parallel_size > 1:
-            from folio.executor.tp_group import RankGroup
+            from folio.executor.parallel.group import RankGroup
 
             if config.nnodes > 1:
                 raise ValueError("nnodes > 1 runs in `folio serve` and `folio executor "

@@ -1,6 +1,6 @@
 """Typed errors the SDK raises, each with a message a user can act on."""
 
-from folio.shared.codes import RefusalCode
+from folio.shared.protocol.codes import RefusalCode
 
 
 class FolioError(Exception):

@@ -12,9 +12,9 @@ import os
 import socket
 from pathlib import Path
 
-from folio.executor.gguf_file import is_directory_or_gguf, is_gguf
+from folio.executor.quantization.gguf.file import is_directory_or_gguf, is_gguf
 from folio.executor.model_config import ModelConfig
-from folio.executor.quant_groups import prequantized_problem, quantization_problem
+from folio.executor.quantization.groups import prequantized_problem, quantization_problem
 from folio.executor.models.hf_config import read_model_config
 from folio.placement import executor_runs_on_cpu
 from folio.shared.config import EngineConfig, ExecutorCapacity, SchedulerConfig, SettingError
@@ -57,7 +57,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
     """Everything about `config` that can be known without loading weights."""
     model_config = check_model_dir(config.model)
     if config.tensor_parallel_size > 1:   # heads and MLP must split evenly across the ranks
-        from folio.executor.tp_rules import check_shardable
+        from folio.executor.parallel.rules import check_shardable
 
         try:
             check_shardable(model_config, config.tensor_parallel_size)
@@ -91,7 +91,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
 
 
 def _check_prequantized(config: EngineConfig, model_config: ModelConfig) -> None:
-    """A pre-quantized checkpoint (executor/prequant_config.py) whose layout maps onto Folio's
+    """A pre-quantized checkpoint (executor/quantization/prequantized_config.py) whose layout maps onto Folio's
     quantized weights; --quantization then only quantizes the layers it holds in float."""
     scheme = model_config.prequantized
     if scheme is None:
@@ -127,7 +127,7 @@ def _check_trivial_g_idx(model: str, group: int | None) -> None:
 
 def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
     """LoRA's settings, and every start-time adapter read against the model (its files'
-    headers, not its weights; executor/lora_files.py)."""
+    headers, not its weights; executor/lora/files.py)."""
     if not config.enable_lora:
         if config.lora_modules:
             raise SettingError("lora_modules", "needs --enable-lora")
@@ -143,7 +143,7 @@ def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
     if len(config.lora_modules) > config.lora_capacity:
         raise SettingError("lora_modules", f"gives {len(config.lora_modules)} adapters, more "
                            f"than max_cpu_loras ({config.lora_capacity})")
-    from folio.executor.lora_files import LoraError, plan_adapter
+    from folio.executor.lora.files import LoraError, plan_adapter
     from folio.executor.models.architectures import ARCHITECTURES
 
     names = ARCHITECTURES[model_config.architecture].weights

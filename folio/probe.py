@@ -13,10 +13,10 @@ import urllib.request
 
 import zmq
 
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.security import FRONTEND, load_keys, make_peer
 from folio.shared.transport import configure
-from folio.shared.wire import ProtocolError
+from folio.shared.protocol.wire import ProtocolError
 
 
 def probe(role: str, address: str, timeout: float, curve_keys: str | None) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from folio.checks import ServePlan
 from folio.flags import config_flags
-from folio.frontend.openai_protocol import served_names
+from folio.frontend.openai.field_parsers import served_names
 from folio.placement import executor_runs_on_cpu, pin, plan_placement
 from folio.shared.cpus import usable_cores
 from folio.shared.transport import ipc_address, make_run_dir

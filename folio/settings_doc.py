@@ -17,7 +17,7 @@ from pathlib import Path
 
 from folio.cli import build_parser, command_parser
 from folio.flags import default_text
-from folio.settings import COMMANDS, ENVIRONMENT_ONLY
+from folio.command_settings import COMMANDS, ENVIRONMENT_ONLY
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -42,7 +42,7 @@ Every setting of every `folio` command, generated from the settings' declaration
 declared once, with its default, help sentence and check, beside the code that uses it:
 the engine's in `shared/config.py`, the scheduler process's in `scheduler/service.py`, the
 transport, shutdown, client-limit and HTTP settings in `shared/service_settings.py`, and
-those only the command line has in `folio/settings.py`.
+those only the command line has in `folio/command_settings.py`.
 
 Every flag can also come from the environment as the variable shown (`FOLIO_<FLAG>`, the
 flag's name in capitals with dashes as underscores); a flag on the command line wins, an

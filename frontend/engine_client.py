@@ -1,5 +1,5 @@
 """The frontend's link to the scheduler, shared by every gateway (ZeroMQ SDK, HTTP); it
-implements frontend/engine_protocol.py's `Engine` (as the data-parallel replicas do).
+implements frontend/engine_api.py's `Engine` (as the data-parallel replicas do).
 
 A gateway submits token ids with sampling parameters and a sink; the engine client turns
 the scheduler's per-step token ids into text (stop strings included) through the output
@@ -21,22 +21,22 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from folio.frontend.engine_protocol import FinalResult, SampleResult, Sink
+from folio.frontend.engine_api import FinalResult, SampleResult, Sink
 from folio.frontend.liveness import SchedulerHeartbeat
 from folio.frontend.output_loop import OutputEvents, OutputLoop
 from folio.frontend.output_processor import RequestState, SampleState, wire_logprob
-from folio.frontend.grammar_admission import GrammarAdmission
+from folio.frontend.structured_output_admission import GrammarAdmission
 from folio.frontend.prep import Preparer
 from folio.frontend.input_processor import InputProcessor, ModelFacts
 from folio.frontend.stop_strings import StopStrings
-from folio.shared import messages as m
-from folio.shared.codes import RefusalCode
+from folio.shared.protocol import messages as m
+from folio.shared.protocol.codes import RefusalCode
 from folio.shared.outputs import child_request_id
 from folio.shared.sampling_params import SamplingParams
 from folio.shared.security import CurveKeys, make_peer
 from folio.shared.transport import (DOWN_EVENTS, UP_EVENTS, Relink, configure, monitor_socket,
                               next_monitor_event, send_now)
-from folio.shared.wire import ProtocolError
+from folio.shared.protocol.wire import ProtocolError
 
 log = logging.getLogger("folio.frontend")
 

@@ -1,7 +1,7 @@
 """The one input processor: what a client sent (text, token ids or chat messages) and its
 sampling parameters, checked against the model and the limits, before a request is queued.
 
-Used by the HTTP API (frontend/openai_api.py), the SDK gateway (frontend/zmq_gateway.py)
+Used by the HTTP API (frontend/openai/completions.py), the SDK gateway (frontend/zmq_gateway.py)
 and the offline API (folio/llm.py), so a bad prompt is refused with the same words whichever
 door it came through. The wording of "does not fit" and "outside the vocabulary" is
 shared/request_limits.py's, which the scheduler uses for its own check too (it does not

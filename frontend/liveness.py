@@ -14,7 +14,7 @@ import time
 
 import zmq
 
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.security import CurveKeys, make_peer
 from folio.shared.transport import configure
 

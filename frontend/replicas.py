@@ -1,5 +1,5 @@
 """Data-parallel replicas behind one frontend: one engine client per replica's scheduler,
-seen by the gateways as one engine (frontend/engine_protocol.py's `Engine`).
+seen by the gateways as one engine (frontend/engine_api.py's `Engine`).
 
 Each request goes to one replica (frontend/routing.py: its prompt's prefix, else the least
 loaded); its outputs, abort and failure stay with that replica's client, so a replica that
@@ -18,7 +18,7 @@ from typing import Any
 import zmq.asyncio
 
 from folio.frontend.engine_client import EngineClient
-from folio.frontend.engine_protocol import Sink
+from folio.frontend.engine_api import Sink
 from folio.frontend.input_processor import ModelFacts
 from folio.frontend.routing import PrefixRouter, ReplicaLoad, RoutingConfig
 from folio.frontend.stop_strings import StopStrings

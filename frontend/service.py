@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import zmq.asyncio
 
 from folio.frontend.engine_client import EngineClient
-from folio.frontend.engine_protocol import Engine
+from folio.frontend.engine_api import Engine
 from folio.shared.hf_tokenizer import load_tokenizer
 from folio.frontend.zmq_gateway import ClientLimits, ZmqGateway
 from folio.shared.service_settings import (ClientLimitSettings, FrontendLinks, HttpSettings,
@@ -83,7 +83,7 @@ class FrontendService:
                  self.config.client_address)
         tasks = [asyncio.create_task(c) for c in [*self.engine.tasks(), self.gateway.serve()]]
         if self.config.port is not None:
-            from folio.frontend.http_server import serve_http
+            from folio.frontend.http.server import serve_http
 
             tasks.append(asyncio.create_task(
                 serve_http(self.engine, self.config, self.http_stop)))

@@ -23,14 +23,14 @@ import zmq
 import zmq.asyncio
 
 from folio.frontend.client_cutoff import CutOffClients, GoneClients
-from folio.frontend.engine_protocol import Engine, FinalResult
+from folio.frontend.engine_api import Engine, FinalResult
 from folio.frontend.input_processor import InputError, ProcessedPrompt
-from folio.shared import messages as m
-from folio.shared.codes import FinishReason, RefusalCode
+from folio.shared.protocol import messages as m
+from folio.shared.protocol.codes import FinishReason, RefusalCode
 from folio.shared.config import MAX_REQUESTS_PER_CLIENT
 from folio.shared.security import CurveKeys, make_server
 from folio.shared.transport import check_bind_address, configure, send_now
-from folio.shared.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
+from folio.shared.protocol.wire import MAX_ID_LEN, MAX_MESSAGE_BYTES, Body, ProtocolError, unpack
 
 log = logging.getLogger("folio.frontend")
 MAX_EARLY_ABORTS = 1024   # aborts kept for requests still being prepared
@@ -286,7 +286,7 @@ class ZmqGateway:
     async def _admit_then_start(self, client: bytes, request: m.GenerateRequest,
                                 prepared: ProcessedPrompt) -> None:
         """A structured request's grammar is admitted as over HTTP: off the event loop and
-        within the grammar budget (frontend/grammar_admission.py), then it starts."""
+        within the grammar budget (frontend/structured_output_admission.py), then it starts."""
         try:
             error = await self.engine.grammars.check([request.params.structured_output])
             if (client, request.id) in self.early_aborts:   # aborted while admitted

@@ -23,9 +23,11 @@ import importlib.util
 import os
 from typing import Any
 
-from folio.kernels.reference import (paged_attention_ref, reshape_and_cache_ref, rms_norm_ref,
-                               rotary_ref)
-
+# Every name loads on first use, and this file imports nothing of Folio's: run from the
+# repository root, another program that imports a `kernels` (Hugging Face's, say) finds this
+# folder first, and it must import cleanly there and refuse names it lacks (ImportError).
+_REFERENCE_EXPORTS = ("paged_attention_ref", "reshape_and_cache_ref", "rms_norm_ref",
+                      "rotary_ref")
 _TRITON_EXPORTS = {
     "reshape_and_cache": "folio.kernels.triton_cache",
     "paged_attention": "folio.kernels.triton_attention",
@@ -61,7 +63,8 @@ def triton_available(device: Any = "cuda") -> bool:
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _TRITON_EXPORTS.get(name)
+    module_name = ("folio.kernels.reference" if name in _REFERENCE_EXPORTS
+                   else _TRITON_EXPORTS.get(name))
     if module_name is None:
         raise AttributeError(f"module 'kernels' has no attribute {name!r}")
     value = getattr(importlib.import_module(module_name), name)
@@ -70,4 +73,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_TRITON_EXPORTS))
+    return sorted(set(globals()) | set(_REFERENCE_EXPORTS) | set(_TRITON_EXPORTS))

@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from folio.scheduler.request import Request
-from folio.shared.codes import RefusalCode
+from folio.shared.protocol.codes import RefusalCode
 
 
 @dataclass(frozen=True)

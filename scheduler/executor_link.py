@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import ExecutorCapacity
 
 PROBE_WINDOW_S = 0.5   # after a disconnect on the executor socket, probe the executor this long

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import zmq
 
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.outputs import EngineOutput, StepOutputs
 
 log = logging.getLogger("folio.scheduler")

@@ -63,7 +63,7 @@ class Request:
         self.stop_length_at = 0
         self.stop_ids: frozenset[int] = frozenset()
         self.stop_num_tokens = 0   # prompt_len + stop_length_at: num_tokens at that limit
-        # Speculative decoding (scheduler/speculation.py): the draft cap of each step in
+        # Speculative decoding (scheduler/spec_decode.py): the draft cap of each step in
         # flight by step id, and their sum (positions past the verified ones those steps
         # may write); drafts proposed and accepted since the policy last judged, and the
         # step before which it proposes none; over its life, the steps that carried drafts

@@ -53,14 +53,14 @@ from folio.scheduler.kv_manager import KVCacheManager
 from folio.scheduler.kv_map import build_kv_map
 from folio.scheduler.preemption import should_swap
 from folio.scheduler.request import Request, RequestStatus
-from folio.scheduler.speculation import DraftPlanner
+from folio.scheduler.spec_decode import DraftPlanner
 from folio.scheduler.stop import finish_reason_after_token, stop_triggers
 from folio.shared.config import SchedulerConfig
 from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
 from folio.shared.prefix_hash import adapter_seed
 from folio.shared.request_limits import ids_problem, length_problem
 from folio.shared.sampling_params import SamplingParams, check_against_model
-from folio.shared.step import NewRequest, StepPlan, StepResult
+from folio.shared.protocol.step import NewRequest, StepPlan, StepResult
 
 
 @dataclass(slots=True)
@@ -95,7 +95,7 @@ class Scheduler:
         self.counters = dict.fromkeys((
             "preemptions_recompute", "preemptions_swap", "prefix_cache_queries",
             "prefix_cache_hits", "num_finished", "forks"), 0)
-        # Speculative decoding (scheduler/speculation.py); None: off. Not for sliding-window
+        # Speculative decoding (scheduler/spec_decode.py); None: off. Not for sliding-window
         # models (the window's block accounting counts verified tokens only).
         speculative = config.speculative
         self.drafts = DraftPlanner(speculative) \

@@ -34,10 +34,10 @@ from folio.scheduler.reply_cache import CachedReply
 from folio.scheduler.request_failure import fail_requests
 from folio.scheduler.scheduler import Scheduler
 from folio.scheduler.shutdown import ShutdownDrain
-from folio.scheduler.speculation import SpecLog
+from folio.scheduler.spec_decode import SpecLog
 from folio.scheduler.steps_in_flight import StepsInFlight
-from folio.shared import messages as m
-from folio.shared.codes import RefusalCode
+from folio.shared.protocol import messages as m
+from folio.shared.protocol.codes import RefusalCode
 from folio.shared.config import ExecutorCapacity, SchedulerConfig, SchedulingPolicy
 from folio.shared.kv_events_config import kv_events_problem, parse_kv_events_config
 from folio.shared.security import (EXECUTOR, FRONTEND, load_keys, make_server,
@@ -46,7 +46,7 @@ from folio.shared.service_settings import ShutdownSettings, TransportSettings
 from folio.shared.settings import above, optional, positive_int, setting
 from folio.shared.transport import (DOWN_EVENTS, check_bind_address, configure,
                                     read_monitor_event)
-from folio.shared.wire import ProtocolError
+from folio.shared.protocol.wire import ProtocolError
 
 log = logging.getLogger("folio.scheduler")
 

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from folio.shared.step import StepPlan
+from folio.shared.protocol.step import StepPlan
 
 
 def awaits_result(plan: StepPlan) -> bool:

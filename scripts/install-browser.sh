@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Debian's Chromium and its WebDriver for the chat-page test (tests/frontend/test_chat_page.py).
+# Installs Debian's Chromium and its WebDriver for the chat-page test (tests/frontend/http/test_chat_page.py).
 # Does nothing when /usr/bin/chromium and /usr/bin/chromedriver are already there. Needs apt
 # and root (or sudo); scripts/setup.sh --test calls it. apt's output is shown only on failure.
 set -euo pipefail

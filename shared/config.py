@@ -18,7 +18,7 @@ from folio.shared.kv_cache_dtype import KV_CACHE_DTYPES
 from folio.shared.settings import (SettingError, at_least, check_fields, fraction,
                                    in_range, non_negative_int, optional, positive_int,
                                    power_of_two, above, setting)
-from folio.shared.speculative import (SpeculativeConfig, check_speculative_config,
+from folio.shared.spec_decode_config import (SpeculativeConfig, check_speculative_config,
                                       parse_speculative_config)
 
 __all__ = ["SettingError", "setting", "SchedulingPolicy", "EngineConfig", "ExecutorCapacity",
@@ -75,7 +75,7 @@ class SchedulingPolicy:
         "running requests", choices=SCHEDULING_POLICIES)
     speculative_config: str | None = setting(
         None, "speculative decoding as a JSON object, e.g. '{\"method\": \"ngram\", "
-        "\"num_speculative_tokens\": 4}' (methods: ngram, suffix; docs/speculative.md); off "
+        "\"num_speculative_tokens\": 4}' (methods: ngram, suffix; docs/spec_decode.md); off "
         "when unset",
         check=check_speculative_config, metavar="JSON")
     max_loras: int = setting(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from folio.shared.codes import FinishReason  # noqa: F401  (its home before shared/codes.py)
+from folio.shared.protocol.codes import FinishReason  # noqa: F401  (its home before shared/protocol/codes.py)
 
 
 # Per generated token: (logprob, rank, top-k ids, top-k logprobs), from the raw logits.

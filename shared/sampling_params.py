@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from folio.shared.structured_output import check_spec
-from folio.shared.wire import Body, ProtocolError
+from folio.shared.protocol.wire import Body, ProtocolError
 
 _GREEDY_EPS = 1e-5
 _INT32_MAX = 2**31 - 1        # token ids, counts and lengths all fit; msgpack and torch too
@@ -51,7 +51,7 @@ class SamplingParams:
     # Not sampling, but per request like the rest: vLLM's priority (lower runs first), read
     # by the scheduler under --scheduling-policy priority only.
     priority: int = 0
-    # False: this request never carries speculative drafts (docs/speculative.md).
+    # False: this request never carries speculative drafts (docs/spec_decode.md).
     speculative: bool = True
     # Not sampling either: the LoRA adapter this request runs with, by name (docs/lora.md);
     # None: the base model. The executor applies it and the prefix cache keys blocks by it.

@@ -15,7 +15,7 @@ from folio.shared.settings import (Checked, at_least, in_range, optional, positi
                                    setting)
 from folio.shared.transport import INSECURE_HELP
 
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")   # frontend/tool_parsers.py reads these formats
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")   # frontend/openai/tool_parsers.py reads these formats
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -173,7 +173,7 @@ def to_grammar(spec: dict[str, Any]) -> str:
 def grammar_error(spec: dict[str, Any], budget: GrammarBudget = GrammarBudget()
                   ) -> str | None:
     """Why the spec's grammar cannot be compiled, or None when it can (without a tokenizer:
-    its cost is measured by frontend/grammar_admission.py and by the executor)."""
+    its cost is measured by frontend/structured_output_admission.py and by the executor)."""
     return checked_grammar(spec, budget)[1]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from folio.shared.wire import MAX_MESSAGE_BYTES
+from folio.shared.protocol.wire import MAX_MESSAGE_BYTES
 
 # ZeroMQ heartbeats run in the I/O thread: a stopped or vanished peer is dropped after
 # HEARTBEAT_TIMEOUT_MS even while our own thread is busy, and the monitor reports it.

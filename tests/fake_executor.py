@@ -23,7 +23,7 @@ table entries for them name the null block, which nothing may ever write).
 
 from __future__ import annotations
 
-from folio.shared.step import StepPlan, StepResult
+from folio.shared.protocol.step import StepPlan, StepResult
 
 Slot = tuple[int, int, int]   # (position, token id, prefix digest)
 

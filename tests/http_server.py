@@ -82,7 +82,7 @@ def uvicorn_in_thread(app, gate, head_s: float, body_s: float) -> Iterator[int]:
     import asyncio
     import threading
 
-    from folio.frontend.http_server import _Server, http_config
+    from folio.frontend.http.server import _Server, http_config
 
     port = free_port()
     srv = _Server(http_config(app, "127.0.0.1", port, gate, head_s, body_s))

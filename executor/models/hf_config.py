@@ -14,10 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from folio.executor.gguf_config import gguf_hf_config
-from folio.executor.gguf_file import is_gguf, open_gguf
+from folio.executor.quantization.gguf.config import gguf_hf_config
+from folio.executor.quantization.gguf.file import is_gguf, open_gguf
 from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
-from folio.executor.prequant_config import read_quantization_config
+from folio.executor.quantization.prequantized_config import read_quantization_config
 from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
                                                  Architecture)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from bench.step_overhead import NullBatch, measure
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.sampling_params import SamplingParams
-from folio.shared.step import NewRequest, StepPlan
+from folio.shared.protocol.step import NewRequest, StepPlan
 
 pytestmark = pytest.mark.slow
 

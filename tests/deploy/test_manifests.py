@@ -120,7 +120,7 @@ def test_commands_and_settings_are_folio_s(committed):
     """Every container runs a `folio` role with flags it has, every probe is a `folio
     probe` that parses, every FOLIO_* variable is one its role reads, and a wildcard bind
     comes with FOLIO_ALLOW_WILDCARD."""
-    from folio.settings import ENVIRONMENT_ONLY
+    from folio.command_settings import ENVIRONMENT_ONLY
 
     name, documents = committed
     parser = build_parser()

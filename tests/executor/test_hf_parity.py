@@ -85,7 +85,7 @@ SUFFIX = ('{"method": "suffix", "num_speculative_tokens": 4, "max_running": 64, 
     (SUFFIX, {"num_kv_blocks": 24, "max_num_batched_tokens": 128}),
 ], ids=["large-pool", "preemption", "small-blocks-chunks", "suffix-preemption"])
 def test_greedy_matches_transformers_with_speculation(llama_dir, expected, spec, engine_args):
-    """n-gram and suffix drafts verified in the same pass (docs/speculative.md): still
+    """n-gram and suffix drafts verified in the same pass (docs/spec_decode.md): still
     transformers' tokens, with drafts accepted."""
     outputs, stats = _folio_greedy(llama_dir, speculative_config=spec, **engine_args)
     assert outputs == expected(llama_dir)

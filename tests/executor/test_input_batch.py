@@ -8,7 +8,7 @@ import torch
 
 from folio.executor.input_batch import InputBatch
 from folio.shared.sampling_params import SamplingParams
-from folio.shared.step import NewRequest, StepPlan
+from folio.shared.protocol.step import NewRequest, StepPlan
 
 BLOCK = 4
 

@@ -139,7 +139,7 @@ def test_simulate_sizes_pools_as_the_executor_does(llama_dir):
     from folio.executor.kv_cache import bytes_per_block
     from folio.executor.models.hf_config import read_model_config
     from folio.kernels.kv_quant import kv_storage_dtype
-    from folio.sim_report import blocks_in_memory
+    from folio.planner.simulator.command import blocks_in_memory
 
     model = read_model_config(str(llama_dir))
     for name, kv_dtype in (("float32", "auto"), ("bfloat16", "bfloat16"), ("int8", "int8"),

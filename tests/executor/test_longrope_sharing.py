@@ -10,7 +10,7 @@ import random
 import pytest
 
 from folio import LLM, SamplingParams
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import ExecutorCapacity
 from tests.conftest import TEST_DEVICE, _model_dir
 from tests.hf_oracle import hf_greedy

@@ -222,12 +222,12 @@ def test_prompt_logprobs_match_transformers_with_chunks_and_preemption(llama_dir
 
 
 def test_the_inverse_cdf_draw_never_picks_a_token_without_mass():
-    from folio.executor.sampler import _inverse_cdf
+    from folio.executor.sampler import inverse_cdf
 
     probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0, 0.0]]).expand(5, 6)
     edges = torch.tensor([[0.0], [0.2499], [0.2501], [0.5], [1.0 - 2 ** -24]])
-    assert _inverse_cdf(probs, edges).tolist() == [1, 1, 3, 3, 3]
+    assert inverse_cdf(probs, edges).tolist() == [1, 1, 3, 3, 3]
     uniforms = torch.rand(100_000, 1, generator=torch.Generator().manual_seed(3))
-    counts = torch.bincount(_inverse_cdf(probs[:1].expand(100_000, 6), uniforms), minlength=6)
+    counts = torch.bincount(inverse_cdf(probs[:1].expand(100_000, 6), uniforms), minlength=6)
     assert counts[[0, 2, 4, 5]].sum() == 0
     assert abs(counts[3].item() / 100_000 - 0.75) < 0.01

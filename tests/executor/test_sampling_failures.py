@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from folio.executor.input_batch import CachedRequest
-from folio.executor.sampler import NO_TOKEN, NOT_FINITE, Sampler, _inverse_cdf
+from folio.executor.sampler import NO_TOKEN, NOT_FINITE, Sampler, inverse_cdf
 from folio import SamplingParams
-from folio.shared import messages as m
-from folio.shared.step import StepResult
-from folio.shared.wire import unpack
+from folio.shared.protocol import messages as m
+from folio.shared.protocol.step import StepResult
+from folio.shared.protocol.wire import unpack
 from tests.http_server import HttpServer
 
 VOCAB = 64
@@ -85,7 +85,7 @@ def test_failed_rows_have_no_logprobs_and_the_others_do():
 def test_the_inverse_cdf_never_returns_the_vocabulary_size():
     probs = torch.full((2, VOCAB), float("nan"))
     probs[1] = 1.0 / VOCAB
-    tokens = _inverse_cdf(probs, torch.tensor([[0.5], [0.999]]))
+    tokens = inverse_cdf(probs, torch.tensor([[0.5], [0.999]]))
     assert tokens.max() < VOCAB
 
 
@@ -157,7 +157,7 @@ def test_an_extreme_penalty_is_refused_at_the_http_edge_and_by_the_sdk(server):
     # A client that skips it: the gateway's decode refuses the message by name.
     import zmq
 
-    from folio.shared.wire import pack
+    from folio.shared.protocol.wire import pack
 
     params = SamplingParams(max_tokens=4).to_dict()
     params["repetition_penalty"] = 1e-300

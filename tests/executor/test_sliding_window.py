@@ -11,9 +11,9 @@ from folio.executor.executor import kv_window
 from folio.executor.models.hf_config import parse_model_config
 from folio import LLM, SamplingParams
 from folio.kernels import cpu_attention
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import ExecutorCapacity
-from folio.shared.wire import Body
+from folio.shared.protocol.wire import Body
 from tests.conftest import TEST_DEVICE, _model_dir
 from tests.hf_oracle import hf_greedy, random_prompts
 

@@ -5,7 +5,7 @@
   they cache after every step, through recompute and swap preemptions, n > 1 forks, prefix
   hits, sliding windows, a step in flight and a failed step; outputs still match runs alone
   (check_scheduler, Driver).
-- The unsigned fast test of shared/wire.py check_ints (decode_result's `h` and `t`) accepts
+- The unsigned fast test of shared/protocol/wire.py check_ints (decode_result's `h` and `t`) accepts
   and refuses exactly what the general check does.
 - bench/step_overhead.py --repeats reports median and minimum per stage, and the
   scheduler's own sum.
@@ -34,12 +34,12 @@ from folio.scheduler.kv_manager import KVCacheManager
 from folio.scheduler.prefix_cache import CachedPrefix
 from folio.scheduler.request import Request
 from folio.scheduler.scheduler import Scheduler
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import SchedulerConfig
 from folio.shared.prefix_hash import chain_hash, full_block_hashes
 from folio.shared.sampling_params import SamplingParams
-from folio.shared.step import StepPlan, StepResult
-from folio.shared.wire import (INT64, MAX_TOKEN_ID, MAX_TOKENS_PER_MESSAGE, PROTOCOL_VERSION, Body,
+from folio.shared.protocol.step import StepPlan, StepResult
+from folio.shared.protocol.wire import (INT64, MAX_TOKEN_ID, MAX_TOKENS_PER_MESSAGE, PROTOCOL_VERSION, Body,
                                ProtocolError, check_ints_general)
 from tests.scheduler.test_scheduler_properties import (EOS, MAX_MODEL_LEN, PREFIXES, VOCAB, Driver,
                                                        check_scheduler)

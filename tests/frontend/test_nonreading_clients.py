@@ -24,10 +24,10 @@ from folio.frontend.engine_client import FinalResult, SampleResult
 from folio.frontend.input_processor import InputProcessor, ModelFacts
 from folio.frontend.prep import Preparer
 from folio.frontend.zmq_gateway import ClientLimits, ZmqGateway
-from folio.shared import messages as m
-from folio.shared.codes import FinishReason, RefusalCode
+from folio.shared.protocol import messages as m
+from folio.shared.protocol.codes import FinishReason, RefusalCode
 from folio.shared.sampling_params import SamplingParams
-from folio.shared.wire import unpack
+from folio.shared.protocol.wire import unpack
 from tests.pipeline import ROOT
 
 CAP = 8

@@ -166,8 +166,7 @@ def test_the_engine_client_aborts_a_sample_its_stop_string_ended(tokenizer):
     import zmq.asyncio
 
     from folio.frontend.engine_client import EngineClient
-    from folio.shared import messages as m
-
+    from folio.shared.protocol import messages as m
     class Sink:
         def __init__(self) -> None:
             self.deltas, self.finals = [], []

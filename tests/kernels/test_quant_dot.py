@@ -89,7 +89,7 @@ def test_faces_take_the_dot_kernel_only_for_small_batches():
 
 
 def test_layer_keeps_float_activations_where_the_kernel_cannot_run():
-    from folio.executor.weight_only_linear import QuantizedWeight, WeightOnlyLinear
+    from folio.executor.quantization.weight_only_linear import QuantizedWeight, WeightOnlyLinear
 
     q = torch.randint(-127, 128, (8, 64), dtype=torch.int8)
     scales = torch.rand(8, 2) * 0.01

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from folio.plan_cost import CostModel
+from folio.planner.cost import CostModel
 from tests.planner.hand_cost import hand_cost
 
 

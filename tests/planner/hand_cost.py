@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from folio.plan_cost import FEATURES, CostModel, KVLayout
+from folio.planner.cost import FEATURES, CostModel, KVLayout
 
 
 def hand_cost(base_ms: float = 10.0, per_prefill_token: float = 0.0, num_kv_blocks: int = 64,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from folio.plan_calibrate import Grid, Stepper, collect, fit_samples
-from folio.plan_fit import fit_non_negative
-from folio.sim_loop import SpeedExecutor
+from folio.planner.calibrate import Grid, Stepper, collect, fit_samples
+from folio.planner.fit import fit_non_negative
+from folio.planner.simulator.loop import SpeedExecutor
 from folio.scheduler.scheduler import Scheduler
 from folio.shared.config import SchedulerConfig
 
@@ -77,7 +77,7 @@ def test_fit_keeps_coefficients_non_negative():
 def test_the_scheduler_is_also_timed_alone_at_large_batches():
     """The scheduler's own cost comes from steps of every batch size asked for, run by the
     real Scheduler on a fake executor (its pool grown to hold the largest batch)."""
-    from folio.plan_calibrate import scheduler_samples
+    from folio.planner.calibrate import scheduler_samples
 
     config = SchedulerConfig(num_kv_blocks=8, block_size=16, max_model_len=256,
                              vocab_size=1000, max_num_seqs=64)

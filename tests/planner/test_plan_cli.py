@@ -9,7 +9,7 @@ import json
 import pytest
 
 from folio.cli import main
-from folio.plan_cost import FEATURES, load_cost
+from folio.planner.cost import FEATURES, load_cost
 
 
 @pytest.fixture(scope="module")

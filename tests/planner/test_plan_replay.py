@@ -7,11 +7,11 @@ import pytest
 
 import folio.engine
 import folio.scheduler.service
-from folio.plan_replay import Options, predict
-from folio.plan_search import compare_options, meets, parse_slo, search_rate
-from folio.plan_workload import parse_workload
+from folio.planner.replay import Options, predict
+from folio.planner.search import compare_options, meets, parse_slo, search_rate
+from folio.planner.workload import parse_workload
 from folio.scheduler.scheduler import Scheduler
-from folio.sim_inputs import TraceRequest
+from folio.planner.simulator.inputs import TraceRequest
 from tests.planner.hand_cost import hand_cost
 
 

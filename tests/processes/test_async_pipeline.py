@@ -163,7 +163,7 @@ def test_preemption_happened_and_every_block_came_back(runs):
 
 def test_speculative_decoding_one_step_ahead_matches_serial(runs):
     """Greedy answers, finish reasons, stop strings and forks as without speculation
-    (seeded samples are drawn differently: rejection sampling, docs/speculative.md)."""
+    (seeded samples are drawn differently: rejection sampling, docs/spec_decode.md)."""
     serial, spec = runs["serial"], runs["async-spec"]
     for key in ("greedy", "greedy_reasons", "stopped", "forks"):
         assert spec[key] == serial[key], key

@@ -21,7 +21,7 @@ from folio import SamplingParams
 from folio.client import AsyncClient, Client
 from folio.errors import EngineDead, ServerUnreachable, ShuttingDown
 from folio.probe import _scheduler_stats
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import ExecutorCapacity
 from folio.shared.security import load_keys, make_client
 from tests.compose_local import ROOT, LocalCompose, load_compose

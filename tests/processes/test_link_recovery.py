@@ -22,9 +22,9 @@ import zmq.asyncio
 
 from folio.client import AsyncClient
 from folio.errors import ServerUnreachable
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.sampling_params import SamplingParams
-from folio.shared.wire import MAX_MESSAGE_BYTES, unpack
+from folio.shared.protocol.wire import MAX_MESSAGE_BYTES, unpack
 
 
 def _oversize() -> bytes:

@@ -14,11 +14,11 @@ import zmq.asyncio
 from folio.frontend.engine_client import EngineClient
 from folio.scheduler.frontend_router import FRONTEND_TIMEOUT_S
 from folio.scheduler.service import SchedulerService, SchedulerServiceConfig
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import ExecutorCapacity
 from folio.shared.sampling_params import SamplingParams
 from folio.shared.transport import read_monitor_event
-from folio.shared.wire import unpack
+from folio.shared.protocol.wire import unpack
 
 CAPACITY = ExecutorCapacity(num_kv_blocks=32, block_size=16, max_model_len=256,
                             vocab_size=1024, eos_token_ids=(0,))

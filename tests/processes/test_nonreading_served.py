@@ -21,7 +21,7 @@ import zmq
 from bench.nonreading_client import non_reading_dealer
 from folio import SamplingParams
 from folio.client import Client
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from tests.http_server import HttpServer
 
 pytestmark = pytest.mark.slow

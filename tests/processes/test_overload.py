@@ -17,7 +17,7 @@ import zmq.asyncio
 from folio import SamplingParams
 from folio.client import AsyncClient, Client, Completion
 from folio.errors import FolioError, QueueFull
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from tests.pipeline import start_streams
 from tests.processes.cluster import (ENDLESS, GREEDY, MAX_QUEUED, NUM_KV_BLOCKS, PROBE_PROMPT,
                                      Cluster, queue_kept_full, random_prompt, value_or_error)

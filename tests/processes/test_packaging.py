@@ -7,8 +7,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -40,7 +43,7 @@ def test_the_wheel_holds_folio_alone(wheel):
         assert f"folio/{sub}/__init__.py" in names
     # Package data travels under the new names too.
     assert "folio/kernels/cpu/paged_attention.cpp" in names
-    assert any(n.startswith("folio/frontend/static/") for n in names)
+    assert any(n.startswith("folio/frontend/http/static/") for n in names)
     assert any(n.startswith("folio/default_model/weights/") for n in names)
 
 
@@ -51,8 +54,8 @@ def test_the_installed_wheel_imports_from_itself(wheel, tmp_path):
                    check=True, capture_output=True, timeout=300)
     assert sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info")) \
         in (["folio"], ["bin", "folio"])
-    probe = ("import json, folio.frontend.openai_api, folio.scheduler.scheduler, "
-             "folio.executor.executor, folio.kernels.cpu_attention, folio.shared.messages, sys;"
+    probe = ("import json, folio.frontend.openai.completions, folio.scheduler.scheduler, "
+             "folio.executor.executor, folio.kernels.cpu_attention, folio.shared.protocol.messages, sys;"
              "print(json.dumps({m: sys.modules[m].__file__ for m in sys.modules"
              " if m == 'folio' or m.startswith('folio.')}))")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
@@ -124,3 +127,60 @@ def test_no_import_circles():
 
     for module in sorted(graph):
         visit(module, [])
+
+
+def _dockerfile_module_steps() -> list[list[str]]:
+    """Each distinct `python -m folio…` command in the Dockerfile's RUN steps, as argv."""
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
+    steps: list[list[str]] = []
+    for line in text.splitlines():
+        if line.strip().startswith("RUN "):
+            for found in re.finditer(r"python -m (folio[\w.]*[^;&|]*)", line):
+                argv = shlex.split(found.group(1))
+                if argv not in steps:
+                    steps.append(argv)
+    return steps
+
+
+@pytest.fixture(scope="module")
+def fresh_env(wheel, tmp_path_factory) -> Path:
+    """A new virtual environment holding the built wheel (not editable) and, through a .pth
+    line, the test environment's third-party packages, whose own .pth files (the editable
+    install's import hook among them) stay unread."""
+    env = tmp_path_factory.mktemp("fresh") / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True,
+                   timeout=120)
+    [site] = (env / "lib").glob("python3*/site-packages")
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    return env / "bin" / "python"
+
+
+def test_the_dockerfile_steps_run_from_a_source_tree(fresh_env, tmp_path):
+    """The image installs the wheel, then runs `python -m folio…` steps in a working directory;
+    run here as it once was, where the source tree lies (its bare `folio/` folder first on
+    the path), each step must still find every subpackage."""
+    steps = _dockerfile_module_steps()
+    assert ["folio.kernels.cpu_attention", "--build", "--variant", "portable"] in steps
+    where = subprocess.run([str(fresh_env), "-c", "import folio.kernels; print(folio.kernels.__file__)"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "/site-packages/folio/kernels/" in where.stdout, where.stderr   # the wheel's own
+    env = {**os.environ, "FOLIO_CPU_OPS_DIR": str(tmp_path / "cpu-ops")}
+    for argv in steps:
+        out = subprocess.run([str(fresh_env), "-m", *argv], capture_output=True, text=True,
+                             cwd=ROOT, env=env, timeout=600)
+        assert out.returncode == 0, f"python -m {shlex.join(argv)}:\n{out.stderr[-3000:]}"
+
+
+def test_the_bare_kernels_folder_imports_cleanly_from_the_root(fresh_env):
+    """Another program started at the repository root that imports a `kernels` (transformers
+    probing Hugging Face's) finds this folder first: it imports, and refuses names it lacks
+    with an ImportError, which such probes catch."""
+    probe = ("import kernels\n"
+             "try:\n    from kernels import get_kernel\nexcept ImportError:\n    print('refused')\n")
+    out = subprocess.run([str(fresh_env), "-c", probe], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["refused"]

@@ -163,7 +163,7 @@ def test_garbage_on_every_socket_leaves_processes_serving(pipeline):
     import msgpack
     import zmq
 
-    from folio.shared.wire import PROTOCOL_VERSION
+    from folio.shared.protocol.wire import PROTOCOL_VERSION
 
     rng = random.Random(3)
     payloads = [b"", b"\x00", b"\xff" * 100, msgpack.packb([PROTOCOL_VERSION]),

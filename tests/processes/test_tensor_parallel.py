@@ -172,7 +172,7 @@ def hf_greedy_cached(server: HttpServer) -> list[list[int]]:
 
 
 def test_kv_heads_split_or_replicated_and_vocab_padded():
-    from folio.executor.tp_rules import kv_heads_of, vocab_rows
+    from folio.executor.parallel.rules import kv_heads_of, vocab_rows
 
     assert [kv_heads_of(r, 2, 4) for r in range(2)] == [range(0, 2), range(2, 4)]
     assert [kv_heads_of(r, 4, 2) for r in range(4)] == [range(0, 1)] * 2 + [range(1, 2)] * 2

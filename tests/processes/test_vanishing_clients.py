@@ -13,8 +13,7 @@ import httpx
 import pytest
 import zmq
 import zmq.asyncio
-from folio.shared import messages as m
-
+from folio.shared.protocol import messages as m
 from folio import SamplingParams
 from folio.client import AsyncClient, Client
 from folio.errors import FolioError

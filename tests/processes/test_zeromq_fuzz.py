@@ -12,11 +12,11 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import ExecutorCapacity
 from folio.shared.outputs import EngineOutput
-from folio.shared.step import StepResult
-from folio.shared.wire import PROTOCOL_VERSION
+from folio.shared.protocol.step import StepResult
+from folio.shared.protocol.wire import PROTOCOL_VERSION
 
 from folio import SamplingParams
 from folio.client import AsyncClient
@@ -31,7 +31,7 @@ BAD_VALUES = [None, True, False, 0, -1, 2**31, 2**63 - 1, 2**64 - 1, -2**63, 1.5
 
 
 def _valid_messages(socket: str) -> list[bytes]:
-    """Real encodings from shared/messages.py, the ones this socket accepts."""
+    """Real encodings from shared/protocol/messages.py, the ones this socket accepts."""
     params = SamplingParams(max_tokens=2, temperature=0)
     if socket == "scheduler-frontends":
         return [m.encode_add("fz-1", [1, 2, 3, 4], params), m.encode_abort("fz-1"),

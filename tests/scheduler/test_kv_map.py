@@ -11,10 +11,10 @@ import pytest
 
 from folio.client import Client
 from folio.scheduler.scheduler import Scheduler
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import SchedulerConfig
 from folio.shared.sampling_params import SamplingParams
-from folio.shared.wire import Body, ProtocolError, unpack
+from folio.shared.protocol.wire import Body, ProtocolError, unpack
 from folio.scheduler.service import KV_MAP_MAX_AGE_S, SchedulerService, SchedulerServiceConfig
 from folio.shared.config import ExecutorCapacity
 from tests.fake_executor import FakeExecutor

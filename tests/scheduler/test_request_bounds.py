@@ -9,14 +9,14 @@ import random
 
 import pytest
 
-from folio.frontend.http_answers import guarded as _guarded
-from folio.frontend.openai_api import _Job, _stream_completion
+from folio.frontend.http.answers import guarded as _guarded
+from folio.frontend.openai.completions import _Job, _stream_completion
 from folio.frontend.output_text import OutputText
 from folio.frontend.stop_strings import StopMatcher, StopStrings
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.sampling_params import MAX_STOP_CHARS, SamplingParams
-from folio.shared.step import NewRequest, StepPlan
-from folio.shared.wire import Body, unpack
+from folio.shared.protocol.step import NewRequest, StepPlan
+from folio.shared.protocol.wire import Body, unpack
 
 LONG_STOPS = tuple("x" * 59_999 + chr(65 + i) for i in range(16))   # the 960 KB request's
 
@@ -141,8 +141,7 @@ def test_a_burst_over_the_backlog_is_no_slow_reader_but_a_reader_that_stops_is(m
     """Events that arrive at once (a frontend resumed after a stop) exceed the bound before
     the reader had its turn: a reader that then reads is not aborted. A reader that reads
     nothing is aborted after the grace, once, with a slow_reader error at the end."""
-    from folio.frontend import openai_api
-
+    from folio.frontend.openai import completions as openai_api
     monkeypatch.setattr(openai_api, "READER_GRACE_S", 0.05)
 
     async def run(reads: bool):

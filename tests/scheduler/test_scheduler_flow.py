@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from bench.step_overhead import NullBatch, peek_type
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import ExecutorCapacity
 from folio.shared.sampling_params import SamplingParams
 from folio.shared.transport import configure

@@ -76,7 +76,7 @@ def configs(draw) -> SchedulerConfig:
         sliding_window=sliding_window,
         scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
         # Speculative decoding: the fake executor's drafts are partly right (docs/
-        # speculative.md); a sliding window turns it off.
+        # spec_decode.md); a sliding window turns it off.
         speculative_config=draw(st.sampled_from([None, None, SPEC_K1, SPEC_K3])),
     )
 

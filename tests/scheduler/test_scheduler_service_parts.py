@@ -20,12 +20,12 @@ from folio.scheduler.scheduler import Scheduler
 from folio.scheduler.service import SchedulerService, SchedulerServiceConfig
 from folio.scheduler.shutdown import ShutdownDrain
 from folio.scheduler.steps_in_flight import StepsInFlight, awaits_result
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import ExecutorCapacity, SchedulerConfig
 from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs
 from folio.shared.sampling_params import SamplingParams
-from folio.shared.step import StepPlan
-from folio.shared.wire import unpack
+from folio.shared.protocol.step import StepPlan
+from folio.shared.protocol.wire import unpack
 from tests.fake_executor import FakeExecutor
 
 CAPACITY = ExecutorCapacity(num_kv_blocks=32, block_size=16, max_model_len=256,

@@ -24,7 +24,7 @@ from folio.cli import build_parser
 from folio.flags import config_flags, config_values
 from folio.default_model import default_model_path
 from folio.scheduler.service import SchedulerService, SchedulerServiceConfig
-from folio.shared import messages as m
+from folio.shared.protocol import messages as m
 from folio.shared.config import ExecutorCapacity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -314,7 +314,7 @@ def test_serve_passes_its_frontend_settings_to_the_frontend(tmp_path, monkeypatc
 
 def test_every_declared_setting_is_a_flag_with_its_default_and_variable():
     from folio.flags import env_name, flag_name
-    from folio.settings import COMMANDS
+    from folio.command_settings import COMMANDS
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a.choices, dict))

@@ -1,0 +1,94 @@
+"""The executor's LoRA adapters: held in host memory (at most --max-cpu-loras), copied to
+the device for the steps that use them (at most --max-loras there at once, the least
+recently used one dropped first), and grouped per step for the wrapped layers
+(executor/lora/layers.py; docs/lora.md)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from folio.executor.lora.adapter import LoraWeights, read_adapter
+from folio.executor.lora.files import LoraError
+from folio.executor.lora.layers import LoraStep, wrap_lora_targets
+from folio.executor.model_config import ModelConfig
+from folio.executor.models.weight_names import WeightNames
+
+
+class LoraRegistry:
+    def __init__(self, model: torch.nn.Module, config: ModelConfig, names: WeightNames,
+                 device: torch.device, dtype: torch.dtype, max_loras: int, max_rank: int,
+                 capacity: int) -> None:
+        self.config, self.names = config, names
+        self.device, self.dtype = device, dtype
+        self.max_loras, self.max_rank, self.capacity = max_loras, max_rank, capacity
+        self.host: dict[str, LoraWeights] = {}
+        self.resident: OrderedDict[str, LoraWeights] = OrderedDict()
+        self.step = LoraStep()
+        wrap_lora_targets(model, self.step)
+
+    def load(self, name: str, path: str) -> LoraWeights:
+        """Read an adapter into host memory; a LoraError names why not (nothing kept)."""
+        if name in self.host:
+            raise LoraError(f"an adapter named {name!r} is already loaded")
+        if len(self.host) >= self.capacity:
+            raise LoraError(f"{len(self.host)} adapters are loaded, the most --max-cpu-loras "
+                            f"({self.capacity}) allows; unload one first")
+        weights = read_adapter(name, path, self.config, self.names, self.max_rank, self.dtype)
+        self.host[name] = weights
+        return weights
+
+    def unload(self, name: str) -> None:
+        if self.host.pop(name, None) is None:
+            raise LoraError(f"no adapter named {name!r} is loaded")
+        self.resident.pop(name, None)
+
+    def names_loaded(self) -> list[str]:
+        return list(self.host)
+
+    def begin_step(self, scheduled) -> None:
+        """Group the step's token rows by adapter; `scheduled`: (request, tokens) in the
+        order of the flattened batch. No adapter row: no group, so no extra op."""
+        groups: dict[str, list[tuple[int, int]]] = {}
+        start = 0
+        for request, count in scheduled:
+            name = request.sampling.lora
+            if name is not None:
+                ranges = groups.setdefault(name, [])
+                if ranges and ranges[-1][1] == start:
+                    ranges[-1] = (ranges[-1][0], start + count)
+                else:
+                    ranges.append((start, start + count))
+            start += count
+        adapters = [self._on_device(name) for name in groups]
+        if all(len(ranges) == 1 for ranges in groups.values()):
+            self.step.rows = None
+            self.step.groups = [(w, slice(*ranges[0]))
+                                for w, ranges in zip(adapters, groups.values())]
+            return
+        order, slices, at = [], [], 0
+        for ranges in groups.values():
+            count = sum(b - a for a, b in ranges)
+            order.extend(torch.arange(a, b) for a, b in ranges)
+            slices.append(slice(at, at + count))
+            at += count
+        self.step.rows = torch.cat(order).to(self.device)
+        self.step.groups = list(zip(adapters, slices))
+
+    def end_step(self) -> None:
+        self.step.groups = []
+        self.step.rows = None
+
+    def _on_device(self, name: str) -> LoraWeights:
+        weights = self.resident.get(name)
+        if weights is not None:
+            self.resident.move_to_end(name)
+            return weights
+        host = self.host.get(name)
+        if host is None:   # the scheduler admits only loaded adapters' requests
+            raise LoraError(f"a request names adapter {name!r}, which is not loaded")
+        while len(self.resident) >= self.max_loras:
+            self.resident.popitem(last=False)
+        weights = self.resident[name] = host.to(self.device)
+        return weights

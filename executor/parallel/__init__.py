@@ -1,0 +1,1 @@
+"""Tensor parallelism: ranks, nodes, the links between them, and how weights are sharded."""

@@ -1,0 +1,1 @@
+"""Weight formats other than plain float: --quantization, pre-quantized checkpoints, GGUF."""

@@ -1,0 +1,1 @@
+"""llama.cpp's GGUF files: metadata, tensor names, quantized and dequantized weights."""

@@ -1,0 +1,104 @@
+"""A GGUF file's metadata -> ModelConfig, through the same config.json reading every other
+checkpoint takes (executor/models/hf_config.py). No torch import (read before any process
+starts).
+
+Only the architectures whose GGUF tensors map one to one onto Folio's parameters are
+served; llama.cpp's converter changes others (Gemma's norms carry +1, Phi-3 fuses q/k/v).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from folio.executor.quantization.gguf.file import field, float32_decimal
+from folio.executor.quantization.gguf.names import CONFIG_TENSORS, hf_name
+from folio.executor.quantization.gguf.rope import llama3_rope_parameters
+
+
+@dataclass(frozen=True)
+class GgufArchitecture:
+    hf_name: str            # the config.json architecture it reads as
+    permuted_qk: bool       # llama.cpp's converter reorders q and k rows for its rope
+
+
+GGUF_ARCHITECTURES = {
+    "llama": GgufArchitecture("LlamaForCausalLM", permuted_qk=True),
+    "qwen2": GgufArchitecture("Qwen2ForCausalLM", permuted_qk=False),
+    "qwen3": GgufArchitecture("Qwen3ForCausalLM", permuted_qk=False),
+}
+
+_TORCH_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
+
+
+def gguf_architecture(reader: Any) -> tuple[str, GgufArchitecture]:
+    name = field(reader, "general.architecture")
+    if name not in GGUF_ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {name!r}; Folio serves GGUF "
+                         f"{', '.join(GGUF_ARCHITECTURES)}")
+    return name, GGUF_ARCHITECTURES[name]
+
+
+def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config.json and generation_config.json a Hugging Face checkpoint of this model
+    would carry, from the file's metadata and tensor shapes (hf_config.py parses them)."""
+    arch, spec = gguf_architecture(reader)
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    strangers = [name for name in tensors if hf_name(name) is None
+                 and name not in CONFIG_TENSORS]
+    if strangers:
+        raise ValueError(f"GGUF tensor {strangers[0]!r} has no place in Folio's {arch}")
+    embed = tensors.get("token_embd.weight")
+    if embed is None:
+        raise ValueError("the GGUF file has no token_embd.weight")
+
+    def need(key: str) -> Any:
+        value = field(reader, f"{arch}.{key}")
+        if value is None:
+            raise ValueError(f"the GGUF metadata lacks {arch}.{key}")
+        return value
+
+    heads = need("attention.head_count")
+    hidden = need("embedding_length")
+    raw = {
+        "architectures": [spec.hf_name],
+        "vocab_size": int(embed.shape[1]),          # GGUF lists dims innermost first
+        "hidden_size": hidden,
+        "num_hidden_layers": need("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": field(reader, f"{arch}.attention.head_count_kv", heads),
+        "head_dim": field(reader, f"{arch}.attention.key_length") or hidden // heads,
+        "intermediate_size": need("feed_forward_length"),
+        "rms_norm_eps": float32_decimal(need("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": need("context_length"),
+        "rope_theta": float32_decimal(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "torch_dtype": _TORCH_DTYPES.get(embed.tensor_type.name, "float32"),
+    }
+    rope = _rope_parameters(reader, arch, tensors, raw["rope_theta"], raw["head_dim"])
+    if rope:
+        raw["rope_scaling"] = rope
+    # llama.cpp stops on every end-of-generation token: eos and, for chat models, eot.
+    eos = [field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]
+    generation = {"eos_token_id": list(dict.fromkeys(int(t) for t in eos if t is not None))}
+    return raw, generation
+
+
+def _rope_parameters(reader: Any, arch: str, tensors: dict[str, Any], theta: float,
+                     head_dim: int) -> dict[str, Any] | None:
+    scaling = field(reader, f"{arch}.rope.scaling.type")
+    if "rope_freqs.weight" in tensors:   # Llama 3.1's scaling, stored as its effect
+        if scaling not in (None, "none"):
+            raise ValueError(f"GGUF rope scaling {scaling!r} beside rope_freqs.weight")
+        tensor = tensors["rope_freqs.weight"]
+        if tensor.tensor_type.name != "F32":
+            raise ValueError("rope_freqs.weight must be F32")
+        return llama3_rope_parameters(tensor.data, theta, head_dim)
+    if scaling in (None, "none"):
+        return None
+    if scaling == "linear":
+        return {"rope_type": "linear",
+                "factor": float32_decimal(field(reader, f"{arch}.rope.scaling.factor", 1.0))}
+    raise ValueError(f"GGUF rope scaling {scaling!r} is not supported; Folio reads linear "
+                     "and Llama 3's rope_freqs.weight")

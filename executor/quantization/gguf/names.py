@@ -1,0 +1,29 @@
+"""GGUF tensor names -> Hugging Face checkpoint names (no torch import)."""
+
+from __future__ import annotations
+
+import re
+
+# Tensors that are configuration, read by executor/quantization/gguf/config.py, not weights.
+CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
+           "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+_LAYER = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_LAYER_MODULES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                  "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                  "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                  "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+                  "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                  "ffn_down": "mlp.down_proj"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor; None for one Folio has no place for."""
+    if gguf_name in _GLOBAL:
+        return _GLOBAL[gguf_name]
+    match = _LAYER.match(gguf_name)
+    if match is None or match.group(2) not in _LAYER_MODULES:
+        return None
+    layer, module, kind = match.groups()
+    return f"model.layers.{layer}.{_LAYER_MODULES[module]}.{kind}"

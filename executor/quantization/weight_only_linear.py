@@ -1,0 +1,119 @@
+"""Quantized linear layers for the CPU executor (`--quantization int8|int4`, and a GGUF
+file's Q8_0/Q4_0/Q4_1/Q4_K weights kept as they are in the file).
+
+The weights stay int8 (one scale per group of values along K) or int4 (a scale and a min per
+group) in memory. Prompts (more than 8 rows) multiply float activations by tiles of W
+dequantized to float32 (kernels/cpu/quant_matmul.cpp). Decode batches of up to 8 rows, by
+default (`--quantized-activations int8`), round their activations to int8 per 32 values and
+sum integer dot products (kernels/cpu/quant_dot.cpp), llama.cpp's scheme for its Q8_0/Q4
+files: about 2x faster from 2 rows on, the same at one row (a step is bound by the bytes of
+the weights there). An earlier W8A8 path with one activation scale per token (FBGEMM) cost
+SmolLM2-135M 5% perplexity and was removed; per 32 values the rounding is far finer
+(docs/benchmarks.md, "Quality of the quantized paths").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from folio.executor.quantization.groups import INT4_GROUP
+from folio.kernels import cpu_quant
+
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A [N, K] weight as the kernels read it: int8 `data` [N, K] (bits 8, `mins` None) or
+    packed int4 `data` [N, K // 2] (bits 4); float32 `scales` (and `mins`) [N, K // group]."""
+    bits: int
+    data: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.data.shape[0], self.data.shape[1] * (2 if self.bits == 4 else 1)
+
+    @property
+    def group(self) -> int:
+        return self.shape[1] // self.scales.shape[1]
+
+    def dequantize(self) -> torch.Tensor:
+        if self.bits == 8:
+            return cpu_quant.dequantize_int8(self.data, self.scales)
+        return cpu_quant.dequantize_int4(self.data, self.scales, self.mins)
+
+    @staticmethod
+    def concatenate(parts: list[QuantizedWeight]) -> QuantizedWeight:
+        """Row-wise concatenation (a fused qkv or gate_up from its parts)."""
+        mins = None if parts[0].mins is None else torch.cat([p.mins for p in parts])
+        return QuantizedWeight(parts[0].bits, torch.cat([p.data for p in parts]),
+                               torch.cat([p.scales for p in parts]), mins)
+
+
+def quantize_weight(weight: torch.Tensor, bits: int) -> QuantizedWeight:
+    if bits == 8:
+        q, scales = cpu_quant.quantize_int8(weight, weight.shape[1])
+        return QuantizedWeight(8, q, scales, None)
+    packed, scales, mins = cpu_quant.quantize_int4(weight, INT4_GROUP)
+    return QuantizedWeight(4, packed, scales, mins)
+
+
+class WeightOnlyLinear(nn.Module):
+    """y = x @ dequant(W).T + b; x float32 or bfloat16, y in x's dtype."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None,
+                 native: bool, int8_activations: bool = False) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.bits = weight.bits
+        self.register_buffer("data", weight.data, persistent=False)
+        self.register_buffer("scales", weight.scales, persistent=False)
+        self.register_buffer("mins", weight.mins, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+        # Without the built operators (kernels.cpu_attention), a float matmul on the weight
+        # dequantized at each call: right, only slow.
+        self.native = native
+        # Small batches with activations quantized per 32 values and integer dot products
+        # (kernels/cpu/quant_dot.cpp). Its sign trick cannot take -128, which no quantizer
+        # here or in llama.cpp writes; a GGUF file that holds one keeps float activations.
+        self.int8_activations = (int8_activations and weight.shape[1] % cpu_quant.DOT_BLOCK == 0
+                                 and not (weight.bits == 8 and bool((weight.data == -128).any())))
+        # A decode step calls ~120 of these: its float32 rows go straight to the operator
+        # (one call, no reshapes or casts), chosen once here.
+        self._decode_call = (cpu_quant.small_batch_operator(weight, self.int8_activations)
+                             if native else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, bits: int, native: bool,
+                    int8_activations: bool = False) -> WeightOnlyLinear:
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(quantize_weight(linear.weight, bits), bias, native, int8_activations)
+
+    def quantized_weight(self) -> QuantizedWeight:
+        return QuantizedWeight(self.bits, self.data, self.scales, self.mins)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self._decode_call is not None and x.dim() == 2 and x.dtype == torch.float32
+                and x.shape[0] <= cpu_quant.SMALL_BATCH and x.is_contiguous()):
+            out = torch.empty(x.shape[0], self.out_features)
+            self._decode_call(out, x)
+        elif not self.native:
+            out = x.float() @ self.quantized_weight().dequantize().T
+            out = out.to(x.dtype)
+        elif self.bits == 8:
+            out = cpu_quant.quant_matmul_int8(x, self.data, self.scales, self.int8_activations)
+        else:
+            out = cpu_quant.quant_matmul_int4(x, self.data, self.scales, self.mins,
+                                              self.int8_activations)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"int{self.bits}, group={self.in_features // self.scales.shape[1]}, "
+                f"{'int8' if self.int8_activations else 'float'} activations")

@@ -1,0 +1,1 @@
+"""Speculative decoding on the executor: drafts proposed, verified, accepted."""

@@ -1,0 +1,1 @@
+"""`folio plan`: a cost model calibrated on this machine, replayed through the real Scheduler."""

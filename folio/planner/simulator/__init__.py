@@ -1,0 +1,1 @@
+"""`folio simulate`: request traces replayed through the real Scheduler on simulated time."""

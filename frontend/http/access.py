@@ -1,0 +1,59 @@
+"""Who may reach the HTTP API's routes: the Host names it answers (403 otherwise) and the
+API key (401 without it), checked before any route runs."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi.responses import JSONResponse
+
+from folio.frontend.openai.errors import ApiError
+from folio.frontend.http.limits import host_name
+
+
+def needs_key(path: str, metrics_public: bool) -> bool:
+    """The API and the tokenizer routes need the key, and /metrics unless metrics_public;
+    /health and the pages do not."""
+    return (path.startswith("/v1") or path in ("/tokenize", "/detokenize")
+            or (path == "/metrics" and not metrics_public))
+
+
+class AccessGate:
+    """Refuses a request for another Host (403) or without the API key (401) before any
+    route runs. Plain ASGI, not an `@app.middleware("http")`: that wraps every streamed
+    chunk in its own task and memory stream, a quarter of the frontend's CPU per token.
+    hosts None: any Host; api_key None or "": no key."""
+
+    def __init__(self, app, hosts: frozenset[str] | None, api_key: str | None,
+                 metrics_public: bool) -> None:
+        self.app, self.hosts, self.metrics_public = app, hosts, metrics_public
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope) -> JSONResponse | None:
+        if sum(name == b"host" for name, _ in scope["headers"]) > 1:
+            # Proxies and this server could each read a different one (RFC 9112 §3.2: 400).
+            error = ApiError(400, "the request has more than one Host header",
+                             code="duplicate_host_header")
+            return JSONResponse(error.body(), status_code=400)
+        headers = dict(reversed(scope["headers"]))   # the first of repeated headers
+        host = headers.get(b"host", b"").decode("latin-1")
+        if self.hosts is not None and host_name(host) not in self.hosts:
+            error = ApiError(403, f"this server does not answer to the Host {host[:100]!r} "
+                             "(--allowed-hosts)", code="host_not_allowed",
+                             error_type="invalid_request_error")
+            return JSONResponse(error.body(), status_code=403)
+        if self.expected is not None and needs_key(scope["path"], self.metrics_public):
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = ApiError(401, "missing or invalid API key; send "
+                                 "'Authorization: Bearer <key>'", code="invalid_api_key")
+                return JSONResponse(error.body(), status_code=401)
+        return None

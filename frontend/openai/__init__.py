@@ -1,0 +1,1 @@
+"""OpenAI's API shapes: request fields, completions, log-probabilities, tools, errors."""

@@ -1,0 +1,1 @@
+"""The wire: every message that crosses a socket, declared once, framed with msgpack."""
