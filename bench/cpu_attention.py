@@ -1,27 +1,44 @@
-"""CPU paged attention: the C++ operator against the torch reference path, per layer call.
+"""CPU paged attention: the C++ operator against the torch reference path, per layer call; or,
+with --kv-cache, the operator's decode over caches stored as float32, bfloat16, int8 (+
+float16 scale per row) and float8, and the tokens per GiB of each.
 
     python -m bench.cpu_attention [--reps 20] [--threads 1 2] [--clock wall|cpu]
+    python -m bench.cpu_attention --kv-cache [--rounds 5] [--reps 10] [--context 2048]
 
 Cases: 64 decode rows with contexts drawn from 16-768 tokens, one 512-token prompt, and the
 two mixed in one call (--decode-contexts changes the range); 8 query heads, 4 KV heads
 (--kv-heads), head_dim 64, 16-token blocks in shuffled order, float32. `ref` is
 reference.paged_attention_planned (the plan is built once per step and shared by every layer,
 so it is timed apart: `plan`). Times: best of --reps, in ms.
+
+--kv-cache: SmolLM2-135M's shape (9 query heads, 3 KV heads, head_dim 64, 30 layers),
+--batch decode rows of --context tokens each. Rounds alternate the cache types (the machine
+is shared); each figure is the best of --reps calls within a round, and the table shows the
+median over rounds, in ms. `err` is the output's max abs error against the float32 cache over
+its max abs. Decode speed by KV type end to end: bench/quantized_decode.py --kv-cache-dtypes.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 
 import torch
 
 from folio.kernels import cpu_attention, reference
+from folio.kernels.kv_quant import kv_storage_dtype, quantize_rows
+from folio.shared.kv_cache_dtype import kv_row_bytes
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 4, 64, 16
+# --kv-cache: SmolLM2-135M's attention
+SMOL_HEADS, SMOL_KV_HEADS, SMOL_LAYERS = 9, 3, 30
+KV_TYPES = ("auto", "bfloat16", "int8", "fp8_e4m3", "fp8_e5m2")
 
 
-def make_case(seqs: list[tuple[int, int]], seed: int = 0, kv_heads: int = KV_HEADS):
+def make_case(seqs: list[tuple[int, int]], seed: int = 0, heads: int = HEADS,
+              kv_heads: int = KV_HEADS):
     """seqs: (cached context, new tokens). Returns the op's arguments."""
     gen = torch.Generator().manual_seed(seed)
     lens = [c + n for c, n in seqs]
@@ -36,7 +53,7 @@ def make_case(seqs: list[tuple[int, int]], seed: int = 0, kv_heads: int = KV_HEA
     key_cache = torch.randn(cache, generator=gen)
     value_cache = torch.randn(cache, generator=gen)
     starts = torch.tensor([0] + [n for _, n in seqs], dtype=torch.int32).cumsum(0)
-    query = torch.randn(int(starts[-1]), HEADS, HEAD_DIM, generator=gen)
+    query = torch.randn(int(starts[-1]), heads, HEAD_DIM, generator=gen)
     return (query, key_cache, value_cache, tables, torch.tensor(lens, dtype=torch.int32),
             starts.to(torch.int32), HEAD_DIM ** -0.5)
 
@@ -51,23 +68,49 @@ def best_ms(fn, reps: int, clock=time.perf_counter) -> float:
     return min(times)   # the machine is shared: the least-disturbed run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--decode-contexts", type=int, nargs=2, default=[16, 768],
-                        metavar=("LO", "HI"), help="the 64 decodes' context range")
-    parser.add_argument("--kv-heads", type=int, default=KV_HEADS,
-                        help=f"KV heads under the {HEADS} query heads (default {KV_HEADS})")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: process CPU time, which other jobs on a shared machine "
-                             "disturb less (with 1 thread it is the latency; with more, "
-                             "the sum over threads)")
-    args = parser.parse_args()
-    clock = time.perf_counter if args.clock == "wall" else time.process_time
-    status = cpu_attention.load()
-    if not status.ok:
-        raise SystemExit(f"CPU operator unavailable: {status.detail}")
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def tokens_per_gib(kv_cache_dtype: str, model_dtype: str = "float32") -> int:
+    token_bytes = 2 * SMOL_LAYERS * SMOL_KV_HEADS * kv_row_bytes(kv_cache_dtype, model_dtype,
+                                                                 HEAD_DIM)
+    return 2**30 // token_bytes
+
+
+def kv_cache_table(args, clock) -> None:
+    query, key_cache, value_cache, tables, lens, starts, scale = make_case(
+        [(args.context - 1, 1)] * args.batch, heads=SMOL_HEADS, kv_heads=SMOL_KV_HEADS)
+    caches = {}
+    for name in KV_TYPES:
+        storage = kv_storage_dtype(name, torch.float32)
+        caches[name] = (quantize_rows(key_cache, storage), quantize_rows(value_cache, storage))
+
+    def call(name):
+        return cpu_attention.paged_attention_cpu(query, *caches[name], tables, lens, starts,
+                                                 scale)
+
+    exact = call("auto")
+    print(f"decode {args.batch} x {args.context} tokens, {SMOL_HEADS}/{SMOL_KV_HEADS} heads, "
+          f"head_dim {HEAD_DIM}; load {_load()}")
+    print(f"{'kv cache':<10} {'thr':>3} {'ms':>7} {'vs f32':>7} {'err':>8} {'tok/GiB':>9}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        times = {name: [] for name in KV_TYPES}
+        for _ in range(args.rounds):
+            for name in KV_TYPES:
+                times[name].append(best_ms(lambda: call(name), args.reps, clock))
+        base = statistics.median(times["auto"])
+        for name in KV_TYPES:
+            ms = statistics.median(times[name])
+            err = float((call(name) - exact).abs().max() / exact.abs().max())
+            label = "float32" if name == "auto" else name
+            print(f"{label:<10} {threads:>3} {ms:7.3f} {base / ms:6.2f}x {err:8.4f} "
+                  f"{tokens_per_gib(name):>9}")
+    print(f"load after: {_load()}")
+
+
+def operator_table(args, clock) -> None:
     gen = torch.Generator().manual_seed(1)
     lo, hi = args.decode_contexts
     decodes = [(int(n) - 1, 1) for n in torch.randint(lo, hi + 1, (64,), generator=gen)]
@@ -80,15 +123,40 @@ def main() -> None:
             q, kc, vc, tables, lens, starts, scale = make_case(seqs, kv_heads=args.kv_heads)
             plan = reference.plan_attention(tables, lens, starts, BLOCK)
             plan_ms = best_ms(lambda: reference.plan_attention(tables, lens, starts, BLOCK),
-                                args.reps, clock)
+                              args.reps, clock)
             ref_ms = best_ms(lambda: reference.paged_attention_planned(q, kc, vc, plan, scale),
-                               args.reps, clock)
+                             args.reps, clock)
             out = torch.empty_like(q)
             op_ms = best_ms(lambda: cpu_attention.paged_attention_cpu(
                 q, kc, vc, tables, lens, starts, scale, out=out), args.reps, clock)
             error = (out - reference.paged_attention_planned(q, kc, vc, plan, scale)).abs().max()
             print(f"{label:<20} {threads:>3} {plan_ms:>7.2f} {ref_ms:>8.2f} {op_ms:>8.2f} "
                   f"{ref_ms / op_ms:>7.1f}x {float(error):>8.1e}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--decode-contexts", type=int, nargs=2, default=[16, 768],
+                        metavar=("LO", "HI"), help="the 64 decodes' context range")
+    parser.add_argument("--kv-heads", type=int, default=KV_HEADS,
+                        help=f"KV heads under the {HEADS} query heads (default {KV_HEADS})")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: process CPU time, which other jobs on a shared machine "
+                             "disturb less (with 1 thread it is the latency; with more, "
+                             "the sum over threads)")
+    kv = parser.add_argument_group("--kv-cache: the decode over each KV cache type")
+    kv.add_argument("--kv-cache", action="store_true")
+    kv.add_argument("--rounds", type=int, default=5, help="rounds alternating the types")
+    kv.add_argument("--batch", type=int, default=8, help="decode rows")
+    kv.add_argument("--context", type=int, default=2048, help="tokens per row")
+    args = parser.parse_args(argv)
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    status = cpu_attention.load()
+    if not status.ok:
+        raise SystemExit(f"CPU operator unavailable: {status.detail}")
+    (kv_cache_table if args.kv_cache else operator_table)(args, clock)
 
 
 if __name__ == "__main__":

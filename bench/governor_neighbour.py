@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.serve_client import add_workload_args, build_workload, run_benchmark  # noqa: E402
-from bench.serve_race import SERVED_NAME, Server, serving_model_dir  # noqa: E402
+from bench.serve_process import Server  # noqa: E402
+from bench.serve_race import SERVED_NAME, race_server, serving_model_dir  # noqa: E402
 
 GOVERNOR_LINE = re.compile(r"^(\S+ \S+) folio-executor INFO (CPU threads (\d+) -> (\d+): .*)$")
 SPIN = "while True: pass"
@@ -98,7 +99,7 @@ def one_run(variant: str, args, model: Path, round_: int, workloads) -> dict:
     run_dir = args.out_dir / "run" / f"{variant}-{round_}"
     run_dir.mkdir(parents=True, exist_ok=True)
     log = args.out_dir / "logs" / f"{variant}-{round_}.log"
-    server = Server("folio", model, args, log, run_dir)
+    server = race_server("folio", model, args, log, run_dir)
     neighbour = Neighbour(args.neighbour_start, args.neighbour_s)
     try:
         server.wait_ready(args.startup_timeout)

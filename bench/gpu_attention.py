@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,40 +59,7 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Timer:
-    """Median CUDA-event time of fn() in microseconds, L2 flushed before every rep."""
-
-    def __init__(self, torch_module, reps: int, device: str) -> None:
-        self.torch = torch_module
-        self.reps = reps
-        self.device = device
-        flush_bytes = (256 << 20) if device == "cuda" else 1 << 20
-        self.flush = torch_module.empty(flush_bytes, dtype=torch_module.uint8, device=device)
-
-    def __call__(self, fn: Callable[[], Any], reps: int | None = None) -> float:
-        torch = self.torch
-        reps = reps or self.reps
-        fn()                                   # compile / warm up
-        if self.device != "cuda":              # --dry-run: wall clock
-            times = []
-            for _ in range(reps):
-                began = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - began)
-            return statistics.median(times) * 1e6
-        torch.cuda.synchronize()
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(reps)]
-        for start, end in events:
-            self.flush.zero_()                 # also hides the launch latency of fn
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize()
-        return statistics.median(start.elapsed_time(end) for start, end in events) * 1e3
-
-
-def copy_bandwidth(torch, timer: Timer, size: int) -> float:
+def copy_bandwidth(torch, timer, size: int) -> float:
     """Bytes read + written per second by a device-to-device copy of `size` bytes."""
     src = torch.empty(size, dtype=torch.uint8, device=timer.device)
     dst = torch.empty_like(src)
@@ -244,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root
+    from bench.gpu_timer import Timer
     from folio import kernels
 
     began = time.monotonic()

@@ -17,12 +17,11 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 SHAPES = {  # name: (hidden, intermediate, experts, top_k)
     "mixtral-8x7b": (4096, 14336, 8, 2),
@@ -59,33 +58,6 @@ class Row:
     max_rel_err: float
     weight_gbps: float
     tflops: float
-
-
-def timer(torch, reps: int, device: str) -> Callable[[Callable[[], Any]], float]:
-    """Median time of fn() in microseconds: CUDA events with L2 flushed, else wall clock."""
-    flush = torch.empty((256 << 20) if device == "cuda" else 1 << 16, dtype=torch.uint8,
-                        device=device)
-
-    def measure(fn: Callable[[], Any]) -> float:
-        fn()                                   # compile / warm up
-        times = []
-        for _ in range(reps):
-            flush.zero_()
-            if device == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-            else:
-                began = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - began) * 1e6)
-        return statistics.median(times)
-
-    return measure
 
 
 def make_weights(torch, shape, dtype, device, seed):
@@ -160,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
 
+    from bench.gpu_timer import Timer
     from folio import kernels
     from folio.kernels.moe_reference import fused_moe_ref
 
@@ -171,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     shapes = DRY_SHAPES if args.dry_run else SHAPES
     token_counts = DRY_TOKENS if args.dry_run else ((1, 64) if args.quick else TOKENS)
-    measure = timer(torch, 2 if args.dry_run else args.reps, device)
+    measure = Timer(torch, 2 if args.dry_run else args.reps, device)
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     rows: list[Row] = []
 

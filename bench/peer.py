@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.peer_floor import floor, measure_matmul, workload_flops   # noqa: E402
-from bench.throughput import MODEL_SHAPE, build_model, run_folio, run_hf, workload  # noqa: E402
+from bench.throughput import (MODEL_SHAPE, add_workload_args, build_model, run_folio,  # noqa: E402
+                              run_hf, workload)
 
 DEFAULT_VLLM_PYTHON = Path("/work/peer/vllm-venv/bin/python")
 
@@ -147,13 +148,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="Folio/vLLM pairs, alternated")
-    parser.add_argument("--num-requests", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--num-kv-blocks", type=int, default=None)
-    parser.add_argument("--model-dir", type=Path,
-                        default=ROOT / ".folio-cache" / "bench-llama-32m")
+    add_workload_args(parser)
     parser.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON)
     parser.add_argument("--vllm-engine-kwargs", default="{}",
                         help="JSON object of extra vllm.LLM arguments (default: vLLM's own)")

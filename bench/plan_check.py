@@ -95,19 +95,19 @@ def main() -> None:
                        check=True)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     rows = []
-    proc, base = serve_process.start(model, engine_args)
+    server = serve_process.start(model, engine_args)
     try:
         # Warm-up, not measured: a fresh server's first steps of each shape are slow.
         warm = serve_client.make_prompts(8, args.input_len, vocab, args.seed + 1000)
         asyncio.run(serve_client.run_benchmark(
-            base, warm, args.output_len, model=None, max_concurrency=None,
+            server.base_url, warm, args.output_len, model=None, max_concurrency=None,
             request_rate=float("inf"), seed=args.seed + 1000, request_timeout=600,
             deadline=600))
         for number, rate in enumerate(float(r) for r in args.rates.split(",")):
             seed = args.seed + number
             prompts = serve_client.make_prompts(args.num_prompts, args.input_len, vocab, seed)
             report = asyncio.run(serve_client.run_benchmark(
-                base, prompts, args.output_len, model=None, max_concurrency=None,
+                server.base_url, prompts, args.output_len, model=None, max_concurrency=None,
                 request_rate=rate, seed=seed, request_timeout=600, deadline=1800))
             plan = predicted(cost, arrivals(args.num_prompts, rate, seed), args.input_len,
                              args.output_len)
@@ -124,7 +124,7 @@ def main() -> None:
                 f"{k} {v['measured']:.1f} vs {v['predicted']:.1f} ({v['error_pct']:+.0f}%)"
                 for k, v in row.items() if isinstance(v, dict)), flush=True)
     finally:
-        serve_process.stop(proc)
+        server.stop()
     result = {"model": model, "engine_args": engine_args, "cost": str(cost),
               "cost_model": json.loads(cost.read_text()), "input_len": args.input_len,
               "output_len": args.output_len, "num_prompts": args.num_prompts,

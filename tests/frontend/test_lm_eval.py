@@ -61,7 +61,7 @@ def test_local_completions_matches_the_hf_model_per_sample(tmp_path_factory, lla
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     task_dir = tmp_path_factory.mktemp("lm-eval-task")
     _task(task_dir)
-    tasks = TaskManager(include_path=str(task_dir))
+    tasks = TaskManager(include_path=str(task_dir), include_defaults=False)   # not the 1000s of stock tasks
     hf = _loglikelihoods("hf", f"pretrained={llama_dir},dtype=float32,device=cpu", tasks)
     with serving(llama_dir, tmp_path_factory.mktemp("lm-eval"), "--served-model-name",
                  MODEL, "--num-kv-blocks", "256") as server:

@@ -19,7 +19,6 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from bench.nonreading_client import non_reading_dealer
 from folio.frontend.engine_client import FinalResult, SampleResult
 from folio.frontend.input_processor import InputProcessor, ModelFacts
 from folio.frontend.prep import Preparer
@@ -29,6 +28,7 @@ from folio.shared.protocol.codes import FinishReason, RefusalCode
 from folio.shared.sampling_params import SamplingParams
 from folio.shared.protocol.wire import unpack
 from tests.pipeline import ROOT
+from tests.soak.nonreading_client import non_reading_dealer
 
 CAP = 8
 STREAM = SamplingParams(max_tokens=64, ignore_eos=True)

@@ -18,11 +18,11 @@ import httpx
 import pytest
 import zmq
 
-from bench.nonreading_client import non_reading_dealer
 from folio import SamplingParams
 from folio.client import Client
 from folio.shared.protocol import messages as m
 from tests.http_server import HttpServer
+from tests.soak.nonreading_client import non_reading_dealer
 
 pytestmark = pytest.mark.slow
 CAP = 16

@@ -161,17 +161,20 @@ def fresh_env(wheel, tmp_path_factory) -> Path:
 def test_the_dockerfile_steps_run_from_a_source_tree(fresh_env, tmp_path):
     """The image installs the wheel, then runs `python -m folio…` steps in a working directory;
     run here as it once was, where the source tree lies (its bare `folio/` folder first on
-    the path), each step must still find every subpackage."""
+    the path), each step's module must still be found with every subpackage, and take the
+    step's arguments. (Each module's --help, not the step itself: the portable operator's
+    compile would take half a minute of the suite; tests/kernels build and run it.)"""
     steps = _dockerfile_module_steps()
     assert ["folio.kernels.cpu_attention", "--build", "--variant", "portable"] in steps
     where = subprocess.run([str(fresh_env), "-c", "import folio.kernels; print(folio.kernels.__file__)"],
                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert "/site-packages/folio/kernels/" in where.stdout, where.stderr   # the wheel's own
-    env = {**os.environ, "FOLIO_CPU_OPS_DIR": str(tmp_path / "cpu-ops")}
-    for argv in steps:
-        out = subprocess.run([str(fresh_env), "-m", *argv], capture_output=True, text=True,
-                             cwd=ROOT, env=env, timeout=600)
-        assert out.returncode == 0, f"python -m {shlex.join(argv)}:\n{out.stderr[-3000:]}"
+    for module, *args in steps:
+        out = subprocess.run([str(fresh_env), "-m", module, "--help"], capture_output=True,
+                             text=True, cwd=ROOT, timeout=120)
+        assert out.returncode == 0, f"python -m {module}:\n{out.stderr[-3000:]}"
+        for arg in args:
+            assert arg in out.stdout, f"python -m {module} takes no {arg!r}"
 
 
 def test_the_bare_kernels_folder_imports_cleanly_from_the_root(fresh_env):

@@ -532,7 +532,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 TestScheduler = SchedulerMachine.TestCase
-TestScheduler.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+# The profile's examples (tests/conftest.py: 100 in the suite, 1000 with thorough), 60 steps each.
+TestScheduler.settings = settings(settings.default, stateful_step_count=60)
 
 
 # ---- fixed cases ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from folio.executor import executor as executor_module
+from folio.executor.quantization import weight_formats
 from folio.executor.quantization.gguf.quantized import KEPT_TYPES, quantized_weight
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from folio.shared.sampling_params import SamplingParams
@@ -49,7 +49,7 @@ def _prompt_logprobs(path: Path, monkeypatch, keep: bool) -> tuple[list, object]
     from folio import LLM
 
     if not keep:
-        monkeypatch.setattr(executor_module, "keep_gguf_quantized", lambda *args: 0)
+        monkeypatch.setattr(weight_formats, "keep_gguf_quantized", lambda *args: 0)
     # float activations: the file's blocks against their dequantized floats, exactly (the
     # default int8 activations of small batches round x too: tests/kernels/test_quant_dot.py)
     llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64,

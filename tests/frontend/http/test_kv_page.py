@@ -60,10 +60,19 @@ def test_grid_follows_a_running_request(server, browser, tmp_path):  # noqa: F81
     _wait(browser, lambda d: len(_blocks(d)) == 256, "the grid of 256 blocks", timeout=15)
     assert {state for state, _, _ in _blocks(browser)} <= {"F", "C"}
     body = {"prompt": "a prompt the two answers share, long enough for blocks " * 2,
-            "max_tokens": 900, "temperature": 0.0, "ignore_eos": True}
+            "max_tokens": 900, "temperature": 0.0, "ignore_eos": True, "stream": True}
     answers = []
-    workers = [threading.Thread(target=lambda: answers.append(httpx.post(
-        f"{server}/v1/completions", json=body, timeout=120).status_code)) for _ in range(2)]
+    seen_enough = threading.Event()   # then each client leaves, which aborts its request
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{server}/v1/completions", json=body,
+                          timeout=120) as answer:
+            answers.append(answer.status_code)
+            for _ in answer.iter_lines():
+                if seen_enough.is_set():
+                    break
+
+    workers = [threading.Thread(target=stream) for _ in range(2)]
     for worker in workers:
         worker.start()
     first = _wait(browser, lambda d: (lambda b: b if any(s == "U" for s, _, _ in b) else None)(
@@ -91,6 +100,7 @@ def test_grid_follows_a_running_request(server, browser, tmp_path):  # noqa: F81
     assert float(overall.split()[-1]) >= 1.0
     assert browser.save_screenshot(str(artifacts / "kv_page.png"))
     _wait(browser, lambda d: _blocks(d) != first, "the grid to change as tokens arrive")
+    seen_enough.set()
     for worker in workers:
         worker.join(120)
     assert answers == [200, 200]
