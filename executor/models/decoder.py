@@ -53,7 +53,12 @@ class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig, ops: KernelOps, max_positions: int) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given its (uninitialised) weight, the embedding skips its random init: on the meta
+        # device that init runs through torch's Python references, which import
+        # torch._dynamo (1.5 s of every executor start). The checkpoint fills it anyway.
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size,
+                                                             config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, i, ops, max_positions)
                                     for i in range(config.num_layers))
         self.norm = make_norm(config, config.hidden_size, ops)
