@@ -11,6 +11,16 @@
 ARG BASE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
 ARG CPU_BASE=python:3.11-slim
 
+# ---- the source both targets install (one list of what goes in) ------------------------
+FROM scratch AS source
+COPY pyproject.toml README.md /src/
+COPY folio /src/folio
+COPY frontend /src/frontend
+COPY scheduler /src/scheduler
+COPY executor /src/executor
+COPY kernels /src/kernels
+COPY shared /src/shared
+
 # ---- CPU: pinned dependencies, torch from the CPU wheel index -----------------------------
 FROM ${CPU_BASE} AS cpu
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -24,15 +34,9 @@ WORKDIR /opt/folio
 COPY constraints.txt ./
 RUN grep -E '^torch==' constraints.txt > torch-pin.txt \
     && pip install --index-url "${TORCH_INDEX_URL}" -r torch-pin.txt
-# The source is built from a folder of its own and removed: a step run where a source tree
-# lies would import that tree's bare `folio/` folder, not the installed package.
-COPY pyproject.toml README.md /tmp/folio-src/
-COPY folio /tmp/folio-src/folio
-COPY frontend /tmp/folio-src/frontend
-COPY scheduler /tmp/folio-src/scheduler
-COPY executor /tmp/folio-src/executor
-COPY kernels /tmp/folio-src/kernels
-COPY shared /tmp/folio-src/shared
+# Built from a folder of its own, then removed: a step run where a source tree lies would
+# import that tree's bare `folio/` folder, not the installed package.
+COPY --from=source /src /tmp/folio-src
 RUN pip install -c constraints.txt /tmp/folio-src && rm -rf /tmp/folio-src \
     && folio --help > /dev/null
 # The C++ CPU attention operator, built portable (the image may run on another CPU); the
@@ -57,15 +61,9 @@ ENV PYTHONUNBUFFERED=1 \
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin folio \
     && install -d -o folio -g folio -m 0700 /keys
 WORKDIR /opt/folio
-# The source is built from a folder of its own and removed: a step run where a source tree
-# lies would import that tree's bare `folio/` folder, not the installed package.
-COPY pyproject.toml README.md /tmp/folio-src/
-COPY folio /tmp/folio-src/folio
-COPY frontend /tmp/folio-src/frontend
-COPY scheduler /tmp/folio-src/scheduler
-COPY executor /tmp/folio-src/executor
-COPY kernels /tmp/folio-src/kernels
-COPY shared /tmp/folio-src/shared
+# Built from a folder of its own, then removed: a step run where a source tree lies would
+# import that tree's bare `folio/` folder, not the installed package.
+COPY --from=source /src /tmp/folio-src
 # No constraints file here: pip keeps the base image's torch (and triton) when they satisfy
 # pyproject.toml, instead of replacing them with the CPU pins.
 RUN pip install /tmp/folio-src && rm -rf /tmp/folio-src \

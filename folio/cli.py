@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -112,6 +113,7 @@ def run_role(role: str, checked: Any) -> int:
         from folio.frontend.service import serve_frontend
 
         serve_frontend(checked)
+        _exit_without_teardown(0)
     elif role == "scheduler":
         from folio.scheduler.service import SchedulerService
 
@@ -119,6 +121,16 @@ def run_role(role: str, checked: Any) -> int:
     elif role == "executor":
         return _executor(checked)
     return 0
+
+
+def _exit_without_teardown(code: int) -> None:
+    """Exit once a role has closed everything it owns, skipping the interpreter's teardown:
+    the frontend's modules (transformers imports torch) take a second to tear down, which
+    every `folio serve` shutdown and restart waited for."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _probe(plan: ProbePlan) -> int:

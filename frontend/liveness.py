@@ -26,20 +26,31 @@ class SchedulerHeartbeat:
         self.frontend_id, self.interval_s = frontend_id, interval_s
         self.seen = 0.0   # monotonic time of the scheduler's last answer (thread writes it)
         self.stopping = threading.Event()
+        # stop() writes a byte here: the thread's poll wakes at once, not at the next beat.
+        self._wake_read, self._wake_write = os.pipe()
         self.thread = threading.Thread(target=self._run, name="folio-heartbeat", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
     def stop(self) -> None:
+        if self.stopping.is_set():
+            return
         self.stopping.set()
+        os.write(self._wake_write, b"x")
         if self.thread.is_alive():
             self.thread.join(timeout=2)
+        if not self.thread.is_alive():   # else it may still poll the pipe: leave it open
+            os.close(self._wake_read)
+            os.close(self._wake_write)
 
     def _run(self) -> None:
         sock = make_peer(configure(self.ctx.socket(zmq.DEALER)), self.keys)
         sock.connect(self.address)
         beat = m.encode_heartbeat(os.getpid(), self.frontend_id)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
         next_beat = 0.0
         try:
             while not self.stopping.is_set():
@@ -50,7 +61,8 @@ class SchedulerHeartbeat:
                     except zmq.Again:
                         pass
                     next_beat = now + self.interval_s
-                if sock.poll(max(1, int((next_beat - now) * 1000)), zmq.POLLIN):
+                ready = dict(poller.poll(max(1, int((next_beat - now) * 1000))))
+                if sock in ready:
                     while sock.poll(0, zmq.POLLIN):
                         sock.recv(zmq.NOBLOCK)   # any answer is proof of life
                     self.seen = time.monotonic()

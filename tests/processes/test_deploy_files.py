@@ -169,7 +169,11 @@ def test_dockerfile_structure():
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^ARG BASE=pytorch/pytorch:\S+-runtime$", text, re.M)
     stages = _stages(text)
-    assert list(stages) == ["cpu", "gpu"]   # gpu last: the default target
+    assert list(stages) == ["source", "cpu", "gpu"]   # gpu last: the default target
+    source = stages.pop("source")
+    assert source[0] == "FROM scratch AS source"
+    copied = " ".join(line for line in source if line.startswith("COPY "))
+    assert "models" not in copied and "tests" not in copied
     assert stages["cpu"][0] == "FROM ${CPU_BASE} AS cpu" and "python:3.11-slim" in text
     assert stages["gpu"][0] == "FROM ${BASE} AS gpu"
     for name, lines in stages.items():
@@ -179,8 +183,7 @@ def test_dockerfile_structure():
         installs = [line for line in lines if "pip install" in line and "/tmp/folio-src" in line]
         assert len(installs) == 1
         assert ("-c constraints.txt" in installs[0]) == (name == "cpu"), installs
-        copied = " ".join(line for line in lines if line.startswith("COPY "))
-        assert "models" not in copied and "tests" not in copied
+        assert "COPY --from=source /src /tmp/folio-src" in lines
     ignored = (ROOT / ".dockerignore").read_text().split()
     for entry in (".git", ".venv", "tests", "models", "*.key_secret"):
         assert entry in ignored
