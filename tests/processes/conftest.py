@@ -13,12 +13,23 @@ def cluster(tmp_path_factory, llama_dir):
     yield from running_cluster(tmp_path_factory, llama_dir)
 
 
-@pytest.fixture
-def long_cluster(tmp_path_factory, long_llama_dir):
-    """The same processes on a 32768-token model with room for three ENDLESS answers, for a
-    test whose requests must run on for as long as the test takes to look (its own: the
-    test stops one of them)."""
+@pytest.fixture(scope="package")
+def long_cluster_processes(tmp_path_factory, long_llama_dir):
     yield from running_cluster(tmp_path_factory, long_llama_dir, 4096)
+
+
+@pytest.fixture
+def long_cluster(long_cluster_processes):
+    """The same processes on a 32768-token model with room for three ENDLESS answers, for a
+    test whose requests must run on for as long as the test takes to look (the tests that
+    use it stop or flood its processes: healed before each, and idle, or that test fails)."""
+    cluster = long_cluster_processes
+    cluster.heal()
+    stats = cluster.wait_idle(0, 60.0)
+    if stats["num_running"] or stats["num_waiting"] or \
+            stats["kv_blocks_free"] != stats["kv_blocks_total"]:
+        pytest.fail(f"an earlier test left work on the long cluster: {stats}")
+    return cluster
 
 
 @pytest.fixture
