@@ -1,4 +1,4 @@
-"""bench/speculative_served.py on the tiny llama, speculation off and n-gram: each mode's
+"""bench/spec_decode_served.py on the tiny llama, speculation off and n-gram: each mode's
 server started and stopped through bench/serve_process.py, every answer the same in both."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_off_and_ngram_give_the_same_answers(llama_dir, tmp_path):
     out = tmp_path / "runs.jsonl"
     run = subprocess.run(
-        [sys.executable, "-m", "bench.speculative_served", "--model", str(llama_dir),
+        [sys.executable, "-m", "bench.spec_decode_served", "--model", str(llama_dir),
          "--modes", "off", "ngram", "--rounds", "1", "--concurrency", "1", "2",
          "--max-tokens", "8", "--random-len", "16", "--chars", "200", "--out", str(out)],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,

@@ -7,10 +7,10 @@ concurrencies, for each mode (off, n-gram, suffix), each server started in turn
 JSON line per run (with the load average before and after it: the machine may be shared)
 and writes them to --out, plus a PNG (--png) of output tok/s against concurrency.
 
-    python -m bench.speculative_served --model /tmp/smol/f32 --rounds 1 \
+    python -m bench.spec_decode_served --model /tmp/smol/f32 --rounds 1 \
         --concurrency 1 4 64 --out spec.jsonl --png docs/images/speculative_served.png
-    python -m bench.speculative_served --plot spec.jsonl --png spec.png   # redraw only
-    python -m bench.speculative_served --model /tmp/smol/f32 --serve-model SMOL-q8_0.gguf \
+    python -m bench.spec_decode_served --plot spec.jsonl --png spec.png   # redraw only
+    python -m bench.spec_decode_served --model /tmp/smol/f32 --serve-model SMOL-q8_0.gguf \
         --modes off ngram suffix llama.cpp llama.cpp-ngram-simple llama.cpp-ngram-mod \
         --llama-server .folio-cache/peers/llama.cpp/11040.0.0/build/bin/llama-server \
         --llama-gguf SMOL-q8_0.gguf --concurrency 1    # against llama.cpp's n-gram speculation
