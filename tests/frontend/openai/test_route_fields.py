@@ -14,22 +14,17 @@ import pytest
 
 from folio.default_model import default_model_path
 from folio.frontend.openai.field_parsers import DEFAULT_MODEL_NAME, served_names
-from tests.http_server import ROOT, free_port, openai_client, serving
+from tests.frontend.openai.served import KEY, MODEL, ALIAS
+from tests.http_server import ROOT, free_port, openai_client
 
 pytestmark = pytest.mark.slow
-KEY = "sk-folio-fields"
-MODEL = "tiny"
-ALIAS = "org/tiny-alias"
 MESSAGES = [{"role": "user", "content": "What is a tuple?"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, llama_dir):
-    with serving(llama_dir, tmp_path_factory.mktemp("fields"), "--api-key", KEY,
-                 "--served-model-name", MODEL, ALIAS, "--max-n", "20",
-                 "--num-kv-blocks", "256", "--max-num-seqs", "24") as srv:
-        yield srv
+def server(tiny_server):   # the package's one server (conftest.py)
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

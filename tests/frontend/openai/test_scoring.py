@@ -8,22 +8,18 @@ import math
 import httpx
 import pytest
 
-from tests.http_server import openai_client, serving
+from tests.frontend.openai.served import KEY, MODEL
+from tests.http_server import openai_client
 
 pytestmark = pytest.mark.slow
-KEY = "sk-folio-scoring"
-MODEL = "tiny"
 TOL = 1e-3
 CONTEXT = "The for statement in Python differs a bit from what you may be used to"
 CONTINUATION = " in C or Pascal."
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, llama_dir):
-    with serving(llama_dir, tmp_path_factory.mktemp("scoring"), "--api-key", KEY,
-                 "--served-model-name", MODEL, "--num-kv-blocks", "256",
-                 "--max-num-seqs", "8") as srv:
-        yield srv
+def server(tiny_server):   # the package's one server (conftest.py)
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

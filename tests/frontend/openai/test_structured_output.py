@@ -13,11 +13,10 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.http_server import openai_client, serving
+from tests.frontend.openai.served import KEY, MODEL
+from tests.http_server import openai_client
 
 pytestmark = pytest.mark.slow
-KEY = "sk-structured"
-MODEL = "tiny"
 MESSAGES = [{"role": "user", "content": "Describe a user as JSON."}]
 # Nested objects, enums, arrays; strings and numbers bounded so that a random model's
 # answer fits max_tokens (it fills free strings with whatever it likes).
@@ -43,10 +42,8 @@ RESPONSE_FORMAT = {"type": "json_schema",
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, llama_dir):
-    with serving(llama_dir, tmp_path_factory.mktemp("structured"), "--api-key", KEY,
-                 "--served-model-name", MODEL, "--num-kv-blocks", "256") as srv:
-        yield srv
+def server(tiny_server):   # the package's one server (conftest.py)
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,18 @@
+"""One `folio serve` on the tiny llama for this package's OpenAI-API modules (route fields,
+scoring, structured output): its flags are the union of what they need, so one start
+serves the three (each start is seconds of the suite's ten minutes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.frontend.openai.served import ALIAS, KEY, MODEL
+from tests.http_server import serving
+
+
+@pytest.fixture(scope="package")
+def tiny_server(tmp_path_factory, llama_dir):
+    with serving(llama_dir, tmp_path_factory.mktemp("openai"), "--api-key", KEY,
+                 "--served-model-name", MODEL, ALIAS, "--max-n", "20",
+                 "--num-kv-blocks", "256", "--max-num-seqs", "24") as srv:
+        yield srv
