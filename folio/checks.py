@@ -71,10 +71,12 @@ class ProbePlan:
     curve_keys: str | None
 
 
-def check_serve(args: argparse.Namespace) -> ServePlan:
+def check_serve(args: argparse.Namespace) -> ServePlan | ExecutorPlan:
     serve = config_of(ServeSettings, args)
     http = config_of(HttpSettings, args)
     transport = config_of(TransportSettings, args)
+    if serve.headless:   # a worker node: its ranks only, as `folio executor --headless`
+        return check_headless_serve(args, serve, transport)
     plan = ServePlan(
         log_level=args.log_level, serve=serve,
         engine=config_of(EngineConfig, args, model=resolve_model(serve.model)),
@@ -94,6 +96,20 @@ def check_serve(args: argparse.Namespace) -> ServePlan:
                     zmq_address=serve.zmq_address)
     check_ports_free(http.host, http.port, serve.zmq_address)
     return plan
+
+
+def check_headless_serve(args: argparse.Namespace, serve: ServeSettings,
+                         transport: TransportSettings) -> ExecutorPlan:
+    """`folio serve --headless`: what a worker node takes of serve's settings (the model and
+    the engine's); the ones only a node with processes of its own uses are refused."""
+    for name in ("zmq_address", "data_parallel_size"):
+        if getattr(serve, name) != ServeSettings.__dataclass_fields__[name].default:
+            raise SettingError(name, "does not apply with --headless: a worker node runs "
+                               "tensor-parallel ranks only")
+    engine = config_of(EngineConfig, args, model=resolve_model(serve.model))
+    check_engine(engine)
+    check_nodes(engine, True, transport)
+    return ExecutorPlan(None, engine, transport.curve_keys, headless=True)
 
 
 def check_lora_names(engine: EngineConfig, http: HttpSettings) -> None:
@@ -173,7 +189,8 @@ def check_nodes(engine: EngineConfig, headless: bool, transport: TransportSettin
                            "the scheduler talks to (run it without --headless)")
     if node > 0 and not headless:
         raise SettingError("node_rank", f"{node} runs tensor-parallel ranks only: start it "
-                           "with `folio executor --headless` (node 0 runs the scheduler)")
+                           "with `folio serve --headless` (or `folio executor --headless`; "
+                           "node 0 runs the scheduler)")
     if nnodes == 1:
         return
     if not engine.master_addr:

@@ -86,6 +86,9 @@ def set_role_title(role: str) -> None:
 
 def run_role(role: str, checked: Any) -> int:
     """Run a command with its checked settings (folio/checks.py)."""
+    if role == "serve" and isinstance(checked, ExecutorPlan):   # serve --headless
+        set_role_title("executor")
+        return _executor(checked)
     if role == "serve":
         from folio.serve import serve
 

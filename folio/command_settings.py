@@ -58,6 +58,10 @@ class ServeSettings(Checked):
         "auto", "which cores each process may use when the executor runs on CPU: split "
         "(frontend and scheduler on one core of their own), shared, off; auto: split on "
         "CPU, off with a GPU", choices=PLACEMENTS)
+    headless: bool = setting(
+        False, "a worker node of a multi-node group, as vLLM's `serve --headless`: run this "
+        "node's tensor-parallel ranks only (node-rank > 0 of nnodes), no scheduler or "
+        "frontend; the same as `folio executor --headless`")
 
 
 @dataclass(frozen=True, kw_only=True)

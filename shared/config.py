@@ -165,7 +165,7 @@ class EngineConfig(SchedulingPolicy):
                           "share each; every node gives the same engine settings)",
                           check=positive_int)
     node_rank: int = setting(0, "this machine's index among the nnodes (0: the node with "
-                             "the scheduler; the others run `folio executor --headless`)",
+                             "the scheduler; the others run `folio serve --headless`)",
                              check=non_negative_int)
     master_addr: str | None = setting(None, "node 0's address the other nodes reach (the "
                                       "torch.distributed rendezvous and the plan hop); "

@@ -31,8 +31,19 @@ LINK = ("--scheduler-address", "ipc:///tmp/folio-none.sock")
     ("executor", ("--nnodes", "2", "--master-addr", "h"),
      "--scheduler-address is required (unless --headless)"),
     ("serve", ("--nnodes", "2", "--node-rank", "1", "--master-addr", "h"),
-     "--node-rank 1 runs tensor-parallel ranks only: start it with `folio executor "
-     "--headless` (node 0 runs the scheduler)"),
+     "--node-rank 1 runs tensor-parallel ranks only: start it with `folio serve --headless` "
+     "(or `folio executor --headless`; node 0 runs the scheduler)"),
+    # vLLM's form of a worker node: `folio serve --headless` checks as the executor's does.
+    ("serve", ("--headless",),
+     "--headless needs --nnodes > 1: a headless node runs its share of a group spread over "
+     "several nodes"),
+    ("serve", ("--headless", "--nnodes", "2", "--node-rank", "1", "--master-addr", "h"),
+     "--curve-keys is required with --nnodes > 1: rank 0's plans travel to the other nodes "
+     "over TCP (or --insecure-transport on a trusted network)"),
+    ("serve", ("--headless", "--nnodes", "2", "--node-rank", "1", "--zmq-address",
+               "tcp://127.0.0.1:5555"),
+     "--zmq-address does not apply with --headless: a worker node runs tensor-parallel "
+     "ranks only"),
     ("serve", ("--nnodes", "2", "--master-addr", "h", "--insecure-transport",
                "--data-parallel-size", "2"),
      "--data-parallel-size with --nnodes > 1 is not supported: one tensor-parallel group "

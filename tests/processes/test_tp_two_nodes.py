@@ -57,8 +57,12 @@ def keys(tmp_path_factory) -> str:
 class TwoNodes:
     """Node 0 (`folio serve`) in host A, node 1 (headless) in host B."""
 
-    def __init__(self, hosts: Hosts, run_dir: Path, model_dir, keys: str, *engine: str):
+    def __init__(self, hosts: Hosts, run_dir: Path, model_dir, keys: str, *engine: str,
+                 node_command: str = "executor"):
+        """`node_command`: node 1 as `folio executor --headless` or, vLLM's form,
+        `folio serve --headless`."""
         self.hosts, self.run_dir, self.keys = hosts, run_dir, keys
+        self.node_command = node_command
         self.engine = ("--model", str(model_dir), "--tensor-parallel-size", "2", *MASTER,
                        "--curve-keys", keys, "--device", "cpu", *engine)
         self.address = f"ipc://{run_dir}/client.sock"
@@ -68,7 +72,7 @@ class TwoNodes:
                                  self.serve_log)
 
     def start_node(self) -> subprocess.Popen:
-        return self.hosts.spawn(1, ["executor", "--headless", "--node-rank", "1",
+        return self.hosts.spawn(1, [self.node_command, "--headless", "--node-rank", "1",
                                     *self.engine], self.node_log)
 
     def client(self) -> Client:
@@ -117,7 +121,7 @@ async def _generate(nodes: TwoNodes) -> list[list[int]]:
 
 def test_tp2_over_two_hosts_matches_one_rank_and_transformers(hosts, keys, tmp_path,
                                                                llama_dir):
-    nodes = TwoNodes(hosts, tmp_path, llama_dir, keys, *POOL)
+    nodes = TwoNodes(hosts, tmp_path, llama_dir, keys, *POOL, node_command="serve")
     try:
         nodes.wait_serving()
         outputs = asyncio.run(_generate(nodes))
