@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -72,15 +73,84 @@ def ipc_address(run_dir: Path, name: str) -> str:
 
 
 def check_bind_address(address: str) -> str:
-    """Refuse wildcard binds unless asked for explicitly (compose sets FOLIO_ALLOW_WILDCARD)."""
+    """Refuse wildcard binds unless asked for explicitly (compose sets FOLIO_ALLOW_WILDCARD).
+
+    A wildcard is any unspecified address however it is written (`*`, `0`, `0x0`, `[::0]`,
+    `[::ffff:0.0.0.0]`, a name resolving to 0.0.0.0): the OS binds each to every interface."""
     if not address.startswith(("ipc://", "tcp://", "inproc://")):
         raise ValueError(f"address {address!r} must start with ipc://, tcp:// or inproc://")
-    host = address.removeprefix("tcp://").rsplit(":", 1)[0] if address.startswith("tcp://") \
-        else ""
-    if host in ("*", "0.0.0.0", "[::]") and os.environ.get("FOLIO_ALLOW_WILDCARD") != "1":
+    host = _bind_host(address)
+    if host is None or os.environ.get("FOLIO_ALLOW_WILDCARD") == "1":
+        return address
+    if _is_wildcard(host, address):
         raise ValueError(f"refusing to bind {address}: give a specific interface, or set "
                          "FOLIO_ALLOW_WILDCARD=1 where every interface is meant (containers)")
     return address
+
+
+def _bind_host(address: str) -> str | None:
+    """The host of a tcp:// bind address, brackets stripped ("tcp://[::]:5555" -> "::");
+    None for other schemes."""
+    if not address.startswith("tcp://"):
+        return None
+    rest = address.removeprefix("tcp://")
+    if rest.startswith("["):   # IPv6 literal: its colons are not the port's
+        return rest[1:].partition("]")[0]
+    return rest.rsplit(":", 1)[0]
+
+
+def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`host` as an IP address when it is one in any form the OS accepts, else None.
+
+    inet_aton reads IPv4's legacy forms too ("0", "0x0", "0.0.0.00", "127.1"), as the
+    resolver ZeroMQ binds through does; it also ignores anything after a space, so a host
+    with whitespace is no literal."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    if not host or any(c.isspace() for c in host):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+def _is_unspecified(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """0.0.0.0 or ::, including the IPv4-mapped ::ffff:0.0.0.0."""
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_unspecified or (mapped is not None and mapped.is_unspecified)
+
+
+def _is_wildcard(host: str, address: str) -> bool:
+    """Whether binding `host` binds every interface; a ValueError when it names nothing."""
+    if host in ("", "*"):
+        return True
+    ip = _ip_literal(host)
+    if ip is not None:
+        return _is_unspecified(ip)
+    if _is_interface(host):   # ZeroMQ binds an interface name to that interface's address
+        return False
+    return any(_is_unspecified(ip) for ip in _resolve(host, address))
+
+
+def _is_interface(name: str) -> bool:
+    try:
+        socket.if_nametoindex(name)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _resolve(host: str, address: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Every address the name `host` resolves to (any of them could be the one bound)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as error:
+        raise ValueError(f"cannot bind {address}: host {host!r} does not resolve "
+                         f"({error})") from None
+    return [ipaddress.ip_address(info[4][0].partition("%")[0]) for info in infos]
 
 
 INSECURE_HELP = ("allow tcp:// links without CURVE keys where others could reach them (any "

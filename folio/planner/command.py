@@ -13,8 +13,10 @@ from typing import Any
 
 from folio.shared.config import DTYPES, PREEMPTION_MODES, QUANTIZATIONS
 from folio.shared.kv_cache_dtype import KV_CACHE_DTYPES
-from folio.shared.settings import Checked, at_least, optional, positive_int, setting
+from folio.shared.settings import (Checked, at_least, in_range, optional, positive_int,
+                                   setting)
 from folio.planner.simulator.command import KV_DTYPES
+from folio.planner.simulator.inputs import MAX_KV_BLOCKS
 
 QUANTILE_CHOICES = ("50", "90", "99")
 
@@ -43,7 +45,7 @@ class PlanSettings(Checked):
                                                                      + KV_DTYPES)))
     num_kv_blocks: int | None = setting(None, "KV blocks of the pool (calibrate: the engine's "
                                         "as served; plan: instead of the calibrated memory)",
-                                        check=optional(positive_int))
+                                        check=optional(in_range(1, MAX_KV_BLOCKS)))
     cpu_threads: int | None = setting(None, "calibrate: executor's torch threads",
                                       check=optional(positive_int))
     quick: bool = setting(False, "calibrate: a small grid (seconds; for tests, not sizing)")
@@ -87,16 +89,19 @@ def run_plan(settings: PlanSettings) -> int:
 
     if not settings.workload:
         raise SettingError("workload", "is needed to plan (or run `folio plan calibrate`)")
-    # Each input checked before anything runs: a problem is one line naming its flag.
+    # Each input checked (and read once) before anything runs: a problem is one line naming
+    # its flag.
+    read = {}
     for name, check in (("cost", load_cost), ("workload", parse_workload), ("slo", parse_slo)):
         try:
             if getattr(settings, name):
-                check(getattr(settings, name))
+                read[name] = check(getattr(settings, name))
         except ValueError as error:
             raise SettingError(name, str(error)) from None
-    cost, workload = load_cost(settings.cost), parse_workload(settings.workload)
     try:
-        plan = make_plan(settings, cost, workload)
+        plan = make_plan(settings, read["cost"], read["workload"])
+    except SettingError:   # the pool (--num-kv-blocks or the cost file's memory)
+        raise
     except ValueError as error:   # e.g. a request longer than the calibrated context
         raise SettingError("workload", str(error)) from None
     if settings.json:

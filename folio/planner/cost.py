@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from folio.planner.simulator.inputs import MAX_KV_BLOCKS
+from folio.shared.config import PREEMPTION_MODES
+
 FORMAT = "folio-plan-cost/1"
 # Executor-time features of a step, in the order of the coefficients.
 FEATURES = ("base", "per_prefill_token", "per_decode_row", "per_decode_kcontext",
@@ -101,6 +104,29 @@ def _number(data: dict, path: str) -> float:
     return value
 
 
+def _scheduling(data: dict) -> dict[str, Any]:
+    """The calibrated scheduling policy, each key a plan reads checked (a hand-edited file
+    may lack one)."""
+    scheduling = data.get("scheduling")
+    if not isinstance(scheduling, dict):
+        raise ValueError("missing scheduling")
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        value = scheduling.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"scheduling.{key} must be a positive integer, got {value!r}")
+    for key in ("enable_prefix_caching", "enable_chunked_prefill"):
+        if not isinstance(scheduling.get(key, True), bool):
+            raise ValueError(f"scheduling.{key} must be true or false, got "
+                             f"{scheduling[key]!r}")
+    if "enable_prefix_caching" not in scheduling:
+        raise ValueError("missing scheduling.enable_prefix_caching")
+    if scheduling.get("preemption_mode") not in PREEMPTION_MODES:
+        raise ValueError(f"scheduling.preemption_mode must be one of "
+                         f"{', '.join(PREEMPTION_MODES)}, got "
+                         f"{scheduling.get('preemption_mode')!r}")
+    return scheduling
+
+
 def load_cost(path: str | Path) -> CostModel:
     """The cost model in `path`; a ValueError naming the first problem."""
     try:
@@ -127,9 +153,10 @@ def load_cost(path: str | Path) -> CostModel:
         if layout.num_kv_blocks < 1 or layout.block_size < 1 or layout.max_model_len < 1:
             raise ValueError("kv.num_kv_blocks, kv.block_size and kv.max_model_len must be "
                              ">= 1")
-        scheduling = data.get("scheduling")
-        if not isinstance(scheduling, dict):
-            raise ValueError("missing scheduling")
+        if layout.num_kv_blocks > MAX_KV_BLOCKS:
+            raise ValueError(f"kv.num_kv_blocks ({layout.num_kv_blocks}) is more than a "
+                             f"plan simulates ({MAX_KV_BLOCKS:,})")
+        scheduling = _scheduling(data)
         return CostModel(executor, scheduler, _number(data, "hop_ms"),
                          _number(data, "swap_ms_per_block"), layout, scheduling,
                          str(data.get("model", "")), dict(data.get("flags") or {}),

@@ -14,10 +14,10 @@ from typing import Any
 
 from folio.planner.cost import CostModel
 from folio.planner.simulator.contiguous import reserved
-from folio.planner.simulator.inputs import Machine, TraceRequest
+from folio.planner.simulator.inputs import MAX_KV_BLOCKS, Machine, TraceRequest
 from folio.planner.simulator.loop import VOCAB, replay
 from folio.scheduler.scheduler import Scheduler
-from folio.shared.config import SchedulerConfig
+from folio.shared.config import SchedulerConfig, SettingError
 from folio.planner.simulator.run import percentile
 
 QUANTILES = (50, 90, 99)
@@ -55,6 +55,7 @@ def scheduler_config(cost: CostModel, options: Options) -> SchedulerConfig:
                       enable_prefix_caching=policy["enable_prefix_caching"]
                       if options.prefix_caching is None else options.prefix_caching,
                       preemption_mode=options.preemption_mode or policy["preemption_mode"])
+    _check_pool(blocks, block_size, options)
     if options.contiguous:
         machine = reserved(machine, kv.max_model_len)
         if machine is None:
@@ -69,6 +70,20 @@ def scheduler_config(cost: CostModel, options: Options) -> SchedulerConfig:
         enable_prefix_caching=machine.enable_prefix_caching,
         preemption_mode=machine.preemption_mode, vocab_size=VOCAB,
         num_swap_blocks=swap_blocks if machine.preemption_mode != "recompute" else 0)
+
+
+def _check_pool(blocks: int, block_size: int, options: Options) -> None:
+    """A pool the Scheduler can hold: each simulated block is an object in memory, and the
+    calibrated memory cut into small blocks of a small type can make millions."""
+    source = "num_kv_blocks" if options.num_kv_blocks else "cost"
+    pool = f"{blocks:,} KV blocks" if options.num_kv_blocks else \
+        f"kv.memory_bytes in blocks of {block_size} tokens makes {blocks:,} KV blocks"
+    if blocks < 1:
+        raise SettingError(source, f"(plan {options.name!r}) {pool}: none fits")
+    if blocks > MAX_KV_BLOCKS:
+        raise SettingError(source, f"(plan {options.name!r}) {pool}, more than a plan "
+                           f"simulates ({MAX_KV_BLOCKS:,}; give --num-kv-blocks or a larger "
+                           "--block-size)")
 
 
 @dataclass

@@ -11,7 +11,8 @@
 
 Keys: rate (requests/s, > 0), n (requests, at most 100,000), prompt, output (tokens: N or LO-HI), prefix
 (shared tokens), prefixes (how many distinct prefixes, default 1), seed (default 0). A
-rate search (--slo) scales a trace's arrival times.
+rate search (--slo) scales a trace's arrival times. A trace holds at most 100,000 requests
+too (reading stops past them), each line checked field by field.
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from folio.planner.simulator.inputs import TraceRequest, load_trace
+from folio.planner.simulator.inputs import MAX_REQUESTS, TraceRequest, load_trace
 
 KINDS = ("poisson", "fixed")
 KEYS = ("rate", "n", "prompt", "output", "prefix", "prefixes", "seed")
-MAX_REQUESTS = 100_000   # a replay holds every request's token times
 
 
 def _span(text: str, key: str) -> tuple[int, int]:

@@ -97,6 +97,7 @@ CASES = {
                                "--cpu-kv-cache-gib", "does not fit"),
     "port-out-of-range": (["--port", "70000"], "--port", "65535"),
     "wildcard-address": (["--zmq-address", "tcp://*:5555"], "--zmq-address", "bind"),
+    "hidden-wildcard-address": (["--zmq-address", "tcp://0x0:5555"], "--zmq-address", "bind"),
     "missing-lora-adapter": (["--enable-lora", "--lora-modules", "sql=/nonexistent/adapter"],
                              "--lora-modules", "adapter_config.json is missing"),
 }

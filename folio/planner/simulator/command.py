@@ -6,11 +6,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from folio.planner.simulator.inputs import Machine, TraceRequest, load_trace
+from folio.planner.simulator.inputs import MAX_KV_BLOCKS, Machine, TraceRequest, load_trace
 from folio.planner.simulator.run import Run, compare, simulate
 from folio.shared.config import PREEMPTION_MODES
 from folio.shared.kv_cache_dtype import QUANTIZED_KV_CACHE_DTYPES, element_row_bytes
-from folio.shared.settings import Checked, above, at_least, optional, positive_int, setting
+from folio.shared.settings import (Checked, SettingError, above, at_least, in_range, optional,
+                                   positive_int, setting)
 
 
 def lockers() -> tuple[list[Run], str]:
@@ -122,7 +123,7 @@ class SimulateSettings(Checked):
     example: str | None = setting(None, "a worked example instead of a trace",
                                   choices=tuple(sorted(EXAMPLES)))
     num_kv_blocks: int | None = setting(None, "KV blocks of the simulated pool",
-                                        check=optional(positive_int))
+                                        check=optional(in_range(1, MAX_KV_BLOCKS)))
     gpu_memory: float | None = setting(None, "or: GiB for the KV cache, cut into blocks of "
                                        "--model's size", metavar="GIB",
                                        check=optional(above(0, " GiB")))
@@ -160,6 +161,9 @@ def run_simulate(settings: SimulateSettings) -> int:
                 raise SystemExit("folio simulate: --gpu-memory needs --model")
             num_kv_blocks = blocks_in_memory(model, settings.gpu_memory, settings.block_size,
                                              settings.kv_dtype)
+            if num_kv_blocks > MAX_KV_BLOCKS:   # each simulated block is held in memory
+                raise SettingError("gpu_memory", f"makes {num_kv_blocks:,} blocks, more than "
+                                   f"a simulation holds ({MAX_KV_BLOCKS:,})")
         if not settings.trace or not num_kv_blocks:
             raise SystemExit("folio simulate: give a trace and --num-kv-blocks (or "
                              "--gpu-memory with --model), or --example")
@@ -171,7 +175,11 @@ def run_simulate(settings: SimulateSettings) -> int:
                           settings.ms_per_step, settings.tokens_per_s, settings.prefix_caching,
                           settings.preemption_mode)
         try:
-            runs = compare(load_trace(settings.trace), machine)
+            trace = load_trace(settings.trace)
+        except ValueError as error:   # one line naming the file, line and field: exit 2
+            raise SettingError("trace", str(error)) from None
+        try:
+            runs = compare(trace, machine)
         except (OSError, ValueError) as error:
             raise SystemExit(f"folio simulate: {error}") from None
         story, block_size = "", settings.block_size
