@@ -28,8 +28,9 @@ MODEL_HELP = "checkpoint directory (default: the built-in model)"
 
 # Read from the environment by the code that needs it, with no flag (none is generated).
 ENVIRONMENT_ONLY = {
-    "FOLIO_ALLOW_WILDCARD": ("unset", "1 allows binding tcp://* or 0.0.0.0 (every interface), "
-                             "refused otherwise; compose sets it inside its containers"),
+    "FOLIO_ALLOW_WILDCARD": ("unset", "1 allows binding every interface (tcp://*, 0.0.0.0, [::] "
+                             "however written, or a name resolving to one), refused "
+                             "otherwise; compose sets it inside its containers"),
 }
 
 
