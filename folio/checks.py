@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from folio.default_model import resolve_model
-from folio.executor.quantization.gguf.file import is_directory_or_gguf
+from folio.executor.quantization.gguf.file import (check_gguf_file, is_directory_or_gguf,
+                                                   is_gguf)
 from folio.flags import config_of, config_values
 from folio.preflight import check_engine, check_ports_free
 from folio.scheduler.service import SchedulerServiceConfig
@@ -139,12 +140,24 @@ def check_frontend(args: argparse.Namespace):
     model = resolve_model(links.model)
     if not is_directory_or_gguf(model):
         raise SettingError("model", f"{model}: no such directory or GGUF file")
+    _check_gguf_header(model)
     return FrontendConfig(
         **{**asdict(links), "model": model},
         **{**asdict(http), "port": http.port or None, "api_key": api_key(http),
            "api_key_file": None},   # read into api_key
         **asdict(config_of(ShutdownSettings, args)),
         **asdict(config_of(ClientLimitSettings, args)), **asdict(transport))
+
+
+def _check_gguf_header(model: str) -> None:
+    """The frontend reads its tokenizer from a GGUF file through gguf.GGUFReader, which
+    allocates what a crafted header declares: the bounded header checks come first."""
+    if not is_gguf(model):
+        return
+    try:
+        check_gguf_file(Path(model))
+    except ValueError as error:
+        raise SettingError("model", f"{model}: {error}") from None
 
 
 def check_scheduler(args: argparse.Namespace) -> SchedulerServiceConfig:

@@ -1,6 +1,7 @@
 """The checks of settings against the machine, before any process starts (or any weight is
 read): the model directory (config.json, architecture, safetensors headers) or GGUF file
-(metadata, tensor names and types, every tensor inside the file), the
+(its header read bounded by the file's size, its metadata checked against its tensors'
+names, types and shapes, every tensor inside the data section), the
 scheduler's constraints that need the checkpoint's context limit, memory, and the TCP ports
 to bind. folio/checks.py runs them for each command, folio.LLM for itself. Each problem is a
 SettingError naming the setting."""
@@ -143,11 +144,14 @@ def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
     if len(config.lora_modules) > config.lora_capacity:
         raise SettingError("lora_modules", f"gives {len(config.lora_modules)} adapters, more "
                            f"than max_cpu_loras ({config.lora_capacity})")
-    from folio.executor.lora.files import LoraError, plan_adapter
+    from folio.executor.lora.files import LoraError, lora_name_problem, plan_adapter
     from folio.executor.models.architectures import ARCHITECTURES
 
     names = ARCHITECTURES[model_config.architecture].weights
     for name, path in config.lora_paths.items():
+        problem = lora_name_problem(name)
+        if problem is not None:
+            raise SettingError("lora_modules", problem)
         try:
             plan_adapter(name, path, model_config, names, config.max_lora_rank)
         except LoraError as error:

@@ -10,7 +10,7 @@ from collections import OrderedDict
 import torch
 
 from folio.executor.lora.adapter import LoraWeights, read_adapter
-from folio.executor.lora.files import LoraError
+from folio.executor.lora.files import LoraError, lora_name_problem
 from folio.executor.lora.layers import LoraStep, wrap_lora_targets
 from folio.executor.model_config import ModelConfig
 from folio.executor.models.weight_names import WeightNames
@@ -30,6 +30,9 @@ class LoraRegistry:
 
     def load(self, name: str, path: str) -> LoraWeights:
         """Read an adapter into host memory; a LoraError names why not (nothing kept)."""
+        problem = lora_name_problem(name)
+        if problem is not None:
+            raise LoraError(problem)
         if name in self.host:
             raise LoraError(f"an adapter named {name!r} is already loaded")
         if len(self.host) >= self.capacity:

@@ -8,6 +8,7 @@ the names served, then parsed once into its typed request (frontend/openai/reque
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.requests import Request
 
+from folio.executor.lora.files import LoraError, check_adapter_files, lora_name_problem
 from folio.frontend.openai.errors import ApiError
 from folio.frontend.engine_api import Engine
 from folio.frontend.http.answers import respond
@@ -28,6 +30,8 @@ from folio.shared.sampling_params import MAX_LORA_NAME_CHARS
 from folio.shared.protocol.frontend_scheduler import MAX_LORA_PATH_CHARS
 
 RETRY_AFTER_S = "1"
+# Reading a LoRA adapter's files before the engine is asked: a hung filesystem answers 400.
+LORA_CHECK_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -177,10 +181,27 @@ async def load_lora_adapter(request: Request) -> Response:
     _only_fields(body, ("lora_name", "lora_path"))
     if name in served.names:
         raise ApiError(400, f"lora_name {name!r} is the base model's name", "lora_name")
+    problem = lora_name_problem(name)
+    if problem is not None:
+        raise ApiError(400, problem, "lora_name")
+    await _check_adapter_files(name, path)
     error = await served.engine.update_lora(name, path)
     if error is not None:
         raise ApiError(400, error, "lora_path")
     return Response(f"Success: LoRA adapter '{name}' added successfully.", media_type="text/plain")
+
+
+async def _check_adapter_files(name: str, path: str) -> None:
+    """The adapter's files read and checked in a worker thread, time-bounded, before the
+    engine is asked: a bad file is a 400 here, and the event loop keeps streaming."""
+    try:
+        await asyncio.wait_for(asyncio.to_thread(check_adapter_files, name, path),
+                               LORA_CHECK_TIMEOUT_S)
+    except LoraError as error:
+        raise ApiError(400, str(error), "lora_path") from None
+    except TimeoutError:
+        raise ApiError(400, f"reading the adapter at {path!r} took over "
+                       f"{LORA_CHECK_TIMEOUT_S:g} s", "lora_path") from None
 
 
 async def unload_lora_adapter(request: Request) -> Response:

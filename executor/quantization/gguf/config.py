@@ -8,25 +8,13 @@ served; llama.cpp's converter changes others (Gemma's norms carry +1, Phi-3 fuse
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from folio.executor.quantization.gguf.file import field, float32_decimal
-from folio.executor.quantization.gguf.names import CONFIG_TENSORS, hf_name
+from folio.executor.quantization.gguf.names import (CONFIG_TENSORS, GGUF_ARCHITECTURES,
+                                                  GgufArchitecture, hf_name)
 from folio.executor.quantization.gguf.rope import llama3_rope_parameters
 
-
-@dataclass(frozen=True)
-class GgufArchitecture:
-    hf_name: str            # the config.json architecture it reads as
-    permuted_qk: bool       # llama.cpp's converter reorders q and k rows for its rope
-
-
-GGUF_ARCHITECTURES = {
-    "llama": GgufArchitecture("LlamaForCausalLM", permuted_qk=True),
-    "qwen2": GgufArchitecture("Qwen2ForCausalLM", permuted_qk=False),
-    "qwen3": GgufArchitecture("Qwen3ForCausalLM", permuted_qk=False),
-}
 
 _TORCH_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 

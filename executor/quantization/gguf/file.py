@@ -23,27 +23,39 @@ def is_directory_or_gguf(path: str | Path) -> bool:
 
 
 def open_gguf(path: str | Path) -> Any:
-    """A gguf.GGUFReader over `path`; ValueError (one line) for a file that is not a
-    complete GGUF or holds a tensor type Folio cannot dequantize."""
+    """A gguf.GGUFReader over `path`; ValueError (one line naming the file and the field) for
+    a file that is not a sound GGUF, whose metadata does not match its tensors, or that holds
+    a tensor type Folio cannot dequantize. The header is read bounded and checked first:
+    GGUFReader allocates whatever a crafted header declares."""
     from gguf import GGUFReader
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such GGUF file {path}")
+    check_gguf_file(path)
     try:
-        reader = GGUFReader(str(path))
+        return GGUFReader(str(path))
     except (ValueError, IndexError, KeyError, OSError, TypeError) as error:
         raise ValueError(f"{path.name} is not a readable GGUF file ({error})") from None
-    size = path.stat().st_size
-    for tensor in reader.tensors:
-        if tensor.data_offset + tensor.n_bytes > size:
-            raise ValueError(f"{path.name} is truncated: tensor {tensor.name} ends past the "
-                             f"file's {size} bytes")
-        if tensor.tensor_type.name not in SUPPORTED_TYPES:
+
+
+def check_gguf_file(path: Path) -> None:
+    """The bounded header checks (header.py, validate.py), with the tensor types."""
+    from folio.executor.quantization.gguf.names import GGUF_ARCHITECTURES
+    from folio.executor.quantization.gguf.header import GgufFormatError, read_gguf_header
+    from folio.executor.quantization.gguf.validate import check_gguf_header
+
+    try:
+        header = read_gguf_header(path)
+        check_gguf_header(header, GGUF_ARCHITECTURES)
+    except GgufFormatError as error:
+        raise ValueError(f"{path.name}: {error}") from None
+    except OSError as error:
+        raise ValueError(f"{path.name} is not a readable GGUF file ({error})") from None
+    for tensor in header.tensors:
+        if tensor.type_name not in SUPPORTED_TYPES:
             raise ValueError(f"{path.name}: tensor {tensor.name} is of GGUF type "
-                             f"{tensor.tensor_type.name}; Folio reads "
-                             f"{', '.join(SUPPORTED_TYPES)}")
-    return reader
+                             f"{tensor.type_name}; Folio reads {', '.join(SUPPORTED_TYPES)}")
 
 
 def field(reader: Any, key: str, default: Any = None) -> Any:

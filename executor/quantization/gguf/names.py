@@ -3,6 +3,22 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GgufArchitecture:
+    hf_name: str            # the config.json architecture it reads as
+    permuted_qk: bool       # llama.cpp's converter reorders q and k rows for its rope
+
+
+# The architectures whose GGUF tensors map one to one onto Folio's parameters; llama.cpp's
+# converter changes others (Gemma's norms carry +1, Phi-3 fuses q/k/v).
+GGUF_ARCHITECTURES = {
+    "llama": GgufArchitecture("LlamaForCausalLM", permuted_qk=True),
+    "qwen2": GgufArchitecture("Qwen2ForCausalLM", permuted_qk=False),
+    "qwen3": GgufArchitecture("Qwen3ForCausalLM", permuted_qk=False),
+}
 
 # Tensors that are configuration, read by executor/quantization/gguf/config.py, not weights.
 CONFIG_TENSORS = frozenset({"rope_freqs.weight"})

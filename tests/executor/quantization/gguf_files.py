@@ -167,3 +167,93 @@ def _add_tokenizer(writer, model_dir: Path) -> None:
     template = model_dir / "chat_template.jinja"
     if template.is_file():
         writer.add_chat_template(template.read_text())
+
+
+# A tiny llama written from scratch (no checkpoint): the valid file the crafted ones in
+# test_gguf_crafted.py are mutated from. GGUF shapes are innermost first; numpy's are not.
+TINY = {"hidden": 8, "heads": 2, "kv_heads": 1, "head_dim": 4, "ffn": 16, "layers": 2,
+        "vocab": 32}
+
+
+def tiny_metadata() -> dict[str, tuple[str, object]]:
+    """key -> (GGUFWriter's add_* kind, value), general.architecture aside."""
+    t = TINY
+    return {"llama.context_length": ("uint32", 64),
+            "llama.embedding_length": ("uint32", t["hidden"]),
+            "llama.block_count": ("uint32", t["layers"]),
+            "llama.feed_forward_length": ("uint32", t["ffn"]),
+            "llama.attention.head_count": ("uint32", t["heads"]),
+            "llama.attention.head_count_kv": ("uint32", t["kv_heads"]),
+            "llama.attention.layer_norm_rms_epsilon": ("float32", 1e-5),
+            "llama.rope.freq_base": ("float32", 10000.0),
+            "tokenizer.ggml.tokens": ("array", [f"t{i}" for i in range(t["vocab"])]),
+            "tokenizer.ggml.eos_token_id": ("uint32", 1)}
+
+
+def tiny_tensors() -> dict[str, np.ndarray]:
+    t = TINY
+    hidden, ffn, q, kv = t["hidden"], t["ffn"], t["heads"] * t["head_dim"], \
+        t["kv_heads"] * t["head_dim"]
+    shapes = {"token_embd.weight": (t["vocab"], hidden), "output_norm.weight": (hidden,)}
+    for layer in range(t["layers"]):
+        for name, shape in {"attn_norm": (hidden,), "ffn_norm": (hidden,),
+                            "attn_q": (q, hidden), "attn_k": (kv, hidden),
+                            "attn_v": (kv, hidden), "attn_output": (hidden, q),
+                            "ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden),
+                            "ffn_down": (hidden, ffn)}.items():
+            shapes[f"blk.{layer}.{name}.weight"] = shape
+    rng = np.random.default_rng(0)
+    return {name: rng.standard_normal(shape).astype(np.float32)
+            for name, shape in shapes.items()}
+
+
+def write_gguf(out: Path, metadata: dict[str, tuple[str, object]],
+               tensors: dict[str, np.ndarray], architecture: str = "llama") -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(out), architecture)
+    for key, (kind, value) in metadata.items():
+        getattr(writer, f"add_{kind}")(key, value)
+    for name, values in tensors.items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def gguf_string(text: str | bytes) -> bytes:
+    data = text.encode() if isinstance(text, str) else text
+    return len(data).to_bytes(8, "little") + data
+
+
+def raw_gguf(out: Path, entries: list[bytes], tensor_count: int = 0,
+             kv_count: int | None = None, tail: bytes = b"", version: int = 3) -> Path:
+    """A GGUF header packed by hand (for what GGUFWriter will not write): the given
+    key/value entries (each key string, uint32 type, value) and counts, then `tail`."""
+    import struct
+
+    head = b"GGUF" + struct.pack("<IQQ", version, tensor_count,
+                                 len(entries) if kv_count is None else kv_count)
+    out.write_bytes(head + b"".join(entries) + tail)
+    return out
+
+
+def _offset_at(data: bytes, name: str) -> int:
+    """Where tensor `name`'s data offset sits in its tensor info (after its name, dimension
+    count, dims and type)."""
+    at = data.index(gguf_string(name)) + 8 + len(name)
+    return at + 4 + 8 * int.from_bytes(data[at:at + 4], "little") + 4
+
+
+def tensor_offset(path: Path, name: str) -> int:
+    data = path.read_bytes()
+    at = _offset_at(data, name)
+    return int.from_bytes(data[at:at + 8], "little")
+
+
+def patch_tensor_offset(path: Path, name: str, offset: int) -> None:
+    data = path.read_bytes()
+    at = _offset_at(data, name)
+    path.write_bytes(data[:at] + offset.to_bytes(8, "little") + data[at + 8:])

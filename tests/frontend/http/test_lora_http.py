@@ -4,6 +4,10 @@ requests run, and the guarded routes refuse what they cannot do."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+
 import httpx
 import openai
 import pytest
@@ -118,6 +122,40 @@ def test_bad_loads_are_refused_with_their_cause(server, adapters, tmp_path):
     client = openai_client(server, KEY)
     with pytest.raises(openai.NotFoundError, match="model_not_found|does not exist"):
         _complete(client, "nope")
+
+
+def test_a_bad_file_is_a_400_while_a_stream_goes_on(server, adapters, tmp_path):
+    # A pattern that backtracks for ever, a FIFO that blocks a read, an invisible name:
+    # each refused with its cause, nothing listed, the engine still stepping.
+    spin, fifo = tmp_path / "spin", tmp_path / "fifo"
+    for path in (spin, fifo):
+        shutil.copytree(adapters["a"], path)
+    config = json.loads((spin / "adapter_config.json").read_text())
+    (spin / "adapter_config.json").write_text(json.dumps(config | {
+        "alpha_pattern": {"(.*.*)*x": 8}}))
+    (fifo / "adapter_config.json").unlink()
+    os.mkfifo(fifo / "adapter_config.json")
+    client = openai_client(server, KEY)
+    stream = client.completions.create(model="base", prompt=PROMPT, max_tokens=30000,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    assert next(chunks).choices[0].text is not None
+    cases = [("spin", spin, "alpha_pattern key '(.*.*)*x' is not a module name"),
+             ("fifo", fifo, "a FIFO, not a regular file"),
+             ("folio-default\u200b", adapters["a"], "U+200B")]
+    for name, path, words in cases:
+        answer = _post(server, "/v1/load_lora_adapter", {"lora_name": name,
+                                                         "lora_path": str(path)})
+        message = answer.json()["error"]["message"]
+        assert answer.status_code == 400 and words in message, answer.text
+        assert name != "spin" or str(spin / "adapter_config.json") in message
+        assert next(chunks).choices[0].text is not None
+    listed = {m.id for m in client.models.list().data}
+    assert not listed & {name for name, _, _ in cases}, listed
+    assert _complete(client, "base")   # a new request is stepped beside the stream
+    assert next(chunks).choices[0].text is not None
+    stream.close()
 
 
 def test_the_replica_router_hashes_an_adapters_prompt_apart():

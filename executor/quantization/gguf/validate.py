@@ -1,0 +1,198 @@
+"""A GGUF file's metadata checked against its tensors before the model is built (no torch
+import): every number the config takes positive and bounded, floats finite, token ids inside
+the vocabulary, block_count the layers the tensors hold, every tensor the shape the config
+gives it. A file that passes builds the model its metadata describes, or none is started."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from folio.executor.quantization.gguf.header import (
+    ARRAY, FLOATS, INTEGERS, STRING, GgufFormatError, GgufHeader, GgufTensorInfo)
+from folio.executor.quantization.gguf.names import CONFIG_TENSORS, hf_name
+
+# The rotary cache is [context, head_dim] floats, built at start: 2**20 positions is past
+# every served llama/qwen file (Qwen2.5-1M: 1,010,000) and a few hundred MB at most.
+MAX_CONTEXT = 2**20
+MAX_DIM = 2**20               # any width or count the config takes
+_LAYER = re.compile(r"^blk\.(\d+)\.(\w+\.(?:weight|bias))$")
+_LAYER_NEEDS = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                "ffn_down.weight")
+_TOKENIZER_ARRAYS = ("tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+
+
+def check_gguf_header(header: GgufHeader, architectures) -> None:
+    """GgufFormatError naming the field; an architecture not in `architectures` is left to
+    config.gguf_architecture's refusal."""
+    arch = _string(header, "general.architecture", required=True)
+    if arch not in architectures:
+        return
+    dims = _model_dims(header, arch)
+    tensors = {tensor.name: tensor for tensor in header.tensors}
+    _check_names(tensors, arch)
+    vocab = _check_embedding(tensors, dims["embedding_length"])
+    _check_floats(header, arch)
+    _check_tokenizer(header, vocab)
+    _check_layers(tensors, arch, dims["block_count"])
+    _check_shapes(tensors, _expected_shapes(dims, vocab))
+
+
+def _entry(header: GgufHeader, key: str, kinds: frozenset[int], what: str,
+           required: bool):
+    entry = header.metadata.get(key)
+    if entry is None:
+        if required:
+            raise GgufFormatError(f"the GGUF metadata lacks {key}")
+        return None
+    if entry.type not in kinds:
+        raise GgufFormatError(f"metadata {key} must be {what} (it is of GGUF type "
+                              f"{entry.type})")
+    return entry.value
+
+
+def _string(header: GgufHeader, key: str, required: bool = False) -> str | None:
+    return _entry(header, key, frozenset({STRING}), "a string", required)
+
+
+def _count(header: GgufHeader, key: str, required: bool, limit: int = MAX_DIM) -> int | None:
+    value = _entry(header, key, INTEGERS, "an integer", required)
+    if value is not None and not 1 <= value <= limit:
+        raise GgufFormatError(f"metadata {key} is {value}: it must be from 1 to {limit}")
+    return value
+
+
+def _positive_float(header: GgufHeader, key: str, required: bool = False) -> None:
+    value = _entry(header, key, FLOATS | INTEGERS, "a number", required)
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise GgufFormatError(f"metadata {key} is {value}: it must be a finite positive "
+                              "number")
+
+
+def _model_dims(header: GgufHeader, arch: str) -> dict[str, int]:
+    """The widths and counts the config takes, each positive, the heads dividing evenly."""
+    need = {key: _count(header, f"{arch}.{key}", required=True) for key in (
+        "block_count", "embedding_length", "feed_forward_length", "attention.head_count")}
+    _count(header, f"{arch}.context_length", required=True, limit=MAX_CONTEXT)
+    heads = need["attention.head_count"]
+    kv_heads = _count(header, f"{arch}.attention.head_count_kv", False) or heads
+    if heads % kv_heads:
+        raise GgufFormatError(f"metadata {arch}.attention.head_count ({heads}) is not a "
+                              f"multiple of {arch}.attention.head_count_kv ({kv_heads})")
+    head_dim = _count(header, f"{arch}.attention.key_length", False)
+    if head_dim is None:
+        if need["embedding_length"] % heads:
+            raise GgufFormatError(f"metadata {arch}.embedding_length "
+                                  f"({need['embedding_length']}) is not a multiple of "
+                                  f"{arch}.attention.head_count ({heads})")
+        head_dim = need["embedding_length"] // heads
+    if head_dim % 2:   # rotary embeddings pair each head's dimensions
+        raise GgufFormatError(f"metadata {arch}.attention.key_length: the head dimension "
+                              f"({head_dim}) must be even")
+    return {**need, "head_count_kv": kv_heads, "head_dim": head_dim}
+
+
+def _check_floats(header: GgufHeader, arch: str) -> None:
+    _positive_float(header, f"{arch}.attention.layer_norm_rms_epsilon", required=True)
+    _positive_float(header, f"{arch}.rope.freq_base")
+    _positive_float(header, f"{arch}.rope.scaling.factor")
+    _string(header, f"{arch}.rope.scaling.type")
+
+
+def _check_names(tensors: dict[str, GgufTensorInfo], arch: str) -> None:
+    for name in tensors:
+        if hf_name(name) is None and name not in CONFIG_TENSORS:
+            raise GgufFormatError(f"GGUF tensor {name!r} has no place in Folio's {arch}")
+
+
+def _check_embedding(tensors: dict[str, GgufTensorInfo], hidden: int) -> int:
+    """The vocabulary size token_embd.weight gives ([hidden, vocab], innermost first)."""
+    embed = tensors.get("token_embd.weight")
+    if embed is None:
+        raise GgufFormatError("the GGUF file has no token_embd.weight")
+    if len(embed.dims) != 2 or embed.dims[0] != hidden:
+        raise GgufFormatError(f"tensor token_embd.weight has shape {list(embed.dims)}; the "
+                              f"metadata's embedding_length gives [{hidden}, vocab]")
+    return embed.dims[1]
+
+
+def _check_tokenizer(header: GgufHeader, vocab: int) -> None:
+    """Token ids inside the embedding (and the token list); the per-token arrays as long as
+    the token list."""
+    tokens = _entry(header, "tokenizer.ggml.tokens", frozenset({ARRAY}), "an array", False)
+    limit = vocab
+    if tokens is not None:
+        if tokens.item_type != STRING or not 1 <= tokens.count <= vocab:
+            raise GgufFormatError(f"metadata tokenizer.ggml.tokens must list 1 to {vocab} "
+                                  f"strings (token_embd.weight's rows)")
+        limit = tokens.count
+        for key in _TOKENIZER_ARRAYS:
+            other = _entry(header, key, frozenset({ARRAY}), "an array", False)
+            if other is not None and other.count != tokens.count:
+                raise GgufFormatError(f"metadata {key} has {other.count} items for "
+                                      f"{tokens.count} tokens")
+    for key in header.metadata:
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+            token = _entry(header, key, INTEGERS, "an integer", True)
+            if not 0 <= token < limit:
+                raise GgufFormatError(f"metadata {key} is {token}, outside the vocabulary "
+                                      f"(0 to {limit - 1})")
+
+
+def _check_layers(tensors: dict[str, GgufTensorInfo], arch: str,
+                  block_count: int) -> None:
+    """blk.0 .. blk.{block_count - 1}, each holding the tensors blk.0 holds, the ones every
+    layer needs among them."""
+    layers: dict[int, set[str]] = {}
+    for name in tensors:
+        match = _LAYER.match(name)
+        if match is not None:
+            layers.setdefault(int(match.group(1)), set()).add(match.group(2))
+    if sorted(layers) != list(range(block_count)):
+        raise GgufFormatError(f"metadata {arch}.block_count is {block_count} but the "
+                              f"tensors hold layers {_span(sorted(layers))}")
+    first = layers[0]
+    for need in _LAYER_NEEDS:
+        if need not in first:
+            raise GgufFormatError(f"the GGUF file has no blk.0.{need}")
+    for layer, names in layers.items():
+        if names != first:
+            odd = sorted(names ^ first)[0]
+            raise GgufFormatError(f"blk.{layer} and blk.0 differ in {odd}")
+
+
+def _span(layers: list[int]) -> str:
+    if not layers:
+        return "none"
+    return f"blk.{layers[0]} to blk.{layers[-1]} ({len(layers)} of them)"
+
+
+def _expected_shapes(dims: dict[str, int], vocab: int) -> dict[str, tuple[int, ...]]:
+    """GGUF shapes (innermost first) by name, blk.N as blk.*; a bias's is its weight's
+    output width."""
+    hidden, ffn = dims["embedding_length"], dims["feed_forward_length"]
+    q_dim = dims["attention.head_count"] * dims["head_dim"]
+    kv_dim = dims["head_count_kv"] * dims["head_dim"]
+    weights = {"attn_norm": (hidden,), "ffn_norm": (hidden,), "attn_q": (hidden, q_dim),
+               "attn_k": (hidden, kv_dim), "attn_v": (hidden, kv_dim),
+               "attn_output": (q_dim, hidden), "ffn_gate": (hidden, ffn),
+               "ffn_up": (hidden, ffn), "ffn_down": (ffn, hidden),
+               "attn_q_norm": (dims["head_dim"],), "attn_k_norm": (dims["head_dim"],)}
+    shapes = {"output.weight": (hidden, vocab), "output_norm.weight": (hidden,),
+              "rope_freqs.weight": (dims["head_dim"] // 2,)}
+    for module, shape in weights.items():
+        shapes[f"blk.*.{module}.weight"] = shape
+        shapes[f"blk.*.{module}.bias"] = shape[-1:]
+    return shapes
+
+
+def _check_shapes(tensors: dict[str, GgufTensorInfo],
+                  shapes: dict[str, tuple[int, ...]]) -> None:
+    if "output_norm.weight" not in tensors:
+        raise GgufFormatError("the GGUF file has no output_norm.weight")
+    for name, tensor in tensors.items():
+        expected = shapes.get(_LAYER.sub(r"blk.*.\2", name))
+        if expected is not None and tensor.dims != expected:
+            raise GgufFormatError(f"tensor {name} has shape {list(tensor.dims)}; the "
+                                  f"metadata gives {list(expected)}")
