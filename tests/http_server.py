@@ -45,7 +45,7 @@ class HttpServer:
                         return
             except OSError:
                 pass
-            time.sleep(0.3)
+            time.sleep(0.1)   # a cheap poll: readiness is observed, not waited out
         raise TimeoutError(f"not ready: {self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:

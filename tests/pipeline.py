@@ -134,7 +134,7 @@ class Pipeline:
                         pass
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"pipeline not ready; logs: {self.logs()}")
-                    time.sleep(0.3)
+                    time.sleep(0.1)
             finally:
                 client.close()
 
