@@ -1,4 +1,4 @@
-"""The names of this package's one server (conftest.py's `tiny_server`)."""
+"""The names of this package's one server (conftest.py's `server`)."""
 
 KEY = "sk-folio-openai"
 MODEL = "tiny"

@@ -15,21 +15,11 @@ import pytest
 from folio.default_model import default_model_path
 from folio.frontend.openai.field_parsers import DEFAULT_MODEL_NAME, served_names
 from tests.frontend.openai.served import KEY, MODEL, ALIAS
-from tests.http_server import ROOT, free_port, openai_client
+from tests.http_server import ROOT, free_port
 
 pytestmark = pytest.mark.slow
 MESSAGES = [{"role": "user", "content": "What is a tuple?"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_server):   # the package's one server (conftest.py)
-    return tiny_server
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server, KEY)
 
 
 def _post(server, path: str, body: dict, key: str | None = KEY) -> httpx.Response:

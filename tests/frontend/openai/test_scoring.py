@@ -9,22 +9,11 @@ import httpx
 import pytest
 
 from tests.frontend.openai.served import KEY, MODEL
-from tests.http_server import openai_client
 
 pytestmark = pytest.mark.slow
 TOL = 1e-3
 CONTEXT = "The for statement in Python differs a bit from what you may be used to"
 CONTINUATION = " in C or Pascal."
-
-
-@pytest.fixture(scope="module")
-def server(tiny_server):   # the package's one server (conftest.py)
-    return tiny_server
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server, KEY)
 
 
 @pytest.fixture(scope="module")

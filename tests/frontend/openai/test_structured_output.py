@@ -14,7 +14,6 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.frontend.openai.served import KEY, MODEL
-from tests.http_server import openai_client
 
 pytestmark = pytest.mark.slow
 MESSAGES = [{"role": "user", "content": "Describe a user as JSON."}]
@@ -39,16 +38,6 @@ SCHEMA = {
 }
 RESPONSE_FORMAT = {"type": "json_schema",
                    "json_schema": {"name": "user", "schema": SCHEMA, "strict": True}}
-
-
-@pytest.fixture(scope="module")
-def server(tiny_server):   # the package's one server (conftest.py)
-    return tiny_server
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server, KEY)
 
 
 def _valid(text: str, schema: dict) -> dict:
