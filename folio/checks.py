@@ -107,10 +107,7 @@ def check_headless_serve(args: argparse.Namespace, serve: ServeSettings,
         if getattr(serve, name) != ServeSettings.__dataclass_fields__[name].default:
             raise SettingError(name, "does not apply with --headless: a worker node runs "
                                "tensor-parallel ranks only")
-    engine = config_of(EngineConfig, args, model=resolve_model(serve.model))
-    check_engine(engine)
-    check_nodes(engine, True, transport)
-    return ExecutorPlan(None, engine, transport.curve_keys, headless=True)
+    return _executor_plan(args, serve.model, None, True, transport)
 
 
 def check_lora_names(engine: EngineConfig, http: HttpSettings) -> None:
@@ -178,11 +175,18 @@ def check_executor(args: argparse.Namespace) -> ExecutorPlan:
     if links.scheduler_address is not None:
         check_links(bool(transport.curve_keys), transport.insecure_transport,
                     ("scheduler_address",), scheduler_address=links.scheduler_address)
-    engine = config_of(EngineConfig, args, model=resolve_model(links.model))
+    return _executor_plan(args, links.model, links.scheduler_address, links.headless,
+                          transport)
+
+
+def _executor_plan(args: argparse.Namespace, model: str | None,
+                   scheduler_address: str | None, headless: bool,
+                   transport: TransportSettings) -> ExecutorPlan:
+    """The engine's settings checked, for `folio executor` and `folio serve --headless`."""
+    engine = config_of(EngineConfig, args, model=resolve_model(model))
     check_engine(engine)   # before torch is imported
-    check_nodes(engine, links.headless, transport)
-    return ExecutorPlan(links.scheduler_address, engine, transport.curve_keys,
-                        links.headless)
+    check_nodes(engine, headless, transport)
+    return ExecutorPlan(scheduler_address, engine, transport.curve_keys, headless)
 
 
 def check_nodes(engine: EngineConfig, headless: bool, transport: TransportSettings) -> None:

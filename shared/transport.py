@@ -79,24 +79,13 @@ def check_bind_address(address: str) -> str:
     `[::ffff:0.0.0.0]`, a name resolving to 0.0.0.0): the OS binds each to every interface."""
     if not address.startswith(("ipc://", "tcp://", "inproc://")):
         raise ValueError(f"address {address!r} must start with ipc://, tcp:// or inproc://")
-    host = _bind_host(address)
+    host = _tcp_host(address)
     if host is None or os.environ.get("FOLIO_ALLOW_WILDCARD") == "1":
         return address
     if _is_wildcard(host, address):
         raise ValueError(f"refusing to bind {address}: give a specific interface, or set "
                          "FOLIO_ALLOW_WILDCARD=1 where every interface is meant (containers)")
     return address
-
-
-def _bind_host(address: str) -> str | None:
-    """The host of a tcp:// bind address, brackets stripped ("tcp://[::]:5555" -> "::");
-    None for other schemes."""
-    if not address.startswith("tcp://"):
-        return None
-    rest = address.removeprefix("tcp://")
-    if rest.startswith("["):   # IPv6 literal: its colons are not the port's
-        return rest[1:].partition("]")[0]
-    return rest.rsplit(":", 1)[0]
 
 
 def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -160,11 +149,14 @@ INSECURE_HELP = ("allow tcp:// links without CURVE keys where others could reach
 
 
 def _tcp_host(address: str) -> str | None:
-    """The host of a tcp:// address ("tcp://[::1]:5555" -> "::1"); None for other schemes."""
+    """The host of a tcp:// address, brackets stripped ("tcp://[::1]:5555" -> "::1"); None
+    for other schemes."""
     if not address.startswith("tcp://"):
         return None
-    host = address.removeprefix("tcp://").rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    rest = address.removeprefix("tcp://")
+    if rest.startswith("["):   # IPv6 literal: its colons are not the port's
+        return rest[1:].partition("]")[0]
+    return rest.rsplit(":", 1)[0]
 
 
 def is_loopback(host: str) -> bool:

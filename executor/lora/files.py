@@ -226,11 +226,11 @@ def _read_config(directory: Path) -> dict:
     except FileNotFoundError:
         raise LoraError(f"no LoRA adapter at {str(directory)!r}: {CONFIG_FILE} is missing") \
             from None
+    except LoraError:   # over the size bound, said above
+        raise
     except RecursionError:   # the JSON scanner's own depth guard
         raise LoraError(f"cannot read {str(file)!r}: JSON nested too deeply") from None
     except (OSError, ValueError) as error:
-        if isinstance(error, LoraError):
-            raise
         raise LoraError(f"cannot read {str(file)!r}: {error}") from None
     if not isinstance(settings, dict):
         raise LoraError(f"{str(file)!r} is not a JSON object")

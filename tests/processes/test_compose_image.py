@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.http_server import free_port
 from tests.pipeline import ROOT
 
 
@@ -27,12 +27,6 @@ def _engine_problem() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_compose_serves_a_chat_completion_from_the_cpu_image(tmp_path: Path):
     problem = _engine_problem()
@@ -40,9 +34,9 @@ def test_compose_serves_a_chat_completion_from_the_cpu_image(tmp_path: Path):
         pytest.skip(problem)
     models = tmp_path / "models"
     shutil.copytree(ROOT / "folio" / "default_model" / "weights", models / "default")
-    http_port = _free_port()
+    http_port = free_port()
     env = {**os.environ, "FOLIO_MODEL_DIR": str(models / "default"),
-           "FOLIO_HTTP_PORT": str(http_port), "FOLIO_ZMQ_PORT": str(_free_port()),
+           "FOLIO_HTTP_PORT": str(http_port), "FOLIO_ZMQ_PORT": str(free_port()),
            "COMPOSE_PROJECT_NAME": f"foliotest{http_port}"}
     compose = ["docker", "compose", "-f", "compose.yaml", "-f", "compose.cpu.yaml"]
     build = subprocess.run([*compose, "build"], cwd=ROOT, env=env, capture_output=True,
