@@ -82,10 +82,8 @@ class WeightOnlyLinear(nn.Module):
         # here or in llama.cpp writes; a GGUF file that holds one keeps float activations.
         self.int8_activations = (int8_activations and weight.shape[1] % cpu_quant.DOT_BLOCK == 0
                                  and not (weight.bits == 8 and bool((weight.data == -128).any())))
-        # A decode step calls ~120 of these: its float32 rows go straight to the operator
-        # (one call, no reshapes or casts), chosen once here.
-        self._decode_call = (cpu_quant.small_batch_operator(weight, self.int8_activations)
-                             if native else None)
+        # The operator's operands, laid out once (kernels/cpu/weight_only_linear.cpp).
+        self._operands, self._config = self.native_operands()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int, native: bool,
@@ -96,22 +94,26 @@ class WeightOnlyLinear(nn.Module):
     def quantized_weight(self) -> QuantizedWeight:
         return QuantizedWeight(self.bits, self.data, self.scales, self.mins)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self._decode_call is not None and x.dim() == 2 and x.dtype == torch.float32
-                and x.shape[0] <= cpu_quant.SMALL_BATCH and x.is_contiguous()):
-            out = torch.empty(x.shape[0], self.out_features)
-            self._decode_call(out, x)
-        elif not self.native:
-            out = x.float() @ self.quantized_weight().dequantize().T
-            out = out.to(x.dtype)
-        elif self.bits == 8:
-            out = cpu_quant.quant_matmul_int8(x, self.data, self.scales, self.int8_activations)
-        else:
-            out = cpu_quant.quant_matmul_int4(x, self.data, self.scales, self.mins,
-                                              self.int8_activations)
+    def native_operands(self) -> tuple[list[torch.Tensor], list[int]]:
+        """(operands, config) of folio::weight_only_linear for this layer: config = [bits,
+        group, int8_activations, has_bias]; operands = [data, scales, (mins), (bias)]."""
+        operands = [self.data, self.scales]
+        if self.bits == 4:
+            operands.append(self.mins)
         if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
-        return out
+            operands.append(self.bias.float())
+        return operands, [self.bits, self.quantized_weight().group, int(self.int8_activations),
+                          int(self.bias is not None)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.native:
+            out = x.float() @ self.quantized_weight().dequantize().T
+            if self.bias is not None:
+                out = out + self.bias.float()
+            return out.to(x.dtype)
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        out = torch.ops.folio.weight_only_linear(flat, self._operands, self._config)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -1,0 +1,108 @@
+// The one entry of a weight-only quantized linear layer (executor/quantization/
+// weight_only_linear.py), for the layer's Python forward and for the native decode step alike:
+//
+//   folio::weight_only_linear(x, operands, config) -> y
+//       x float32 [M, K] contiguous; y float32 [M, N] (the bias added)
+//       operands, config: as WeightOnlyLinear.native_operands() lays them out:
+//         config = [bits, group, int8_activations, has_bias]
+//         operands = [data, scales, (mins if bits == 4), (bias if has_bias)]
+//
+// Up to kSmallBatch rows run the register-blocked kernels (quant_dot.cpp with int8
+// activations, else quant_matmul.cpp); more rows multiply x by tiles of W dequantized to
+// float32 (a float GEMM), each tile small enough to stay in cache.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+
+constexpr int64_t kSmallBatch = 8;                  // kernels/cpu_quant.py SMALL_BATCH
+constexpr int64_t kTileValues = 2 * 1024 * 1024;    // kernels/cpu_quant.py TILE_VALUES
+
+struct Layout {
+  int64_t bits, group;
+  bool int8_activations, has_bias;
+};
+
+Layout layout_of(const std::vector<Tensor>& operands, at::IntArrayRef config) {
+  TORCH_CHECK(config.size() == 4, "config must be [bits, group, int8_activations, has_bias]");
+  const Layout l{config[0], config[1], config[2] != 0, config[3] != 0};
+  TORCH_CHECK(l.bits == 8 || l.bits == 4, "bits must be 8 or 4, got ", l.bits);
+  const size_t expected = 2 + (l.bits == 4) + l.has_bias;
+  TORCH_CHECK(operands.size() == expected, "expected ", expected, " operands, got ",
+              operands.size());
+  return l;
+}
+
+c10::OperatorHandle op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+}
+
+void small_batch(Tensor& out, const Tensor& x, const std::vector<Tensor>& w, const Layout& l) {
+  const bool dot = l.int8_activations && l.group % 32 == 0;
+  if (l.bits == 8) {
+    op(dot ? "folio::quant_dot_int8" : "folio::quant_matmul_int8")
+        .typed<void(Tensor, const Tensor&, const Tensor&, const Tensor&, int64_t)>()
+        .call(out, x, w[0], w[1], l.group);
+    return;
+  }
+  op(dot ? "folio::quant_dot_int4" : "folio::quant_matmul_int4")
+      .typed<void(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t)>()
+      .call(out, x, w[0], w[1], w[2], l.group);
+}
+
+void tiled_gemm(Tensor& out, const Tensor& x, const std::vector<Tensor>& w, const Layout& l,
+                int64_t n, int64_t k) {
+  const int64_t tile = std::min(n, std::max<int64_t>(1, kTileValues / k));
+  Tensor weight = at::empty({tile, k}, x.options());
+  for (int64_t begin = 0; begin < n; begin += tile) {
+    const int64_t end = std::min(n, begin + tile);
+    Tensor rows = weight.narrow(0, 0, end - begin);
+    if (l.bits == 8) {
+      op("folio::dequantize_int8")
+          .typed<void(Tensor, const Tensor&, const Tensor&, int64_t, int64_t, int64_t)>()
+          .call(rows, w[0], w[1], l.group, begin, end);
+    } else {
+      op("folio::dequantize_int4")
+          .typed<void(Tensor, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t,
+                      int64_t)>()
+          .call(rows, w[0], w[1], w[2], l.group, begin, end);
+    }
+    Tensor part = out.narrow(1, begin, end - begin);
+    if (tile == n) {
+      at::mm_out(out, x, rows.t());
+    } else {
+      part.copy_(at::mm(x, rows.t()));
+    }
+  }
+}
+
+Tensor weight_only_linear(const Tensor& x, std::vector<Tensor> operands, at::IntArrayRef config) {
+  const Layout l = layout_of(operands, config);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous float32 [M, K] tensor");
+  const int64_t n = operands[0].size(0);
+  const int64_t k = operands[0].size(1) * (l.bits == 4 ? 2 : 1);
+  TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, the weight ", k);
+  Tensor out = at::empty({x.size(0), n}, x.options());
+  if (x.size(0) <= kSmallBatch) {
+    small_batch(out, x, operands, l);
+  } else {
+    tiled_gemm(out, x, operands, l, n, k);
+  }
+  if (l.has_bias) out.add_(operands.back());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(folio, m) {
+  m.def("weight_only_linear(Tensor x, Tensor[] operands, int[] config) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(folio, CPU, m) { m.impl("weight_only_linear", weight_only_linear); }
