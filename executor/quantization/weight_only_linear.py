@@ -21,6 +21,7 @@ from torch import nn
 
 from folio.executor.quantization.groups import INT4_GROUP
 from folio.kernels import cpu_quant
+from folio.kernels.vnni_layout import repack, vnni_available, vnni_layout_fits
 
 
 
@@ -70,18 +71,27 @@ class WeightOnlyLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bits = weight.bits
-        self.register_buffer("data", weight.data, persistent=False)
-        self.register_buffer("scales", weight.scales, persistent=False)
-        self.register_buffer("mins", weight.mins, persistent=False)
-        self.register_buffer("bias", bias, persistent=False)
+        self.group = weight.group
         # Without the built operators (kernels.cpu_attention), a float matmul on the weight
         # dequantized at each call: right, only slow.
         self.native = native
-        # Small batches with activations quantized per 32 values and integer dot products
-        # (kernels/cpu/quant_dot.cpp). Its sign trick cannot take -128, which no quantizer
-        # here or in llama.cpp writes; a GGUF file that holds one keeps float activations.
-        self.int8_activations = (int8_activations and weight.shape[1] % cpu_quant.DOT_BLOCK == 0
-                                 and not (weight.bits == 8 and bool((weight.data == -128).any())))
+        asked = int8_activations and weight.shape[1] % cpu_quant.DOT_BLOCK == 0
+        # Where the CPU has AVX-512 VNNI, one integer kernel takes every batch size, so a
+        # row's result does not depend on its batch (kernels/cpu/vnni_gemm.cpp); the weights
+        # are repacked for it here, once, in place of the file's layout.
+        self.vnni = (asked and native and vnni_available()
+                     and vnni_layout_fits(self.in_features, self.group))
+        # Else small batches with int8 activations run kernels/cpu/quant_dot.cpp, whose sign
+        # trick cannot take -128, which no quantizer here or in llama.cpp writes; a GGUF file
+        # that holds one keeps float activations there.
+        self.int8_activations = asked and (self.vnni or not (
+            weight.bits == 8 and bool((weight.data == -128).any())))
+        parts = (repack(weight.bits, weight.data, weight.scales, weight.mins) if self.vnni
+                 else [weight.data, weight.scales, weight.mins])
+        self.register_buffer("data", parts[0], persistent=False)
+        self.register_buffer("scales", parts[1], persistent=False)
+        self.register_buffer("mins", parts[2] if len(parts) > 2 else None, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
         # The operator's operands, laid out once (kernels/cpu/weight_only_linear.cpp).
         self._operands, self._config = self.native_operands()
 
@@ -92,18 +102,22 @@ class WeightOnlyLinear(nn.Module):
         return cls(quantize_weight(linear.weight, bits), bias, native, int8_activations)
 
     def quantized_weight(self) -> QuantizedWeight:
+        """The weight in kernels/cpu_quant.py's layout (not available once repacked)."""
+        if self.vnni:
+            raise ValueError("this layer's weights are repacked for the VNNI kernel")
         return QuantizedWeight(self.bits, self.data, self.scales, self.mins)
 
     def native_operands(self) -> tuple[list[torch.Tensor], list[int]]:
         """(operands, config) of folio::weight_only_linear for this layer: config = [bits,
-        group, int8_activations, has_bias]; operands = [data, scales, (mins), (bias)]."""
+        group, int8_activations, has_bias, layout (1: VNNI), N]; operands = [data, scales,
+        (mins), (bias)]."""
         operands = [self.data, self.scales]
         if self.bits == 4:
             operands.append(self.mins)
         if self.bias is not None:
             operands.append(self.bias.float())
-        return operands, [self.bits, self.quantized_weight().group, int(self.int8_activations),
-                          int(self.bias is not None)]
+        return operands, [self.bits, self.group, int(self.int8_activations),
+                          int(self.bias is not None), int(self.vnni), self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.native:
@@ -117,5 +131,6 @@ class WeightOnlyLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"int{self.bits}, group={self.in_features // self.scales.shape[1]}, "
-                f"{'int8' if self.int8_activations else 'float'} activations")
+                f"int{self.bits}, group={self.group}, "
+                f"{'int8' if self.int8_activations else 'float'} activations"
+                f"{', VNNI' if self.vnni else ''}")

@@ -4,10 +4,12 @@
 //   folio::weight_only_linear(x, operands, config) -> y
 //       x float32 [M, K] contiguous; y float32 [M, N] (the bias added)
 //       operands, config: as WeightOnlyLinear.native_operands() lays them out:
-//         config = [bits, group, int8_activations, has_bias]
+//         config = [bits, group, int8_activations, has_bias, layout, n]
 //         operands = [data, scales, (mins if bits == 4), (bias if has_bias)]
-//
-// Up to kSmallBatch rows run the register-blocked kernels (quant_dot.cpp with int8
+//       layout 1: data, scales and mins repacked for the AVX-512 VNNI kernel
+//       (kernels/vnni_layout.py), which takes every batch size (vnni_gemm.cpp). layout 0:
+//       as kernels/cpu_quant.py holds them, and
+// up to kSmallBatch rows run the register-blocked kernels (quant_dot.cpp with int8
 // activations, else quant_matmul.cpp); more rows multiply x by tiles of W dequantized to
 // float32 (a float GEMM), each tile small enough to stay in cache.
 #include <torch/library.h>
@@ -16,6 +18,8 @@
 
 #include <algorithm>
 #include <vector>
+
+#include "vnni_gemm.h"
 
 namespace {
 
@@ -26,12 +30,16 @@ constexpr int64_t kTileValues = 2 * 1024 * 1024;    // kernels/cpu_quant.py TILE
 
 struct Layout {
   int64_t bits, group;
-  bool int8_activations, has_bias;
+  bool int8_activations, has_bias, vnni;
+  int64_t n;
 };
 
 Layout layout_of(const std::vector<Tensor>& operands, at::IntArrayRef config) {
-  TORCH_CHECK(config.size() == 4, "config must be [bits, group, int8_activations, has_bias]");
-  const Layout l{config[0], config[1], config[2] != 0, config[3] != 0};
+  TORCH_CHECK(config.size() == 6,
+              "config must be [bits, group, int8_activations, has_bias, layout, n]");
+  const Layout l{config[0], config[1], config[2] != 0, config[3] != 0, config[4] == 1, config[5]};
+  TORCH_CHECK(!l.vnni || folio_vnni::available(), "the weights are repacked for the VNNI "
+              "kernel, which this build lacks");
   TORCH_CHECK(l.bits == 8 || l.bits == 4, "bits must be 8 or 4, got ", l.bits);
   const size_t expected = 2 + (l.bits == 4) + l.has_bias;
   TORCH_CHECK(operands.size() == expected, "expected ", expected, " operands, got ",
@@ -86,13 +94,15 @@ Tensor weight_only_linear(const Tensor& x, std::vector<Tensor> operands, at::Int
   const Layout l = layout_of(operands, config);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 [M, K] tensor");
-  const int64_t n = operands[0].size(0);
-  const int64_t k = operands[0].size(1) * (l.bits == 4 ? 2 : 1);
-  TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, the weight ", k);
+  const int64_t n = l.n;
   Tensor out = at::empty({x.size(0), n}, x.options());
-  if (x.size(0) <= kSmallBatch) {
+  if (l.vnni) {
+    folio_vnni::matmul(out, x, operands, l.bits, l.group, n);
+  } else if (x.size(0) <= kSmallBatch) {
     small_batch(out, x, operands, l);
   } else {
+    const int64_t k = operands[0].size(1) * (l.bits == 4 ? 2 : 1);
+    TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, the weight ", k);
     tiled_gemm(out, x, operands, l, n, k);
   }
   if (l.has_bias) out.add_(operands.back());
