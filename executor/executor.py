@@ -18,6 +18,7 @@ from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
 from folio.executor.quantization.weight_formats import apply_weight_format
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
+from folio.executor.weight_bytes import weight_bytes_per_step
 from folio.kernels import cpu_attention
 from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.hf_config import read_model_config
@@ -101,6 +102,7 @@ class Executor:
                                       self.dtype, tp)
         self.num_params = weights.num_params
         self.linear_backend = weights.linear_backend
+        self.weight_bytes_per_step = weight_bytes_per_step(self.model)   # before any adapter
         self.lora = self._new_lora_registry()
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
         if (self.ops.name == "triton" and self.kv_dtype.is_floating_point
@@ -160,6 +162,7 @@ class Executor:
             sliding_window=kv_window(self.model_config, self.max_model_len),
             rewrites_kv=self._rewrites_kv,
             loras=tuple(self.lora.names_loaded()) if self.lora is not None else (),
+            weight_bytes_per_step=self.weight_bytes_per_step,
         )
 
     def reset(self) -> None:

@@ -45,10 +45,28 @@ class _EngineStatsCollector:
         preemptions.add_metric(["recompute"], float(stats.get("preemptions_recompute", 0)))
         preemptions.add_metric(["swap"], float(stats.get("preemptions_swap", 0)))
         yield preemptions
+        yield from _decode_rate(stats)
         yield from _speculative(stats)
         yield from _lora(stats)
         yield from _per_replica(stats.get("replicas") or [])
         yield from _per_rank(stats)
+
+
+def _decode_rate(stats: dict[str, Any]):
+    """The decode steps' forward time and the weights they read (scheduler/decode_rate.py):
+    rate(bytes x steps) / rate(seconds) is the effective bandwidth; the gauge gives the last
+    64 decode steps' figure directly."""
+    yield CounterMetricFamily("folio:decode_steps", "Executor steps that only decoded",
+                              value=float(stats.get("decode_steps", 0)))
+    yield CounterMetricFamily("folio:decode_forward_seconds",
+                              "Executor forward time of the steps that only decoded",
+                              value=float(stats.get("decode_forward_seconds", 0.0)))
+    yield GaugeMetricFamily("folio:weight_bytes_per_step",
+                            "Bytes of weights one decode step reads",
+                            value=float(stats.get("weight_bytes_per_step", 0)))
+    yield GaugeMetricFamily("folio:decode_weight_read_gbps",
+                            "Weights read per second of decode forward time, GB/s (last 64 "
+                            "decode steps)", value=float(stats.get("decode_weight_read_gbps", 0.0)))
 
 
 def _speculative(stats: dict[str, Any]):

@@ -26,6 +26,7 @@ from dataclasses import MISSING, dataclass
 import zmq
 
 from folio.scheduler.admission import QueueLimits, queue_refusal
+from folio.scheduler.decode_rate import DecodeRate
 from folio.scheduler.executor_link import ExecutorLink, ExecutorTimeouts
 from folio.scheduler.frontend_router import FrontendRouter
 from folio.scheduler.kv_event_publisher import KVEventPublisher
@@ -127,6 +128,7 @@ class SchedulerService:
         if self.kv_events is not None and self.kv_events.replay is not None:
             self.poller.register(self.kv_events.replay, zmq.POLLIN)
         self.scheduler: Scheduler | None = None   # one per attached executor
+        self.decode_rate = DecodeRate(0)            # likewise
         self.spec_log = SpecLog()
         self.router = FrontendRouter(self.frontend_sock, self._abort_orphan)
         self.executor_link = ExecutorLink(self.executor_sock, ExecutorTimeouts(
@@ -394,6 +396,7 @@ class SchedulerService:
         if self.scheduler is not None:
             self._fail_all("the executor restarted")
         link.attach(identity, pid, capacity, ranks)
+        self.decode_rate = DecodeRate(capacity.weight_bytes_per_step)
         self.steps.restart()   # a new scheduler counts from 0
         self.scheduler = Scheduler(config, self._new_kv_event_log(capacity.block_size))
         log.info("executor %d attached: %d KV blocks of %d tokens%s, max_model_len %d", pid,
@@ -420,6 +423,7 @@ class SchedulerService:
         if plan is None:
             log.warning("dropped a result for step %d that is not in flight", result.step_id)
             return
+        self.decode_rate.observe(plan, result)
         self.router.route(self.scheduler.update(plan, result))
 
     def _check_executor(self) -> None:
@@ -469,6 +473,7 @@ class SchedulerService:
 
     def stats(self) -> dict:
         stats = dict(self.scheduler.stats()) if self.scheduler else {}
+        stats.update(self.decode_rate.stats())
         stats["executor_alive"] = self.scheduler is not None
         stats["executor_ranks"] = list(self.executor_link.ranks)
         stats["num_frontends"] = len(self.router.frontends)

@@ -231,6 +231,9 @@ class ExecutorCapacity:
     rewrites_kv: bool = False
     # The LoRA adapters loaded when the executor said hello, by name (docs/lora.md).
     loras: tuple[str, ...] = ()
+    # The weights' bytes one decode step reads (executor/weight_bytes.py): with each decode
+    # step's time, the step's effective bandwidth (folio:decode_weight_read_gbps).
+    weight_bytes_per_step: int = 0
 
 
 @dataclass(frozen=True)

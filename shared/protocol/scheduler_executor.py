@@ -56,6 +56,7 @@ EXECUTOR_HELLO = Message("executor_hello", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("sliding_window", Int(0, 1 << 30), default=0),   # 0: some layer sees everything
     Field("rewrites_kv", Bool(), default=False),
     Field("loras", ListOf(Str(MAX_LORA_NAME_CHARS), MAX_LORAS), default=()),   # adapter names
+    Field("weight_bytes_per_step", Int(0), default=0),   # weights one decode step reads
 ), build=_hello, table=True)
 
 

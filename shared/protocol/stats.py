@@ -21,6 +21,11 @@ _FIELDS = (
         "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
         "spec_decode_num_accepted_tokens")),
     Field("spec_decode_num_accepted_tokens_per_pos", Ints(0, max_len=64), default=None),
+    # Decode-only steps and the weights they read (scheduler/decode_rate.py).
+    Field("decode_steps", Int(0), default=None),
+    Field("decode_forward_seconds", Float(0), default=None),
+    Field("weight_bytes_per_step", Int(0), default=None),
+    Field("decode_weight_read_gbps", Float(0), default=None),
     Field("executor_alive", Bool(), default=None),
     Field("executor_ranks", Ints(0, 1 << 31, 1024), default=None),
     Field("num_frontends", Int(0), default=None),

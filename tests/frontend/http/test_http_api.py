@@ -294,6 +294,15 @@ def test_metrics_move(server, client):
                  "folio:e2e_request_latency_seconds_count",
                  "folio:inter_token_latency_seconds_count"):
         assert name in after
+    # The weights' read rate of decode steps (scheduler/decode_rate.py): 2 of the 3 tokens
+    # came from decode-only steps. Stats may be up to 0.1 s old: scrape until they show.
+    while scrape()["folio:decode_steps_total"] < before.get("folio:decode_steps_total", 0) + 2:
+        pass
+    after = scrape()
+    assert after["folio:weight_bytes_per_step"] > 0
+    assert after["folio:decode_forward_seconds_total"] > before.get(
+        "folio:decode_forward_seconds_total", 0)
+    assert after["folio:decode_weight_read_gbps"] > 0
 
 
 def test_dead_engine_is_503(tmp_path, llama_dir):
