@@ -24,7 +24,8 @@ SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp",
            Path(__file__).parent / "cpu" / "kv_write.cpp",
            Path(__file__).parent / "cpu" / "quant_matmul.cpp",
            Path(__file__).parent / "cpu" / "quant_dot.cpp",
-           Path(__file__).parent / "cpu" / "weight_only_linear.cpp")
+           Path(__file__).parent / "cpu" / "weight_only_linear.cpp",
+           Path(__file__).parent / "cpu" / "decode_step.cpp")
 HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",
            Path(__file__).parent / "cpu" / "quant_weights.h")   # hashed with the sources
 # -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
