@@ -235,12 +235,14 @@ class DecodeStep : public torch::CustomClassHolder {
     const auto dtype = k.scalar_type(), cache_dtype = key_cache.scalar_type();
     const bool layouts = heads_packed(k) && heads_packed(v) && key_cache.is_contiguous() &&
                          value_cache.is_contiguous();
-    if (stored_cache_type(cache_dtype) && dtype != cache_dtype &&
+    if (stored_cache_type(cache_dtype) && (dtype == at::kFloat || dtype == at::kBFloat16) &&
+        v.scalar_type() == dtype && dtype != cache_dtype &&
         value_cache.scalar_type() == cache_dtype && layouts) {
       quantize_and_cache_.call(k, v, key_cache, value_cache, slots);
       return;
     }
-    TORCH_CHECK(dtype == cache_dtype && value_cache.scalar_type() == cache_dtype && layouts,
+    TORCH_CHECK(dtype == cache_dtype && v.scalar_type() == dtype &&
+                    value_cache.scalar_type() == cache_dtype && layouts,
                 "the native decode step writes ", dtype, " keys into a contiguous cache of "
                 "that dtype or of bfloat16, int8 or float8, not ", cache_dtype);
     reshape_and_cache_.call(k, v, key_cache, value_cache, slots);
