@@ -23,6 +23,7 @@ from folio.kernels import cpu_attention
 from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.models.longrope import recompute_crossing
+from folio.executor.native_step import select_decode_step
 from folio.executor.ops import select_ops
 from folio.executor.sampler import Sampler, score_tokens
 from folio.executor.spec_decode.speculator import new_speculator
@@ -104,6 +105,9 @@ class Executor:
         self.linear_backend = weights.linear_backend
         self.weight_bytes_per_step = weight_bytes_per_step(self.model)   # before any adapter
         self.lora = self._new_lora_registry()
+        self.model.native_step = select_decode_step(self.model, config.decode_step, self.ops,
+                                                    self.device, self.dtype, tp is not None,
+                                                    self.lora is not None)
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
         if (self.ops.name == "triton" and self.kv_dtype.is_floating_point
                 and self.kv_dtype.itemsize > 1 and self.kv_dtype != self.dtype):

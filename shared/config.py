@@ -30,6 +30,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 LINEAR_BACKENDS = ("auto", "onednn", "torch")
 QUANTIZATIONS = ("none", "int8", "int4")
 QUANTIZED_ACTIVATIONS = ("int8", "float")
+DECODE_STEPS = ("auto", "python")   # executor/native_step/select.py's
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain may take
@@ -151,6 +152,11 @@ class EngineConfig(SchedulingPolicy):
         "and sums integer dot products (llama.cpp's Q8_0 scheme; about 2x faster on AVX2); "
         "float keeps them float32 (docs/benchmarks.md, quality)",
         choices=QUANTIZED_ACTIVATIONS)
+    decode_step: str = setting(
+        "auto", "how steps of up to 16 tokens (decodes) run the transformer layers on the "
+        "CPU: auto in one C++ call per step where the model allows it (llama-style layers, "
+        "float32 or bfloat16, one rank, no LoRA; the start-up log says), python module by "
+        "module, as larger steps always do", choices=DECODE_STEPS)
     cpu_threads: int | None = setting(None, "executor's torch threads on CPU (default: "
                                       "one per core it may use, fewer while other busy "
                                       "processes hold those cores)",

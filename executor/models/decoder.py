@@ -75,6 +75,9 @@ class CausalLM(nn.Module):
         windowed = any(layer.self_attn.window is not None for layer in self.layers)
         self.longrope_original = config.rope.original_max_position_embeddings \
             if config.rope.rope_type == "longrope" and not windowed else None
+        # executor/native_step's NativeStep, set at load where it can run this model: steps
+        # of up to its max_tokens run every layer in one C++ call instead of the loop.
+        self.native_step = None
 
     def init_rotary(self) -> None:
         """Fill the cos/sin tables (after weights are on their device)."""
@@ -97,10 +100,14 @@ class CausalLM(nn.Module):
             positions = longrope_positions(positions, inputs.seq_lens, inputs.query_start_loc,
                                            rope.original_max_position_embeddings,
                                            self.max_positions)
-        residual = None
-        for layer, table, kv_cache in zip(self.layers, self.layer_table, kv_caches):
-            hidden, residual = layer(positions, hidden, residual, self.tables[table],
-                                     kv_cache, inputs)
+        native = self.native_step
+        if native is not None and len(input_ids) <= native.max_tokens:
+            hidden, residual = native(positions, hidden, kv_caches, inputs)
+        else:
+            residual = None
+            for layer, table, kv_cache in zip(self.layers, self.layer_table, kv_caches):
+                hidden, residual = layer(positions, hidden, residual, self.tables[table],
+                                         kv_cache, inputs)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

@@ -1,0 +1,84 @@
+"""A model's layers read into kernels/cpu/decode_step.cpp's DecodeStep: per layer its norm
+weights, its attention options and its four linears, each as the kind of call its module
+makes (DecodeStep's header lists them)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from folio.executor.linear import PackedLinear
+from folio.executor.models.decoder import CausalLM, DecoderLayer
+from folio.executor.models.layers import Attention, GatedMLP, RMSNorm
+from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
+
+# DecodeStep's linear kinds.
+TORCH, ONEDNN, WEIGHT_ONLY = 0, 1, 2
+_LINEARS = (nn.Linear, PackedLinear, WeightOnlyLinear)
+
+
+def _linears(layer: DecoderLayer) -> tuple[nn.Module, ...]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _norms(layer: DecoderLayer) -> list[nn.Module]:
+    norms = [layer.input_layernorm, layer.post_attention_layernorm]
+    if layer.self_attn.q_norm is not None:
+        norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
+    return norms
+
+
+def unsupported_module(model: CausalLM) -> str | None:
+    """Why some module of `model` is not one DecodeStep reproduces, or None. Exact types:
+    a subclass or a wrapper may compute something else."""
+    eps = set()
+    for layer in model.layers:
+        parts = [(layer, DecoderLayer), (layer.self_attn, Attention), (layer.mlp, GatedMLP)]
+        parts += [(norm, RMSNorm) for norm in _norms(layer)]
+        for module, expected in parts:
+            if type(module) is not expected:
+                return f"a {type(module).__name__} layer"
+        for module in _linears(layer):
+            if type(module) not in _LINEARS:
+                return f"a {type(module).__name__} linear layer"
+            if isinstance(module, WeightOnlyLinear) and not module.native:
+                return "quantized linears without the C++ operator"
+        for module in layer.modules():
+            if module._forward_hooks or module._forward_pre_hooks:
+                return "forward hooks on a layer"
+            if "forward" in module.__dict__:   # executor/lora/layers.py sets one
+                return "a replaced forward (LoRA)"
+        eps.update(norm.eps for norm in _norms(layer))
+    if len(eps) > 1:
+        return "norms with different eps"
+    return None
+
+
+def linear_operands(module: nn.Module) -> tuple[int, list[torch.Tensor], list[int]]:
+    """(kind, tensors, config) of DecodeStep.add_linear for one linear module."""
+    if isinstance(module, WeightOnlyLinear):
+        operands, config = module.native_operands()
+        return WEIGHT_ONLY, operands, config
+    if isinstance(module, PackedLinear):
+        weight, kind = module.packed_weight, ONEDNN
+    else:
+        weight, kind = module.weight.detach(), TORCH
+    bias = [] if module.bias is None else [module.bias.detach()]
+    return kind, [weight, *bias], []
+
+
+def build_decode_step(model: CausalLM) -> torch.ScriptObject:
+    """The C++ object holding `model`'s layers (after its weights and cos/sin tables are
+    loaded; it keeps references to them, not copies)."""
+    first = model.layers[0].self_attn
+    native = torch.classes.folio.DecodeStep(
+        first.num_heads, first.num_kv_heads, first.head_dim, first.rotary_dim or first.head_dim,
+        float(model.layers[0].input_layernorm.eps), float(first.scale), list(model.tables))
+    for layer, table in zip(model.layers, model.layer_table):
+        attn = layer.self_attn
+        native.add_layer([norm.weight.detach() for norm in _norms(layer)], attn.window or 0,
+                         float(attn.softcap or 0.0), table)
+        for module in _linears(layer):
+            native.add_linear(*linear_operands(module))
+    return native

@@ -1,0 +1,69 @@
+"""Whether a model's small steps run the native step (decided once, at load) and the log line
+that says so, or which model feature keeps the Python layers."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from folio.executor.models.decoder import CausalLM
+from folio.executor.native_step.layers import unsupported_module
+from folio.executor.native_step.step import NativeStep
+from folio.executor.ops import KernelOps
+from folio.kernels import cpu_attention
+from folio.shared.config import DECODE_STEPS
+
+log = logging.getLogger("folio.executor")
+
+# Its gain is the Python between the operators, the same whatever the rows: larger steps
+# (prompts, big batches) spend their time in the matmuls and keep the layer loop.
+MAX_TOKENS = 16
+
+
+def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
+                         dtype: torch.dtype, tensor_parallel: bool = False,
+                         lora: bool = False) -> str | None:
+    """Why `model` keeps the Python layers, or None when the native step can run it."""
+    config = model.config
+    if device.type != "cpu":
+        return f"the device is {device.type}"
+    status = cpu_attention.load()
+    if not status.ok:
+        return "the C++ CPU operators are not built"
+    if ops.name != "cpu":
+        return f"{ops.name} attention kernels"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"{str(dtype).removeprefix('torch.')} weights"
+    if tensor_parallel:
+        return "tensor parallel"
+    if lora:
+        return "LoRA adapters"
+    if config.gemma:
+        return "Gemma norms"
+    if config.moe is not None:
+        return "MoE layers"
+    if config.hidden_act != "silu":
+        return f"a {config.hidden_act} MLP"
+    if config.rope.rope_type == "longrope":
+        return "longrope positions"
+    return unsupported_module(model)
+
+
+def select_decode_step(model: CausalLM, setting: str, ops: KernelOps, device: torch.device,
+                       dtype: torch.dtype, tensor_parallel: bool = False,
+                       lora: bool = False) -> NativeStep | None:
+    """The NativeStep for `model` (engine setting decode_step: "auto" where it can run,
+    "python" never), or None: the layer loop runs every step."""
+    if setting not in DECODE_STEPS:
+        raise ValueError(f"decode_step must be one of {', '.join(DECODE_STEPS)}, got "
+                         f"{setting!r}")
+    reason = "decode_step='python'" if setting == "python" else python_layers_reason(
+        model, ops, device, dtype, tensor_parallel, lora)
+    if reason is not None:
+        log.info("decode step: Python layers (%s)", reason)
+        return None
+    step = NativeStep(model, MAX_TOKENS)
+    log.info("decode step: native, one C++ call for the layers of steps of up to %d tokens",
+             MAX_TOKENS)
+    return step
