@@ -42,7 +42,7 @@ struct Linear {
   Tensor weight;                  // torch: [N, K]; oneDNN: the prepacked weight
   std::optional<Tensor> bias;     // torch, oneDNN
   std::vector<Tensor> operands;   // weight-only: data, scales, (mins), (bias)
-  std::vector<int64_t> config;    // weight-only: bits, group, int8_activations, has_bias
+  std::vector<int64_t> config;    // weight-only: WeightOnlyLinear.native_operands()
 };
 
 struct Layer {
