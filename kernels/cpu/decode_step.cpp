@@ -249,16 +249,24 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
   Tensor linear(const Linear& l, const Tensor& x) {
+    // One float32 row goes in twice, as executor/linear.py's PackedLinear does: oneDNN's
+    // one-row kernel sums in another order than its batch kernel.
+    if (l.kind == kOneDnn && x.size(0) == 1 && x.scalar_type() == at::kFloat)
+      return float_linear(l, x.expand({2, x.size(1)})).narrow(0, 0, 1);
+    if (l.kind != kWeightOnly) return float_linear(l, x);
+    // As WeightOnlyLinear.forward: float32 in, the model's dtype out.
+    Tensor flat = x.reshape({-1, x.size(-1)}).to(at::kFloat).contiguous();
+    return weight_only_linear_.call(flat, l.operands, l.config).to(x.scalar_type());
+  }
+
+  Tensor float_linear(const Linear& l, const Tensor& x) {
     switch (l.kind) {
       case kTorch:
         return at::linear(x, l.weight, l.bias);
       case kOneDnn:
         return linear_pointwise_->call(x, l.weight, l.bias, "none", no_scalars_, std::nullopt);
-      default: {
-        // As WeightOnlyLinear.forward: float32 in, the model's dtype out.
-        Tensor flat = x.reshape({-1, x.size(-1)}).to(at::kFloat).contiguous();
-        return weight_only_linear_.call(flat, l.operands, l.config).to(x.scalar_type());
-      }
+      default:
+        TORCH_CHECK(false, "not a float linear");
     }
   }
 
