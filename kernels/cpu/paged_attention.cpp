@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -138,38 +139,52 @@ inline Vec dot_lanes(const float* q, const T* k) {
   return s;
 }
 
-// The lane sums of four vectors at once, {sum(a), sum(b), sum(c), sum(d)}: the shuffles of
-// one reduction tree are shared by four dots instead of paid by each.
-inline Vec4 hsum4(Vec a, Vec b, Vec c, Vec d) {
-#if FOLIO_LANES == 16
-  const Vec ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
-                                         22, 23) +
-                 __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27,
-                                         28, 29, 30, 31);
-  const Vec cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
-                                         22, 23) +
-                 __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27,
-                                         28, 29, 30, 31);
-  const Vec quads = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
-                                            24, 25, 26, 27) +
-                    __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
-                                            23, 28, 29, 30, 31);
-  const Vec8 pairs = __builtin_shufflevector(quads, quads, 0, 1, 4, 5, 8, 9, 12, 13) +
-                     __builtin_shufflevector(quads, quads, 2, 3, 6, 7, 10, 11, 14, 15);
-#elif FOLIO_LANES == 8
-  const Vec ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) +
-                 __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
-  const Vec cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 8, 9, 10, 11) +
-                 __builtin_shufflevector(c, d, 4, 5, 6, 7, 12, 13, 14, 15);
-  const Vec8 pairs = __builtin_shufflevector(ab, cd, 0, 1, 4, 5, 8, 9, 12, 13) +
-                     __builtin_shufflevector(ab, cd, 2, 3, 6, 7, 10, 11, 14, 15);
+// Lane sums of dots as a butterfly: fold<d> adds lanes d apart, two vectors into one, so
+// that no lane idles; d halves from kLanes / 2 to 1. hsum4 and group_scores take the same
+// steps, so a dot's sum has the same bits whichever of them reduced it.
+template <int d, int... i>
+inline Vec fold_lanes(Vec x, Vec y, std::integer_sequence<int, i...>) {
+  // Output lane k: group k / d of 2d lanes of [x | y], lane k % d plus lane k % d + d.
+  return __builtin_shufflevector(x, y, (i / d * 2 * d + i % d)...) +
+         __builtin_shufflevector(x, y, (i / d * 2 * d + i % d + d)...);
+}
+template <int d>
+inline Vec fold(Vec x, Vec y) {
+  return fold_lanes<d>(x, y, std::make_integer_sequence<int, kLanes>{});
+}
+
+// s: vectors that each hold kLanes / kFrom dots' kFrom partial sums (kFrom = kLanes: raw
+// dot lanes). Returns kLanes / d dots' d partial sums, in s's order.
+template <int d, int kFrom = kLanes>
+inline Vec reduce_dots(const Vec* s) {
+  if constexpr (d == kFrom) {
+    return s[0];
+  } else {
+    return fold<d>(reduce_dots<2 * d, kFrom>(s), reduce_dots<2 * d, kFrom>(s + kFrom / (2 * d)));
+  }
+}
+
+// 4 dots' kLanes / 4 partial sums each (reduce_dots<kLanes / 4>) -> the 4 sums, the last
+// steps in narrower registers.
+inline Vec4 narrow_sums(Vec u) {
+#if FOLIO_LANES == 4
+  return u;
 #else
-  const Vec ab = __builtin_shufflevector(a, b, 0, 1, 4, 5) + __builtin_shufflevector(a, b, 2, 3, 6, 7);
-  const Vec cd = __builtin_shufflevector(c, d, 0, 1, 4, 5) + __builtin_shufflevector(c, d, 2, 3, 6, 7);
-  const Vec8 pairs = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 4, 5, 6, 7);
+#if FOLIO_LANES == 16
+  const Vec8 pairs = __builtin_shufflevector(u, u, 0, 1, 4, 5, 8, 9, 12, 13) +
+                     __builtin_shufflevector(u, u, 2, 3, 6, 7, 10, 11, 14, 15);
+#else
+  const Vec8 pairs = u;
 #endif
   return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) +
          __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
+#endif
+}
+
+// {sum(a), sum(b), sum(c), sum(d)}: one reduction tree shared by four dots.
+inline Vec4 hsum4(Vec a, Vec b, Vec c, Vec d) {
+  const Vec dots[4] = {a, b, c, d};
+  return narrow_sums(reduce_dots<kLanes / 4>(dots));
 }
 
 // acc[D] += sum_j p[j] * values[j][D]
@@ -280,16 +295,16 @@ inline void transposed_scores_block(const float* const* qs, const float* keys_t,
     }
 }
 
-// accumulate() for kBlockRows rows at once (kD > 0): acc[b][D] += sum_j p[b][j] * values[j][D],
-// two vectors of D at a time so that the rows' even/odd accumulators stay in registers.
-template <typename T, int kD>
+// accumulate() for R rows at once (kD > 0): acc[b][D] += sum_j p[b][j] * values[j][D], a few
+// vectors of D at a time so that the rows' even/odd accumulators stay in registers.
+template <int R, typename T, int kD>
 inline void accumulate_block(float* const* acc, const float* const* p, const T* const* values,
                              int64_t offset, int64_t n) {
   constexpr int kVecs = kD / kLanes;
-  constexpr int kStep = kVecs % 2 == 0 ? 2 : 1;
+  constexpr int kStep = R <= 2 && kVecs % 4 == 0 ? 4 : kVecs % 2 == 0 ? 2 : 1;
   for (int c0 = 0; c0 < kVecs; c0 += kStep) {
-    Vec even[kBlockRows][kStep], odd[kBlockRows][kStep];
-    for (int b = 0; b < kBlockRows; ++b)
+    Vec even[R][kStep], odd[R][kStep];
+    for (int b = 0; b < R; ++b)
       for (int c = 0; c < kStep; ++c) {
         even[b][c] = load_vec(acc[b] + (c0 + c) * kLanes);
         odd[b][c] = Vec{};
@@ -304,7 +319,7 @@ inline void accumulate_block(float* const* acc, const float* const* p, const T* 
         x1[c] = load_vec(v1 + c * kLanes);
       }
 #pragma GCC unroll 4
-      for (int b = 0; b < kBlockRows; ++b)
+      for (int b = 0; b < R; ++b)
         for (int c = 0; c < kStep; ++c) {
           even[b][c] += p[b][j] * x0[c];
           odd[b][c] += p[b][j + 1] * x1[c];
@@ -312,14 +327,67 @@ inline void accumulate_block(float* const* acc, const float* const* p, const T* 
     }
     if (j < n) {
       const T* v0 = values[j] + offset + c0 * kLanes;
-      for (int b = 0; b < kBlockRows; ++b)
+      for (int b = 0; b < R; ++b)
         for (int c = 0; c < kStep; ++c) even[b][c] += p[b][j] * load_vec(v0 + c * kLanes);
     }
-    for (int b = 0; b < kBlockRows; ++b)
+    for (int b = 0; b < R; ++b)
       for (int c = 0; c < kStep; ++c) {
         const Vec sum = even[b][c] + odd[b][c];
         std::memcpy(acc[b] + (c0 + c) * kLanes, &sum, sizeof sum);
       }
+  }
+}
+
+// Scores of R rows that see the same keys (one token's GQA group, kD > 0) against keys
+// [lo, hi): each key row is loaded, and widened, once for all R; kLanes keys' sums fill one
+// vector. Every row sums as dot() and hsum4 do (4 keys at a time from lo, the rest alone),
+// so it gets the bits it would get alone.
+template <int R, typename C, int kD>
+inline void group_scores(const float* const* qs, const C* const* keys, int64_t head_offset,
+                         int64_t lo, int64_t hi, float* const* scores) {
+  constexpr int kVecs = kD / kLanes;
+  auto lanes = [&](const C* k, Vec* s) {   // s[r] = dot_lanes(qs[r], k)
+    Vec kv[kVecs];
+#pragma GCC unroll 8
+    for (int c = 0; c < kVecs; ++c) kv[c] = load_vec(k + c * kLanes);
+    for (int r = 0; r < R; ++r) {
+      Vec x = load_vec(qs[r]) * kv[0];
+#pragma GCC unroll 8
+      for (int c = 1; c < kVecs; ++c) x += load_vec(qs[r] + c * kLanes) * kv[c];
+      s[r] = x;
+    }
+  };
+  auto four_keys = [&](int64_t j, Vec* units) {   // units[r]: reduce_dots<kLanes / 4>
+    Vec s[4][R];
+    for (int i = 0; i < 4; ++i) lanes(keys[j + i] + head_offset, s[i]);
+    for (int r = 0; r < R; ++r) {
+      const Vec dots[4] = {s[0][r], s[1][r], s[2][r], s[3][r]};
+      units[r] = reduce_dots<kLanes / 4>(dots);
+    }
+  };
+  int64_t j = lo;
+  for (; j + kLanes <= hi; j += kLanes) {
+    Vec units[kLanes / 4][R];
+    for (int u = 0; u < kLanes / 4; ++u) four_keys(j + 4 * u, units[u]);
+    for (int r = 0; r < R; ++r) {
+      Vec row_units[kLanes / 4];
+      for (int u = 0; u < kLanes / 4; ++u) row_units[u] = units[u][r];
+      const Vec sums = reduce_dots<1, kLanes / 4>(row_units);
+      std::memcpy(scores[r] + j, &sums, sizeof sums);
+    }
+  }
+  for (; j + 4 <= hi; j += 4) {
+    Vec units[R];
+    four_keys(j, units);
+    for (int r = 0; r < R; ++r) {
+      const Vec4 four = narrow_sums(units[r]);
+      std::memcpy(scores[r] + j, &four, sizeof four);
+    }
+  }
+  for (; j < hi; ++j) {
+    Vec s[R];
+    lanes(keys[j] + head_offset, s);
+    for (int r = 0; r < R; ++r) scores[r][j] = hsum(s[r]);
   }
 }
 
@@ -336,14 +404,13 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   const int64_t q_start = a.starts[item.seq];
   const int64_t first_pos = a.seq_lens[item.seq] - (a.starts[item.seq + 1] - q_start);
   const bool transpose = tokens * G >= kTransposeRows;
-  buffer.assign(rows * (2 * D + 2) + kKeyTile * (transpose ? D + kBlockRows : 1), 0.0f);
+  buffer.assign(rows * (2 * D + 2) + kKeyTile * (kBlockRows + (transpose ? D : 0)), 0.0f);
   float* q = buffer.data();              // [rows, D], pre-scaled; row r = token * H + head
   float* acc = q + rows * D;             // [rows, D]
   float* row_max = acc + rows * D;       // [rows]
   float* row_sum = row_max + rows;       // [rows]
-  float* scores = row_sum + rows;        // [kKeyTile] (transposing: [kBlockRows, kKeyTile]),
-                                         // then the tile's probabilities
-  float* keys_t = scores + kKeyTile * (transpose ? kBlockRows : 1);   // [D, kKeyTile]
+  float* scores = row_sum + rows;        // [kBlockRows, kKeyTile], then the probabilities
+  float* keys_t = scores + kKeyTile * kBlockRows;   // [D, kKeyTile] when transposing
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < H; ++h) {
       const T* src = query.row(q_start + item.q_begin + t, h);
@@ -357,34 +424,48 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   // The first position the item's first row sees: earlier blocks may have been freed.
   const int64_t first_key =
       a.window > 0 ? std::max<int64_t>(0, first_pos + item.q_begin + 1 - a.window) : 0;
-  const int64_t position_bytes = a.kv_heads * a.cache_s2 * static_cast<int64_t>(sizeof(C));
-  auto position_offset = [&](int64_t p) {
-    return table[p / a.block_size] * a.cache_s0 + (p % a.block_size) * a.cache_s1;
+  // One head's row: its values and an int8 row's scale (a compile-time size when kD > 0).
+  const int64_t row_bytes = (D + (kScaledRows<C> ? 2 : 0)) * static_cast<int64_t>(sizeof(C));
+  auto prefetch_row = [&](const C* row) {   // into L2
+    const char* p = reinterpret_cast<const char*>(row);
+    for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+    if (row_bytes % 64 != 0) __builtin_prefetch(p + row_bytes - 1, 0, 2);   // a row may
+  };                                                                         // straddle lines
+  // offsets[j]: position p0 + j's row in the caches, for j < n. One division per tile:
+  // a 64-bit division per position cost more than a decode row's dot with it.
+  auto tile_offsets = [&](int64_t p0, int64_t n, int64_t* offsets) {
+    int64_t block = p0 / a.block_size, row = p0 % a.block_size;
+    for (int64_t j = 0; j < n; ++j) {
+      offsets[j] = table[block] * a.cache_s0 + row * a.cache_s1;
+      if (++row == a.block_size) row = 0, ++block;
+    }
   };
+  int64_t offsets[2][kKeyTile];   // this tile's and the next one's
+  tile_offsets(first_key, std::min(context, (first_key / kKeyTile + 1) * kKeyTile) - first_key,
+               offsets[0]);
   const C* keys[kKeyTile];
   const C* values[kKeyTile];
   float key_scales[kKeyTile], value_scales[kKeyTile];   // int8 rows' (kScaledRows<C>)
   // Tiles end at multiples of kKeyTile whatever first_key is (a window's first tile is
   // partial): a row's tiles, and so its rounding, do not depend on where its item starts.
-  for (int64_t p0 = first_key, next = 0; p0 < context; p0 = next) {
+  for (int64_t p0 = first_key, next = 0, tile = 0; p0 < context; p0 = next, tile ^= 1) {
     next = (p0 / kKeyTile + 1) * kKeyTile;
     const int64_t n = std::min(next, context) - p0;
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t offset = position_offset(p0 + j);
-      keys[j] = key_cache + offset;
-      values[j] = value_cache + offset;
+      keys[j] = key_cache + offsets[tile][j];
+      values[j] = value_cache + offsets[tile][j];
     }
-    // Blocks are scattered, so the hardware prefetcher cannot guess the next tile.
-    for (int64_t p = next; p < std::min(context, next + kKeyTile); ++p) {
-      const char* k = reinterpret_cast<const char*>(key_cache + position_offset(p));
-      const char* v = reinterpret_cast<const char*>(value_cache + position_offset(p));
-      for (int64_t b = 0; b < position_bytes; b += 64) {
-        __builtin_prefetch(k + b);
-        __builtin_prefetch(v + b);
-      }
-    }
+    const int64_t n_next = std::min(context, next + kKeyTile) - next;
+    if (n_next > 0) tile_offsets(next, n_next, offsets[tile ^ 1]);
     for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
       const int64_t head_offset = kv * a.cache_s2;
+      // Blocks are scattered, so the hardware prefetcher cannot guess the next tile: fetch
+      // this head's rows of it into L2 while this one is computed. (Into L1, or the whole
+      // tile at once, stalled on the misses instead: the tile is L1's size.)
+      for (int64_t j = 0; j < n_next; ++j) {
+        prefetch_row(key_cache + offsets[tile ^ 1][j] + head_offset);
+        prefetch_row(value_cache + offsets[tile ^ 1][j] + head_offset);
+      }
       if constexpr (kScaledRows<C>) {
         for (int64_t j = 0; j < n; ++j) {
           key_scales[j] = row_scale(keys[j] + head_offset, D);
@@ -469,7 +550,8 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
               scale_probabilities(row_scores[b], lo, hi);
               probs[b] = row_scores[b] + lo;
             }
-            accumulate_block<C, kD>(accs, probs, values + lo, head_offset, hi - lo);
+            accumulate_block<kBlockRows, C, kD>(accs, probs, values + lo, head_offset,
+                                                  hi - lo);
             t = tt;
             g = gg;
             rows_left -= kBlockRows;
@@ -478,11 +560,50 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
           first_group = g;
         }
       }
+      // Rows t * H + kv * G + [g, g + R) of one token, in one pass over the tile's keys
+      // and values (kD > 0, R <= kBlockRows).
+      auto group_rows = [&](auto rows_tag, int64_t t, int64_t g, int64_t lo, int64_t hi) {
+        constexpr int R = decltype(rows_tag)::value;
+        const float* qs[R];
+        float* row_scores[R];
+        float* accs[R];
+        const float* probs[R];
+        for (int b = 0; b < R; ++b) {
+          qs[b] = q + (t * H + kv * G + g + b) * D;
+          row_scores[b] = scores + b * kKeyTile;
+          accs[b] = acc + (t * H + kv * G + g + b) * D;
+        }
+        group_scores<R, C, kD>(qs, keys, head_offset, lo, hi, row_scores);
+        for (int b = 0; b < R; ++b) {
+          scale_scores(row_scores[b], lo, hi);
+          softmax_row(t * H + kv * G + g + b, row_scores[b], lo, hi);
+          scale_probabilities(row_scores[b], lo, hi);
+          probs[b] = row_scores[b] + lo;
+        }
+        if constexpr (R == 1) {
+          accumulate<C, kD>(accs[0], probs[0], values + lo, head_offset, hi - lo, D);
+        } else {
+          accumulate_block<R, C, kD>(accs, probs, values + lo, head_offset, hi - lo);
+        }
+      };
       for (int64_t t = first_single; t < tokens; ++t) {
         int64_t lo = 0, hi = 0;
         visible_columns(t, lo, hi);
         if (hi <= lo) continue;
         const int64_t visible = hi - lo;
+        if constexpr (kD > 0) {
+          if (!transpose) {   // decodes and short chunks: the group shares each key's load
+            for (int64_t g = 0; g < G; g += kBlockRows) {
+              switch (std::min<int64_t>(G - g, kBlockRows)) {
+                case 1: group_rows(std::integral_constant<int, 1>{}, t, g, lo, hi); break;
+                case 2: group_rows(std::integral_constant<int, 2>{}, t, g, lo, hi); break;
+                case 3: group_rows(std::integral_constant<int, 3>{}, t, g, lo, hi); break;
+                default: group_rows(std::integral_constant<int, 4>{}, t, g, lo, hi); break;
+              }
+            }
+            continue;
+          }
+        }
         for (int64_t g = t == first_single ? first_group : 0; g < G; ++g) {
           const int64_t r = t * H + kv * G + g;
           const float* qr = q + r * D;
