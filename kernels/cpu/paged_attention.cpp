@@ -33,14 +33,18 @@ namespace {
 
 constexpr int kKeyTile = 32;
 constexpr int64_t kChunkTokens = 32;     // query tokens per work item
+// Row-keys (query rows times the keys each sees) under which a call runs on one thread:
+// about 10 us of work, against the few it takes to wake the others.
+constexpr int64_t kParallelCost = 2048;
 constexpr float kNoScore = -1e30f;       // running max before any key: finite, so no inf - inf
 
 using namespace folio_cpu;
 constexpr int kTileVecs = kKeyTile / kLanes;
 
 struct Item {
-  int32_t seq, q_begin, q_end;   // query rows [q_begin, q_end) of `seq`, every head
-  int64_t cost;
+  int32_t seq, q_begin, q_end;   // query rows [q_begin, q_end) of `seq`,
+  int32_t h_begin, h_end;        // heads [h_begin, h_end) of them
+  int64_t cost;                  // rows times the keys they see
 };
 
 struct Args {
@@ -113,35 +117,17 @@ inline float softmax_tile(float* scores, int64_t n, float& running_max) {
   return sum;
 }
 
-// kD > 0: head_dim is that multiple of kLanes, known at compile time, so a row is a few
-// vector registers. kD == 0: any head_dim, plain loops.
-template <typename T, int kD>
+// q . k for any head_dim (the compile-time ones go through group_scores).
+template <typename T>
 inline float dot(const float* q, const T* k, int64_t D) {
-  if constexpr (kD > 0) {
-    Vec s = load_vec(q) * load_vec(k);
-#pragma GCC unroll 8
-    for (int c = kLanes; c < kD; c += kLanes) s += load_vec(q + c) * load_vec(k + c);
-    return hsum(s);
-  } else {
-    float s = 0.0f;
+  float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t d = 0; d < D; ++d) s += q[d] * load(k[d]);
-    return s;
-  }
-}
-
-// Lane-wise partial products of q . k (kD > 0): the dot is this vector's lane sum.
-template <typename T, int kD>
-inline Vec dot_lanes(const float* q, const T* k) {
-  Vec s = load_vec(q) * load_vec(k);
-#pragma GCC unroll 8
-  for (int c = kLanes; c < kD; c += kLanes) s += load_vec(q + c) * load_vec(k + c);
+  for (int64_t d = 0; d < D; ++d) s += q[d] * load(k[d]);
   return s;
 }
 
 // Lane sums of dots as a butterfly: fold<d> adds lanes d apart, two vectors into one, so
-// that no lane idles; d halves from kLanes / 2 to 1. hsum4 and group_scores take the same
-// steps, so a dot's sum has the same bits whichever of them reduced it.
+// that no lane idles; d halves from kLanes / 2 to 1.
 template <int d, int... i>
 inline Vec fold_lanes(Vec x, Vec y, std::integer_sequence<int, i...>) {
   // Output lane k: group k / d of 2d lanes of [x | y], lane k % d plus lane k % d + d.
@@ -179,12 +165,6 @@ inline Vec4 narrow_sums(Vec u) {
   return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) +
          __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
 #endif
-}
-
-// {sum(a), sum(b), sum(c), sum(d)}: one reduction tree shared by four dots.
-inline Vec4 hsum4(Vec a, Vec b, Vec c, Vec d) {
-  const Vec dots[4] = {a, b, c, d};
-  return narrow_sums(reduce_dots<kLanes / 4>(dots));
 }
 
 // acc[D] += sum_j p[j] * values[j][D]
@@ -340,8 +320,8 @@ inline void accumulate_block(float* const* acc, const float* const* p, const T* 
 
 // Scores of R rows that see the same keys (one token's GQA group, kD > 0) against keys
 // [lo, hi): each key row is loaded, and widened, once for all R; kLanes keys' sums fill one
-// vector. Every row sums as dot() and hsum4 do (4 keys at a time from lo, the rest alone),
-// so it gets the bits it would get alone.
+// vector. A row's sums take the same steps whatever R is and whichever rows share it (4 keys
+// at a time from lo, the last few alone), so splitting a group changes no bits.
 template <int R, typename C, int kD>
 inline void group_scores(const float* const* qs, const C* const* keys, int64_t head_offset,
                          int64_t lo, int64_t hi, float* const* scores) {
@@ -412,7 +392,7 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   float* scores = row_sum + rows;        // [kBlockRows, kKeyTile], then the probabilities
   float* keys_t = scores + kKeyTile * kBlockRows;   // [D, kKeyTile] when transposing
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       const T* src = query.row(q_start + item.q_begin + t, h);
       float* dst = q + (t * H + h) * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = load(src[d]) * a.scale;
@@ -457,8 +437,11 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
     }
     const int64_t n_next = std::min(context, next + kKeyTile) - next;
     if (n_next > 0) tile_offsets(next, n_next, offsets[tile ^ 1]);
-    for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
+    for (int64_t kv = item.h_begin / G; kv * G < item.h_end; ++kv) {
       const int64_t head_offset = kv * a.cache_s2;
+      // The item's rows of this KV head's group: all of it unless the item was split.
+      const int64_t g_begin = std::max<int64_t>(0, item.h_begin - kv * G);
+      const int64_t g_end = std::min<int64_t>(G, item.h_end - kv * G);
       // Blocks are scattered, so the hardware prefetcher cannot guess the next tile: fetch
       // this head's rows of it into L2 while this one is computed. (Into L1, or the whole
       // tile at once, stalled on the misses instead: the tile is L1's size.)
@@ -593,8 +576,8 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
         const int64_t visible = hi - lo;
         if constexpr (kD > 0) {
           if (!transpose) {   // decodes and short chunks: the group shares each key's load
-            for (int64_t g = 0; g < G; g += kBlockRows) {
-              switch (std::min<int64_t>(G - g, kBlockRows)) {
+            for (int64_t g = g_begin; g < g_end; g += kBlockRows) {
+              switch (std::min<int64_t>(g_end - g, kBlockRows)) {
                 case 1: group_rows(std::integral_constant<int, 1>{}, t, g, lo, hi); break;
                 case 2: group_rows(std::integral_constant<int, 2>{}, t, g, lo, hi); break;
                 case 3: group_rows(std::integral_constant<int, 3>{}, t, g, lo, hi); break;
@@ -604,23 +587,14 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
             continue;
           }
         }
-        for (int64_t g = t == first_single ? first_group : 0; g < G; ++g) {
+        for (int64_t g = t == first_single ? std::max(first_group, g_begin) : g_begin;
+             g < g_end; ++g) {
           const int64_t r = t * H + kv * G + g;
           const float* qr = q + r * D;
           if (transpose) {
             transposed_scores<kD>(qr, keys_t, scores, D);
-          } else {
-            int64_t j = lo;
-            if constexpr (kD > 0) {
-              for (; j + 4 <= hi; j += 4) {
-                const Vec4 four = hsum4(dot_lanes<C, kD>(qr, keys[j] + head_offset),
-                                        dot_lanes<C, kD>(qr, keys[j + 1] + head_offset),
-                                        dot_lanes<C, kD>(qr, keys[j + 2] + head_offset),
-                                        dot_lanes<C, kD>(qr, keys[j + 3] + head_offset));
-                std::memcpy(scores + j, &four, sizeof four);
-              }
-            }
-            for (; j < hi; ++j) scores[j] = dot<C, kD>(qr, keys[j] + head_offset, D);
+          } else {   // kD == 0
+            for (int64_t j = lo; j < hi; ++j) scores[j] = dot(qr, keys[j] + head_offset, D);
             scale_scores(scores, lo, hi);
           }
           softmax_row(r, scores, lo, hi);
@@ -631,7 +605,7 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
     }
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       const int64_t r = t * H + h;
       const float inv = 1.0f / row_sum[r];
       T* dst = out.row(q_start + item.q_begin + t, h);
@@ -702,6 +676,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
          static_cast<float>(scale), window, static_cast<float>(softcap)};
   // Decodes: one item per sequence. Chunks: kChunkTokens tokens per item.
   std::vector<Item> items;
+  int64_t total_cost = 0;
   for (int32_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = a.starts[s + 1] - a.starts[s];
     const int64_t first_pos = a.seq_lens[s] - q_len;
@@ -723,10 +698,35 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
       const int64_t e = std::min(q_len, b + kChunkTokens);
       const int64_t keys = window > 0 ? std::min<int64_t>(first_pos + e, window + e - b)
                                       : first_pos + e;
-      items.push_back({s, static_cast<int32_t>(b), static_cast<int32_t>(e), (e - b) * keys});
+      items.push_back({s, static_cast<int32_t>(b), static_cast<int32_t>(e), 0,
+                       static_cast<int32_t>(heads), (e - b) * heads * keys});
+      total_cost += items.back().cost;
     }
   }
   if (items.empty()) return;
+  // Waking the other threads costs a few microseconds (more when they are busy elsewhere):
+  // small calls, most decode steps, run on this one.
+  const int64_t threads = total_cost >= kParallelCost ? at::get_num_threads() : 1;
+  // Fewer items than threads (one long decode): split decodes by query heads. A row's
+  // arithmetic does not depend on which rows share its item (group_scores), so no bits
+  // change. (A group of kTransposeRows or more is transposed whole: left as it is.)
+  const int64_t group = heads / kv_heads;
+  const int64_t parts = (threads + static_cast<int64_t>(items.size()) - 1) /
+                        static_cast<int64_t>(items.size());
+  if (parts > 1 && group < kTransposeRows) {
+    std::vector<Item> split;
+    for (const Item& item : items) {
+      const int64_t n = item.q_end - item.q_begin == 1 ? std::min(parts, heads) : 1;
+      for (int64_t i = 0; i < n; ++i) {
+        Item part = item;
+        part.h_begin = static_cast<int32_t>(heads * i / n);
+        part.h_end = static_cast<int32_t>(heads * (i + 1) / n);
+        part.cost = item.cost * (part.h_end - part.h_begin) / heads;
+        split.push_back(part);
+      }
+    }
+    items.swap(split);
+  }
   // Longest first, handed out one at a time: uneven items still balance across threads.
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& x, const Item& y) { return x.cost > y.cost; });
@@ -740,7 +740,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
     const C* vc = static_cast<const C*>(value_cache.data_ptr());
     const int64_t n_items = static_cast<int64_t>(items.size());
     std::atomic<int64_t> next{0};
-    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_items), 1,
+    at::parallel_for(0, std::min(threads, n_items), 1,
                      [&](int64_t, int64_t) {
                        std::vector<float> buffer;
                        for (int64_t i = next++; i < n_items; i = next++)
