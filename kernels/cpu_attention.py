@@ -26,7 +26,8 @@ SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp",
            Path(__file__).parent / "cpu" / "quant_dot.cpp",
            Path(__file__).parent / "cpu" / "weight_only_linear.cpp")
 HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",
-           Path(__file__).parent / "cpu" / "quant_weights.h")   # hashed with the sources
+           Path(__file__).parent / "cpu" / "quant_weights.h",
+           Path(__file__).parent / "cpu" / "attention_tiles.h")   # hashed with the sources
 # -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
 # already loaded). ISO C++ mode turns FMA contraction off; the kernel wants it.
 _FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")
