@@ -19,12 +19,13 @@ median over rounds, in ms. `err` is the output's max abs error against the float
 its max abs. Decode speed by KV type end to end: bench/quantized_decode.py --kv-cache-dtypes.
 
 --decode: one decode step's attention calls at SmolLM2-135M's shape, --batches sequences of
-one new token each after --contexts tokens, in µs per call. `hot` repeats one layer's call
-(its K/V stay in cache); `step` cycles through several layers' caches, at least 96 MiB in
-all (up to 30 layers), so that each call reads its K/V from memory as a model's decode step
-does. Each figure: per round, the best of --reps timed loops of calls; then the median and
-the best over --rounds rounds. --library times another build of the operators (an older
-commit's .so), for before/after figures from one checkout.
+one new token each after --contexts tokens, in µs per call. `hot` repeats one call (its
+K/V stay in cache); `step` cycles through copies of the caches, 96 MiB or more in all
+(`caches` of them), so that each call reads its K/V from memory, as in a model's decode
+step, whose weights stream through the cache between two layers' calls. Each figure: per
+round, the best of --reps timed loops of calls; then the median and the best over --rounds
+rounds. --library times another build of the operators (an older commit's .so), for
+before/after figures from one checkout.
 """
 
 from __future__ import annotations
@@ -102,14 +103,14 @@ def _loop_us(fn, calls: int, reps: int, clock) -> float:
     return min(times[1:]) * 1e6
 
 
-STEP_BYTES = 96 * 2**20   # --decode step: caches cycled past this machine's 32 MiB L3
+STEP_BYTES = 96 * 2**20   # --decode step: caches cycled, past this machine's 32 MiB L3
 
 
 def decode_table(args, clock) -> None:
     print(f"decode, {SMOL_HEADS}/{SMOL_KV_HEADS} heads, head_dim {HEAD_DIM}, {BLOCK}-token "
           f"blocks; us per call, median and best of {args.rounds} rounds; load {_load()}")
     print(f"{'dtype':<9} {'seqs':>4} {'context':>7} {'thr':>3} {'hot':>9} {'best':>9} "
-          f"{'step':>9} {'best':>9} {'layers':>6}")
+          f"{'step':>9} {'best':>9} {'caches':>6}")
     for dtype in args.dtypes:
         for batch in args.batches:
             for context in args.contexts:
@@ -117,7 +118,7 @@ def decode_table(args, clock) -> None:
                     [(context - 1, 1)] * batch, heads=SMOL_HEADS, kv_heads=SMOL_KV_HEADS)
                 query = query.to(getattr(torch, dtype))
                 first = (key_cache.to(query.dtype), value_cache.to(query.dtype))
-                layers = min(SMOL_LAYERS, max(2, -(-STEP_BYTES // (2 * first[0].nbytes))))
+                layers = max(2, -(-STEP_BYTES // (2 * first[0].nbytes)))
                 caches = [first] + [(k.clone(), v.clone()) for k, v in [first] * (layers - 1)]
                 del key_cache, value_cache
                 out = torch.empty_like(query)

@@ -51,7 +51,8 @@ def test_decode_table_times_each_case_hot_and_from_memory():
     assert [row[1:4] for row in rows] == [["1", "16", "1"], ["1", "40", "1"], ["2", "16", "1"],
                                           ["2", "40", "1"]]
     assert all(float(cell) > 0 for row in rows for cell in row[4:8])
-    assert all(int(row[8]) == 30 for row in rows)   # small caches: every layer's, cycled
+    caches = [int(row[8]) for row in rows]   # copies cycled: more of smaller ones
+    assert caches[0] > caches[1] > caches[3] >= 2 and caches[0] > caches[2]
 
 
 @pytest.mark.slow
