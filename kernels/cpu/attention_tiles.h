@@ -55,14 +55,22 @@ inline float softmax_tile(float* scores, int64_t n, float& running_max) {
     std::memcpy(scores, tile, sizeof tile);
     return hsum(sum);
   }
+  // A partial tile (a decode's last, a window's first): exps a vector at a time (each lane
+  // is the scalar exp's float), summed in key order as before.
   float tile_max = kNoScore;
   for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, scores[j]);
   const float new_max = std::max(running_max, tile_max);
   running_max = new_max;
   float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    scores[j] = exp_nonpositive(scores[j] - new_max);
-    sum += scores[j];
+  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+    const int64_t m = std::min<int64_t>(kLanes, n - j0);
+    float x[kLanes] = {};
+    for (int64_t i = 0; i < m; ++i) x[i] = scores[j0 + i] - new_max;
+    const Vec e = exp_nonpositive(load_vec(x));
+    for (int64_t i = 0; i < m; ++i) {
+      scores[j0 + i] = e[i];
+      sum += e[i];
+    }
   }
   return sum;
 }
