@@ -240,7 +240,7 @@ template <int R, typename T, int kD>
 inline void accumulate_block(float* const* acc, const float* const* p, const T* const* values,
                              int64_t offset, int64_t n) {
   constexpr int kVecs = kD / kLanes;
-  constexpr int kStep = R <= 2 && kVecs % 4 == 0 ? 4 : kVecs % 2 == 0 ? 2 : 1;
+  constexpr int kStep = R <= 3 && kVecs % 4 == 0 ? 4 : kVecs % 2 == 0 ? 2 : 1;
   for (int c0 = 0; c0 < kVecs; c0 += kStep) {
     Vec even[R][kStep], odd[R][kStep];
     for (int b = 0; b < R; ++b)
