@@ -408,8 +408,8 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
     }
   }
   if (items.empty()) return;
-  // Waking the other threads costs a few microseconds (more when they are busy elsewhere):
-  // small calls, most decode steps, run on this one.
+  // Waking the other threads costs a few microseconds (far more when their cores are busy
+  // elsewhere): small calls (few sequences, short contexts) run on this one.
   const int64_t threads = total_cost >= kParallelCost ? at::get_num_threads() : 1;
   // Fewer items than threads (one long decode): split decodes by query heads. A row's
   // arithmetic does not depend on which rows share its item (group_scores), so no bits
