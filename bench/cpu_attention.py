@@ -4,6 +4,7 @@ float16 scale per row) and float8, and the tokens per GiB of each.
 
     python -m bench.cpu_attention [--reps 20] [--threads 1 2] [--clock wall|cpu]
     python -m bench.cpu_attention --kv-cache [--rounds 5] [--reps 10] [--context 2048]
+    python -m bench.cpu_attention --decode [--batches 1 64] [--contexts 16 256 1024 4096]
 
 Cases: 64 decode rows with contexts drawn from 16-768 tokens, one 512-token prompt, and the
 two mixed in one call (--decode-contexts changes the range); 8 query heads, 4 KV heads
@@ -16,6 +17,15 @@ so it is timed apart: `plan`). Times: best of --reps, in ms.
 is shared); each figure is the best of --reps calls within a round, and the table shows the
 median over rounds, in ms. `err` is the output's max abs error against the float32 cache over
 its max abs. Decode speed by KV type end to end: bench/quantized_decode.py --kv-cache-dtypes.
+
+--decode: one decode step's attention calls at SmolLM2-135M's shape, --batches sequences of
+one new token each after --contexts tokens, in µs per call. `hot` repeats one call (its
+K/V stay in cache); `step` cycles through copies of the caches, 96 MiB or more in all
+(`caches` of them), so that each call reads its K/V from memory, as in a model's decode
+step, whose weights stream through the cache between two layers' calls. Each figure: per
+round, the best of --reps timed loops of calls; then the median and the best over --rounds
+rounds. --library times another build of the operators (an older commit's .so), for
+before/after figures from one checkout.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -58,6 +69,15 @@ def make_case(seqs: list[tuple[int, int]], seed: int = 0, heads: int = HEADS,
             starts.to(torch.int32), HEAD_DIM ** -0.5)
 
 
+def operator(query, key_cache, value_cache, tables, lens, starts, scale, out=None):
+    """torch.ops.folio.paged_attention, whichever build main() loaded (cpu_attention's own,
+    or --library's: loading both would register the op twice)."""
+    out = torch.empty_like(query) if out is None else out
+    torch.ops.folio.paged_attention(out, query, key_cache, value_cache, tables, lens, starts,
+                                    scale, 0, 0.0)
+    return out
+
+
 def best_ms(fn, reps: int, clock=time.perf_counter) -> float:
     fn()
     times = []
@@ -70,6 +90,61 @@ def best_ms(fn, reps: int, clock=time.perf_counter) -> float:
 
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _loop_us(fn, calls: int, reps: int, clock) -> float:
+    """The best of `reps` loops of `calls` calls, after an untimed one, in µs per call."""
+    times = []
+    for _ in range(reps + 1):
+        start = clock()
+        for _ in range(calls):
+            fn()
+        times.append((clock() - start) / calls)
+    return min(times[1:]) * 1e6
+
+
+STEP_BYTES = 96 * 2**20   # --decode step: caches cycled, past this machine's 32 MiB L3
+
+
+def decode_table(args, clock) -> None:
+    print(f"decode, {SMOL_HEADS}/{SMOL_KV_HEADS} heads, head_dim {HEAD_DIM}, {BLOCK}-token "
+          f"blocks; us per call, median and best of {args.rounds} rounds; load {_load()}")
+    print(f"{'dtype':<9} {'seqs':>4} {'context':>7} {'thr':>3} {'hot':>9} {'best':>9} "
+          f"{'step':>9} {'best':>9} {'caches':>6}")
+    for dtype in args.dtypes:
+        for batch in args.batches:
+            for context in args.contexts:
+                query, key_cache, value_cache, tables, lens, starts, scale = make_case(
+                    [(context - 1, 1)] * batch, heads=SMOL_HEADS, kv_heads=SMOL_KV_HEADS)
+                query = query.to(getattr(torch, dtype))
+                first = (key_cache.to(query.dtype), value_cache.to(query.dtype))
+                layers = max(2, -(-STEP_BYTES // (2 * first[0].nbytes)))
+                caches = [first] + [(k.clone(), v.clone()) for k, v in [first] * (layers - 1)]
+                del key_cache, value_cache
+                out = torch.empty_like(query)
+
+                def call(kc, vc):
+                    operator(query, kc, vc, tables, lens, starts, scale, out=out)
+
+                def step():
+                    for kc, vc in caches:
+                        call(kc, vc)
+
+                for threads in args.threads:
+                    torch.set_num_threads(threads)
+                    start = time.perf_counter()
+                    call(*first)
+                    # Loops of about 5 ms: µs-scale calls are timed many at a time.
+                    calls = max(1, int(5e-3 / max(time.perf_counter() - start, 1e-6)))
+                    hot = [_loop_us(lambda: call(*first), calls, args.reps, clock)
+                           for _ in range(args.rounds)]
+                    steps = [_loop_us(step, max(1, calls // layers), args.reps, clock) / layers
+                             for _ in range(args.rounds)]
+                    cells = " ".join(f"{statistics.median(t):9.2f} {min(t):9.2f}"
+                                     for t in (hot, steps))
+                    print(f"{dtype:<9} {batch:>4} {context:>7} {threads:>3} {cells} {layers:>6}",
+                          flush=True)
+    print(f"load after: {_load()}")
 
 
 def tokens_per_gib(kv_cache_dtype: str, model_dtype: str = "float32") -> int:
@@ -87,8 +162,7 @@ def kv_cache_table(args, clock) -> None:
         caches[name] = (quantize_rows(key_cache, storage), quantize_rows(value_cache, storage))
 
     def call(name):
-        return cpu_attention.paged_attention_cpu(query, *caches[name], tables, lens, starts,
-                                                 scale)
+        return operator(query, *caches[name], tables, lens, starts, scale)
 
     exact = call("auto")
     print(f"decode {args.batch} x {args.context} tokens, {SMOL_HEADS}/{SMOL_KV_HEADS} heads, "
@@ -127,8 +201,8 @@ def operator_table(args, clock) -> None:
             ref_ms = best_ms(lambda: reference.paged_attention_planned(q, kc, vc, plan, scale),
                              args.reps, clock)
             out = torch.empty_like(q)
-            op_ms = best_ms(lambda: cpu_attention.paged_attention_cpu(
-                q, kc, vc, tables, lens, starts, scale, out=out), args.reps, clock)
+            op_ms = best_ms(lambda: operator(q, kc, vc, tables, lens, starts, scale, out=out),
+                            args.reps, clock)
             error = (out - reference.paged_attention_planned(q, kc, vc, plan, scale)).abs().max()
             print(f"{label:<20} {threads:>3} {plan_ms:>7.2f} {ref_ms:>8.2f} {op_ms:>8.2f} "
                   f"{ref_ms / op_ms:>7.1f}x {float(error):>8.1e}")
@@ -151,12 +225,24 @@ def main(argv: list[str] | None = None) -> None:
     kv.add_argument("--rounds", type=int, default=5, help="rounds alternating the types")
     kv.add_argument("--batch", type=int, default=8, help="decode rows")
     kv.add_argument("--context", type=int, default=2048, help="tokens per row")
+    dec = parser.add_argument_group("--decode: one decode step's calls, µs each")
+    dec.add_argument("--decode", action="store_true")
+    dec.add_argument("--batches", type=int, nargs="+", default=[1, 64], help="sequences")
+    dec.add_argument("--contexts", type=int, nargs="+", default=[16, 256, 1024, 4096])
+    dec.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
+                     default=["float32", "bfloat16"], help="query and cache dtype")
+    parser.add_argument("--library", type=Path,
+                        help="load this build of the operators instead (another commit's .so)")
     args = parser.parse_args(argv)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    status = cpu_attention.load()
-    if not status.ok:
-        raise SystemExit(f"CPU operator unavailable: {status.detail}")
-    (kv_cache_table if args.kv_cache else operator_table)(args, clock)
+    if args.library:
+        torch.ops.load_library(str(args.library))
+    else:
+        status = cpu_attention.load()
+        if not status.ok:
+            raise SystemExit(f"CPU operator unavailable: {status.detail}")
+    table = decode_table if args.decode else kv_cache_table if args.kv_cache else operator_table
+    table(args, clock)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp",
            Path(__file__).parent / "cpu" / "decode_step.cpp")
 HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",
            Path(__file__).parent / "cpu" / "quant_weights.h",
-           Path(__file__).parent / "cpu" / "vnni_gemm.h")   # hashed with the sources
+           Path(__file__).parent / "cpu" / "vnni_gemm.h",
+           Path(__file__).parent / "cpu" / "attention_tiles.h")   # hashed with the sources
 # -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
 # already loaded). ISO C++ mode turns FMA contraction off; the kernel wants it.
 _FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")
@@ -139,9 +140,10 @@ def paged_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor,
     """Same meaning as reference.paged_attention_ref (window and softcap included; blocks
     wholly before a query's window are skipped, not read); float32 or bfloat16 CPU queries;
     the caches in the query's dtype, bfloat16, int8 or float8 (kernels/kv_quant.py)."""
-    from folio.kernels.reference import check_attention_options
+    if window is not None or softcap is not None:   # the import alone costs ~0.7 us a call
+        from folio.kernels.reference import check_attention_options
 
-    check_attention_options(window, softcap)
+        check_attention_options(window, softcap)
     status = load()
     if not status.ok:
         raise RuntimeError(f"the CPU attention operator is unavailable: {status.detail}")

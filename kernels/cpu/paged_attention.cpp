@@ -6,8 +6,11 @@
 // Work item = (sequence, tile of up to kChunkTokens query tokens), every head: the item
 // streams each cache block once, all KV heads of a position being contiguous, and each K/V
 // row serves its whole GQA group. Online softmax per row in float32, over tiles of kKeyTile
-// context positions. Prompt chunks transpose each key tile and take rows that see the same
-// columns kBlockRows at a time, sharing the loads, bit-identical to one row at a time.
+// context positions (attention_tiles.h). Prompt chunks transpose each key tile and take rows
+// that see the same columns kBlockRows at a time, sharing the loads; decodes and short
+// chunks take a token's group the same way without the transpose (group_scores). Either
+// way a row's bits do not depend on its neighbours, so a lone decode can be split by heads
+// over the threads, and chunking or batching changes no token.
 //
 // The cache may be stored in another type than the query (kernels/kv_quant.py): bfloat16,
 // float8 (widened in registers) or int8 rows with a float16 scale after their head_dim
@@ -18,6 +21,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "attention_tiles.h"
 #include "vec_math.h"
 
 #include <algorithm>
@@ -26,20 +30,23 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
 
-constexpr int kKeyTile = 32;
 constexpr int64_t kChunkTokens = 32;     // query tokens per work item
-constexpr float kNoScore = -1e30f;       // running max before any key: finite, so no inf - inf
+// Row-keys (query rows times the keys each sees) under which a call runs on one thread:
+// about 5 us of work from cache (twice that from memory), against the ~2.5 it takes to
+// wake the others.
+constexpr int64_t kParallelCost = 1024;
 
 using namespace folio_cpu;
-constexpr int kTileVecs = kKeyTile / kLanes;
 
 struct Item {
-  int32_t seq, q_begin, q_end;   // query rows [q_begin, q_end) of `seq`, every head
-  int64_t cost;
+  int32_t seq, q_begin, q_end;   // query rows [q_begin, q_end) of `seq`,
+  int32_t h_begin, h_end;        // heads [h_begin, h_end) of them
+  int64_t cost;                  // rows times the keys they see
 };
 
 struct Args {
@@ -61,268 +68,6 @@ struct Rows {  // [tokens, heads, head_dim] with any strides but a packed last d
   T* row(int64_t i, int64_t j) const { return data + i * s0 + j * s1; }
 };
 
-
-// Folds a Vec's lanes with op (a generic lambda, on vectors and on floats), as a tree.
-template <typename Op>
-inline float fold(Vec v, Op op) {
-#if FOLIO_LANES == 16
-  const Vec8 a = op(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
-                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
-  const Vec4 b = op(__builtin_shufflevector(a, a, 0, 1, 2, 3),
-                    __builtin_shufflevector(a, a, 4, 5, 6, 7));
-#elif FOLIO_LANES == 8
-  const Vec4 b = op(__builtin_shufflevector(v, v, 0, 1, 2, 3),
-                    __builtin_shufflevector(v, v, 4, 5, 6, 7));
-#else
-  const Vec4 b = v;
-#endif
-  return op(op(b[0], b[1]), op(b[2], b[3]));
-}
-constexpr auto kAdd = [](auto x, auto y) { return x + y; };
-constexpr auto kMax = [](auto x, auto y) { return x > y ? x : y; };
-inline float hsum(Vec v) { return fold(v, kAdd); }
-
-// scores[0:n] -> exp(scores - new max) in place, updating the running max; returns the sum.
-inline float softmax_tile(float* scores, int64_t n, float& running_max) {
-  if (n == kKeyTile) {
-    Vec tile[kTileVecs];
-    Vec top = load_vec(scores);
-    for (int i = 0; i < kTileVecs; ++i) {
-      tile[i] = load_vec(scores + i * kLanes);
-      top = kMax(top, tile[i]);
-    }
-    running_max = std::max(running_max, fold(top, kMax));
-    Vec sum = {};
-    for (int i = 0; i < kTileVecs; ++i) {
-      tile[i] = exp_nonpositive(tile[i] - running_max);
-      sum += tile[i];
-    }
-    std::memcpy(scores, tile, sizeof tile);
-    return hsum(sum);
-  }
-  float tile_max = kNoScore;
-  for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, scores[j]);
-  const float new_max = std::max(running_max, tile_max);
-  running_max = new_max;
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    scores[j] = exp_nonpositive(scores[j] - new_max);
-    sum += scores[j];
-  }
-  return sum;
-}
-
-// kD > 0: head_dim is that multiple of kLanes, known at compile time, so a row is a few
-// vector registers. kD == 0: any head_dim, plain loops.
-template <typename T, int kD>
-inline float dot(const float* q, const T* k, int64_t D) {
-  if constexpr (kD > 0) {
-    Vec s = load_vec(q) * load_vec(k);
-#pragma GCC unroll 8
-    for (int c = kLanes; c < kD; c += kLanes) s += load_vec(q + c) * load_vec(k + c);
-    return hsum(s);
-  } else {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t d = 0; d < D; ++d) s += q[d] * load(k[d]);
-    return s;
-  }
-}
-
-// Lane-wise partial products of q . k (kD > 0): the dot is this vector's lane sum.
-template <typename T, int kD>
-inline Vec dot_lanes(const float* q, const T* k) {
-  Vec s = load_vec(q) * load_vec(k);
-#pragma GCC unroll 8
-  for (int c = kLanes; c < kD; c += kLanes) s += load_vec(q + c) * load_vec(k + c);
-  return s;
-}
-
-// The lane sums of four vectors at once, {sum(a), sum(b), sum(c), sum(d)}: the shuffles of
-// one reduction tree are shared by four dots instead of paid by each.
-inline Vec4 hsum4(Vec a, Vec b, Vec c, Vec d) {
-#if FOLIO_LANES == 16
-  const Vec ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
-                                         22, 23) +
-                 __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27,
-                                         28, 29, 30, 31);
-  const Vec cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
-                                         22, 23) +
-                 __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27,
-                                         28, 29, 30, 31);
-  const Vec quads = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
-                                            24, 25, 26, 27) +
-                    __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
-                                            23, 28, 29, 30, 31);
-  const Vec8 pairs = __builtin_shufflevector(quads, quads, 0, 1, 4, 5, 8, 9, 12, 13) +
-                     __builtin_shufflevector(quads, quads, 2, 3, 6, 7, 10, 11, 14, 15);
-#elif FOLIO_LANES == 8
-  const Vec ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) +
-                 __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
-  const Vec cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 8, 9, 10, 11) +
-                 __builtin_shufflevector(c, d, 4, 5, 6, 7, 12, 13, 14, 15);
-  const Vec8 pairs = __builtin_shufflevector(ab, cd, 0, 1, 4, 5, 8, 9, 12, 13) +
-                     __builtin_shufflevector(ab, cd, 2, 3, 6, 7, 10, 11, 14, 15);
-#else
-  const Vec ab = __builtin_shufflevector(a, b, 0, 1, 4, 5) + __builtin_shufflevector(a, b, 2, 3, 6, 7);
-  const Vec cd = __builtin_shufflevector(c, d, 0, 1, 4, 5) + __builtin_shufflevector(c, d, 2, 3, 6, 7);
-  const Vec8 pairs = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 4, 5, 6, 7);
-#endif
-  return __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) +
-         __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
-}
-
-// acc[D] += sum_j p[j] * values[j][D]
-template <typename T, int kD>
-inline void accumulate(float* acc, const float* p, const T* const* values, int64_t offset,
-                       int64_t n, int64_t D) {
-  if constexpr (kD > 0) {
-    // Two accumulator sets (even and odd keys): an FMA's latency is not on the critical path.
-    constexpr int kVecs = kD / kLanes;
-    Vec even[kVecs], odd[kVecs];
-#pragma GCC unroll 8
-    for (int c = 0; c < kVecs; ++c) {
-      even[c] = load_vec(acc + c * kLanes);
-      odd[c] = Vec{};
-    }
-    int64_t j = 0;
-    for (; j + 1 < n; j += 2) {
-      const T* v0 = values[j] + offset;
-      const T* v1 = values[j + 1] + offset;
-#pragma GCC unroll 8
-      for (int c = 0; c < kVecs; ++c) {
-        even[c] += p[j] * load_vec(v0 + c * kLanes);
-        odd[c] += p[j + 1] * load_vec(v1 + c * kLanes);
-      }
-    }
-    if (j < n) {
-      const T* v0 = values[j] + offset;
-#pragma GCC unroll 8
-      for (int c = 0; c < kVecs; ++c) even[c] += p[j] * load_vec(v0 + c * kLanes);
-    }
-#pragma GCC unroll 8
-    for (int c = 0; c < kVecs; ++c) {
-      const Vec sum = even[c] + odd[c];
-      std::memcpy(acc + c * kLanes, &sum, sizeof sum);
-    }
-  } else {
-    for (int64_t j = 0; j < n; ++j) {
-      const T* v = values[j] + offset;
-      const float pj = p[j];
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) acc[d] += pj * load(v[d]);
-    }
-  }
-}
-
-// scores[0:kKeyTile] = q . keys_t, keys_t being [D, kKeyTile]
-template <int kD>
-inline void transposed_scores(const float* q, const float* keys_t, float* scores, int64_t D) {
-  if constexpr (kD > 0) D = kD;
-  // Two independent chains per vector of scores (even and odd d), summed at the end.
-  Vec even[kTileVecs] = {}, odd[kTileVecs] = {};
-  int64_t d = 0;
-  for (; d + 1 < D; d += 2) {
-    const float* k0 = keys_t + d * kKeyTile;
-#pragma GCC unroll 4
-    for (int i = 0; i < kTileVecs; ++i) {
-      even[i] += q[d] * load_vec(k0 + i * kLanes);
-      odd[i] += q[d + 1] * load_vec(k0 + kKeyTile + i * kLanes);
-    }
-  }
-  if (d < D) {
-    for (int i = 0; i < kTileVecs; ++i)
-      even[i] += q[d] * load_vec(keys_t + d * kKeyTile + i * kLanes);
-  }
-  for (int i = 0; i < kTileVecs; ++i) {
-    const Vec sum = even[i] + odd[i];
-    std::memcpy(scores + i * kLanes, &sum, sizeof sum);
-  }
-}
-
-// Rows that see the same columns of a tile (a token's GQA group; tokens that see a tile
-// whole) share each load of its keys and values, kBlockRows rows at a time. Every row keeps
-// the single-row functions' order of operations (the even/odd chains), so its result is
-// bit-identical whichever rows it was blocked with: chunking and batching cannot change it.
-constexpr int kBlockRows = 4;
-
-template <int kD>
-inline void transposed_scores_block(const float* const* qs, const float* keys_t, float* scores,
-                                    int64_t D) {
-  if constexpr (kD > 0) D = kD;
-  Vec even[kBlockRows][kTileVecs] = {}, odd[kBlockRows][kTileVecs] = {};
-  int64_t d = 0;
-  for (; d + 1 < D; d += 2) {
-    const float* k0 = keys_t + d * kKeyTile;
-    Vec k_even[kTileVecs], k_odd[kTileVecs];
-    for (int i = 0; i < kTileVecs; ++i) {
-      k_even[i] = load_vec(k0 + i * kLanes);
-      k_odd[i] = load_vec(k0 + kKeyTile + i * kLanes);
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < kBlockRows; ++b) {
-      const float q0 = qs[b][d], q1 = qs[b][d + 1];
-      for (int i = 0; i < kTileVecs; ++i) {
-        even[b][i] += q0 * k_even[i];
-        odd[b][i] += q1 * k_odd[i];
-      }
-    }
-  }
-  if (d < D) {
-    for (int b = 0; b < kBlockRows; ++b)
-      for (int i = 0; i < kTileVecs; ++i)
-        even[b][i] += qs[b][d] * load_vec(keys_t + d * kKeyTile + i * kLanes);
-  }
-  for (int b = 0; b < kBlockRows; ++b)
-    for (int i = 0; i < kTileVecs; ++i) {
-      const Vec sum = even[b][i] + odd[b][i];
-      std::memcpy(scores + b * kKeyTile + i * kLanes, &sum, sizeof sum);
-    }
-}
-
-// accumulate() for kBlockRows rows at once (kD > 0): acc[b][D] += sum_j p[b][j] * values[j][D],
-// two vectors of D at a time so that the rows' even/odd accumulators stay in registers.
-template <typename T, int kD>
-inline void accumulate_block(float* const* acc, const float* const* p, const T* const* values,
-                             int64_t offset, int64_t n) {
-  constexpr int kVecs = kD / kLanes;
-  constexpr int kStep = kVecs % 2 == 0 ? 2 : 1;
-  for (int c0 = 0; c0 < kVecs; c0 += kStep) {
-    Vec even[kBlockRows][kStep], odd[kBlockRows][kStep];
-    for (int b = 0; b < kBlockRows; ++b)
-      for (int c = 0; c < kStep; ++c) {
-        even[b][c] = load_vec(acc[b] + (c0 + c) * kLanes);
-        odd[b][c] = Vec{};
-      }
-    int64_t j = 0;
-    for (; j + 1 < n; j += 2) {
-      const T* v0 = values[j] + offset + c0 * kLanes;
-      const T* v1 = values[j + 1] + offset + c0 * kLanes;
-      Vec x0[kStep], x1[kStep];
-      for (int c = 0; c < kStep; ++c) {
-        x0[c] = load_vec(v0 + c * kLanes);
-        x1[c] = load_vec(v1 + c * kLanes);
-      }
-#pragma GCC unroll 4
-      for (int b = 0; b < kBlockRows; ++b)
-        for (int c = 0; c < kStep; ++c) {
-          even[b][c] += p[b][j] * x0[c];
-          odd[b][c] += p[b][j + 1] * x1[c];
-        }
-    }
-    if (j < n) {
-      const T* v0 = values[j] + offset + c0 * kLanes;
-      for (int b = 0; b < kBlockRows; ++b)
-        for (int c = 0; c < kStep; ++c) even[b][c] += p[b][j] * load_vec(v0 + c * kLanes);
-    }
-    for (int b = 0; b < kBlockRows; ++b)
-      for (int c = 0; c < kStep; ++c) {
-        const Vec sum = even[b][c] + odd[b][c];
-        std::memcpy(acc[b] + (c0 + c) * kLanes, &sum, sizeof sum);
-      }
-  }
-}
-
 // Many rows per KV head (prompt chunks): transpose the key tile once, then each row's scores
 // are a broadcast-FMA over the tile's positions instead of one horizontal sum per key.
 constexpr int64_t kTransposeRows = 16;   // measured: dots win for decodes up to group 8
@@ -336,16 +81,15 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   const int64_t q_start = a.starts[item.seq];
   const int64_t first_pos = a.seq_lens[item.seq] - (a.starts[item.seq + 1] - q_start);
   const bool transpose = tokens * G >= kTransposeRows;
-  buffer.assign(rows * (2 * D + 2) + kKeyTile * (transpose ? D + kBlockRows : 1), 0.0f);
+  buffer.assign(rows * (2 * D + 2) + kKeyTile * (kBlockRows + (transpose ? D : 0)), 0.0f);
   float* q = buffer.data();              // [rows, D], pre-scaled; row r = token * H + head
   float* acc = q + rows * D;             // [rows, D]
   float* row_max = acc + rows * D;       // [rows]
   float* row_sum = row_max + rows;       // [rows]
-  float* scores = row_sum + rows;        // [kKeyTile] (transposing: [kBlockRows, kKeyTile]),
-                                         // then the tile's probabilities
-  float* keys_t = scores + kKeyTile * (transpose ? kBlockRows : 1);   // [D, kKeyTile]
+  float* scores = row_sum + rows;        // [kBlockRows, kKeyTile], then the probabilities
+  float* keys_t = scores + kKeyTile * kBlockRows;   // [D, kKeyTile] when transposing
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       const T* src = query.row(q_start + item.q_begin + t, h);
       float* dst = q + (t * H + h) * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = load(src[d]) * a.scale;
@@ -357,34 +101,58 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   // The first position the item's first row sees: earlier blocks may have been freed.
   const int64_t first_key =
       a.window > 0 ? std::max<int64_t>(0, first_pos + item.q_begin + 1 - a.window) : 0;
-  const int64_t position_bytes = a.kv_heads * a.cache_s2 * static_cast<int64_t>(sizeof(C));
-  auto position_offset = [&](int64_t p) {
-    return table[p / a.block_size] * a.cache_s0 + (p % a.block_size) * a.cache_s1;
+  // One head's row: its values and an int8 row's scale (a compile-time size when kD > 0).
+  const int64_t row_bytes = (D + (kScaledRows<C> ? 2 : 0)) * static_cast<int64_t>(sizeof(C));
+  auto prefetch_row = [&](const C* row) {   // into L2; an int8 row may straddle a line
+    const char* p = reinterpret_cast<const char*>(row);
+    for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+    if (row_bytes % 64 != 0) __builtin_prefetch(p + row_bytes - 1, 0, 2);
   };
+  // offsets[j]: position p0 + j's row in the caches, for j < n. One division per tile:
+  // a 64-bit division per position cost more than a decode row's dot with it.
+  auto tile_offsets = [&](int64_t p0, int64_t n, int64_t* offsets) {
+    int64_t block = p0 / a.block_size, row = p0 % a.block_size;
+    for (int64_t j = 0; j < n; ++j) {
+      offsets[j] = table[block] * a.cache_s0 + row * a.cache_s1;
+      if (++row == a.block_size) row = 0, ++block;
+    }
+  };
+  int64_t offsets[2][kKeyTile];   // this tile's and the next one's
+  const int64_t n_first = std::min(context, (first_key / kKeyTile + 1) * kKeyTile) - first_key;
+  tile_offsets(first_key, n_first, offsets[0]);
+  // The first tile's rows all at once too: many misses in flight, not one per load.
+  for (int64_t kv = item.h_begin / G; kv * G < item.h_end; ++kv) {
+    for (int64_t j = 0; j < n_first; ++j) {
+      prefetch_row(key_cache + offsets[0][j] + kv * a.cache_s2);
+      prefetch_row(value_cache + offsets[0][j] + kv * a.cache_s2);
+    }
+  }
   const C* keys[kKeyTile];
   const C* values[kKeyTile];
   float key_scales[kKeyTile], value_scales[kKeyTile];   // int8 rows' (kScaledRows<C>)
   // Tiles end at multiples of kKeyTile whatever first_key is (a window's first tile is
   // partial): a row's tiles, and so its rounding, do not depend on where its item starts.
-  for (int64_t p0 = first_key, next = 0; p0 < context; p0 = next) {
+  for (int64_t p0 = first_key, next = 0, tile = 0; p0 < context; p0 = next, tile ^= 1) {
     next = (p0 / kKeyTile + 1) * kKeyTile;
     const int64_t n = std::min(next, context) - p0;
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t offset = position_offset(p0 + j);
-      keys[j] = key_cache + offset;
-      values[j] = value_cache + offset;
+      keys[j] = key_cache + offsets[tile][j];
+      values[j] = value_cache + offsets[tile][j];
     }
-    // Blocks are scattered, so the hardware prefetcher cannot guess the next tile.
-    for (int64_t p = next; p < std::min(context, next + kKeyTile); ++p) {
-      const char* k = reinterpret_cast<const char*>(key_cache + position_offset(p));
-      const char* v = reinterpret_cast<const char*>(value_cache + position_offset(p));
-      for (int64_t b = 0; b < position_bytes; b += 64) {
-        __builtin_prefetch(k + b);
-        __builtin_prefetch(v + b);
-      }
-    }
-    for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
+    const int64_t n_next = std::min(context, next + kKeyTile) - next;
+    if (n_next > 0) tile_offsets(next, n_next, offsets[tile ^ 1]);
+    for (int64_t kv = item.h_begin / G; kv * G < item.h_end; ++kv) {
       const int64_t head_offset = kv * a.cache_s2;
+      // The item's rows of this KV head's group: all of it unless the item was split.
+      const int64_t g_begin = std::max<int64_t>(0, item.h_begin - kv * G);
+      const int64_t g_end = std::min<int64_t>(G, item.h_end - kv * G);
+      // Blocks are scattered, so the hardware prefetcher cannot guess the next tile: fetch
+      // this head's rows of it into L2 while this one is computed. (Into L1, or the whole
+      // tile at once, stalled on the misses instead: the tile is L1's size.)
+      for (int64_t j = 0; j < n_next; ++j) {
+        prefetch_row(key_cache + offsets[tile ^ 1][j] + head_offset);
+        prefetch_row(value_cache + offsets[tile ^ 1][j] + head_offset);
+      }
       if constexpr (kScaledRows<C>) {
         for (int64_t j = 0; j < n; ++j) {
           key_scales[j] = row_scale(keys[j] + head_offset, D);
@@ -469,7 +237,8 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
               scale_probabilities(row_scores[b], lo, hi);
               probs[b] = row_scores[b] + lo;
             }
-            accumulate_block<C, kD>(accs, probs, values + lo, head_offset, hi - lo);
+            accumulate_block<kBlockRows, C, kD>(accs, probs, values + lo, head_offset,
+                                                  hi - lo);
             t = tt;
             g = gg;
             rows_left -= kBlockRows;
@@ -478,28 +247,58 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
           first_group = g;
         }
       }
+      // Rows t * H + kv * G + [g, g + R) of one token, in one pass over the tile's keys
+      // and values (kD > 0, R <= kBlockRows).
+      auto group_rows = [&](auto rows_tag, int64_t t, int64_t g, int64_t lo, int64_t hi) {
+        constexpr int R = decltype(rows_tag)::value;
+        const float* qs[R];
+        float* row_scores[R];
+        float* accs[R];
+        const float* probs[R];
+        for (int b = 0; b < R; ++b) {
+          qs[b] = q + (t * H + kv * G + g + b) * D;
+          row_scores[b] = scores + b * kKeyTile;
+          accs[b] = acc + (t * H + kv * G + g + b) * D;
+        }
+        group_scores<R, C, kD>(qs, keys, head_offset, lo, hi, row_scores);
+        for (int b = 0; b < R; ++b) {
+          scale_scores(row_scores[b], lo, hi);
+          softmax_row(t * H + kv * G + g + b, row_scores[b], lo, hi);
+          scale_probabilities(row_scores[b], lo, hi);
+          probs[b] = row_scores[b] + lo;
+        }
+        if constexpr (R == 1) {
+          accumulate<C, kD>(accs[0], probs[0], values + lo, head_offset, hi - lo, D);
+        } else {
+          accumulate_block<R, C, kD>(accs, probs, values + lo, head_offset, hi - lo);
+        }
+      };
       for (int64_t t = first_single; t < tokens; ++t) {
         int64_t lo = 0, hi = 0;
         visible_columns(t, lo, hi);
         if (hi <= lo) continue;
         const int64_t visible = hi - lo;
-        for (int64_t g = t == first_single ? first_group : 0; g < G; ++g) {
+        if constexpr (kD > 0) {
+          if (!transpose) {   // decodes and short chunks: the group shares each key's load
+            for (int64_t g = g_begin; g < g_end; g += kBlockRows) {
+              switch (std::min<int64_t>(g_end - g, kBlockRows)) {
+                case 1: group_rows(std::integral_constant<int, 1>{}, t, g, lo, hi); break;
+                case 2: group_rows(std::integral_constant<int, 2>{}, t, g, lo, hi); break;
+                case 3: group_rows(std::integral_constant<int, 3>{}, t, g, lo, hi); break;
+                default: group_rows(std::integral_constant<int, 4>{}, t, g, lo, hi); break;
+              }
+            }
+            continue;
+          }
+        }
+        for (int64_t g = t == first_single ? std::max(first_group, g_begin) : g_begin;
+             g < g_end; ++g) {
           const int64_t r = t * H + kv * G + g;
           const float* qr = q + r * D;
           if (transpose) {
             transposed_scores<kD>(qr, keys_t, scores, D);
-          } else {
-            int64_t j = lo;
-            if constexpr (kD > 0) {
-              for (; j + 4 <= hi; j += 4) {
-                const Vec4 four = hsum4(dot_lanes<C, kD>(qr, keys[j] + head_offset),
-                                        dot_lanes<C, kD>(qr, keys[j + 1] + head_offset),
-                                        dot_lanes<C, kD>(qr, keys[j + 2] + head_offset),
-                                        dot_lanes<C, kD>(qr, keys[j + 3] + head_offset));
-                std::memcpy(scores + j, &four, sizeof four);
-              }
-            }
-            for (; j < hi; ++j) scores[j] = dot<C, kD>(qr, keys[j] + head_offset, D);
+          } else {   // kD == 0
+            for (int64_t j = lo; j < hi; ++j) scores[j] = dot(qr, keys[j] + head_offset, D);
             scale_scores(scores, lo, hi);
           }
           softmax_row(r, scores, lo, hi);
@@ -510,7 +309,7 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
     }
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       const int64_t r = t * H + h;
       const float inv = 1.0f / row_sum[r];
       T* dst = out.row(q_start + item.q_begin + t, h);
@@ -581,6 +380,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
          static_cast<float>(scale), window, static_cast<float>(softcap)};
   // Decodes: one item per sequence. Chunks: kChunkTokens tokens per item.
   std::vector<Item> items;
+  int64_t total_cost = 0;
   for (int32_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = a.starts[s + 1] - a.starts[s];
     const int64_t first_pos = a.seq_lens[s] - q_len;
@@ -602,10 +402,35 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
       const int64_t e = std::min(q_len, b + kChunkTokens);
       const int64_t keys = window > 0 ? std::min<int64_t>(first_pos + e, window + e - b)
                                       : first_pos + e;
-      items.push_back({s, static_cast<int32_t>(b), static_cast<int32_t>(e), (e - b) * keys});
+      items.push_back({s, static_cast<int32_t>(b), static_cast<int32_t>(e), 0,
+                       static_cast<int32_t>(heads), (e - b) * heads * keys});
+      total_cost += items.back().cost;
     }
   }
   if (items.empty()) return;
+  // Waking the other threads costs a few microseconds (far more when their cores are busy
+  // elsewhere): small calls (few sequences, short contexts) run on this one.
+  const int64_t threads = total_cost >= kParallelCost ? at::get_num_threads() : 1;
+  // Fewer items than threads (one long decode): split decodes by query heads. A row's
+  // arithmetic does not depend on which rows share its item (group_scores), so no bits
+  // change. (A group of kTransposeRows or more is transposed whole: left as it is.)
+  const int64_t group = heads / kv_heads;
+  const int64_t parts = (threads + static_cast<int64_t>(items.size()) - 1) /
+                        static_cast<int64_t>(items.size());
+  if (parts > 1 && group < kTransposeRows) {
+    std::vector<Item> split;
+    for (const Item& item : items) {
+      const int64_t n = item.q_end - item.q_begin == 1 ? std::min(parts, heads) : 1;
+      for (int64_t i = 0; i < n; ++i) {
+        Item part = item;
+        part.h_begin = static_cast<int32_t>(heads * i / n);
+        part.h_end = static_cast<int32_t>(heads * (i + 1) / n);
+        part.cost = item.cost * (part.h_end - part.h_begin) / heads;
+        split.push_back(part);
+      }
+    }
+    items.swap(split);
+  }
   // Longest first, handed out one at a time: uneven items still balance across threads.
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& x, const Item& y) { return x.cost > y.cost; });
@@ -619,7 +444,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
     const C* vc = static_cast<const C*>(value_cache.data_ptr());
     const int64_t n_items = static_cast<int64_t>(items.size());
     std::atomic<int64_t> next{0};
-    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_items), 1,
+    at::parallel_for(0, std::min(threads, n_items), 1,
                      [&](int64_t, int64_t) {
                        std::vector<float> buffer;
                        for (int64_t i = next++; i < n_items; i = next++)

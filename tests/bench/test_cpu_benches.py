@@ -1,5 +1,5 @@
-"""bench/cpu_attention.py --kv-cache and bench/quantized_decode.py's modes, run small: what
-they print, not how fast."""
+"""bench/cpu_attention.py --kv-cache and --decode and bench/quantized_decode.py's modes, run
+small: what they print, not how fast."""
 
 from __future__ import annotations
 
@@ -41,6 +41,18 @@ def test_kv_cache_table_gives_each_type_its_capacity_and_error():
     assert {name: int(row[-1]) for name, row in rows.items()} == TOKENS_PER_GIB
     assert float(rows["float32"][4]) == 0.0   # the float32 cache is the reference
     assert all(0.0 < float(row[4]) < 0.5 for name, row in rows.items() if name != "float32")
+
+
+def test_decode_table_times_each_case_hot_and_from_memory():
+    out = _bench("-m", "bench.cpu_attention", "--decode", "--batches", "1", "2", "--contexts",
+                 "16", "40", "--dtypes", "bfloat16", "--rounds", "1", "--reps", "1",
+                 "--threads", "1")
+    rows = [line.split() for line in out.splitlines() if line.startswith("bfloat16")]
+    assert [row[1:4] for row in rows] == [["1", "16", "1"], ["1", "40", "1"], ["2", "16", "1"],
+                                          ["2", "40", "1"]]
+    assert all(float(cell) > 0 for row in rows for cell in row[4:8])
+    caches = [int(row[8]) for row in rows]   # copies cycled: more of smaller ones
+    assert caches[0] > caches[1] > caches[3] >= 2 and caches[0] > caches[2]
 
 
 @pytest.mark.slow

@@ -159,6 +159,30 @@ def test_threads_split_work_without_changing_results():
     assert relative_error(double, oracle(batch)) < FP32_TOLERANCE
 
 
+@pytest.mark.parametrize("head_dim, num_heads, num_kv_heads", [
+    (64, 9, 3),     # split inside a KV head's group
+    (80, 6, 2),     # the generic head_dim loops
+    (32, 16, 1)])   # a group of 16 is transposed whole, never split
+@pytest.mark.parametrize("window", [None, 100])
+def test_a_lone_decode_split_across_threads_keeps_its_bits(head_dim, num_heads, num_kv_heads,
+                                                          window):
+    """With more threads than sequences a long decode is split by query heads; a row's
+    arithmetic must not depend on which rows share its part."""
+    batch = make_batch([(700, 1)], block_size=16, head_dim=head_dim, num_heads=num_heads,
+                       num_kv_heads=num_kv_heads, dtype=torch.float32, device=CPU, seed=13,
+                       window=window)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = cpu_attention.paged_attention_cpu(*batch.args(), window=window)
+        torch.set_num_threads(2)
+        double = cpu_attention.paged_attention_cpu(*batch.args(), window=window)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(single, double)
+    assert relative_error(double, oracle(batch, window)) < FP32_TOLERANCE
+
+
 def test_rows_of_no_sequence_are_left_alone():
     batch = make_batch([(20, 1), (5, 4)], block_size=16, head_dim=32, num_heads=2,
                        num_kv_heads=1, dtype=torch.float32, device=CPU, seed=3)
