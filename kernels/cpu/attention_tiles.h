@@ -169,70 +169,10 @@ inline void accumulate(float* acc, const float* p, const T* const* values, int64
   }
 }
 
-// scores[0:kKeyTile] = q . keys_t, keys_t being [D, kKeyTile]
-template <int kD>
-inline void transposed_scores(const float* q, const float* keys_t, float* scores, int64_t D) {
-  if constexpr (kD > 0) D = kD;
-  // Two independent chains per vector of scores (even and odd d), summed at the end.
-  Vec even[kTileVecs] = {}, odd[kTileVecs] = {};
-  int64_t d = 0;
-  for (; d + 1 < D; d += 2) {
-    const float* k0 = keys_t + d * kKeyTile;
-#pragma GCC unroll 4
-    for (int i = 0; i < kTileVecs; ++i) {
-      even[i] += q[d] * load_vec(k0 + i * kLanes);
-      odd[i] += q[d + 1] * load_vec(k0 + kKeyTile + i * kLanes);
-    }
-  }
-  if (d < D) {
-    for (int i = 0; i < kTileVecs; ++i)
-      even[i] += q[d] * load_vec(keys_t + d * kKeyTile + i * kLanes);
-  }
-  for (int i = 0; i < kTileVecs; ++i) {
-    const Vec sum = even[i] + odd[i];
-    std::memcpy(scores + i * kLanes, &sum, sizeof sum);
-  }
-}
-
-// Rows that see the same columns of a tile (a token's GQA group; tokens that see a tile
-// whole) share each load of its keys and values, kBlockRows rows at a time. Every row keeps
-// the single-row functions' order of operations (the even/odd chains), so its result is
-// bit-identical whichever rows it was blocked with: chunking and batching cannot change it.
+// A token's GQA group shares each load of a tile's keys and values, kBlockRows rows at a
+// time. Every row keeps the single-row functions' order of operations (the even/odd
+// chains), so its result is bit-identical whichever rows it was blocked with.
 constexpr int kBlockRows = 4;
-
-template <int kD>
-inline void transposed_scores_block(const float* const* qs, const float* keys_t, float* scores,
-                                    int64_t D) {
-  if constexpr (kD > 0) D = kD;
-  Vec even[kBlockRows][kTileVecs] = {}, odd[kBlockRows][kTileVecs] = {};
-  int64_t d = 0;
-  for (; d + 1 < D; d += 2) {
-    const float* k0 = keys_t + d * kKeyTile;
-    Vec k_even[kTileVecs], k_odd[kTileVecs];
-    for (int i = 0; i < kTileVecs; ++i) {
-      k_even[i] = load_vec(k0 + i * kLanes);
-      k_odd[i] = load_vec(k0 + kKeyTile + i * kLanes);
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < kBlockRows; ++b) {
-      const float q0 = qs[b][d], q1 = qs[b][d + 1];
-      for (int i = 0; i < kTileVecs; ++i) {
-        even[b][i] += q0 * k_even[i];
-        odd[b][i] += q1 * k_odd[i];
-      }
-    }
-  }
-  if (d < D) {
-    for (int b = 0; b < kBlockRows; ++b)
-      for (int i = 0; i < kTileVecs; ++i)
-        even[b][i] += qs[b][d] * load_vec(keys_t + d * kKeyTile + i * kLanes);
-  }
-  for (int b = 0; b < kBlockRows; ++b)
-    for (int i = 0; i < kTileVecs; ++i) {
-      const Vec sum = even[b][i] + odd[b][i];
-      std::memcpy(scores + b * kKeyTile + i * kLanes, &sum, sizeof sum);
-    }
-}
 
 // accumulate() for R rows at once (kD > 0): acc[b][D] += sum_j p[b][j] * values[j][D], a few
 // vectors of D at a time so that the rows' even/odd accumulators stay in registers.

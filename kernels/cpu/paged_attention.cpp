@@ -6,11 +6,12 @@
 // Work item = (sequence, tile of up to kChunkTokens query tokens), every head: the item
 // streams each cache block once, all KV heads of a position being contiguous, and each K/V
 // row serves its whole GQA group. Online softmax per row in float32, over tiles of kKeyTile
-// context positions (attention_tiles.h). Prompt chunks transpose each key tile and take rows
-// that see the same columns kBlockRows at a time, sharing the loads; decodes and short
-// chunks take a token's group the same way without the transpose (group_scores). Either
-// way a row's bits do not depend on its neighbours, so a lone decode can be split by heads
-// over the threads, and chunking or batching changes no token.
+// context positions (attention_tiles.h). A token's GQA group shares each key's load
+// (group_scores), and every query row, decode or prompt, goes through that same arithmetic:
+// a row's bits do not depend on its neighbours, so a lone decode can be split by heads over
+// the threads, and chunking or batching changes no token. (Prompt chunks once transposed
+// each key tile for a broadcast-FMA per row: faster for long prompts, but another summation
+// order, so a prompt's tokens changed with its chunking and its company.)
 //
 // The cache may be stored in another type than the query (kernels/kv_quant.py): bfloat16,
 // float8 (widened in registers) or int8 rows with a float16 scale after their head_dim
@@ -68,10 +69,6 @@ struct Rows {  // [tokens, heads, head_dim] with any strides but a packed last d
   T* row(int64_t i, int64_t j) const { return data + i * s0 + j * s1; }
 };
 
-// Many rows per KV head (prompt chunks): transpose the key tile once, then each row's scores
-// are a broadcast-FMA over the tile's positions instead of one horizontal sum per key.
-constexpr int64_t kTransposeRows = 16;   // measured: dots win for decodes up to group 8
-
 template <typename T, typename C, int kD>
 void run_item(const Item& item, const Args& a, const Rows<const T>& query, const C* key_cache,
               const C* value_cache, const Rows<T>& out, std::vector<float>& buffer) {
@@ -80,14 +77,12 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
   const int64_t tokens = item.q_end - item.q_begin, rows = tokens * H;
   const int64_t q_start = a.starts[item.seq];
   const int64_t first_pos = a.seq_lens[item.seq] - (a.starts[item.seq + 1] - q_start);
-  const bool transpose = tokens * G >= kTransposeRows;
-  buffer.assign(rows * (2 * D + 2) + kKeyTile * (kBlockRows + (transpose ? D : 0)), 0.0f);
+  buffer.assign(rows * (2 * D + 2) + kKeyTile * kBlockRows, 0.0f);
   float* q = buffer.data();              // [rows, D], pre-scaled; row r = token * H + head
   float* acc = q + rows * D;             // [rows, D]
   float* row_max = acc + rows * D;       // [rows]
   float* row_sum = row_max + rows;       // [rows]
   float* scores = row_sum + rows;        // [kBlockRows, kKeyTile], then the probabilities
-  float* keys_t = scores + kKeyTile * kBlockRows;   // [D, kKeyTile] when transposing
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       const T* src = query.row(q_start + item.q_begin + t, h);
@@ -159,13 +154,6 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
           value_scales[j] = row_scale(values[j] + head_offset, D);
         }
       }
-      if (transpose) {
-        for (int64_t j = 0; j < n; ++j) {
-          const C* k = keys[j] + head_offset;
-          const float ks = row_scale(k, D);
-          for (int64_t d = 0; d < D; ++d) keys_t[d * kKeyTile + j] = load(k[d]) * ks;
-        }
-      }
       // Int8 rows: scores [lo, hi) times their keys' scales (before soft-capping).
       auto scale_scores = [&](float* row_scores, int64_t lo, int64_t hi) {
         if constexpr (kScaledRows<C>) {
@@ -201,52 +189,6 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
         hi = std::min<int64_t>(n, position + 1 - p0);
         lo = a.window > 0 ? std::max<int64_t>(0, position + 1 - a.window - p0) : 0;
       };
-      // Rows before (first_single, first_group) went through in blocks.
-      int64_t first_single = 0, first_group = 0;
-      if constexpr (kD > 0) {
-        if (transpose) {
-          // Rows in token order (r = t * H + kv * G + g); a block is kBlockRows of them with
-          // one [lo, hi). Tokens from the first one a block cannot take go row by row below.
-          int64_t t = 0, g = 0;
-          int64_t rows_left = tokens * G;
-          while (rows_left >= kBlockRows) {
-            int64_t block_r[kBlockRows];
-            int64_t lo = 0, hi = 0, lo_b = 0, hi_b = 0;
-            visible_columns(t, lo, hi);
-            bool same = hi > lo;
-            int64_t tt = t, gg = g;
-            for (int b = 0; b < kBlockRows && same; ++b) {
-              visible_columns(tt, lo_b, hi_b);
-              same = lo_b == lo && hi_b == hi;
-              block_r[b] = tt * H + kv * G + gg;
-              if (++gg == G) { gg = 0; ++tt; }
-            }
-            if (!same) break;
-            const float* qs[kBlockRows];
-            float* row_scores[kBlockRows];
-            float* accs[kBlockRows];
-            for (int b = 0; b < kBlockRows; ++b) {
-              qs[b] = q + block_r[b] * D;
-              row_scores[b] = scores + b * kKeyTile;
-              accs[b] = acc + block_r[b] * D;
-            }
-            transposed_scores_block<kD>(qs, keys_t, scores, D);
-            const float* probs[kBlockRows];
-            for (int b = 0; b < kBlockRows; ++b) {
-              softmax_row(block_r[b], row_scores[b], lo, hi);
-              scale_probabilities(row_scores[b], lo, hi);
-              probs[b] = row_scores[b] + lo;
-            }
-            accumulate_block<kBlockRows, C, kD>(accs, probs, values + lo, head_offset,
-                                                  hi - lo);
-            t = tt;
-            g = gg;
-            rows_left -= kBlockRows;
-          }
-          first_single = t;   // a block may have ended inside this token's group
-          first_group = g;
-        }
-      }
       // Rows t * H + kv * G + [g, g + R) of one token, in one pass over the tile's keys
       // and values (kD > 0, R <= kBlockRows).
       auto group_rows = [&](auto rows_tag, int64_t t, int64_t g, int64_t lo, int64_t hi) {
@@ -273,34 +215,27 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
           accumulate_block<R, C, kD>(accs, probs, values + lo, head_offset, hi - lo);
         }
       };
-      for (int64_t t = first_single; t < tokens; ++t) {
+      for (int64_t t = 0; t < tokens; ++t) {
         int64_t lo = 0, hi = 0;
         visible_columns(t, lo, hi);
         if (hi <= lo) continue;
         const int64_t visible = hi - lo;
-        if constexpr (kD > 0) {
-          if (!transpose) {   // decodes and short chunks: the group shares each key's load
-            for (int64_t g = g_begin; g < g_end; g += kBlockRows) {
-              switch (std::min<int64_t>(g_end - g, kBlockRows)) {
-                case 1: group_rows(std::integral_constant<int, 1>{}, t, g, lo, hi); break;
-                case 2: group_rows(std::integral_constant<int, 2>{}, t, g, lo, hi); break;
-                case 3: group_rows(std::integral_constant<int, 3>{}, t, g, lo, hi); break;
-                default: group_rows(std::integral_constant<int, 4>{}, t, g, lo, hi); break;
-              }
+        if constexpr (kD > 0) {   // the group shares each key's load
+          for (int64_t g = g_begin; g < g_end; g += kBlockRows) {
+            switch (std::min<int64_t>(g_end - g, kBlockRows)) {
+              case 1: group_rows(std::integral_constant<int, 1>{}, t, g, lo, hi); break;
+              case 2: group_rows(std::integral_constant<int, 2>{}, t, g, lo, hi); break;
+              case 3: group_rows(std::integral_constant<int, 3>{}, t, g, lo, hi); break;
+              default: group_rows(std::integral_constant<int, 4>{}, t, g, lo, hi); break;
             }
-            continue;
           }
+          continue;
         }
-        for (int64_t g = t == first_single ? std::max(first_group, g_begin) : g_begin;
-             g < g_end; ++g) {
+        for (int64_t g = g_begin; g < g_end; ++g) {   // kD == 0: any head_dim
           const int64_t r = t * H + kv * G + g;
           const float* qr = q + r * D;
-          if (transpose) {
-            transposed_scores<kD>(qr, keys_t, scores, D);
-          } else {   // kD == 0
-            for (int64_t j = lo; j < hi; ++j) scores[j] = dot(qr, keys[j] + head_offset, D);
-            scale_scores(scores, lo, hi);
-          }
+          for (int64_t j = lo; j < hi; ++j) scores[j] = dot(qr, keys[j] + head_offset, D);
+          scale_scores(scores, lo, hi);
           softmax_row(r, scores, lo, hi);
           scale_probabilities(scores, lo, hi);
           accumulate<C, kD>(acc + r * D, scores + lo, values + lo, head_offset, visible, D);
@@ -413,11 +348,10 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   const int64_t threads = total_cost >= kParallelCost ? at::get_num_threads() : 1;
   // Fewer items than threads (one long decode): split decodes by query heads. A row's
   // arithmetic does not depend on which rows share its item (group_scores), so no bits
-  // change. (A group of kTransposeRows or more is transposed whole: left as it is.)
-  const int64_t group = heads / kv_heads;
+  // change.
   const int64_t parts = (threads + static_cast<int64_t>(items.size()) - 1) /
                         static_cast<int64_t>(items.size());
-  if (parts > 1 && group < kTransposeRows) {
+  if (parts > 1) {
     std::vector<Item> split;
     for (const Item& item : items) {
       const int64_t n = item.q_end - item.q_begin == 1 ? std::min(parts, heads) : 1;

@@ -162,7 +162,7 @@ def test_threads_split_work_without_changing_results():
 @pytest.mark.parametrize("head_dim, num_heads, num_kv_heads", [
     (64, 9, 3),     # split inside a KV head's group
     (80, 6, 2),     # the generic head_dim loops
-    (32, 16, 1)])   # a group of 16 is transposed whole, never split
+    (32, 16, 1)])   # a group of 16: more rows than a block
 @pytest.mark.parametrize("window", [None, 100])
 def test_a_lone_decode_split_across_threads_keeps_its_bits(head_dim, num_heads, num_kv_heads,
                                                           window):
@@ -181,6 +181,34 @@ def test_a_lone_decode_split_across_threads_keeps_its_bits(head_dim, num_heads, 
         torch.set_num_threads(before)
     assert torch.equal(single, double)
     assert relative_error(double, oracle(batch, window)) < FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim, num_heads, num_kv_heads", [(64, 9, 3), (80, 6, 2)])
+def test_a_prompt_row_keeps_its_bits_however_the_prompt_is_chunked(dtype, head_dim, num_heads,
+                                                                 num_kv_heads):
+    """A prompt's last rows computed with the whole prompt, or as a chunk after a prefix in
+    the cache (chunked prefill, a prefix-cache hit), or beside other sequences: the same bits,
+    so a request's tokens do not depend on how it was scheduled."""
+    torch.manual_seed(5)
+    blocks, block_size, context = 8, 16, 40
+    key_cache = torch.randn(blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
+    value_cache = torch.randn(blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
+    query = torch.randn(context, num_heads, head_dim, dtype=dtype)
+    table = torch.tensor([[0, 1, 2]], dtype=torch.int32)
+
+    def rows(q, tables, seq_lens, starts):
+        return cpu_attention.paged_attention_cpu(
+            q.contiguous(), key_cache, value_cache, tables, torch.tensor(seq_lens, dtype=torch.int32),
+            torch.tensor(starts, dtype=torch.int32), head_dim ** -0.5)
+
+    whole = rows(query, table, [context], [0, context])
+    for tail in (1, 3, 4, 8, 17):
+        chunk = rows(query[-tail:], table, [context], [0, tail])
+        assert torch.equal(chunk, whole[-tail:]), tail
+    beside = rows(torch.cat((query[-4:], query[:1])), torch.tensor([[0, 1, 2], [3, 4, 0]],
+                  dtype=torch.int32), [context, 20], [0, 4, 5])
+    assert torch.equal(beside[:4], whole[-4:])
 
 
 def test_rows_of_no_sequence_are_left_alone():
