@@ -83,72 +83,34 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor,
 
 # Values per activation scale and per integer dot product in kernels/cpu/quant_dot.cpp.
 DOT_BLOCK = 32
-# Rows of x up to which the register-blocked kernel runs; above, tiles of W dequantized to
-# float32 go through a float GEMM (bench/quantized_decode.py --kernels: at 64 rows and more the GEMM on a
-# dequantized tile ran about 2x faster than the kernel, at 8 rows about as fast).
+# Rows of x up to which the register-blocked kernels run; above, tiles of W dequantized to
+# float32 go through a float GEMM (kernels/cpu/weight_only_linear.cpp kSmallBatch, which
+# decides; bench/quantized_decode.py --kernels: at 64 rows and more the GEMM on a dequantized
+# tile ran about 2x faster than the kernel, at 8 rows about as fast).
 SMALL_BATCH = 8
-# Values of W dequantized per tile (8 MiB of float32): the tile stays in cache for its GEMM,
-# and lm_head is never whole in float.
-TILE_VALUES = 2 * 1024 * 1024
 
 
 def quant_matmul_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
                       int8_activations: bool = False) -> torch.Tensor:
     """x [..., K] (float32 or bfloat16) @ dequantize_int8(q, scales).T, in float32, returned
-    in x's dtype. With int8_activations, a small batch runs kernels/cpu/quant_dot.cpp: x
+    in x's dtype, through folio::weight_only_linear as the layers call it (the file's
+    layout). With int8_activations, a small batch runs kernels/cpu/quant_dot.cpp: x
     quantized per 32 values, integer dot products (q must not hold -128 then)."""
-    group = q.shape[1] // scales.shape[1]
-    small = _small_operator(8, group, int8_activations)
-    return _matmul(x, q.shape[0], q.shape[1],
-                   lambda out, flat: small(out, flat, q, scales, group),
-                   lambda out, begin, end: torch.ops.folio.dequantize_int8(out, q, scales,
-                                                                           group, begin, end))
+    return _weight_only(x, [q, scales], 8, q.shape[1] // scales.shape[1], int8_activations,
+                        q.shape[0])
 
 
 def quant_matmul_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                       mins: torch.Tensor, int8_activations: bool = False) -> torch.Tensor:
     """x [..., K] @ dequantize_int4(packed, scales, mins).T, as quant_matmul_int8."""
-    k = packed.shape[1] * 2
-    group = k // scales.shape[1]
-    small = _small_operator(4, group, int8_activations)
-    return _matmul(x, packed.shape[0], k,
-                   lambda out, flat: small(out, flat, packed, scales, mins, group),
-                   lambda out, begin, end: torch.ops.folio.dequantize_int4(
-                       out, packed, scales, mins, group, begin, end))
+    return _weight_only(x, [packed, scales, mins], 4, packed.shape[1] * 2 // scales.shape[1],
+                        int8_activations, packed.shape[0])
 
 
-def small_batch_operator(weight, int8_activations: bool):
-    """`call(out, x)` running the operator that quant_matmul_int8/int4 pick for a batch of
-    at most SMALL_BATCH float32 rows on `weight` (a QuantizedWeight), bound once."""
-    group = weight.group
-    op = _small_operator(weight.bits, group, int8_activations)
-    if weight.bits == 8:
-        return lambda out, x: op(out, x, weight.data, weight.scales, group)
-    return lambda out, x: op(out, x, weight.data, weight.scales, weight.mins, group)
-
-
-def _small_operator(bits: int, group: int, int8_activations: bool):
-    """The operator for at most SMALL_BATCH rows: int8 activations (quant_dot.cpp) where
-    asked and the groups are whole blocks of 32, else float activations (quant_matmul.cpp)."""
-    if int8_activations and group % DOT_BLOCK == 0:
-        return torch.ops.folio.quant_dot_int8 if bits == 8 else torch.ops.folio.quant_dot_int4
-    return torch.ops.folio.quant_matmul_int8 if bits == 8 else torch.ops.folio.quant_matmul_int4
-
-
-def _matmul(x: torch.Tensor, n: int, k: int, kernel, dequantize) -> torch.Tensor:
+def _weight_only(x: torch.Tensor, operands: list[torch.Tensor], bits: int, group: int,
+                 int8_activations: bool, n: int) -> torch.Tensor:
+    k = x.shape[-1]
     flat = x.reshape(-1, k).float().contiguous()
-    out = torch.empty(flat.shape[0], n, dtype=torch.float32)
-    if flat.shape[0] <= SMALL_BATCH:
-        kernel(out, flat)
-    else:
-        tile = min(n, max(1, TILE_VALUES // k))
-        weight = torch.empty(tile, k, dtype=torch.float32)
-        for begin in range(0, n, tile):
-            end = min(n, begin + tile)
-            rows = weight[:end - begin]
-            dequantize(rows, begin, end)
-            if tile == n:
-                torch.mm(flat, rows.T, out=out)
-            else:
-                out[:, begin:end] = flat @ rows.T
+    config = [bits, group, int(int8_activations), 0, 0, n]   # no bias, the file's layout
+    out = torch.ops.folio.weight_only_linear(flat, operands, config)
     return out.to(x.dtype).reshape(*x.shape[:-1], n)

@@ -56,8 +56,7 @@ struct Activations {
   std::vector<float> scaled_sum;   // scale * sum(q) per block: the int4 weights' min
 };
 
-void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end,
-                   Activations& a) {
+void quantize_rows(const float* x, int64_t row_begin, int64_t row_end, Activations& a) {
   for (int64_t b = row_begin * a.blocks; b < row_end * a.blocks; ++b) {
     const float* values = x + b * kBlock;
     const __m512 lo = _mm512_loadu_ps(values), hi = _mm512_loadu_ps(values + 16);
@@ -73,7 +72,6 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
     a.offset[b] = -128 * sum;
     a.scaled_sum[b] = a.scale[b] * static_cast<float>(sum);
   }
-  (void)k;
 }
 
 Activations quantize(const Tensor& x) {
@@ -82,7 +80,7 @@ Activations quantize(const Tensor& x) {
                 std::vector<int32_t>(m * blocks), std::vector<float>(m * blocks)};
   const float* data = x.data_ptr<float>();
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-    quantize_rows(data, k, begin, end, a);
+    quantize_rows(data, begin, end, a);
   });
   return a;
 }

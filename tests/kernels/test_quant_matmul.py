@@ -126,14 +126,14 @@ def test_register_kernel_alone_at_large_batches(rows):
     assert_close_to(out, expected(x, dequantize_int8(q, scales)), x)
 
 
-def test_tiled_gemm_path_covers_every_row(monkeypatch):
-    from folio.kernels import cpu_quant
-
-    monkeypatch.setattr(cpu_quant, "TILE_VALUES", 7 * 64)   # tiles of 7 rows over 30
+def test_tiled_gemm_path_covers_every_row():
+    # kernels/cpu/weight_only_linear.cpp dequantizes tiles of 2M values: at K = 1024 that is
+    # 2048 rows, so 4103 rows of W make two whole tiles and a partial one.
     torch.manual_seed(1)
-    q, scales = quantize_int8(torch.randn(30, 64), 32)
-    x = torch.randn(20, 64)
+    n, k = 2 * 2048 + 7, 1024
+    q, scales = quantize_int8(torch.randn(n, k), 32)
+    x = torch.randn(20, k)
     assert_close_to(quant_matmul_int8(x, q, scales), expected(x, dequantize_int8(q, scales)), x)
-    packed, s4, m4 = quantize_int4(torch.randn(30, 64), 32)
+    packed, s4, m4 = quantize_int4(torch.randn(n, k), 32)
     assert_close_to(quant_matmul_int4(x, packed, s4, m4),
                     expected(x, dequantize_int4(packed, s4, m4)), x)
