@@ -5,6 +5,9 @@ rope, and the tokenizer (a byte-level BPE) as tokenizer.ggml.* metadata."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -257,3 +260,12 @@ def patch_tensor_offset(path: Path, name: str, offset: int) -> None:
     data = path.read_bytes()
     at = _offset_at(data, name)
     path.write_bytes(data[:at] + offset.to_bytes(8, "little") + data[at + 8:])
+
+
+def serve_refusal(path: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """`folio serve --model path` as a user starts it (no FOLIO_ settings from the test
+    environment), which should refuse the file before any process starts."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FOLIO_")}
+    return subprocess.run([sys.executable, "-m", "folio", "serve", "--port", "0",
+                           "--model", str(path)], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=cwd)

@@ -7,9 +7,6 @@ for the same file; bad files are refused before any process starts."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,7 +19,7 @@ from folio.executor.models.hf_config import read_model_config
 from folio.shared.hf_tokenizer import load_tokenizer
 from folio.shared.sampling_params import SamplingParams
 from tests.conftest import TEST_DEVICE
-from tests.executor.quantization.gguf_files import permute_rows, write_llama_gguf
+from tests.executor.quantization.gguf_files import permute_rows, serve_refusal, write_llama_gguf
 
 PROMPT_IDS = [[5, 6, 7, 8], [300, 12, 999, 4, 77, 1]]
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
@@ -231,10 +228,7 @@ def test_bad_gguf_files_are_refused_naming_model(llama_dir, tmp_path):
 
 def test_cli_refuses_a_truncated_gguf_in_one_line_exit_2(llama_dir, tmp_path):
     path, words = _bad_files(llama_dir, tmp_path)["truncated"]
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FOLIO_")}
-    result = subprocess.run([sys.executable, "-m", "folio", "serve", "--port", "0",
-                             "--model", str(path)], capture_output=True, text=True,
-                            timeout=120, env=env, cwd=tmp_path)
+    result = serve_refusal(path, tmp_path)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and "--model" in lines[0] and words in lines[0], lines

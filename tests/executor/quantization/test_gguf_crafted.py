@@ -5,10 +5,7 @@ header.py and validate.py, run by folio/preflight.py's check before gguf.GGUFRea
 from __future__ import annotations
 
 import math
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +15,7 @@ from folio.preflight import check_model_dir
 from folio.shared.config import SettingError
 from tests.executor.quantization.gguf_files import (
     TINY, gguf_string, patch_tensor_offset, raw_gguf, tensor_offset, tiny_metadata,
-    tiny_tensors, write_gguf)
+    serve_refusal, tiny_tensors, write_gguf)
 
 U8, U32, STRING, ARRAY, U64 = 0, 4, 8, 9, 10
 
@@ -27,27 +24,24 @@ def _entry(key: str, value_type: int, payload: bytes) -> bytes:
     return gguf_string(key) + struct.pack("<I", value_type) + payload
 
 
-def _with(tmp_path: Path, **changes) -> Path:
-    """The tiny llama with metadata keys changed ((kind, value)) or dropped (None)."""
-    metadata = tiny_metadata()
+def _edited(entries: dict, changes: dict) -> dict:
+    """`entries` with keys (`__` for `.`) set to a new value, or dropped where None."""
     for key, value in changes.items():
         key = key.replace("__", ".")
         if value is None:
-            metadata.pop(key)
+            entries.pop(key)
         else:
-            metadata[key] = value
-    return write_gguf(tmp_path / "bad.gguf", metadata, tiny_tensors())
+            entries[key] = value
+    return entries
+
+
+def _with(tmp_path: Path, **changes) -> Path:
+    """The tiny llama with metadata keys changed ((kind, value)) or dropped (None)."""
+    return write_gguf(tmp_path / "bad.gguf", _edited(tiny_metadata(), changes), tiny_tensors())
 
 
 def _with_tensors(tmp_path: Path, **changes) -> Path:
-    tensors = tiny_tensors()
-    for name, value in changes.items():
-        name = name.replace("__", ".")
-        if value is None:
-            tensors.pop(name)
-        else:
-            tensors[name] = value
-    return write_gguf(tmp_path / "bad.gguf", tiny_metadata(), tensors)
+    return write_gguf(tmp_path / "bad.gguf", tiny_metadata(), _edited(tiny_tensors(), changes))
 
 
 def _huge_array(tmp_path: Path) -> Path:
@@ -198,10 +192,7 @@ def test_folio_serve_refuses_a_crafted_gguf_in_one_line_exit_2(tmp_path):
     """The context length that made the executor allocate gigabytes and restart: refused by
     `folio serve` before any process starts."""
     path = _with(tmp_path, llama__context_length=("uint32", 2**26))
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FOLIO_")}
-    result = subprocess.run([sys.executable, "-m", "folio", "serve", "--port", "0",
-                             "--model", str(path)], capture_output=True, text=True,
-                            timeout=120, env=env, cwd=tmp_path)
+    result = serve_refusal(path, tmp_path)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and "--model" in lines[0] and "bad.gguf" in lines[0], lines
