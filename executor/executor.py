@@ -13,7 +13,7 @@ from folio.executor.input_batch import InputBatch
 from folio.executor.cpu_threads import apply_cpu_threads
 from folio.executor.kv_cache import allocate_kv_cache, allocate_swap_pool, bytes_per_block
 from folio.kernels.kv_quant import kv_storage_dtype
-from folio.executor.linear import PackedLinear
+from folio.executor.linear import float_linear
 from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
 from folio.executor.quantization.weight_formats import apply_weight_format
@@ -309,8 +309,8 @@ class Executor:
         x = torch.randn(tokens, cfg.hidden_size, dtype=self.dtype, device=self.device)
         linear = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False,
                                  dtype=self.dtype, device=self.device)
-        if self.linear_backend == "onednn":   # time the matmul the model really runs
-            linear = PackedLinear(linear)
+        if self.linear_backend in ("onednn", "bf16-tiles"):   # time the matmul it runs
+            linear = float_linear(linear, self.linear_backend)
         elif self.linear_backend in ("int8", "int4"):
             linear = WeightOnlyLinear.from_linear(linear, int(self.linear_backend[3:]),
                                                   cpu_attention.load().ok)

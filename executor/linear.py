@@ -4,6 +4,10 @@ On CPU, torch's default `F.linear` calls MKL's sgemm, which on AMD processors ru
 kernel; oneDNN (already inside torch) runs about twice as fast at a model's shapes once its
 weights are reordered ("prepacked") into its blocked layout. The reorder happens once, after
 the checkpoint is loaded; the forward then needs no per-call weight transform.
+
+bfloat16 weights on a CPU with AVX-512 BF16 go to Folio's own kernel instead
+(kernels/cpu/bf16_gemm.cpp, TiledBf16Linear): oneDNN's one-row bfloat16 kernel reads the
+weights at about half the memory's speed there, and Folio's matches oneDNN for batches.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from torch import nn
 from folio.executor.models.moe import SparseMoe
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from folio.kernels import cpu_quant
+from folio.kernels.bf16_layout import bf16_gemm_available, pack_bf16
 from folio.kernels.onednn_packing import onednn_packs
 
 log = logging.getLogger("folio.executor")
@@ -51,6 +56,48 @@ class PackedLinear(nn.Module):
                                                   [], "")
 
 
+class TiledBf16Linear(nn.Module):
+    """y = x @ W.T + b, bfloat16, on kernels/cpu/bf16_gemm.cpp with W in its tiles
+    (kernels/bf16_layout.py). One kernel for every batch size: a row's sums run in the same
+    order alone or in a batch."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.register_buffer("packed_weight", pack_bf16(linear.weight.detach()),
+                             persistent=False)
+        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).contiguous()
+        y = torch.ops.folio.bf16_linear(flat, self.packed_weight, self.bias, self.out_features)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def tiled_bf16_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why Folio's BF16 kernel cannot serve the linear layers here, or None when it can."""
+    from folio.kernels import cpu_attention
+
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return "not bfloat16 on the CPU"
+    if not cpu_attention.load().ok:
+        return f"the CPU operators are not built ({cpu_attention.load().detail})"
+    if not bf16_gemm_available():
+        return "the CPU operators were built without AVX-512 BF16"
+    return None
+
+
+def float_linear(linear: nn.Linear, path: str) -> nn.Module:
+    """`linear` on the float path pack_linears chose ("bf16-tiles", "onednn", "torch")."""
+    if path == "bf16-tiles" and linear.in_features % 2 == 0:
+        return TiledBf16Linear(linear)
+    if path in ("bf16-tiles", "onednn"):
+        return PackedLinear(linear)
+    return linear
+
+
 def onednn_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why oneDNN cannot serve the linear layers here, or None when it can."""
     if device.type != "cpu":
@@ -72,9 +119,9 @@ def pack_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
     """Swap every nn.Linear of `model` for a PackedLinear where oneDNN can run it, or for
     a WeightOnlyLinear with quantization="int8" or "int4".
 
-    `backend` is "auto" (oneDNN where it can run), "onednn" (or an error) or "torch".
-    Returns the name of the matmul path used: "onednn", "torch" (plain F.linear), "int8"
-    or "int4".
+    `backend` is "auto" (Folio's BF16 kernel for bfloat16 where it is built, else oneDNN
+    where it can run), "onednn" (or an error) or "torch". Returns the name of the matmul
+    path used: "bf16-tiles", "onednn", "torch" (plain F.linear), "int8" or "int4".
     """
     if quantization in QUANTIZED_BITS:
         return _quantize_linears(model, device, dtype, backend, QUANTIZED_BITS[quantization],
@@ -90,12 +137,16 @@ def pack_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,
     if reason is not None:
         log.info("linear layers: torch F.linear (%s)", reason)
         return "torch"
+    path = "onednn"
+    if backend == "auto" and tiled_bf16_unavailable_reason(device, dtype) is None:
+        path = "bf16-tiles"
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child))
-    log.info("linear layers: oneDNN with prepacked weights")
-    return "onednn"
+                setattr(parent, name, float_linear(child, path))
+    log.info("linear layers: %s", "Folio's AVX-512 BF16 kernel (kernels/cpu/bf16_gemm.cpp)"
+             if path == "bf16-tiles" else "oneDNN with prepacked weights")
+    return path
 
 
 def _quantize_linears(model: nn.Module, device: torch.device, dtype: torch.dtype,

@@ -26,6 +26,7 @@ SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp",
            Path(__file__).parent / "cpu" / "quant_dot.cpp",
            Path(__file__).parent / "cpu" / "weight_only_linear.cpp",
            Path(__file__).parent / "cpu" / "vnni_gemm.cpp",
+           Path(__file__).parent / "cpu" / "bf16_gemm.cpp",
            Path(__file__).parent / "cpu" / "decode_step.cpp")
 HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",
            Path(__file__).parent / "cpu" / "quant_weights.h",

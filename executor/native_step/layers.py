@@ -7,14 +7,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from folio.executor.linear import PackedLinear
+from folio.executor.linear import PackedLinear, TiledBf16Linear
 from folio.executor.models.decoder import CausalLM, DecoderLayer
 from folio.executor.models.layers import Attention, GatedMLP, RMSNorm
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 
 # DecodeStep's linear kinds.
-TORCH, ONEDNN, WEIGHT_ONLY = 0, 1, 2
-_LINEARS = (nn.Linear, PackedLinear, WeightOnlyLinear)
+TORCH, ONEDNN, WEIGHT_ONLY, BF16_TILES = 0, 1, 2, 3
+_LINEARS = (nn.Linear, PackedLinear, WeightOnlyLinear, TiledBf16Linear)
 
 
 def _linears(layer: DecoderLayer) -> tuple[nn.Module, ...]:
@@ -60,6 +60,9 @@ def linear_operands(module: nn.Module) -> tuple[int, list[torch.Tensor], list[in
     if isinstance(module, WeightOnlyLinear):
         operands, config = module.native_operands()
         return WEIGHT_ONLY, operands, config
+    if isinstance(module, TiledBf16Linear):
+        bias = [] if module.bias is None else [module.bias]
+        return BF16_TILES, [module.packed_weight, *bias], [module.out_features]
     if isinstance(module, PackedLinear):
         weight, kind = module.packed_weight, ONEDNN
     else:

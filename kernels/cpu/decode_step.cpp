@@ -13,11 +13,12 @@
 // results are bit-identical to theirs; what it saves is the Python between them (module
 // calls, views, the kernel set's dispatch: ~3.5 ms of a SmolLM2-135M step).
 //
-// A linear is one of three kinds, chosen per layer in Python once:
+// A linear is one of four kinds, chosen per layer in Python once:
 //   0 torch:   at::linear(x, weight, bias)                              tensors [weight, (bias)]
 //   1 oneDNN:  mkldnn::_linear_pointwise(x, packed, bias, "none", [], None)  [packed, (bias)]
 //   2 int8/4:  folio::weight_only_linear(x as float32, operands, config), back to x's dtype
 //              tensors, config = WeightOnlyLinear.native_operands()
+//   3 bf16:    folio::bf16_linear(x, packed, bias, n)       [packed, (bias float32)], config [n]
 //
 // The operators are reached through typed dispatcher handles looked up once, at construction
 // (findSchemaOrThrow returns its handle by value: each is kept here, in this object).
@@ -35,12 +36,13 @@ namespace {
 
 using at::Tensor;
 
-enum LinearKind : int64_t { kTorch = 0, kOneDnn = 1, kWeightOnly = 2 };
+enum LinearKind : int64_t { kTorch = 0, kOneDnn = 1, kWeightOnly = 2, kBf16Tiles = 3 };
 
 struct Linear {
   int64_t kind = kTorch;
-  Tensor weight;                  // torch: [N, K]; oneDNN: the prepacked weight
-  std::optional<Tensor> bias;     // torch, oneDNN
+  Tensor weight;                  // torch: [N, K]; oneDNN / bf16: the packed weight
+  std::optional<Tensor> bias;     // torch, oneDNN, bf16 (float32)
+  int64_t n = 0;                  // bf16: output features
   std::vector<Tensor> operands;   // weight-only: data, scales, (mins), (bias)
   std::vector<int64_t> config;    // weight-only: WeightOnlyLinear.native_operands()
 };
@@ -69,6 +71,7 @@ using WeightOnlySig = Tensor(const Tensor&, std::vector<Tensor>, at::IntArrayRef
 using OneDnnSig = Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&,
                          std::string_view, c10::List<std::optional<at::Scalar>>,
                          std::optional<std::string_view>);
+using Bf16Sig = Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&, int64_t);
 
 bool heads_packed(const Tensor& rows) {   // kernels/cpu_fused.py _heads_packed
   return rows.dim() == 3 && rows.stride(2) == 1 && rows.stride(1) == rows.size(2);
@@ -132,12 +135,17 @@ class DecodeStep : public torch::CustomClassHolder {
       linear.operands = std::move(tensors);
       linear.config = std::move(config);
     } else {
-      TORCH_CHECK(kind == kTorch || kind == kOneDnn, "linear kind must be 0, 1 or 2, got ",
-                  kind);
+      TORCH_CHECK(kind == kTorch || kind == kOneDnn || kind == kBf16Tiles,
+                  "linear kind must be 0, 1, 2 or 3, got ", kind);
+      TORCH_CHECK(kind != kBf16Tiles || config.size() == 1, "a bf16 linear's config is [n]");
       TORCH_CHECK(tensors.size() == 1 || tensors.size() == 2,
                   "a float linear's tensors are [weight, (bias)]");
       linear.weight = tensors[0];
       if (tensors.size() == 2) linear.bias = tensors[1];
+      if (kind == kBf16Tiles) {
+        linear.n = config[0];
+        if (!bf16_linear_) bf16_linear_ = handle<Bf16Sig>("folio::bf16_linear");
+      }
       if (kind == kOneDnn && !linear_pointwise_) {   // only models that use it look it up
         linear_pointwise_ = handle<OneDnnSig>("mkldnn::_linear_pointwise");
       }
@@ -265,6 +273,8 @@ class DecodeStep : public torch::CustomClassHolder {
         return at::linear(x, l.weight, l.bias);
       case kOneDnn:
         return linear_pointwise_->call(x, l.weight, l.bias, "none", no_scalars_, std::nullopt);
+      case kBf16Tiles:
+        return bf16_linear_->call(x.contiguous(), l.weight, l.bias, l.n);
       default:
         TORCH_CHECK(false, "not a float linear");
     }
@@ -281,6 +291,7 @@ class DecodeStep : public torch::CustomClassHolder {
   c10::TypedOperatorHandle<AttentionSig> paged_attention_;
   c10::TypedOperatorHandle<WeightOnlySig> weight_only_linear_;
   std::optional<c10::TypedOperatorHandle<OneDnnSig>> linear_pointwise_;
+  std::optional<c10::TypedOperatorHandle<Bf16Sig>> bf16_linear_;
   c10::List<std::optional<at::Scalar>> no_scalars_;
 };
 

@@ -79,12 +79,16 @@ def test_cpu_threads_must_be_positive(llama_dir):
 
 def test_bfloat16_is_prepacked_only_where_onednn_can():
     """On a CPU without AVX-512 or AVX-NE-CONVERT oneDNN refuses to prepack bfloat16: the
-    layers stay plain there (torch's matmul) instead of failing at load."""
+    layers stay plain there (torch's matmul) instead of failing at load. Where Folio's own
+    BF16 kernel is built it takes them; linear_backend="onednn" still asks for oneDNN."""
+    from folio.executor.linear import tiled_bf16_unavailable_reason
     from folio.kernels.onednn_packing import onednn_packs
 
     model = nn.Sequential(nn.Linear(32, 16)).bfloat16()
     x = torch.randn(3, 32).bfloat16()
     reference = model(x)
     used = pack_linears(model, torch.device("cpu"), torch.bfloat16)
-    assert used == ("onednn" if onednn_packs(torch.bfloat16) else "torch")
+    onednn = "onednn" if onednn_packs(torch.bfloat16) else "torch"
+    tiles = tiled_bf16_unavailable_reason(torch.device("cpu"), torch.bfloat16) is None
+    assert used == ("bf16-tiles" if tiles and onednn == "onednn" else onednn)
     torch.testing.assert_close(model(x), reference, rtol=2e-2, atol=2e-2)
