@@ -56,7 +56,7 @@ def folio_runner(args):
     from folio import LLM, SamplingParams
 
     llm = LLM(args.model_dir, dtype="bfloat16", skip_tokenizer_init=True, device="cpu",
-              max_num_seqs=max(args.users, 1))
+              max_num_seqs=max(args.users, 1), linear_backend=args.linear_backend)
     vocab = llm.engine.executor.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     ids = prompts(args.users, args.prompt_len, vocab)
@@ -87,16 +87,49 @@ def profile(run) -> tuple[float, dict[str, float]]:
     return wall, ops
 
 
+def plot(png: str, runs: list[str]) -> None:
+    """One horizontal bar per run: its ms per step, split by category."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = [json.loads(open(path).read().strip().splitlines()[-1]) for path in runs]
+    labels = [label for label, _ in CATEGORIES] + ["other operators", "outside operators"]
+    fig, ax = plt.subplots(figsize=(9, 1 + 0.6 * len(results)))
+    for row, result in enumerate(results):
+        left = 0.0
+        for index, label in enumerate(labels):
+            ms = result["split_s"].get(label, 0.0) * 1e3 / result["tokens"]
+            ax.barh(row, ms, left=left, color=plt.cm.tab10(index),
+                    label=label if row == 0 else None)
+            left += ms
+    ax.set_yticks(range(len(results)),
+                  [f"{r['label']}: {r['users']} users" for r in results])
+    ax.set_xlabel("ms per step (profiled run / output tokens)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", choices=("folio", "vllm"), required=True)
-    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--engine", choices=("folio", "vllm"))
+    parser.add_argument("--model-dir")
     parser.add_argument("--users", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--linear-backend", default="auto",
+                        help="Folio's linear_backend (onednn: the oneDNN bfloat16 path)")
+    parser.add_argument("--label", help="the run's name in --json output and the plot")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", nargs="+", metavar=("PNG", "JSON"),
+                        help="draw the per-step split of earlier --json runs into PNG")
     args = parser.parse_args()
+    if args.plot:
+        plot(args.plot[0], args.plot[1:])
+        return
     load = os.getloadavg()
     run = (folio_runner if args.engine == "folio" else vllm_runner)(args)
     wall, ops = profile(run)
@@ -105,7 +138,7 @@ def main() -> None:
         split[category(name)] += seconds
     split["outside operators"] = max(wall - sum(ops.values()), 0.0)
     top = sorted(ops.items(), key=lambda item: -item[1])[:args.top]
-    result = {"engine": args.engine, "users": args.users, "prompt_len": args.prompt_len,
+    result = {"engine": args.engine, "label": args.label or args.engine, "users": args.users, "prompt_len": args.prompt_len,
               "tokens": args.tokens, "wall_s": wall, "load_average": load,
               "split_s": dict(split), "top_ops_s": dict(top)}
     if args.json:
