@@ -8,6 +8,9 @@ runs as (frontend/chat_bridge.py).
   tool_choice       auto | any (-> required) | tool {name} (-> named) | none;
                     disable_parallel_tool_use -> parallel_tool_calls false
   stop_sequences    -> stop;  max_tokens (required) -> max_tokens
+  output_config     {"format": {"type": "json_schema", "schema"}} -> response_format
+Current `anthropic` SDKs no longer offer temperature, top_p or top_k as arguments; they
+are honoured when sent (extra_body, older clients), else the chat path's defaults hold.
 Every other field is honoured or refused by name; `cache_control` marks are accepted and
 need nothing (the prefix cache reuses any shared prefix by itself).
 """
@@ -23,14 +26,16 @@ from folio.frontend.openai.errors import ApiError, invalid
 _SAMPLING = ("temperature", "top_p", "top_k",
              # Folio's (and vLLM's) extras, as the chat route honours them
              "seed", "min_p", "repetition_penalty", "ignore_eos", "deadline", "priority")
-_COMMON = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
+_COMMON = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking",
+                     "output_config", "cache_control"})
 MESSAGES_FIELDS = _COMMON | {"max_tokens", "stop_sequences", "stream", "metadata",
                              "service_tier", *_SAMPLING}
 COUNT_FIELDS = _COMMON
 _PLAIN_VALUES = {"thinking": (None, {"type": "disabled"}),
                  "service_tier": (None, "auto", "standard_only")}
 # Chat field names in the chat path's refusals -> this API's.
-RENAMES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
+RENAMES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens",
+           "response_format": "output_config.format"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ class MessagesRequest:
             chat["tools"] = _tools(body["tools"])
         if body.get("tool_choice") is not None:
             chat.update(_tool_choice(body["tool_choice"]))
+        response_format = _output_format(body.get("output_config"))
+        if response_format is not None:
+            chat["response_format"] = response_format
         if count_only:
             return cls(chat, (), False)
         max_tokens = body.get("max_tokens")
@@ -183,9 +191,11 @@ def _tools(value: Any) -> list[dict[str, Any]]:
         if not isinstance(tool.get("input_schema"), dict):
             raise invalid(f"tools: {tool.get('name')!r} needs input_schema (a JSON schema "
                           "object)", "tools")
-        function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
+        # The chat route's key order: templates print the tool as JSON, order and all.
+        function = {"name": tool.get("name")}
         if tool.get("description") is not None:
             function["description"] = tool["description"]
+        function["parameters"] = tool["input_schema"]
         tools.append({"type": "function", "function": function})
     return tools
 
@@ -209,3 +219,23 @@ def _tool_choice(value: Any) -> dict[str, Any]:
                       "{\"type\": \"tool\", \"name\": ...} or {\"type\": \"none\"}",
                       "tool_choice")
     return chat
+
+
+def _output_format(value: Any) -> dict[str, Any] | None:
+    """output_config: a JSON schema the answer is held to; `effort` asks for reasoning
+    this path does not have, so only its absence is accepted."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"format", "effort"} \
+            or value.get("effort") is not None:
+        raise invalid("output_config: only format is supported (effort is not)",
+                      "output_config")
+    format_ = value.get("format")
+    if format_ is None:
+        return None
+    if not isinstance(format_, dict) or format_.get("type") != "json_schema" \
+            or not isinstance(format_.get("schema"), dict):
+        raise invalid("output_config.format must be {\"type\": \"json_schema\", "
+                      "\"schema\": {...}}", "output_config")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema":
+                                                   format_["schema"]}}

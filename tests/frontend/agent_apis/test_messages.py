@@ -21,6 +21,8 @@ CHAT_TOOL = {"type": "function", "function": {"name": "get_weather",
                                               "description": "Weather for a city",
                                               "parameters": WEATHER}}
 SYSTEM = "Answer briefly."
+# Current `anthropic` SDKs have no temperature argument; the server honours the field.
+GREEDY = {"extra_body": {"temperature": 0}}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def _chat(client, messages, **extra):
 
 
 def test_text_with_a_system_prompt_equals_chat_completions(claude, client):
-    message = claude.messages.create(model=MODEL, max_tokens=8, temperature=0, system=SYSTEM,
+    message = claude.messages.create(model=MODEL, max_tokens=8, **GREEDY, system=SYSTEM,
                                      messages=[{"role": "user", "content": "Hello there"}])
     chat = client.chat.completions.create(
         model=MODEL, max_tokens=8, temperature=0,
@@ -52,7 +54,7 @@ def test_text_with_a_system_prompt_equals_chat_completions(claude, client):
     words = choice.message.content.split()
     if len(words) > 1:
         stopped = claude.messages.create(
-            model=MODEL, max_tokens=8, temperature=0, system=SYSTEM,
+            model=MODEL, max_tokens=8, **GREEDY, system=SYSTEM,
             stop_sequences=[words[1]], messages=[{"role": "user", "content": "Hello there"}])
         assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == words[1]
         assert choice.message.content.startswith(stopped.content[0].text)
@@ -60,7 +62,7 @@ def test_text_with_a_system_prompt_equals_chat_completions(claude, client):
 
 def test_tool_use_then_tool_result_round_trip(claude, client):
     asked = [{"role": "user", "content": "Weather in Paris?"}]
-    first = claude.messages.create(model=MODEL, max_tokens=60, temperature=0, tools=[TOOL],
+    first = claude.messages.create(model=MODEL, max_tokens=60, **GREEDY, tools=[TOOL],
                                    tool_choice={"type": "tool", "name": "get_weather"},
                                    messages=asked)
     assert first.stop_reason == "tool_use"
@@ -68,7 +70,7 @@ def test_tool_use_then_tool_result_round_trip(claude, client):
     assert use.name == "get_weather" and use.id.startswith("toolu_")
     jsonschema.validate(use.input, WEATHER)
     second = claude.messages.create(
-        model=MODEL, max_tokens=8, temperature=0, tools=[TOOL], messages=asked + [
+        model=MODEL, max_tokens=8, **GREEDY, tools=[TOOL], messages=asked + [
             {"role": "assistant", "content": first.content},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                           "content": "sunny, 21 degrees"}]}])
@@ -80,8 +82,8 @@ def test_tool_use_then_tool_result_round_trip(claude, client):
         tools=[CHAT_TOOL])
     assert second.content[0].text == expected.message.content
     # `any`: some declared tool is called, whatever the model writes.
-    any_tool = claude.messages.create(model=MODEL, max_tokens=80, temperature=1.0,
-                                      tools=[TOOL], messages=asked,
+    any_tool = claude.messages.create(model=MODEL, max_tokens=80, tools=[TOOL],
+                                      extra_body={"temperature": 1.0}, messages=asked,
                                       tool_choice={"type": "any",
                                                    "disable_parallel_tool_use": True})
     assert any_tool.stop_reason == "tool_use"
@@ -91,9 +93,9 @@ def test_tool_use_then_tool_result_round_trip(claude, client):
 
 def test_stream_events_text_and_tool_use(claude):
     asked = [{"role": "user", "content": "Stream this"}]
-    expected = claude.messages.create(model=MODEL, max_tokens=8, temperature=0, system=SYSTEM,
+    expected = claude.messages.create(model=MODEL, max_tokens=8, **GREEDY, system=SYSTEM,
                                       messages=asked)
-    with claude.messages.stream(model=MODEL, max_tokens=8, temperature=0, system=SYSTEM,
+    with claude.messages.stream(model=MODEL, max_tokens=8, **GREEDY, system=SYSTEM,
                                 messages=asked) as stream:
         events = list(stream)
         final = stream.get_final_message()
@@ -105,7 +107,7 @@ def test_stream_events_text_and_tool_use(claude):
     assert final.stop_reason == expected.stop_reason
     assert final.usage.input_tokens == expected.usage.input_tokens
     assert final.usage.output_tokens == expected.usage.output_tokens
-    with claude.messages.stream(model=MODEL, max_tokens=60, temperature=0, tools=[TOOL],
+    with claude.messages.stream(model=MODEL, max_tokens=60, **GREEDY, tools=[TOOL],
                                 tool_choice={"type": "tool", "name": "get_weather"},
                                 messages=[{"role": "user", "content": "Weather?"}]) as stream:
         events = list(stream)
@@ -117,6 +119,14 @@ def test_stream_events_text_and_tool_use(claude):
     assert use.type == "tool_use" and final.stop_reason == "tool_use"
     assert json.loads(partial) == use.input
     jsonschema.validate(use.input, WEATHER)
+
+
+def test_json_schema_through_output_config(claude):
+    answer = claude.messages.create(
+        model=MODEL, max_tokens=80, extra_body={"temperature": 1.0, "seed": 5},
+        messages=[{"role": "user", "content": "The weather as JSON"}],
+        output_config={"format": {"type": "json_schema", "schema": WEATHER}})
+    jsonschema.validate(json.loads(answer.content[0].text), WEATHER)
 
 
 def test_count_tokens_is_what_the_prompt_costs(claude):

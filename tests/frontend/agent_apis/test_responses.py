@@ -75,7 +75,8 @@ def test_function_call_round_trip_through_previous_response_id(client):
     # `required`: a call of a declared tool, whatever the model writes.
     required = client.responses.create(model=MODEL, input="Weather?", tools=[TOOL],
                                        tool_choice="required", parallel_tool_calls=False,
-                                       max_output_tokens=80, temperature=1.0, seed=3)
+                                       max_output_tokens=80, temperature=1.0,
+                                       extra_body={"seed": 3})
     (call,) = [item for item in required.output if item.type == "function_call"]
     jsonschema.validate(json.loads(call.arguments), WEATHER)
 
@@ -83,7 +84,7 @@ def test_function_call_round_trip_through_previous_response_id(client):
 def test_json_schema_through_text_format(client):
     response = client.responses.create(
         model=MODEL, input="Describe the weather as JSON", max_output_tokens=80,
-        temperature=1.0, seed=7,
+        temperature=1.0, extra_body={"seed": 7},
         text={"format": {"type": "json_schema", "name": "weather", "schema": WEATHER,
                          "strict": True}})
     jsonschema.validate(json.loads(response.output_text), WEATHER)
