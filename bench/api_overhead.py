@@ -6,9 +6,9 @@ the same request through chat completions (issue 40's target: within 5%, one use
 
 Starts one `folio serve` (prefix caching off, so the same prompt costs the same through
 each route), then, per concurrency, runs the same fixed-seed prompts through each route
-in turn (chat, responses, messages; the order rotated every round, so neither warm-up nor
-a neighbour's burst favours one), streamed, greedy, exactly `--output-len` tokens each
-(`ignore_eos`). Reports per route and concurrency the median over rounds of output tok/s,
+in turn (chat, responses, messages; one unrecorded warm-up run each first, then the order
+rotated every round, so no route is always first after another's burst), streamed,
+greedy, exactly `--output-len` tokens each (`ignore_eos`). Reports per route and concurrency the median over rounds of output tok/s,
 mean end-to-end latency, TTFT p50 and the frontend's CPU seconds per request (where a
 translation's cost lands), and each against chat. Every run's output tokens are checked to
 be prompts x output-len: the routes did the same work. Loopback only.
@@ -131,6 +131,9 @@ def race(args) -> dict:
     try:
         model = _model(server.base_url)
         texts = prompts(args.num_prompts, args.input_words, args.seed)
+        for route in ROUTES:   # warm-up, not recorded: first-request costs (compiles, caches)
+            asyncio.run(run_route(server.base_url, model, route, texts, args.output_len,
+                                  max(args.concurrency), args.request_timeout))
         runs = []
         for concurrency in args.concurrency:
             for round_ in range(args.rounds):
