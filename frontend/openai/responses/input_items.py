@@ -51,7 +51,7 @@ def _string(item: dict[str, Any], key: str) -> str:
 
 def _message(item: dict[str, Any]) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise invalid(f"input: message role {role!r} is not one of "
                       f"{', '.join(_ROLES)}", "input")
     content = item.get("content")

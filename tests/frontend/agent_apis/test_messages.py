@@ -175,3 +175,38 @@ def test_the_key_is_checked_in_anthropic_shape(server):
                          headers={"Authorization": f"Bearer {KEY}"},
                          json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+
+
+WRONG = (None, True, -1, 1.5, "x", [{"type": 1}], {"type": 1})
+
+
+def test_wrong_types_in_every_field_of_both_routes(server):
+    """Every field of each route given each wrong-typed value: a 2xx or a 4xx in that API's
+    own shape, never a 500."""
+    routes = (
+        ("/v1/messages", {"model": MODEL, "max_tokens": 1, "system": "s", "stop_sequences": ["x"],
+                          "messages": [{"role": "user", "content": "hi"}], "tools": [TOOL],
+                          "tool_choice": {"type": "auto"}, "metadata": {"user_id": "u"}},
+         lambda body: body["type"] == "error" and body["error"]["message"]),
+        ("/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 1,
+                           "instructions": "s", "tools": [{"type": "function", "name": "f",
+                                                           "parameters": WEATHER}],
+                           "tool_choice": "auto", "text": {"format": {"type": "text"}},
+                           "include": [], "metadata": {}, "previous_response_id": None},
+         lambda body: body["error"]["message"]))
+    with httpx.Client(base_url=server.base, timeout=30,
+                      headers={"Authorization": f"Bearer {KEY}"}) as http:
+        for path, base, shaped in routes:
+            for field in base:
+                for value in WRONG:
+                    answer = http.post(path, json={**base, field: value})
+                    assert answer.status_code < 500, (path, field, value, answer.text)
+                    if answer.status_code >= 400:
+                        assert shaped(answer.json()), (path, field, value, answer.text)
+            for value in WRONG:   # inside the first message / input item too
+                item = {"role": "user", "content": value}
+                answer = http.post(path, json={**base, "messages" if "messages" in base
+                                               else "input": [item]})
+                assert answer.status_code < 500, (path, value, answer.text)
+    stats = idle_stats(server)
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]

@@ -48,6 +48,17 @@ def test_text_equals_chat_completions(client):
         {"type": "message", "role": "user",
          "content": [{"type": "input_text", "text": "The weather in Paris"}]}])
     assert items.output_text == response.output_text
+    # Log-probs, asked the Responses way, are the chat route's.
+    scored = client.responses.create(model=MODEL, input="The weather in Paris", **GREEDY,
+                                     include=["message.output_text.logprobs"], top_logprobs=2)
+    chat_scored = client.chat.completions.create(
+        model=MODEL, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2,
+        messages=[{"role": "user", "content": "The weather in Paris"}])
+    got = scored.output[0].content[0].logprobs
+    want = chat_scored.choices[0].logprobs.content
+    assert [(e.token, e.logprob, len(e.top_logprobs)) for e in got] == [
+        (e.token, e.logprob, len(e.top_logprobs)) for e in want]
+    assert len(got) == scored.usage.output_tokens
 
 
 def test_function_call_round_trip_through_previous_response_id(client):
