@@ -105,3 +105,84 @@ def test_the_store_evicts_the_least_recently_used():
     none = ResponseStore(0)
     none.put(Stored({"id": "x"}, []))
     assert len(none) == 0
+
+
+def _events(stream) -> list[tuple[str, dict]]:
+    import asyncio
+    import json
+
+    async def read():
+        return [line async for line in stream]
+
+    out = []
+    for line in asyncio.run(read()):
+        kind, data = line.split("\n")[:2]
+        out.append((kind.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return out
+
+
+async def _chunks(*chunks):
+    for chunk in chunks:
+        yield chunk
+
+
+def _delta(**delta):
+    return {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+
+
+TEXT_THEN_CALL = (
+    _delta(role="assistant", content=""), _delta(content="Hi"), _delta(content=" there"),
+    _delta(tool_calls=[{"index": 0, "id": "call_1", "type": "function",
+                        "function": {"name": "f", "arguments": "{\"a\""}}]),
+    _delta(tool_calls=[{"index": 0, "function": {"arguments": ": 1}"}}]),
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls", "stop_reason": None}]},
+    {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}})
+
+
+def test_the_responses_stream_closes_text_before_a_call_and_counts_every_event():
+    from folio.frontend.openai.responses.answer import ResponseHead
+    from folio.frontend.openai.responses.stream import response_events
+
+    kept = []
+    events = _events(response_events(ResponseHead("m", {}), _chunks(*TEXT_THEN_CALL),
+                                      kept.append))
+    assert [kind for kind, _ in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    (final,) = kept
+    assert final == events[-1][1]["response"] and final["usage"]["output_tokens"] == 7
+    assert [item["type"] for item in final["output"]] == ["message", "function_call"]
+    assert final["output"][1]["arguments"] == "{\"a\": 1}"
+    failed = _events(response_events(ResponseHead("m", {}), _chunks(
+        _delta(content="x"), {"error": {"message": "gone", "code": "engine_unavailable"}}),
+        kept.append))
+    assert failed[-1][0] == "error" and failed[-1][1]["message"] == "gone" and len(kept) == 1
+
+
+def test_the_messages_stream_names_blocks_and_the_stop_reason():
+    from folio.frontend.anthropic.stream import message_events
+
+    events = _events(message_events("m", 5, _chunks(*TEXT_THEN_CALL), ()))
+    assert [kind for kind, _ in events] == [
+        "message_start", "ping", "content_block_start", "content_block_delta",
+        "content_block_delta", "content_block_stop", "content_block_start",
+        "content_block_delta", "content_block_delta", "content_block_stop",
+        "message_delta", "message_stop"]
+    assert events[0][1]["message"]["usage"]["input_tokens"] == 5
+    assert events[6][1]["content_block"] == {"type": "tool_use", "id": "toolu_1", "name": "f",
+                                             "input": {}}
+    assert events[-2][1]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert events[-2][1]["usage"] == {"output_tokens": 7}
+    stopped = _events(message_events("m", 5, _chunks(_delta(content="ab"), {"choices": [{
+        "index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "END"}]}), ("END",)))
+    assert stopped[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    failed = _events(message_events("m", 5, _chunks(
+        {"error": {"message": "full", "code": "queue_full"}}), ()))
+    assert failed[-1] == ("error", {"type": "error", "error": {
+        "type": "overloaded_error", "message": "full"}})
