@@ -8,10 +8,11 @@ Starts one `folio serve` (prefix caching off, so the same prompt costs the same 
 each route), then, per concurrency, runs the same fixed-seed prompts through each route
 in turn (chat, responses, messages; one unrecorded warm-up run each first, then the order
 rotated every round, so no route is always first after another's burst), streamed,
-greedy, exactly `--output-len` tokens each (`ignore_eos`). Reports per route and concurrency the median over rounds of output tok/s,
-mean end-to-end latency, TTFT p50 and the frontend's CPU seconds per request (where a
-translation's cost lands), and each against chat. Every run's output tokens are checked to
-be prompts x output-len: the routes did the same work. Loopback only.
+greedy, exactly `--output-len` tokens each (`ignore_eos`). Reports per route and
+concurrency the median over rounds of output tok/s, mean end-to-end latency, TTFT p50 and
+the frontend's CPU seconds per request (where a translation's cost lands), and each
+against chat. Every run's output tokens are checked to be prompts x output-len: the routes
+did the same work. Loopback only.
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--serve-flag", action="append", default=[],
-                        help="one more `folio serve` flag (repeatable), e.g. --serve-flag=--dtype=float32")
+                        help="one more `folio serve` flag (repeatable), e.g. "
+                        "--serve-flag=--dtype=float32")
     parser.add_argument("-o", "--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if any(c < 1 for c in args.concurrency) or args.rounds < 1 or args.num_prompts < 1:

@@ -16,7 +16,7 @@ from folio.shared.settings import (Checked, at_least, in_range, optional, positi
 from folio.shared.transport import INSECURE_HELP
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")   # frontend/openai/tool_parsers.py reads these formats
-RESPONSES_STORE_SIZE = 1024   # /v1/responses kept for previous_response_id (frontend/openai/responses)
+RESPONSES_STORE_SIZE = 1024   # responses kept for previous_response_id (frontend/openai/responses)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,10 +2,11 @@
 
 Routes (frontend/http/routes.py): GET /v1/models, GET /v1/models/{id}, POST /v1/completions,
 POST /v1/chat/completions, POST /v1/responses (GET, DELETE /v1/responses/{id}), POST
-/v1/messages and /v1/messages/count_tokens (Anthropic's), POST /tokenize, POST /detokenize, GET /health, GET /metrics,
-GET /v1/kv/map (the KV cache's page map), the chat page at /, the page map's live view at
-/kv and a saved capacity plan drawn at /plan (docs/planner.md). Errors use OpenAI's envelope
-{"error": {"message", "type", "param", "code"}}; the /v1/messages routes Anthropic's.
+/v1/messages and /v1/messages/count_tokens (Anthropic's), POST /tokenize, POST /detokenize,
+GET /health, GET /metrics, GET /v1/kv/map (the KV cache's page map), the chat page at /,
+the page map's live view at /kv and a saved capacity plan drawn at /plan (docs/planner.md).
+Errors use OpenAI's envelope {"error": {"message", "type", "param", "code"}}; the
+/v1/messages routes Anthropic's.
 """
 
 from __future__ import annotations

@@ -132,6 +132,6 @@ async def response_events(head: ResponseHead, chunks: AsyncIterator[dict[str, An
         for line in lines:
             yield line
     status = status_of(finish)
-    response = head.response(status, items, usage_of(usage))
+    response = head.response(status, items, usage_of(usage) if usage else None)
     finished(response)
     yield event(f"response.{status}", response=response)
