@@ -16,6 +16,7 @@ from folio.shared.settings import (Checked, at_least, in_range, optional, positi
 from folio.shared.transport import INSECURE_HELP
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")   # frontend/openai/tool_parsers.py reads these formats
+RESPONSES_STORE_SIZE = 1024   # responses kept for previous_response_id (frontend/openai/responses)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +63,10 @@ class HttpSettings(Checked):
     enable_lora_runtime_updates: bool = setting(
         False, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (behind the API "
         "key; the engine needs --enable-lora); off, they answer 404")
+    responses_store_size: int = setting(
+        RESPONSES_STORE_SIZE, "how many finished /v1/responses answers this server keeps in "
+        "memory for GET /v1/responses/{id} and previous_response_id, the least recently used "
+        "evicted first; 0 keeps none", metavar="N", check=at_least(0))
     allowed_hosts: str | None = setting(
         None, "Host header names HTTP answers, comma-separated, or '*' for any (default: on "
         "a loopback --host only localhost, 127.0.0.1 and ::1)", metavar="NAMES")

@@ -1,5 +1,6 @@
 """Who may reach the HTTP API's routes: the Host names it answers (403 otherwise) and the
-API key (401 without it), checked before any route runs."""
+API key (401 without it; as a bearer token or, Anthropic's way, `x-api-key`), checked
+before any route runs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import hmac
 
 from fastapi.responses import JSONResponse
 
+from folio.frontend.anthropic.errors import PATH_PREFIX as ANTHROPIC_PATHS
+from folio.frontend.anthropic.errors import error_response
 from folio.frontend.openai.errors import ApiError
 from folio.frontend.http.limits import host_name
 
@@ -28,6 +31,8 @@ class AccessGate:
                  metrics_public: bool) -> None:
         self.app, self.hosts, self.metrics_public = app, hosts, metrics_public
         self.expected = f"Bearer {api_key}".encode() if api_key else None
+        # Anthropic's clients send the key as `x-api-key` (frontend/anthropic).
+        self.expected_key = api_key.encode() if api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -52,8 +57,13 @@ class AccessGate:
             return JSONResponse(error.body(), status_code=403)
         if self.expected is not None and needs_key(scope["path"], self.metrics_public):
             given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            other = headers.get(b"x-api-key")
+            if not hmac.compare_digest(given, self.expected) and not (
+                    other is not None and hmac.compare_digest(other, self.expected_key)):
                 error = ApiError(401, "missing or invalid API key; send "
-                                 "'Authorization: Bearer <key>'", code="invalid_api_key")
+                                 "'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                                 code="invalid_api_key")
+                if scope["path"].startswith(ANTHROPIC_PATHS):
+                    return error_response(error)
                 return JSONResponse(error.body(), status_code=401)
         return None

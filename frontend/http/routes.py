@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.requests import Request
 
 from folio.executor.lora.files import LoraError, check_adapter_files, lora_name_problem
+from folio.frontend.anthropic.routes import MESSAGES_ROUTES
 from folio.frontend.openai.errors import ApiError
 from folio.frontend.engine_api import Engine
 from folio.frontend.http.answers import respond
@@ -25,6 +26,7 @@ from folio.frontend.metrics import Metrics
 from folio.frontend.openai.completions import create_chat_completion, create_completion
 from folio.frontend.openai.requests import (ChatRequest, CompletionRequest, DetokenizeRequest,
                                             ServerTerms, TokenizeRequest)
+from folio.frontend.openai.responses.routes import RESPONSES_ROUTES
 from folio.frontend.openai.tokenize_routes import detokenize, tokenize
 from folio.shared.sampling_params import MAX_LORA_NAME_CHARS
 from folio.shared.protocol.frontend_scheduler import MAX_LORA_PATH_CHARS
@@ -263,7 +265,7 @@ ROUTES = (
     ("GET", "/kv", kv_page),
     ("GET", "/plan", plan_page),
     ("GET", "/", chat_page),
-)
+) + RESPONSES_ROUTES + MESSAGES_ROUTES   # OpenAI Responses, Anthropic Messages
 # Only with --enable-lora-runtime-updates (else 404, as vLLM without its variable).
 LORA_ROUTES = (
     ("POST", "/v1/load_lora_adapter", load_lora_adapter),

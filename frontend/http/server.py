@@ -1,10 +1,12 @@
 """The OpenAI-compatible HTTP API (FastAPI on uvicorn, in the frontend's own event loop).
 
 Routes (frontend/http/routes.py): GET /v1/models, GET /v1/models/{id}, POST /v1/completions,
-POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /health, GET /metrics,
-GET /v1/kv/map (the KV cache's page map), the chat page at /, the page map's live view at
-/kv and a saved capacity plan drawn at /plan (docs/planner.md). Errors use OpenAI's envelope
-{"error": {"message", "type", "param", "code"}}.
+POST /v1/chat/completions, POST /v1/responses (GET, DELETE /v1/responses/{id}), POST
+/v1/messages and /v1/messages/count_tokens (Anthropic's), POST /tokenize, POST /detokenize,
+GET /health, GET /metrics, GET /v1/kv/map (the KV cache's page map), the chat page at /,
+the page map's live view at /kv and a saved capacity plan drawn at /plan (docs/planner.md).
+Errors use OpenAI's envelope {"error": {"message", "type", "param", "code"}}; the
+/v1/messages routes Anthropic's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from folio.frontend.http.limits import (IDLE_TIMEOUT_S, MAX_HEAD_BYTES, REQUEST_
 from folio.frontend.http.routes import LORA_ROUTES, RETRY_AFTER_S, ROUTES, Served
 from folio.frontend.metrics import Metrics
 from folio.frontend.openai.field_parsers import served_names
+from folio.frontend.openai.responses.store import ResponseStore
+from folio.shared.service_settings import RESPONSES_STORE_SIZE
 
 log = logging.getLogger("folio.frontend")
 
@@ -38,7 +42,8 @@ log = logging.getLogger("folio.frontend")
 def create_app(engine: Engine, model_name: str | list[str], api_key: str | None = None,
                metrics_public: bool = False, hosts: frozenset[str] | None = None,
                tool_call_parser: str | None = None,
-               lora_runtime_updates: bool = False) -> FastAPI:
+               lora_runtime_updates: bool = False,
+               responses_store_size: int = RESPONSES_STORE_SIZE) -> FastAPI:
     """With api_key, /v1 routes need it, and so does /metrics unless metrics_public.
     Several model names: each is accepted, the first is the one answers report.
     hosts: the Host names answered (None: any); others get a 403."""
@@ -51,6 +56,7 @@ def create_app(engine: Engine, model_name: str | list[str], api_key: str | None 
     # The template is fixed for the server's life: read whether it renders tools once.
     app.state.served = Served(engine, names, metrics, int(time.time()), tool_call_parser,
                               renders_tools(engine.tokenizer))
+    app.state.responses = ResponseStore(responses_store_size)   # for /v1/responses
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(ApiError, _api_error)
@@ -105,7 +111,8 @@ async def serve_http(engine: Engine, config, stopped: asyncio.Event) -> None:
     app = create_app(engine, names, config.api_key, config.metrics_public,
                      allowed_hosts(config.host, config.allowed_hosts),
                      getattr(config, "tool_call_parser", None),
-                     getattr(config, "enable_lora_runtime_updates", False))
+                     getattr(config, "enable_lora_runtime_updates", False),
+                     getattr(config, "responses_store_size", RESPONSES_STORE_SIZE))
     gate = ConnectionGate(connection_cap())
     server = _Server(http_config(app, config.host, config.port, gate))
     task = asyncio.create_task(server.serve())
