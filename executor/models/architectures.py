@@ -21,7 +21,8 @@ class Architecture:
     qk_norm: bool = False
     gemma: bool = False
     windows: str = "all"                # "all", "none", "qwen" (use_sliding_window),
-                                        # "gemma2" or "gemma3"
+                                        # "gemma2", "gemma3" or "olmo3" (when the config
+                                        # has no layer_types)
     moe: str | None = None              # "mixtral" or "qwen3_moe"
     partial_rotary: bool = False
     head_dim: int | None = None         # transformers' default when the config has none
@@ -60,9 +61,10 @@ ARCHITECTURES = {
         defaults=(("tie_word_embeddings", True), ("rope_theta", 2000000.0))),
     "Olmo3ForCausalLM": Architecture(
         qk_norm=True, qk_norm_whole=True, norms="post", scaling_on_full_only=True,
+        windows="olmo3",
         defaults=(("rms_norm_eps", 1e-5), ("rope_theta", 500000.0), ("sliding_window", 4096))),
     "GptOssForCausalLM": Architecture(
-        sinks=True, moe="gpt_oss", mxfp4_experts=True, head_dim=64,
+        sinks=True, moe="gpt_oss", mxfp4_experts=True, head_dim=64, windows="gemma2",
         weights=WeightNames(renames=(("mlp.experts.gate_up_proj_bias", "mlp.w13_bias"),
                                      ("mlp.experts.down_proj_bias", "mlp.w2_bias"),
                                      ("mlp.experts.gate_up_proj", "mlp.w13"),

@@ -7,6 +7,7 @@ transformers dequantizes them and load into the same model."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -114,3 +115,32 @@ def test_mxfp4_checkpoint_loads_as_its_dequantized_weights(tmp_path_factory, tok
     for directory in (model_dir, packed_dir):
         llm = LLM(str(directory), dtype="float32", device=TEST_DEVICE, num_kv_blocks=64)
         assert [r.outputs[0].token_ids for r in llm.generate(prompts, params)] == expected
+
+
+_BASE = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=1024, max_position_embeddings=4096)
+
+
+def test_gemma4_is_refused_naming_what_is_missing():
+    from folio.executor.models.hf_config import parse_model_config
+
+    with pytest.raises(ValueError, match="Gemma4ForCausalLM is not supported yet.*per-layer "
+                                         "head sizes.*shared across layers"):
+        parse_model_config({**_BASE, "architectures": ["Gemma4ForCausalLM"]})
+
+
+def test_olmo3_flat_rope_scaling_scales_only_the_global_layers():
+    """An OLMo 3 config.json as released (rope_theta and a flat yarn rope_scaling): the
+    sliding layers keep the plain rope, the global ones get yarn, truncate on."""
+    from folio.executor.models.hf_config import parse_model_config
+
+    config = parse_model_config({**_BASE, "architectures": ["Olmo3ForCausalLM"],
+                                 "rope_theta": 5e5,
+                                 "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+                                                  "original_max_position_embeddings": 512,
+                                                  "truncate": False}})
+    assert config.layer_windows == (4096, 4096, 4096, None)
+    assert config.rope.rope_type == "yarn" and config.rope.truncate
+    assert config.local_rope.rope_type == "default" and config.local_rope.theta == 5e5
+    assert config.rope.attention_factor == pytest.approx(0.1 * math.log(8.0) + 1.0)
+    assert config.layer_rope(0) is config.local_rope and config.layer_rope(3) is config.rope
