@@ -48,18 +48,18 @@ ARCHS = {
                                             "rope_theta": 1e6},
                                     _SLIDING: {"rope_type": "default", "rope_theta": 1e4}}),
     # The second layer without rotary (no_rope_layers 0).
-    "smollm3": dict(arch="smollm3", no_rope_layers=[1, 0], tie_word_embeddings=True,
-                    initializer_range=0.05),
+    "smollm3": dict(arch="smollm3", no_rope_layers=[1, 0], tie_word_embeddings=False),
     # A sliding layer (window 48) then a global one with YaRN (original length 64, so most
     # prompts run past it); q/k norms over all heads, norms after each sublayer.
     "olmo3": dict(arch="olmo3", sliding_window=48, layer_types=[_SLIDING, _FULL],
                   rope_parameters={_FULL: dict(_YARN, rope_theta=1e4),
                                    _SLIDING: {"rope_type": "default", "rope_theta": 1e4}}),
     # Sliding (window 32) and full layers with sinks, YaRN without truncation, biased
-    # experts with the clamped SwiGLU (a small limit, so the clamp bites).
+    # experts with the clamped SwiGLU (a small limit, so the clamp bites). A wider init: the
+    # default's answers repeat a few tokens.
     "gpt_oss": dict(arch="gpt_oss", sliding_window=32, layer_types=[_SLIDING, _FULL],
                     num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
-                    swiglu_limit=1.0, rope_parameters=dict(_YARN, truncate=False,
+                    swiglu_limit=2.0, initializer_range=0.2, rope_parameters=dict(_YARN, truncate=False,
                                                            rope_theta=1e4)),
 }
 
