@@ -13,7 +13,7 @@ from folio.executor.quantization.prequantized_config import PrequantScheme
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    rope_type: str = "default"               # "default", "linear", "llama3" or "longrope"
+    rope_type: str = "default"   # "default", "linear", "llama3", "longrope", "yarn", "proportional"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -22,7 +22,15 @@ class RopeConfig:
     # factor transformers multiplies cos and sin by.
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
-    attention_factor: float = 1.0
+    attention_factor: float = 1.0            # longrope and yarn: cos and sin are scaled by it
+    # yarn (gpt-oss, OLMo 3): the band of frequencies between beta_fast and beta_slow
+    # rotations over the original length is blended from interpolated to kept.
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    # proportional (Gemma 4's global layers): only this fraction of the head's frequencies
+    # turn; the rest have frequency 0 (cos 1, sin 0), the table still spans the whole head.
+    proportion: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,9 @@ class MoeConfig:
     renormalize: bool                        # top-k weights divided by their sum
     sparse_layers: tuple[bool, ...]          # per layer: experts (True) or the dense MLP
     round_weights: bool = False              # top-k weights rounded to the model dtype first
+    # gpt-oss: (alpha, limit) of its clamped SwiGLU, experts with biases, the top-k logits
+    # softmaxed (executor/models/gpt_oss/moe.py); None: SparseMoe's experts.
+    swiglu: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,10 @@ class ModelConfig:
     rotary_dim: int | None = None            # partial rotary; None: the whole head
     moe: MoeConfig | None = None
     prequantized: PrequantScheme | None = None   # a pre-quantized checkpoint's scheme
+    rope_layers: tuple[bool, ...] = ()       # per layer, rotary on; () means on everywhere
+    norms: str = "pre"                       # "pre" (Llama) or "post" (OLMo: see decoder.py)
+    qk_norm_whole: bool = False              # q/k norms over all heads at once (OLMo)
+    attention_sinks: bool = False            # a learned logit per head (gpt-oss)
 
     @property
     def context_limit(self) -> int:
@@ -84,6 +99,9 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
+
+    def layer_rotary(self, layer: int) -> bool:
+        return self.rope_layers[layer] if self.rope_layers else True
 
     def layer_rope(self, layer: int) -> RopeConfig:
         if self.local_rope is not None and self.layer_window(layer) is not None:

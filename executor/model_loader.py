@@ -14,6 +14,7 @@ from folio.executor.model_config import ModelConfig
 from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.decoder import CausalLM
 from folio.executor.models.describe import describe
+from folio.executor.models.gpt_oss.mxfp4 import dequantize_stream
 from folio.executor.ops import KernelOps
 from folio.executor.quantization.prequantized import leave_unallocated, quantized_module, quantized_params
 from folio.executor.weights import iterate_weights
@@ -26,7 +27,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
     """`tp` (executor/parallel/sharding.py's TensorParallel): `config` is this rank's share, and
     each tensor is sliced to this rank's part as it streams in. With config.prequantized,
     the layers the file holds quantized get no float weight and their tensors are skipped."""
-    weight_names = ARCHITECTURES[config.architecture].weights
+    arch = ARCHITECTURES[config.architecture]
+    weight_names = arch.weights
     with torch.device("meta"):
         model = CausalLM(config, ops, max_positions)
         if tp is not None:
@@ -37,7 +39,10 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)   # elements written, to tell a complete checkpoint
     seen: set[tuple] = set()
-    for name, tensor in iterate_weights(model_dir):
+    weights = iterate_weights(model_dir)
+    if arch.mxfp4_experts:   # gpt-oss's released experts: 4-bit blocks, multiplied out here
+        weights = dequantize_stream(weights)
+    for name, tensor in weights:
         if config.prequantized is not None and quantized_module(name, tensor,
                                                                 config.prequantized):
             continue   # executor/quantization/prequantized.py reads it

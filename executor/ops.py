@@ -37,9 +37,10 @@ class KernelOps:
     rotary: Callable[..., Any]
     reshape_and_cache: Callable[..., Any]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
-    # attention(query, key_cache, value_cache, inputs, scale, window=None, softcap=None):
-    # window W (per layer): a query at position p sees keys p - W < j <= p; softcap c:
-    # scores = c * tanh(scores / c) before the softmax.
+    # attention(query, key_cache, value_cache, inputs, scale, window=None, softcap=None,
+    # sinks=None): window W (per layer): a query at position p sees keys p - W < j <= p;
+    # softcap c: scores = c * tanh(scores / c) before the softmax; sinks [H]: one more logit
+    # per head in each row's softmax denominator (gpt-oss).
     attention: Callable[..., torch.Tensor]
     prepare: Callable[[AttentionInputs, int], AttentionInputs] = _unplanned
     # MoE experts: (hidden [T,H], w13 [E,2I,H], w2 [E,H,I], topk_weights [T,k], topk_ids [T,k])
@@ -47,9 +48,9 @@ class KernelOps:
 
 
 def _torch_attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
-                     window: int | None = None, softcap: float | None = None):
+                     window: int | None = None, softcap: float | None = None, sinks=None):
     return reference.paged_attention_planned(query, key_cache, value_cache, inputs.plan, scale,
-                                             window=window, softcap=softcap)
+                                             window=window, softcap=softcap, sinks=sinks)
 
 
 def _torch_prepare(inputs: AttentionInputs, block_size: int) -> AttentionInputs:
@@ -75,10 +76,10 @@ def triton_ops() -> KernelOps:
     from folio import kernels  # the Triton kernels load lazily, only here
 
     def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
-                  window: int | None = None, softcap: float | None = None):
+                  window: int | None = None, softcap: float | None = None, sinks=None):
         return kernels.paged_attention(query, key_cache, value_cache, inputs.block_tables,
                                        inputs.seq_lens, inputs.query_start_loc, scale,
-                                       window=window, softcap=softcap)
+                                       window=window, softcap=softcap, sinks=sinks)
 
     def rms_norm(x, weight, eps, residual=None):
         if residual is None:
@@ -97,11 +98,11 @@ def cpu_ops() -> KernelOps:
     with prepacked weights (kernels.moe_cpu)."""
 
     def attention(query, key_cache, value_cache, inputs: AttentionInputs, scale,
-                  window: int | None = None, softcap: float | None = None):
+                  window: int | None = None, softcap: float | None = None, sinks=None):
         return cpu_attention.paged_attention_cpu(query, key_cache, value_cache,
                                                  inputs.block_tables, inputs.seq_lens,
                                                  inputs.query_start_loc, scale,
-                                                 window=window, softcap=softcap)
+                                                 window=window, softcap=softcap, sinks=sinks)
 
     return KernelOps(name="cpu", rms_norm=cpu_fused.rms_norm_cpu, rotary=cpu_fused.rotary_cpu,
                      reshape_and_cache=cpu_fused.reshape_and_cache_cpu,

@@ -54,13 +54,15 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
 # tests/executor/test_models_units.py checks these cover executor/models/architectures.py.
 CLASS_PREFIXES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
                   "qwen3_moe": "Qwen3Moe", "mixtral": "Mixtral", "phi3": "Phi3",
-                  "gemma2": "Gemma2", "gemma3": "Gemma3"}
+                  "gemma2": "Gemma2", "gemma3": "Gemma3", "smollm3": "SmolLM3",
+                  "olmo3": "Olmo3", "gpt_oss": "GptOss"}
 ARCHITECTURES = tuple(CLASS_PREFIXES)
 # Architectures newer than the first three: their norm weights are perturbed after init
 # (transformers initialises them to a constant), so a norm loaded into the wrong place shows.
-_PERTURBED = ("qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "gemma3")
+_PERTURBED = ("qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "gemma3", "smollm3", "olmo3",
+              "gpt_oss")
 # Their configs default head_dim to a large constant (128, 256): derive it instead.
-_OWN_HEAD_DIM = ("qwen3", "qwen3_moe", "gemma2", "gemma3")
+_OWN_HEAD_DIM = ("qwen3", "qwen3_moe", "gemma2", "gemma3", "gpt_oss")
 
 
 def _classes(arch: str):
@@ -101,6 +103,8 @@ def make_random_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size:
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
                     param.add_(torch.randn_like(param) * 0.2)
+                elif name.endswith(("sinks", "bias")):   # gpt-oss: zeros after init
+                    param.add_(torch.randn_like(param) * 0.5)
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(out_dir), safe_serialization=True)
 

@@ -137,20 +137,27 @@ def paged_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                         out: torch.Tensor | None = None, *, window: int | None = None,
-                        softcap: float | None = None) -> torch.Tensor:
-    """Same meaning as reference.paged_attention_ref (window and softcap included; blocks
+                        softcap: float | None = None,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Same meaning as reference.paged_attention_ref (window, softcap and sinks included; blocks
     wholly before a query's window are skipped, not read); float32 or bfloat16 CPU queries;
     the caches in the query's dtype, bfloat16, int8 or float8 (kernels/kv_quant.py)."""
-    if window is not None or softcap is not None:   # the import alone costs ~0.7 us a call
-        from folio.kernels.reference import check_attention_options
+    if window is not None or softcap is not None or sinks is not None:
+        from folio.kernels.reference import check_attention_options   # ~0.7 us a call
 
-        check_attention_options(window, softcap)
+        check_attention_options(window, softcap, sinks, query.shape[1])
     status = load()
     if not status.ok:
         raise RuntimeError(f"the CPU attention operator is unavailable: {status.detail}")
     if out is None:
         out = torch.empty_like(query)
     # The operator's 0 means "none" for both.
+    if sinks is not None:
+        torch.ops.folio.paged_attention_sinks(out, query, key_cache, value_cache, block_tables,
+                                              seq_lens, query_start_loc, float(scale),
+                                              int(window or 0), float(softcap or 0.0),
+                                              sinks.float().contiguous())
+        return out
     torch.ops.folio.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
                                     query_start_loc, float(scale), int(window or 0),
                                     float(softcap or 0.0))

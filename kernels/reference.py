@@ -126,22 +126,28 @@ def paged_attention_ref(query: torch.Tensor, key_cache: torch.Tensor, value_cach
                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
                         query_start_loc: torch.Tensor, scale: float,
                         out: torch.Tensor | None = None, *, window: int | None = None,
-                        softcap: float | None = None) -> torch.Tensor:
+                        softcap: float | None = None,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its paged context.
 
     query [T, H, D]; caches [N, B, Hkv, D]; block_tables [S, M]; seq_lens [S] (context
     including the new tokens); query_start_loc [S + 1]. Returns [T, H, D] in query's dtype.
     window W: a query at position p sees only keys j with p - W < j <= p, and cache blocks
     wholly before its window are never read (they may have been freed). softcap c: scores
-    become c * tanh(scores / c) before the softmax (Gemma 2).
+    become c * tanh(scores / c) before the softmax (Gemma 2). sinks [H] (gpt-oss): one more
+    logit per head in each row's softmax denominator, with no value (attends to nothing).
     """
     plan = plan_attention(block_tables, seq_lens, query_start_loc, key_cache.shape[1])
     return paged_attention_planned(query, key_cache, value_cache, plan, scale, out,
-                                   window=window, softcap=softcap)
+                                   window=window, softcap=softcap, sinks=sinks)
 
 
-def check_attention_options(window: int | None, softcap: float | None) -> None:
+def check_attention_options(window: int | None, softcap: float | None,
+                            sinks: torch.Tensor | None = None, num_heads: int = 0) -> None:
     """A bad per-layer option is the caller's bug: say which one."""
+    if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != num_heads):
+        raise ValueError(f"attention sinks must be [num_heads={num_heads}], got "
+                         f"{tuple(sinks.shape)}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int)
                                or window < 1):
         raise ValueError(f"attention window must be a positive int or None, got {window!r}")
@@ -152,14 +158,15 @@ def check_attention_options(window: int | None, softcap: float | None) -> None:
 def paged_attention_planned(query: torch.Tensor, key_cache: torch.Tensor,
                             value_cache: torch.Tensor, plan: AttentionPlan, scale: float,
                             out: torch.Tensor | None = None, *, window: int | None = None,
-                            softcap: float | None = None) -> torch.Tensor:
-    check_attention_options(window, softcap)
+                            softcap: float | None = None,
+                            sinks: torch.Tensor | None = None) -> torch.Tensor:
+    check_attention_options(window, softcap, sinks, query.shape[1])
     if out is None:
         out = torch.empty_like(query)
     for group in plan.decode_groups:
         if window is not None and group.slots.shape[1] > window:
             group = _windowed_group(group, window)
-        _decode_attention(query, key_cache, value_cache, group, scale, softcap, out)
+        _decode_attention(query, key_cache, value_cache, group, scale, softcap, out, sinks)
     for (seq, start, q_len, seq_len), mask in zip(plan.chunks, plan.chunk_masks):
         first_key = 0
         if window is not None and seq_len - q_len + 1 > window:
@@ -168,7 +175,7 @@ def paged_attention_planned(query: torch.Tensor, key_cache: torch.Tensor,
         if window is not None and window < seq_len:
             mask = _chunk_mask(q_len, seq_len, key_cache.device, window, first_key)
         _chunk_attention(query, key_cache, value_cache, plan.block_tables[seq], start, q_len,
-                         seq_len, first_key, mask, scale, softcap, out)
+                         seq_len, first_key, mask, scale, softcap, out, sinks)
     return out
 
 
@@ -198,24 +205,30 @@ def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int,
     return blocks.reshape(shape)[..., skip:length - first_block * block_size, :, :]
 
 
-def _attend(q, k, v, mask, scale, softcap, is_causal=False) -> torch.Tensor:
-    """softmax(q k^T * scale [soft-capped], masked) v in float32; SDPA when not capped."""
+def _attend(q, k, v, mask, scale, softcap, is_causal=False, sinks=None) -> torch.Tensor:
+    """softmax(q k^T * scale [soft-capped], masked) v in float32; SDPA when not capped.
+    sinks: broadcastable to the scores without their key axis: one more logit per row."""
     q, k, v = q.float(), k.float(), v.float()
-    if softcap is None:
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                               scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if is_causal:
         q_len, k_len = scores.shape[-2], scores.shape[-1]
         mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(-1), v)
+    if sinks is None:
+        return torch.matmul(scores.softmax(-1), v)
+    sink = sinks.float().expand(*scores.shape[:-1], 1)
+    probs = torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
+    return torch.matmul(probs, v)
 
 
 def _decode_attention(query, key_cache, value_cache, group: DecodeGroup, scale, softcap,
-                      out) -> None:
+                      out, sinks=None) -> None:
     _, _, num_kv_heads, width = key_cache.shape
     head_dim = query.shape[-1]
     shape = (*group.slots.shape, num_kv_heads, head_dim)
@@ -232,12 +245,14 @@ def _decode_attention(query, key_cache, value_cache, group: DecodeGroup, scale, 
     # Fold the query heads of one KV head into the "query length" axis: GQA without
     # copying K/V, and every row stays an independent softmax.
     q = q.view(rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    result = _attend(q, k, v, group.mask, scale, softcap)
+    if sinks is not None:   # [Hkv, heads per KV head, 1]: the folded rows' heads
+        sinks = sinks.view(num_kv_heads, num_heads // num_kv_heads, 1)
+    result = _attend(q, k, v, group.mask, scale, softcap, sinks=sinks)
     out.index_copy_(0, group.tokens, result.reshape(rows, num_heads, head_dim).to(out.dtype))
 
 
 def _chunk_attention(query, key_cache, value_cache, block_table, start, q_len, seq_len,
-                     first_key, mask, scale, softcap, out) -> None:
+                     first_key, mask, scale, softcap, out, sinks=None) -> None:
     head_dim = query.shape[-1]
     k = dequantize_rows(_gather_context(key_cache, block_table, seq_len, first_key), head_dim)
     v = dequantize_rows(_gather_context(value_cache, block_table, seq_len, first_key), head_dim)
@@ -247,7 +262,9 @@ def _chunk_attention(query, key_cache, value_cache, block_table, start, q_len, s
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-    result = _attend(q, k, v, mask, scale, softcap, is_causal=mask is None)
+    if sinks is not None:
+        sinks = sinks.view(1, -1, 1, 1)
+    result = _attend(q, k, v, mask, scale, softcap, is_causal=mask is None, sinks=sinks)
     out[start:start + q_len] = result[0].transpose(0, 1).to(out.dtype)
 
 

@@ -24,6 +24,9 @@ walks only the tiles from its first token's window start on, and splits share on
 blocks wholly before the window are never read (the scheduler may have freed them); in the
 first tile, positions before the window are masked out of the loads, not just the scores.
 Soft-capping (SOFTCAP): scores = c * tanh(scores / c) before the softmax (Gemma 2).
+Sinks (SINKS, gpt-oss): one learned logit per query head in every row's denominator, with no
+value: the online softmax of the first split starts from it (max = sink, sum = 1), so the
+merge of splits counts it once.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def _find_sequence(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr
 def _paged_attention_kernel(
     out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, key_scale_ptr, value_scale_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    part_acc_ptr, part_max_ptr, part_sum_ptr,
+    part_acc_ptr, part_max_ptr, part_sum_ptr, sinks_ptr,
     scale_log2, softcap_log2, window, num_seqs, num_heads, num_splits,
     stride_q_token, stride_q_head, stride_o_token, stride_o_head,
     stride_k_block, stride_k_slot, stride_k_head,
@@ -97,6 +100,7 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, KV_INT8: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -138,6 +142,12 @@ def _paged_attention_kernel(
 
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
+    if SINKS:   # scores here are in log2 units: the sink's logit too
+        sink = tl.load(sinks_ptr + row_head, mask=row_valid, other=0.0).to(tl.float32)
+        sink = sink * 1.4426950408889634
+        first = row_valid & (split == 0)
+        row_max = tl.where(first, sink, row_max)
+        row_sum = tl.where(first, 1.0, row_sum)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_table
     for tile in range(tile_begin, tile_end):
@@ -285,7 +295,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     query_start_loc: torch.Tensor, scale: float,
                     out: torch.Tensor | None = None, *, max_seq_len: int | None = None,
                     config: AttentionConfig | None = None, window: int | None = None,
-                    softcap: float | None = None) -> torch.Tensor:
+                    softcap: float | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
     query [T, H, D]; key_cache/value_cache [N, B, Hkv, D] with H % Hkv == 0, in query's dtype
@@ -297,7 +308,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
     max_seq_len: optional bound on seq_lens, only to size split-K (default: M * B).
     window W: a query at position p sees keys p - W < j <= p; blocks wholly before that are
-    not read. softcap c: scores = c * tanh(scores / c) before the softmax.
+    not read. softcap c: scores = c * tanh(scores / c) before the softmax. sinks [H]: one more
+    logit per query head in each row's softmax denominator (gpt-oss).
     Block ids, seq_lens and query_start_loc values are not checked (that needs a device sync).
     """
     check_tensor("query", query, ndim=3, dtypes=FLOAT_DTYPES)
@@ -308,8 +320,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise TypeError(f"scale must be a finite float, got {scale!r}")
-    check_attention_options(window, softcap)
     num_tokens, num_heads, head_dim = query.shape
+    check_attention_options(window, softcap, sinks, num_heads)
+    if sinks is not None:
+        sinks = sinks.to(device=query.device, dtype=torch.float32).contiguous()
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     num_seqs = seq_lens.shape[0]
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
@@ -377,7 +391,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                   else (key_cache, value_cache))
         _paged_attention_kernel[grid](
             out, query, key_cache, value_cache, *scales, block_tables, seq_lens, query_start_loc,
-            part_acc, part_max, part_sum,
+            part_acc, part_max, part_sum, sinks if sinks is not None else out,
             float(scale) * _LOG2_E, float(softcap or 1.0) * _LOG2_E, int(window or 0),
             num_seqs, num_heads, launch.num_splits,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
@@ -391,7 +405,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             SPLIT=split, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
             DOT_UPCAST=query.dtype == torch.bfloat16 and is_interpreted(_paged_attention_kernel),
             WINDOWED=window is not None, SOFTCAP=softcap is not None, KV_INT8=kv_int8,
-            num_warps=launch.num_warps, num_stages=launch.num_stages,
+            SINKS=sinks is not None, num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
         if split:
             _merge_splits_kernel[(num_tokens, num_heads)](

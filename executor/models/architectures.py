@@ -21,13 +21,24 @@ class Architecture:
     qk_norm: bool = False
     gemma: bool = False
     windows: str = "all"                # "all", "none", "qwen" (use_sliding_window),
-                                        # "gemma2" or "gemma3"
+                                        # "gemma2", "gemma3" or "olmo3" (when the config
+                                        # has no layer_types)
     moe: str | None = None              # "mixtral" or "qwen3_moe"
     partial_rotary: bool = False
     head_dim: int | None = None         # transformers' default when the config has none
     softcaps: tuple[float | None, float | None] = (None, None)   # defaults: attention, final
     window: int | None = None           # sliding_window when the config has none
     weights: WeightNames = field(default_factory=WeightNames)
+    # The attention-only families of issue 39 (SmolLM3, OLMo 3, gpt-oss):
+    no_rope_layers: bool = False        # SmolLM3: no_rope_layers[i] == 0 turns rotary off
+    norms: str = "pre"                  # "pre" (Llama) or "post" (OLMo 2/3: norm each
+                                        # sublayer's output before the residual add)
+    qk_norm_whole: bool = False         # OLMo: q/k norms over all heads at once
+    sinks: bool = False                 # gpt-oss: a learned logit per head in the softmax
+    scaling_on_full_only: bool = False  # OLMo 3: a flat rope_scaling is the global layers'
+    mxfp4_experts: bool = False         # gpt-oss: *_blocks/*_scales experts, dequantized
+    # transformers' class defaults that config.json leaves out when they hold.
+    defaults: tuple[tuple[str, object], ...] = ()
 
 
 ARCHITECTURES = {
@@ -44,6 +55,22 @@ ARCHITECTURES = {
                                       softcaps=(50.0, 30.0), window=4096),
     "Gemma3ForCausalLM": Architecture(gemma=True, qk_norm=True, windows="gemma3",
                                       head_dim=256, window=4096),
+    # Issue 39, the attention-only families (every layer keeps a KV cache).
+    "SmolLM3ForCausalLM": Architecture(
+        windows="qwen", no_rope_layers=True,
+        defaults=(("tie_word_embeddings", True), ("rope_theta", 2000000.0))),
+    "Olmo3ForCausalLM": Architecture(
+        qk_norm=True, qk_norm_whole=True, norms="post", scaling_on_full_only=True,
+        windows="olmo3",
+        defaults=(("rms_norm_eps", 1e-5), ("rope_theta", 500000.0), ("sliding_window", 4096))),
+    "GptOssForCausalLM": Architecture(
+        sinks=True, moe="gpt_oss", mxfp4_experts=True, head_dim=64, windows="gemma2",
+        weights=WeightNames(renames=(("mlp.experts.gate_up_proj_bias", "mlp.w13_bias"),
+                                     ("mlp.experts.down_proj_bias", "mlp.w2_bias"),
+                                     ("mlp.experts.gate_up_proj", "mlp.w13"),
+                                     ("mlp.experts.down_proj", "mlp.w2"))),
+        defaults=(("rms_norm_eps", 1e-5), ("rope_theta", 150000.0), ("sliding_window", 128),
+                  ("attention_bias", True))),
 }
 
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)

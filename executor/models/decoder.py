@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from folio.executor.model_config import ModelConfig
+from folio.executor.models.gpt_oss.moe import GptOssMoe
 from folio.executor.models.layers import Attention, GatedMLP, make_norm
 from folio.executor.models.moe import SparseMoe
 from folio.executor.ops import AttentionInputs, KernelOps
@@ -22,7 +23,11 @@ class DecoderLayer(nn.Module):
                  max_positions: int) -> None:
         super().__init__()
         size = config.hidden_size
-        self.input_layernorm = make_norm(config, size, ops)
+        # OLMo ("post"): no norm before the sublayers; each one's output is normed, then
+        # added to the residual stream.
+        self.post_norms = config.norms == "post"
+        if not self.post_norms:
+            self.input_layernorm = make_norm(config, size, ops)
         self.self_attn = Attention(config, layer, ops, max_positions)
         # Llama: post_attention_layernorm is the norm before the MLP. Gemma: it norms the
         # attention output, and pre/post_feedforward_layernorm wrap the MLP.
@@ -30,11 +35,18 @@ class DecoderLayer(nn.Module):
         self.sandwich = config.gemma
         if self.sandwich:
             self.pre_feedforward_layernorm = make_norm(config, size, ops)
+        if self.sandwich or self.post_norms:
             self.post_feedforward_layernorm = make_norm(config, size, ops)
         sparse = config.moe is not None and config.moe.sparse_layers[layer]
-        self.mlp = SparseMoe(config, ops) if sparse else GatedMLP(config, ops)
+        if sparse and config.moe.swiglu is not None:
+            self.mlp = GptOssMoe(config)
+        else:
+            self.mlp = SparseMoe(config, ops) if sparse else GatedMLP(config, ops)
 
     def forward(self, positions, hidden, residual, cos_sin, kv_cache, inputs):
+        if self.post_norms:
+            return self._forward_post_norms(positions, hidden, residual, cos_sin, kv_cache,
+                                            inputs)
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -47,6 +59,15 @@ class DecoderLayer(nn.Module):
         hidden = self.post_attention_layernorm(hidden)
         hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+
+    def _forward_post_norms(self, positions, hidden, residual, cos_sin, kv_cache, inputs):
+        # The stream is hidden + residual, as the next norm adds it (here: the next layer, or
+        # the final norm).
+        if residual is not None:
+            hidden = hidden + residual
+        attended = self.self_attn(positions, hidden, cos_sin, kv_cache, inputs)
+        residual = hidden + self.post_attention_layernorm(attended)
+        return self.post_feedforward_layernorm(self.mlp(residual)), residual
 
 
 class CausalLM(nn.Module):

@@ -23,11 +23,19 @@ def describe(config: ModelConfig) -> str:
     rope = f"rope {_num(config.rope.theta)}"
     if config.local_rope is not None and windowed:
         rope += f"/{_num(config.local_rope.theta)}"
-    if config.rope.rope_type != "default":
-        rope += f" {config.rope.rope_type}"
+    types = dict.fromkeys(r.rope_type for r in (config.rope, config.local_rope) if r is not None)
+    types.pop("default", None)
+    if types:
+        rope += " " + "/".join(types)
     if config.rotary_dim:
         rope += f" on {config.rotary_dim} of {config.head_dim} dims"
+    if config.rope_layers:
+        rope += f" on {sum(config.rope_layers)} of {config.num_layers} layers"
     parts.append(rope)
+    if config.norms == "post":
+        parts.append("norms after each sublayer")
+    if config.attention_sinks:
+        parts.append("attention sinks")
     if config.moe is not None:
         moe = config.moe
         sparse = sum(moe.sparse_layers)

@@ -22,6 +22,14 @@ from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHIT
                                                  Architecture)
 
 
+# Families people ask for whose needs Folio does not meet yet (docs/models.md): refused by
+# what is missing rather than as an unknown name.
+_NOT_YET = {
+    "Gemma4ForCausalLM": "per-layer head sizes and KV-head counts (its global layers), keys "
+                         "and values shared across layers (num_kv_shared_layers), per-layer "
+                         "input embeddings and its value norm",
+}
+
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
@@ -47,10 +55,13 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
     generation = generation or {}
     architectures = raw.get("architectures") or []
     name = architectures[0] if architectures else "<none>"
+    if name in _NOT_YET:
+        raise ValueError(f"{name} is not supported yet: Folio lacks {_NOT_YET[name]}")
     if name not in ARCHITECTURES:
         raise ValueError(f"unsupported architecture {name!r}; Folio supports "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     arch = ARCHITECTURES[name]
+    raw = {**dict(arch.defaults), **raw}
     act_key = "hidden_activation" if arch.gemma else "hidden_act"
     act = raw.get(act_key) or ("gelu_pytorch_tanh" if arch.gemma else "silu")
     if act not in _ACTIVATIONS:
@@ -99,8 +110,37 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
         local_rope=local_rope,
         rotary_dim=rotary_dim,
         moe=_moe(raw, arch, num_layers),
-        prequantized=read_quantization_config(raw),
+        prequantized=None if _mxfp4_experts(raw, arch) else read_quantization_config(raw),
+        rope_layers=_rope_layers(raw, arch, num_layers),
+        norms=arch.norms,
+        qk_norm_whole=arch.qk_norm_whole,
+        attention_sinks=arch.sinks,
     )
+
+
+def _mxfp4_experts(raw: dict[str, Any], arch: Architecture) -> bool:
+    """gpt-oss's MXFP4 experts: dequantized at load (executor/models/gpt_oss/mxfp4.py), so
+    no pre-quantized scheme applies to the rest of the model."""
+    quant = raw.get("quantization_config")
+    if not isinstance(quant, dict) or str(quant.get("quant_method", "")).lower() != "mxfp4":
+        return False
+    if not arch.mxfp4_experts:
+        raise ValueError("pre-quantized checkpoint: quant_method 'mxfp4' is supported for "
+                         "GptOssForCausalLM's experts only")
+    return True
+
+
+def _rope_layers(raw: dict[str, Any], arch: Architecture, num_layers: int) -> tuple[bool, ...]:
+    """Per layer, whether rotary turns its q and k; () when every layer's does."""
+    if not arch.no_rope_layers:
+        return ()
+    flags = raw.get("no_rope_layers")
+    if flags is None:   # transformers' default: every no_rope_layer_interval-th layer is off
+        interval = raw.get("no_rope_layer_interval", 4)
+        flags = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if len(flags) != num_layers:
+        raise ValueError(f"no_rope_layers has {len(flags)} entries for {num_layers} layers")
+    return () if all(flags) else tuple(bool(flag) for flag in flags)
 
 
 def _layer_windows(raw: dict[str, Any], arch: Architecture, num_layers: int
@@ -117,6 +157,8 @@ def _layer_windows(raw: dict[str, Any], arch: Architecture, num_layers: int
         return tuple(window if kind == "sliding_attention" else None for kind in types)
     if arch.windows == "gemma2":      # even layers local, odd layers global
         return tuple(window if i % 2 == 0 else None for i in range(num_layers))
+    if arch.windows == "olmo3":       # without layer_types: every 4th layer global
+        return tuple(window if (i + 1) % 4 else None for i in range(num_layers))
     if arch.windows == "gemma3":      # every pattern-th layer global
         pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
         return tuple(window if (i + 1) % pattern else None for i in range(num_layers))
@@ -132,34 +174,43 @@ def _ropes(raw: dict[str, Any], arch: Architecture, head_dim: int
     # type); older configs write "rope_theta" plus an optional "rope_scaling".
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     local = None
+    if arch.scaling_on_full_only and "full_attention" not in params and params:
+        # OLMo 3: a flat rope_scaling scales the global layers; the sliding ones keep the
+        # plain rope of the same theta (transformers' Olmo3Config).
+        params = {"full_attention": params,
+                  "sliding_attention": {"rope_type": "default",
+                                        "rope_theta": params.get("rope_theta",
+                                                                 raw.get("rope_theta"))}}
+    per_type = "full_attention" in params
     if "full_attention" in params:
         local_params = params.get("sliding_attention")
         params = dict(params["full_attention"])
         if local_params:
-            local = _rope(dict(local_params), raw, head_dim)
+            local = _rope(dict(local_params), raw, head_dim, per_type)
     elif raw.get("rope_local_base_freq"):
         local = RopeConfig(theta=float(raw["rope_local_base_freq"]))
     partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
     rotary_dim = None
-    if partial != 1.0:
+    if partial != 1.0 and params.get("rope_type") != "proportional":
         if not arch.partial_rotary:
             raise ValueError("partial_rotary_factor != 1 is supported for Phi3ForCausalLM only")
         rotary_dim = int(head_dim * partial)
         if rotary_dim < 2 or rotary_dim % 2:
             raise ValueError(f"partial_rotary_factor {partial} gives an odd or empty rotary "
                              f"dimension ({rotary_dim}) for head_dim {head_dim}")
-    rope = _rope(params, raw, rotary_dim or head_dim)
+    rope = _rope(params, raw, rotary_dim or head_dim, per_type)
     return rope, local, rotary_dim
 
 
-def _rope(params: dict[str, Any], raw: dict[str, Any], rotary_dim: int) -> RopeConfig:
+def _rope(params: dict[str, Any], raw: dict[str, Any], rotary_dim: int,
+          per_type: bool = False) -> RopeConfig:
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "su":               # the first Phi-3 configs' name for longrope
         rope_type = "longrope"
-    if rope_type not in ("default", "linear", "llama3", "longrope"):
+    if rope_type not in ("default", "linear", "llama3", "longrope", "yarn", "proportional"):
         raise ValueError(f"unsupported rope type {rope_type!r}; Folio supports default, "
-                         "linear, llama3 and longrope")
+                         "linear, llama3, longrope, yarn and proportional")
     original = int(params.get("original_max_position_embeddings")
                    or raw.get("original_max_position_embeddings")
                    or raw.get("max_position_embeddings", 8192))
@@ -171,7 +222,34 @@ def _rope(params: dict[str, Any], raw: dict[str, Any], rotary_dim: int) -> RopeC
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=original,
     )
+    if rope_type == "yarn":
+        return _yarn(rope, params, raw, per_type)
+    if rope_type == "proportional":
+        return replace(rope, proportion=float(params.get("partial_rotary_factor", 1.0)))
     return _longrope(rope, params, raw, rotary_dim) if rope_type == "longrope" else rope
+
+
+def _yarn(rope: RopeConfig, params: dict[str, Any], raw: dict[str, Any],
+          per_type: bool) -> RopeConfig:
+    # As transformers: without a factor, the ratio of the two lengths; the attention factor
+    # from mscale / mscale_all_dim when both are given, else 0.1 ln(factor) + 1.
+    original = rope.original_max_position_embeddings
+    factor = params.get("factor") or raw.get("max_position_embeddings", original) / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = params.get("attention_factor")
+    if attention is None and params.get("mscale") and params.get("mscale_all_dim"):
+        attention = mscale(factor, params["mscale"]) / mscale(factor, params["mscale_all_dim"])
+    elif attention is None:
+        attention = mscale(factor)
+    # transformers reads `truncate` from the top level of rope_parameters: with one dict per
+    # layer type (OLMo 3) it is never there, so it is always on.
+    truncate = True if per_type else bool(params.get("truncate", True))
+    return replace(rope, factor=float(factor), attention_factor=float(attention),
+                   beta_fast=float(params.get("beta_fast") or 32),
+                   beta_slow=float(params.get("beta_slow") or 1), truncate=truncate)
 
 
 def _longrope(rope: RopeConfig, params: dict[str, Any], raw: dict[str, Any],
@@ -199,6 +277,10 @@ def _moe(raw: dict[str, Any], arch: Architecture, num_layers: int) -> MoeConfig 
     if not experts or not top_k or not 1 <= top_k <= experts:
         raise ValueError(f"num_experts_per_tok ({top_k}) must be between 1 and the number "
                          f"of experts ({experts})")
+    if arch.moe == "gpt_oss":   # every layer; softmax over the top-k logits
+        return MoeConfig(experts, top_k, raw["intermediate_size"], True, (True,) * num_layers,
+                         swiglu=(float(raw.get("swiglu_alpha", 1.702)),
+                                 float(raw.get("swiglu_limit", 7.0))))
     if arch.moe == "mixtral":
         return MoeConfig(experts, top_k, raw["intermediate_size"], True, (True,) * num_layers)
     step = raw.get("decoder_sparse_step") or 1

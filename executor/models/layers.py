@@ -65,9 +65,17 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
-        self.q_norm = make_norm(config, config.head_dim, ops) if config.qk_norm else None
-        self.k_norm = make_norm(config, config.head_dim, ops) if config.qk_norm else None
+        # OLMo: one norm over all the heads of q (of k), before they are split.
+        self.qk_norm_whole = config.qk_norm_whole
+        q_width, k_width = ((self.q_size, self.kv_size) if config.qk_norm_whole
+                            else (config.head_dim, config.head_dim))
+        self.q_norm = make_norm(config, q_width, ops) if config.qk_norm else None
+        self.k_norm = make_norm(config, k_width, ops) if config.qk_norm else None
         self.rotary_dim = config.rotary_dim
+        self.rotary = config.layer_rotary(layer)   # SmolLM3: some layers have no rotary
+        # gpt-oss: a learned logit per head in every row's softmax denominator.
+        self.sinks = nn.Parameter(torch.empty(config.num_heads)) \
+            if config.attention_sinks else None
         window = config.layer_window(layer)
         # A window as long as the longest context served excludes nothing: full attention.
         self.window = window if window is not None and window < max_positions else None
@@ -79,17 +87,24 @@ class Attention(nn.Module):
                 ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None:   # per head, before rotary
+        if self.q_norm is not None and self.qk_norm_whole:
+            q, k = self.q_norm(q), self.k_norm(k)
+        elif self.q_norm is not None:   # per head, before rotary
             q = self.q_norm(q.reshape(-1, self.head_dim))
             k = self.k_norm(k.reshape(-1, self.head_dim))
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = self._rotary(positions, q, k, cos_sin)
+        if self.rotary:
+            q, k = self._rotary(positions, q, k, cos_sin)
         key_cache, value_cache = kv_cache
         self.ops.reshape_and_cache(k, v, key_cache, value_cache, inputs.slot_mapping)
-        out = self.ops.attention(q, key_cache, value_cache, inputs, self.scale,
-                                 window=self.window, softcap=self.softcap)
+        if self.sinks is None:
+            out = self.ops.attention(q, key_cache, value_cache, inputs, self.scale,
+                                     window=self.window, softcap=self.softcap)
+        else:
+            out = self.ops.attention(q, key_cache, value_cache, inputs, self.scale,
+                                     window=self.window, softcap=self.softcap, sinks=self.sinks)
         return self.o_proj(out.reshape(tokens, self.q_size))
 
     def _rotary(self, positions, q, k, cos_sin):

@@ -47,6 +47,17 @@ def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
         return f"a {config.hidden_act} MLP"
     if config.rope.rope_type == "longrope":
         return "longrope positions"
+    # Issue 39's attention-only families: options DecodeStep does not reproduce.
+    if config.rope_layers:
+        return "layers without rotary"
+    if config.norms != "pre":
+        return "post-sublayer norms"
+    if config.qk_norm_whole:
+        return "q/k norms over all heads"
+    if config.attention_sinks:
+        return "attention sinks"
+    if "yarn" in (config.rope.rope_type, getattr(config.local_rope, "rope_type", None)):
+        return "yarn rotary"
     return unsupported_module(model)
 
 

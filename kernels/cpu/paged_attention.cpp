@@ -60,6 +60,7 @@ struct Args {
   float scale;
   int64_t window;    // 0: full causal attention
   float softcap;     // 0: none
+  const float* sinks;   // nullptr: none; else [heads] logits in every row's denominator
 };
 
 template <typename T>
@@ -88,7 +89,9 @@ void run_item(const Item& item, const Args& a, const Rows<const T>& query, const
       const T* src = query.row(q_start + item.q_begin + t, h);
       float* dst = q + (t * H + h) * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = load(src[d]) * a.scale;
-      row_max[t * H + h] = kNoScore;
+      // A sink is a key of logit sinks[h] and no value: the softmax starts from it.
+      row_max[t * H + h] = a.sinks != nullptr ? a.sinks[h] : kNoScore;
+      row_sum[t * H + h] = a.sinks != nullptr ? 1.0f : 0.0f;
     }
   }
   const int32_t* table = a.tables + item.seq * a.table_stride;
@@ -266,10 +269,10 @@ void check_rows(const at::Tensor& t, const char* name, int64_t heads, int64_t he
   TORCH_CHECK(t.stride(2) == 1, name, " must have a packed last dimension");
 }
 
-void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
-                     const at::Tensor& value_cache, const at::Tensor& block_tables_in,
-                     const at::Tensor& seq_lens_in, const at::Tensor& query_start_loc_in,
-                     double scale, int64_t window, double softcap) {
+void attend(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+            const at::Tensor& value_cache, const at::Tensor& block_tables_in,
+            const at::Tensor& seq_lens_in, const at::Tensor& query_start_loc_in, double scale,
+            int64_t window, double softcap, const float* sinks) {
   TORCH_CHECK(window >= 0, "window must be >= 0 (0: none), got ", window);
   TORCH_CHECK(softcap >= 0.0, "softcap must be >= 0 (0: none), got ", softcap);
   for (const at::Tensor* t : {&out, &query, &key_cache, &value_cache})
@@ -312,7 +315,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   Args a{tables.data_ptr<int32_t>(), tables.size(1), seq_lens.data_ptr<int32_t>(),
          starts.data_ptr<int32_t>(), block_size, head_dim, heads, kv_heads,
          key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-         static_cast<float>(scale), window, static_cast<float>(softcap)};
+         static_cast<float>(scale), window, static_cast<float>(softcap), sinks};
   // Decodes: one item per sequence. Chunks: kChunkTokens tokens per item.
   std::vector<Item> items;
   int64_t total_cost = 0;
@@ -409,12 +412,41 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   else by_cache(c10::BFloat16{});
 }
 
+void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_tables_in,
+                     const at::Tensor& seq_lens_in, const at::Tensor& query_start_loc_in,
+                     double scale, int64_t window, double softcap) {
+  attend(out, query, key_cache, value_cache, block_tables_in, seq_lens_in, query_start_loc_in,
+         scale, window, softcap, nullptr);
+}
+
+// gpt-oss: sinks [heads] float32, one more logit per head in each row's softmax denominator.
+// Its own op, so paged_attention's schema (which decode_step.cpp calls) stays as it is.
+void paged_attention_sinks(const at::Tensor& out, const at::Tensor& query,
+                           const at::Tensor& key_cache, const at::Tensor& value_cache,
+                           const at::Tensor& block_tables_in, const at::Tensor& seq_lens_in,
+                           const at::Tensor& query_start_loc_in, double scale, int64_t window,
+                           double softcap, const at::Tensor& sinks) {
+  TORCH_CHECK(sinks.device().is_cpu() && sinks.scalar_type() == at::kFloat && sinks.dim() == 1 &&
+                  sinks.size(0) == query.size(1) && sinks.is_contiguous(),
+              "sinks must be a contiguous float32 CPU tensor of [heads=", query.size(1),
+              "], got ", sinks.sizes());
+  attend(out, query, key_cache, value_cache, block_tables_in, seq_lens_in, query_start_loc_in,
+         scale, window, softcap, sinks.data_ptr<float>());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(folio, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
         "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, "
         "int window=0, float softcap=0.0) -> ()");
+  m.def("paged_attention_sinks(Tensor(a!) out, Tensor query, Tensor key_cache, "
+        "Tensor value_cache, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, "
+        "float scale, int window, float softcap, Tensor sinks) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(folio, CPU, m) { m.impl("paged_attention", &paged_attention); }
+TORCH_LIBRARY_IMPL(folio, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+  m.impl("paged_attention_sinks", &paged_attention_sinks);
+}

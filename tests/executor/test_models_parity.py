@@ -1,4 +1,4 @@
-"""Qwen3, Qwen3-MoE, Mixtral, Phi-3, Gemma 2 and Gemma 3: greedy output token-identical to
+"""Qwen3, Qwen3-MoE, Mixtral, Phi-3, Gemma 2, Gemma 3, SmolLM3, OLMo 3 and gpt-oss: greedy output token-identical to
 transformers on tiny random checkpoints that transformers itself made, with a roomy pool and
 with one small enough to preempt."""
 
@@ -18,6 +18,9 @@ _SLIDING, _FULL = "sliding_attention", "full_attention"
 # Longrope factors for a rotary dimension of 8 (head_dim 16, partial_rotary_factor 0.5).
 _LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
              "short_factor": [1.0, 1.3, 2.0, 1.5], "long_factor": [1.0, 4.0, 8.0, 6.0]}
+
+_YARN = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64,
+         "beta_fast": 8.0, "beta_slow": 1.0}
 
 # Tiny shapes; each exercises what sets its architecture apart. The Gemma windows (64, 48)
 # are shorter than most prompts, so local layers attend only the window's keys.
@@ -44,6 +47,20 @@ ARCHS = {
                    rope_parameters={_FULL: {"rope_type": "linear", "factor": 2.0,
                                             "rope_theta": 1e6},
                                     _SLIDING: {"rope_type": "default", "rope_theta": 1e4}}),
+    # The second layer without rotary (no_rope_layers 0).
+    "smollm3": dict(arch="smollm3", no_rope_layers=[1, 0], tie_word_embeddings=False),
+    # A sliding layer (window 48) then a global one with YaRN (original length 64, so most
+    # prompts run past it); q/k norms over all heads, norms after each sublayer.
+    "olmo3": dict(arch="olmo3", sliding_window=48, layer_types=[_SLIDING, _FULL],
+                  rope_parameters={_FULL: dict(_YARN, rope_theta=1e4),
+                                   _SLIDING: {"rope_type": "default", "rope_theta": 1e4}}),
+    # Sliding (window 32) and full layers with sinks, YaRN without truncation, biased
+    # experts with the clamped SwiGLU (a small limit, so the clamp bites). A wider init: the
+    # default's answers repeat a few tokens.
+    "gpt_oss": dict(arch="gpt_oss", sliding_window=32, layer_types=[_SLIDING, _FULL],
+                    num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                    swiglu_limit=2.0, initializer_range=0.2, rope_parameters=dict(_YARN, truncate=False,
+                                                           rope_theta=1e4)),
 }
 
 

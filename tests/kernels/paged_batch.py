@@ -73,9 +73,10 @@ def make_batch(seqs: list[tuple[int, int]], *, block_size: int, head_dim: int, n
 
 
 def oracle(batch: PagedBatch, window: int | None = None,
-           softcap: float | None = None) -> torch.Tensor:
+           softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Float64 attention, one sequence at a time, gathering exactly the context positions
-    each query sees (p - window < j <= p); softcap: scores = c * tanh(scores / c)."""
+    each query sees (p - window < j <= p); softcap: scores = c * tanh(scores / c); sinks [H]:
+    one more logit per head in the softmax, whose probability is dropped (gpt-oss)."""
     query = batch.query.cpu().double()
     key_cache, value_cache = batch.key_cache.cpu().double(), batch.value_cache.cpu().double()
     tables = batch.block_tables.cpu().long()
@@ -100,7 +101,12 @@ def oracle(batch: PagedBatch, window: int | None = None,
         visible = positions[None, :] <= query_positions[:, None]          # [Q, L]
         if window is not None:
             visible &= positions[None, :] > query_positions[:, None] - window
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            sink = sinks.cpu().double()[:, None, None].expand(-1, len(q), 1)
+            probs = torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v)
     return out
 
