@@ -19,7 +19,6 @@ from torch import nn
 
 from folio.executor.models.moe import SparseMoe
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
-from folio.kernels import cpu_quant
 from folio.kernels.bf16_layout import bf16_gemm_available, pack_bf16
 from folio.kernels.onednn_packing import onednn_packs
 
@@ -177,8 +176,8 @@ def _quantize_linears(model: nn.Module, device: torch.device, dtype: torch.dtype
                 setattr(parent, name, WeightOnlyLinear.from_linear(child, layer_bits, native,
                                                                      int8_activations))
     float_linears_to(routers, device, dtype, backend)
-    log.info("linear layers: int%d weights (lm_head int8), %s activations up to %d rows",
-             bits, "int8" if int8_activations else "float", cpu_quant.SMALL_BATCH)
+    log.info("linear layers: int%d weights (lm_head int8), %s activations", bits,
+             "int8" if int8_activations else "float")
     return f"int{bits}"
 
 

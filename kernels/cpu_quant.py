@@ -83,11 +83,13 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor,
 
 # Values per activation scale and per integer dot product in kernels/cpu/quant_dot.cpp.
 DOT_BLOCK = 32
-# Rows of x up to which the register-blocked kernels run; above, tiles of W dequantized to
-# float32 go through a float GEMM (kernels/cpu/weight_only_linear.cpp kSmallBatch, which
-# decides; bench/quantized_decode.py --kernels: at 64 rows and more the GEMM on a dequantized
-# tile ran about 2x faster than the kernel, at 8 rows about as fast).
-SMALL_BATCH = 8
+def small_batch() -> int:
+    """Rows of x up to which the AVX2 register-blocked kernels run; above, tiles of W
+    dequantized to float32 go through a float GEMM. kernels/cpu/weight_only_linear.cpp's
+    kSmallBatch decides (bench/quantized_decode.py --kernels: at 64 rows and more the GEMM on
+    a dequantized tile ran about 2x faster than the kernel, at 8 rows about as fast); the
+    VNNI kernel takes every batch size."""
+    return int(torch.ops.folio.weight_only_small_batch())
 
 
 def quant_matmul_int8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,

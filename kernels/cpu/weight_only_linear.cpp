@@ -25,7 +25,7 @@ namespace {
 
 using at::Tensor;
 
-constexpr int64_t kSmallBatch = 8;                  // kernels/cpu_quant.py SMALL_BATCH
+constexpr int64_t kSmallBatch = 8;   // read by kernels/cpu_quant.py (small_batch())
 constexpr int64_t kTileValues = 2 * 1024 * 1024;    // kernels/cpu_quant.py TILE_VALUES
 
 struct Layout {
@@ -47,21 +47,40 @@ Layout layout_of(const std::vector<Tensor>& operands, at::IntArrayRef config) {
   return l;
 }
 
-c10::OperatorHandle op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+using Int8Sig = void(Tensor, const Tensor&, const Tensor&, const Tensor&, int64_t);
+using Int4Sig = void(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t);
+using Dequant8Sig = void(Tensor, const Tensor&, const Tensor&, int64_t, int64_t, int64_t);
+using Dequant4Sig = void(Tensor, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t,
+                         int64_t);
+
+// The AVX2 kernels' handles, looked up once (a lookup per call cost more than a decode row).
+struct Kernels {
+  c10::TypedOperatorHandle<Int8Sig> dot8 = op<Int8Sig>("folio::quant_dot_int8");
+  c10::TypedOperatorHandle<Int8Sig> matmul8 = op<Int8Sig>("folio::quant_matmul_int8");
+  c10::TypedOperatorHandle<Int4Sig> dot4 = op<Int4Sig>("folio::quant_dot_int4");
+  c10::TypedOperatorHandle<Int4Sig> matmul4 = op<Int4Sig>("folio::quant_matmul_int4");
+  c10::TypedOperatorHandle<Dequant8Sig> dequant8 = op<Dequant8Sig>("folio::dequantize_int8");
+  c10::TypedOperatorHandle<Dequant4Sig> dequant4 = op<Dequant4Sig>("folio::dequantize_int4");
+};
+
+const Kernels& kernels() {
+  static const Kernels held;   // after every operator of the library is registered
+  return held;
 }
 
 void small_batch(Tensor& out, const Tensor& x, const std::vector<Tensor>& w, const Layout& l) {
   const bool dot = l.int8_activations && l.group % 32 == 0;
+  const Kernels& k = kernels();
   if (l.bits == 8) {
-    op(dot ? "folio::quant_dot_int8" : "folio::quant_matmul_int8")
-        .typed<void(Tensor, const Tensor&, const Tensor&, const Tensor&, int64_t)>()
-        .call(out, x, w[0], w[1], l.group);
+    (dot ? k.dot8 : k.matmul8).call(out, x, w[0], w[1], l.group);
     return;
   }
-  op(dot ? "folio::quant_dot_int4" : "folio::quant_matmul_int4")
-      .typed<void(Tensor, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t)>()
-      .call(out, x, w[0], w[1], w[2], l.group);
+  (dot ? k.dot4 : k.matmul4).call(out, x, w[0], w[1], w[2], l.group);
 }
 
 void tiled_gemm(Tensor& out, const Tensor& x, const std::vector<Tensor>& w, const Layout& l,
@@ -72,14 +91,9 @@ void tiled_gemm(Tensor& out, const Tensor& x, const std::vector<Tensor>& w, cons
     const int64_t end = std::min(n, begin + tile);
     Tensor rows = weight.narrow(0, 0, end - begin);
     if (l.bits == 8) {
-      op("folio::dequantize_int8")
-          .typed<void(Tensor, const Tensor&, const Tensor&, int64_t, int64_t, int64_t)>()
-          .call(rows, w[0], w[1], l.group, begin, end);
+      kernels().dequant8.call(rows, w[0], w[1], l.group, begin, end);
     } else {
-      op("folio::dequantize_int4")
-          .typed<void(Tensor, const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t,
-                      int64_t)>()
-          .call(rows, w[0], w[1], w[2], l.group, begin, end);
+      kernels().dequant4.call(rows, w[0], w[1], w[2], l.group, begin, end);
     }
     Tensor part = out.narrow(1, begin, end - begin);
     if (tile == n) {
@@ -109,10 +123,16 @@ Tensor weight_only_linear(const Tensor& x, std::vector<Tensor> operands, at::Int
   return out;
 }
 
+int64_t weight_only_small_batch() { return kSmallBatch; }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(folio, m) {
   m.def("weight_only_linear(Tensor x, Tensor[] operands, int[] config) -> Tensor");
+  m.def("weight_only_small_batch() -> int");
 }
 
 TORCH_LIBRARY_IMPL(folio, CPU, m) { m.impl("weight_only_linear", weight_only_linear); }
+TORCH_LIBRARY_IMPL(folio, CatchAll, m) {
+  m.impl("weight_only_small_batch", weight_only_small_batch);
+}

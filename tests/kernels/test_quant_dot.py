@@ -79,7 +79,8 @@ def test_faces_take_the_dot_kernel_only_for_small_batches():
     torch.manual_seed(4)
     q, scales = quantize_int8(torch.randn(40, 64), 64)
     packed, s4, m4 = quantize_int4(torch.randn(40, 64), 32)
-    small, large = torch.randn(cpu_quant.SMALL_BATCH, 64), torch.randn(cpu_quant.SMALL_BATCH + 1, 64)
+    rows = cpu_quant.small_batch()
+    small, large = torch.randn(rows, 64), torch.randn(rows + 1, 64)
     assert_exact_but_rounding(quant_matmul_int8(small, q, scales, True),
                               rounded(small) @ dequantize_int8(q, scales).double().T)
     assert_exact_but_rounding(quant_matmul_int4(small, packed, s4, m4, True),

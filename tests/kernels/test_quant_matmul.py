@@ -111,7 +111,7 @@ def test_shape_errors_name_the_problem():
 
 @pytest.mark.parametrize("rows", [9, 64, 130])
 def test_register_kernel_alone_at_large_batches(rows):
-    """The faces hand batches above SMALL_BATCH to a GEMM on dequantized tiles; the
+    """The faces hand batches above small_batch() to a GEMM on dequantized tiles; the
     register kernel itself must hold at any batch."""
     torch.manual_seed(rows)
     n, k = 45, 128
