@@ -42,6 +42,9 @@ class LLM:
                  lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """`lora`: the LoRA adapter to run with, by name (docs/lora.md): one for every
         prompt, or one (or None, the base model) per prompt."""
+        if self.engine.executor.pooling_task is not None:
+            raise ValueError("this engine runs the pooling runner: use LLM.embed or "
+                             "LLM.score; it does not generate")
         prompt_list = _as_prompt_list(prompts)
         if params is None:
             params = SamplingParams()
@@ -92,6 +95,23 @@ class LLM:
                 result.prompt_logprobs = [None, *state.prompt_logprobs]
             result.finished = True
         return results
+
+    def embed(self, prompts: Prompt | Sequence[Prompt], dimensions: int | None = None):
+        """Embeddings on the pooling runner (folio/pooling.py): one EmbeddingRequestOutput
+        per prompt, its `outputs.embedding` pooled, truncated to `dimensions` (where the
+        model declares Matryoshka sizes) and normalised as the model says."""
+        from folio.pooling import embed
+
+        return embed(self, prompts, dimensions)
+
+    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str],
+              instruction: str | None = None):
+        """Relevance scores on the pooling runner (folio/pooling.py): a reranker's
+        probability of its `for` token, or an embedding model's cosine similarity; one
+        ScoringRequestOutput per pair (one text_1 against each text_2, or pairs in order)."""
+        from folio.pooling import score_pairs
+
+        return score_pairs(self, text_1, text_2, instruction)
 
     def _prepare(self, prompt: Prompt, sampling: SamplingParams) -> ProcessedPrompt:
         """The input processor's checks, as the server runs them (an InputError is a
