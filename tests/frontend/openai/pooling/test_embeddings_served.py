@@ -153,17 +153,23 @@ def test_langchain_openai_embeddings(server, expected):
 
 
 def test_prefix_cache_metrics_and_no_leaked_block(server, client, expected):
+    from folio.client import Client
+
     def metric(name: str) -> float:
         text = httpx.get(f"{server.base}/metrics", timeout=10,
                          headers={"Authorization": f"Bearer {KEY}"}).text
         return sum(float(v) for v in re.findall(rf"^folio:{name}(?:{{[^}}]*}})? (\S+)$",
                                                 text, re.M))
 
-    hits = metric("prefix_cache_hits_total")
+    def hits() -> int:   # the scheduler's counter, asked with the SDK's patient timeout
+        with Client(server.zmq_address) as sdk:
+            return sdk.health()["stats"]["prefix_cache_hits"]
+
+    before, finished = hits(), metric("request_success_total")
     again = client.embeddings.create(model=NAME, input=TEXTS[1])   # its blocks are cached
     assert cosine(again.data[0].embedding, expected[1]) >= 0.99999
-    assert metric("prefix_cache_hits_total") > hits
-    assert metric("request_success_total") >= len(TEXTS)
+    assert hits() > before
+    assert metric("request_success_total") == finished + 1
     deadline = time.monotonic() + 30
     while True:   # the last answer came back before the scheduler's step ended
         totals = httpx.get(f"{server.base}/v1/kv/map", timeout=10,
@@ -172,3 +178,21 @@ def test_prefix_cache_metrics_and_no_leaked_block(server, client, expected):
             break
         time.sleep(0.05)
     assert totals["used"] == 0 and totals["cached"] > 0
+
+
+def test_the_sdk_embeds_and_refuses_by_runner(server, expected, ids):
+    from folio.client import Client
+    from folio.errors import FolioError
+
+    with Client(server.zmq_address) as sdk:
+        embedded = sdk.embed([TEXTS[0], ids[2]])
+        assert [cosine(e.embedding, r) for e, r in zip(embedded, (expected[0], expected[2]))] \
+            == pytest.approx([1, 1], abs=1e-5)
+        assert embedded[0].usage.prompt_tokens == len(ids[0])
+        short = sdk.embed(TEXTS[1], dimensions=8)[0].embedding
+        assert len(short) == 8 and cosine(short, expected[1][:8]) >= 0.99999
+        for call, words in ((lambda: sdk.generate("hi"), "pooling runner"),
+                            (lambda: sdk.score("a", "b"), "this model embeds"),
+                            (lambda: sdk.embed([[5000]]), "vocabulary")):
+            with pytest.raises(FolioError, match=words):
+                call()

@@ -104,6 +104,18 @@ def test_bad_input_is_a_400_in_openais_shape(server, path, body, param):
     assert error["param"] == param and error["message"]
 
 
+def test_the_sdk_scores(server, model_dir, tokenizer):
+    from folio.client import Client
+    from folio.errors import FolioError
+
+    expected = _expected(model_dir, tokenizer, [(QUERY, d) for d in DOCUMENTS])
+    with Client(server.zmq_address) as sdk:
+        scores = sdk.score(QUERY, DOCUMENTS)
+        assert [s.score for s in scores] == pytest.approx(expected, abs=1e-5)
+        with pytest.raises(FolioError, match="reranker"):
+            sdk.embed("hi")
+
+
 def test_nothing_leaked(server):
     totals = httpx.get(f"{server.base}/v1/kv/map", timeout=10,
                        headers={"Authorization": f"Bearer {KEY}"}).json()["totals"]
