@@ -21,6 +21,9 @@ WRONG_RUNNER = "wrong_runner"
 
 
 def pooling_task(engine: Engine, route: str) -> PoolingTask:
+    if not engine.engine_alive:   # before its engine_info the runner is not known
+        raise ApiError(503, f"the engine is unavailable: {engine.dead_reason()}",
+                       code="engine_unavailable")
     task = engine.pooling
     if task is None:
         raise ApiError(400, f"{route} needs the pooling runner; this server runs the generate "

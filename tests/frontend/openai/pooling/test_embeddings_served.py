@@ -142,7 +142,8 @@ def test_score_and_rerank_by_cosine_similarity(server, expected):
 
 
 def test_langchain_openai_embeddings(server, expected):
-    langchain = pytest.importorskip("langchain_openai")
+    import langchain_openai as langchain
+
     embedder = langchain.OpenAIEmbeddings(model=NAME, base_url=f"{server.base}/v1",
                                           api_key=KEY, check_embedding_ctx_length=False,
                                           max_retries=0)
