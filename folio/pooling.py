@@ -14,6 +14,7 @@ import numpy as np
 
 from folio.frontend.output_loop import OutputEvents, OutputLoop
 from folio.frontend.output_processor import RequestState, vllm_logprob
+from folio.shared.pooling.requests import pooling_params, score_token_ids
 from folio.shared.pooling.rerank_prompt import rerank_prompt
 from folio.shared.pooling.task import PoolingTask
 from folio.shared.pooling.vectors import embedding, score
@@ -65,7 +66,7 @@ def embed(llm, prompts: str | list[int] | Sequence[str | list[int]],
         problem = task.dimensions_problem(dimensions)
         if problem is not None:
             raise ValueError(problem)
-    params = _params(task)
+    params = pooling_params(task)
     ids = [_prompt_ids(llm, p, params, raw=False) for p in _as_prompt_list(prompts)]
     vectors = _run(llm, ids, params)
     return [EmbeddingRequestOutput(request_id, prompt,
@@ -87,33 +88,17 @@ def score_pairs(llm, text_1: str | Sequence[str], text_2: str | Sequence[str],
                          "one text_1, or as many as text_2")
     pairs = list(zip(firsts, seconds))
     if task.scores:
-        params = _params(task, _score_ids(llm, task))
+        params = pooling_params(task, None, score_token_ids(llm.tokenizer, task))
         ids = [_prompt_ids(llm, rerank_prompt(a, b, instruction), params, raw=True)
                for a, b in pairs]
         return [ScoringRequestOutput(request_id, prompt, ScoringOutput(score(v)))
                 for (request_id, v), prompt in zip(_run(llm, ids, params), ids)]
     texts = list(dict.fromkeys(t for pair in pairs for t in pair))
-    params = _params(task)
+    params = pooling_params(task)
     ids = [_prompt_ids(llm, t, params, raw=False) for t in texts]
     vectors = {t: embedding(v, True) for t, (_, v) in zip(texts, _run(llm, ids, params))}
     return [ScoringRequestOutput(f"score-{i}", [], ScoringOutput(
         float(np.dot(vectors[a], vectors[b])))) for i, (a, b) in enumerate(pairs)]
-
-
-def _params(task: PoolingTask, score_ids: tuple[int, ...] = ()) -> SamplingParams:
-    return SamplingParams(max_tokens=1, temperature=0.0, pooling=task.pooling_type,
-                          speculative=False, score_token_ids=score_ids)
-
-
-def _score_ids(llm, task: PoolingTask) -> tuple[int, int]:
-    ids = []
-    for token in task.score_tokens:
-        encoded = llm.tokenizer.encode(token, add_special_tokens=False)
-        if len(encoded) != 1:
-            raise ValueError(f"the score token {token!r} is {len(encoded)} tokens in this "
-                             "tokenizer, not one")
-        ids.append(encoded[0])
-    return ids[0], ids[1]
 
 
 def _prompt_ids(llm, prompt: str | list[int], params: SamplingParams, raw: bool

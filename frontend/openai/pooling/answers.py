@@ -15,11 +15,11 @@ import numpy as np
 
 from folio.frontend.engine_api import Engine
 from folio.frontend.openai.errors import ApiError, invalid
-from folio.frontend.openai.pooling.pool import (pool, pooling_params, pooling_task,
-                                                prompt_ids, rerank_prompts,
-                                                resolve_score_ids, usage)
+from folio.frontend.openai.pooling.pool import (pool, pooling_task, prompt_ids,
+                                                rerank_prompts, resolve_score_ids, usage)
 from folio.frontend.openai.pooling.requests import (EmbeddingRequest, RerankRequest,
                                                     ScoreRequest)
+from folio.shared.pooling.requests import pooling_params
 from folio.shared.pooling.vectors import embedding, encode, score
 
 

@@ -13,6 +13,7 @@ from folio.frontend.engine_api import Engine
 from folio.frontend.input_processor import InputError
 from folio.frontend.openai.completions import _collect, _refused, _submit
 from folio.frontend.openai.errors import ApiError
+from folio.shared.pooling.requests import score_token_ids
 from folio.shared.pooling.task import PoolingTask
 from folio.shared.pooling.rerank_prompt import rerank_prompt
 from folio.shared.sampling_params import SamplingParams
@@ -32,24 +33,12 @@ def pooling_task(engine: Engine, route: str) -> PoolingTask:
     return task
 
 
-def pooling_params(task: PoolingTask, lora: str | None,
-                   score_ids: tuple[int, ...] = ()) -> SamplingParams:
-    """One prompt-only request: computed as a prefill, its one "sample" the vector (with
-    score_ids: the softmax over those tokens' logits)."""
-    return SamplingParams(max_tokens=1, temperature=0.0, pooling=task.pooling_type,
-                          speculative=False, lora=lora, score_token_ids=score_ids)
-
-
 def resolve_score_ids(engine: Engine, task: PoolingTask) -> tuple[int, int]:
-    """The scorer's (against, for) tokens as ids: each must be one token."""
-    ids = []
-    for token in task.score_tokens:
-        encoded = engine.tokenizer.encode(token, add_special_tokens=False)
-        if len(encoded) != 1:
-            raise ApiError(400, f"the score token {token!r} is {len(encoded)} tokens in this "
-                           "tokenizer, not one (--score-tokens)", None, "invalid_value")
-        ids.append(encoded[0])
-    return ids[0], ids[1]
+    """The scorer's (against, for) token ids; a 400 unless each is one token."""
+    try:
+        return score_token_ids(engine.tokenizer, task)
+    except ValueError as error:
+        raise ApiError(400, str(error), None, "invalid_value") from None
 
 
 def _ids(engine: Engine, item: str | list[int], param: str, raw_text: bool) -> list[int]:

@@ -13,8 +13,7 @@ import numpy as np
 
 from folio.frontend.engine_api import Engine
 from folio.frontend.input_processor import ProcessedPrompt
-from folio.frontend.openai.errors import ApiError
-from folio.frontend.openai.pooling.pool import pooling_params, resolve_score_ids
+from folio.shared.pooling.requests import pooling_params, score_token_ids
 from folio.shared.pooling.rerank_prompt import rerank_prompt
 from folio.shared.pooling.vectors import embedding, from_bytes, to_bytes
 
@@ -48,10 +47,7 @@ def prepare_pooled(engine: Engine, request) -> ProcessedPrompt:
         params = pooling_params(task, request.params.lora)
         ids = inputs.tokenize(prompt=request.prompt, token_ids=request.prompt_token_ids)
     else:
-        try:
-            score_ids = resolve_score_ids(engine, task)
-        except ApiError as error:
-            raise ValueError(error.message) from None
+        score_ids = score_token_ids(engine.tokenizer, task)   # ValueError: refused
         params = pooling_params(task, request.params.lora, score_ids)
         text = rerank_prompt(request.prompt, request.text_2, request.instruction)
         inputs.check_text(len(text), facts)

@@ -68,6 +68,3 @@ def test_reranker_from_the_score_tokens_setting(tmp_path, tokenizer_dir):
         hf_rerank_scores(path, prompts, against, for_), abs=1e-5)
     with pytest.raises(ValueError, match="reranker"):
         llm.embed("hi")
-    generator = LLM(model=str(path), num_kv_blocks=16)   # the same weights, generate runner
-    with pytest.raises(ValueError, match="generate runner"):
-        generator.embed("hi")
