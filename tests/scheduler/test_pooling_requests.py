@@ -43,6 +43,8 @@ def test_a_pooled_request_shares_a_step_with_generation_and_frees_its_blocks():
     scheduler.add_request("emb", list(range(20, 30)), LAST)
     plan = scheduler.schedule()
     assert [r.num_new_tokens for r in plan.new_requests] == [10, 10]   # one step, both
+    listed = {r["id"]: r for r in scheduler.kv_map()["requests"]}   # the page map's view
+    assert listed["emb"]["state"] == "running" and len(listed["emb"]["blocks"]) == 3
     pooled = {scheduler.requests["emb"].handle}
     outputs = list(scheduler.update(plan, _result(plan, pooled)))
     ended = [o for o in outputs if o.request_id == "emb"]

@@ -38,7 +38,10 @@ def test_mean_pooling_over_chunks_equals_transformers(mean_llm):
 
 
 def test_refusals_name_the_problem(mean_llm):
-    _, llm = mean_llm
+    path, llm = mean_llm
+    # Settings the runner contradicts: refused before any weight is read.
+    with pytest.raises(ValueError, match="pooling_type is the pooling runner's"):
+        LLM(model=str(path), runner="generate", pooling_type="mean")
     with pytest.raises(ValueError, match="does not declare Matryoshka"):
         llm.embed("hi", dimensions=8)
     with pytest.raises(ValueError, match="pooling runner"):
