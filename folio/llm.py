@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from folio.engine import InProcessEngine
+from folio.pooling import embed, score_pairs
 from folio.preflight import check_engine
 from folio.frontend.input_processor import InputProcessor, ModelFacts, ProcessedPrompt
 from folio.shared.hf_tokenizer import load_tokenizer
@@ -100,17 +101,13 @@ class LLM:
         """Embeddings on the pooling runner (folio/pooling.py): one EmbeddingRequestOutput
         per prompt, its `outputs.embedding` pooled, truncated to `dimensions` (where the
         model declares Matryoshka sizes) and normalised as the model says."""
-        from folio.pooling import embed
-
-        return embed(self, prompts, dimensions)
+        return embed(self, _as_prompt_list(prompts), dimensions)
 
     def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str],
               instruction: str | None = None):
         """Relevance scores on the pooling runner (folio/pooling.py): a reranker's
         probability of its `for` token, or an embedding model's cosine similarity; one
         ScoringRequestOutput per pair (one text_1 against each text_2, or pairs in order)."""
-        from folio.pooling import score_pairs
-
         return score_pairs(self, text_1, text_2, instruction)
 
     def _prepare(self, prompt: Prompt, sampling: SamplingParams) -> ProcessedPrompt:

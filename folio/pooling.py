@@ -55,10 +55,9 @@ def pooling_task(llm, what: str) -> PoolingTask:
     return task
 
 
-def embed(llm, prompts: str | list[int] | Sequence[str | list[int]],
-          dimensions: int | None = None) -> list[EmbeddingRequestOutput]:
-    from folio.llm import _as_prompt_list
-
+def embed(llm, prompts: Sequence[str | list[int]], dimensions: int | None = None
+          ) -> list[EmbeddingRequestOutput]:
+    """One embedding per prompt (a string or token ids)."""
     task = pooling_task(llm, "embed")
     if task.scores:
         raise ValueError("this model is a reranker: use LLM.score")
@@ -67,7 +66,7 @@ def embed(llm, prompts: str | list[int] | Sequence[str | list[int]],
         if problem is not None:
             raise ValueError(problem)
     params = pooling_params(task)
-    ids = [_prompt_ids(llm, p, params, raw=False) for p in _as_prompt_list(prompts)]
+    ids = [_prompt_ids(llm, p, params, raw=False) for p in prompts]
     vectors = _run(llm, ids, params)
     return [EmbeddingRequestOutput(request_id, prompt,
                                    EmbeddingOutput(embedding(v, task.normalize,
