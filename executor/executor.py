@@ -24,11 +24,13 @@ from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.models.longrope import recompute_crossing
 from folio.executor.native_step import select_decode_step
+from folio.executor.pooling.pooler import Pooler
 from folio.executor.ops import select_ops
 from folio.executor.sampler import Sampler, score_tokens
 from folio.executor.spec_decode.speculator import new_speculator
 from folio.executor.thread_governor import ThreadGovernor
 from folio.shared.config import EngineConfig, ExecutorCapacity
+from folio.shared.pooling.task import resolve_pooling_task
 from folio.shared.protocol.step import StepPlan, StepResult
 
 log = logging.getLogger("folio.executor")
@@ -97,8 +99,13 @@ class Executor:
                         if self.cpu_threads and config.cpu_threads is None and tp is None
                         else None)
         self.ops = select_ops(config.attention_backend, self.device)
+        # The pooling runner's task (None: generate); an embedder needs no LM head.
+        self.pooling_task = resolve_pooling_task(config.model, config.runner,
+                                                 config.pooling_type, config.score_tokens)
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
-                                self.device, self.max_model_len, tp)
+                                self.device, self.max_model_len, tp,
+                                needs_lm_head=self.pooling_task is None
+                                or self.pooling_task.scores)
         weights = apply_weight_format(self.model, config, self.model_config, self.device,
                                       self.dtype, tp)
         self.num_params = weights.num_params
@@ -132,6 +139,7 @@ class Executor:
         self.mover = BlockMover(self.kv_caches, self.swap_caches)
         self.cost_model = self._measure_costs() if config.preemption_mode == "auto" else (0, 0)
         self.batch = self._new_batch()
+        self.pooler = Pooler(self.pooling_task)
         self.sampler = Sampler(self.device, config.seed, self.model_config.eos_token_ids)
         self.grammar = self._new_grammar()
         original = getattr(self.model, "longrope_original", None)
@@ -167,11 +175,13 @@ class Executor:
             rewrites_kv=self._rewrites_kv,
             loras=tuple(self.lora.names_loaded()) if self.lora is not None else (),
             weight_bytes_per_step=self.weight_bytes_per_step,
+            pooling=None if self.pooling_task is None else self.pooling_task.to_wire(),
         )
 
     def reset(self) -> None:
         """Forget every request (a new scheduler starts from nothing)."""
         self.batch = self._new_batch()
+        self.pooler = Pooler(self.pooling_task)
         self.grammar.close()
         self.grammar = self._new_grammar()
 
@@ -183,12 +193,21 @@ class Executor:
             for handle in plan.dropped_handles:
                 self.speculator.retire(self.batch.requests.get(handle))
         scheduled = self.batch.apply(plan)
+        pooler = self.pooler
+        if plan.dropped_handles:
+            pooler.forget(plan.dropped_handles)
+        if plan.new_requests:
+            pooler.admit(plan.new_requests, self.batch.requests)
         self.mover.apply(plan.copies, plan.swap_out, plan.swap_in)
         result = StepResult(step_id=plan.step_id)
         if scheduled:
             drafts = self.speculator.propose(scheduled, plan.drafts, self.batch) \
                 if plan.drafts and self.speculator is not None else None
             inputs = self.batch.prepare(scheduled, drafts)
+            # Pooling requests (executor/pooling/): out of sampling, pooled after the pass.
+            pooling = pooler.split(scheduled, inputs, result)
+            if pooling is not None:
+                inputs = pooling.inputs
             # Structured outputs' masks, on a worker thread while the forward pass runs.
             pending_masks = self.grammar.start(inputs.sampled, inputs.drafts)
             if getattr(self.model, "longrope_original", None) is not None:
@@ -205,6 +224,8 @@ class Executor:
                 if self.lora is not None:
                     self.lora.end_step()
             masks = pending_masks.result() if pending_masks is not None else None
+            if pooling is not None:
+                pooler.finish(pooling, hidden, self.model, result)
             if inputs.sampled and drafts:   # several rows per request (spec_decode/speculator.py)
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
                 pairs = self.speculator.finish_step(

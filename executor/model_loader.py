@@ -23,9 +23,11 @@ log = logging.getLogger("folio.executor")
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype: torch.dtype,
-               device: torch.device, max_positions: int, tp=None) -> nn.Module:
+               device: torch.device, max_positions: int, tp=None,
+               needs_lm_head: bool = True) -> nn.Module:
     """`tp` (executor/parallel/sharding.py's TensorParallel): `config` is this rank's share, and
-    each tensor is sliced to this rank's part as it streams in. With config.prequantized,
+    each tensor is sliced to this rank's part as it streams in. `needs_lm_head` False: an
+    embedding model (executor/pooling/), whose checkpoint may have no LM head. With config.prequantized,
     the layers the file holds quantized get no float weight and their tensors are skipped."""
     arch = ARCHITECTURES[config.architecture]
     weight_names = arch.weights
@@ -63,6 +65,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
         filled.pop("lm_head.weight", None)
+    if not needs_lm_head and not filled.get("lm_head.weight"):
+        filled.pop("lm_head.weight", None)   # never read: the pooled rows are hidden states
     missing = [name for name, count in filled.items() if count != params[name].numel()]
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s) or part(s) of them, "

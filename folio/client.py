@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -74,6 +75,21 @@ class Completion:
     stop_reason: str | None = None                     # the stop string that matched
     # None for the first prompt token, then one dict per prompt token (prompt_logprobs).
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    vector: list[float] | None = None   # a pooling request's answer (embed, score)
+
+
+@dataclass
+class Embedding:
+    request_id: str
+    embedding: list[float]
+    usage: Usage
+
+
+@dataclass
+class Score:
+    request_id: str
+    score: float
+    usage: Usage
 
 
 @dataclass
@@ -183,6 +199,30 @@ class AsyncClient:
         adapter to run with, by name (docs/lora.md)."""
         return await self._complete(_prompt_fields(prompt, deadline), _with_lora(params, lora),
                                     request_id, timeout)
+
+    async def embed(self, prompts: Prompt | list[Prompt], *, dimensions: int | None = None,
+                    timeout: float | None = None, lora: str | None = None
+                    ) -> list[Embedding]:
+        """Embeddings from a pooling-runner server (docs/sdk.md): one per prompt (a string
+        or token ids), truncated to `dimensions` where the model declares Matryoshka sizes
+        and normalised as the model says. The prompts run concurrently."""
+        items = [prompts] if isinstance(prompts, str) or (prompts and all(
+            isinstance(t, int) for t in prompts)) else list(prompts)
+        done = await asyncio.gather(*(self._complete(
+            {**_prompt_fields(p), "pooling": "embed", "dimensions": dimensions},
+            _with_lora(None, lora), None, timeout) for p in items))
+        return [Embedding(c.request_id, c.vector, c.usage) for c in done]
+
+    async def score(self, text_1: str, text_2: str | list[str], *,
+                    instruction: str | None = None, timeout: float | None = None,
+                    lora: str | None = None) -> list[Score]:
+        """A reranker's relevance score of each text_2 for text_1 (its probability of the
+        `for` score token; docs/sdk.md). The pairs run concurrently."""
+        documents = [text_2] if isinstance(text_2, str) else list(text_2)
+        done = await asyncio.gather(*(self._complete(
+            {"prompt": text_1, "text_2": d, "instruction": instruction, "pooling": "score"},
+            _with_lora(None, lora), None, timeout) for d in documents))
+        return [Score(c.request_id, c.vector[0], c.usage) for c in done]
 
     async def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
                    *, request_id: str | None = None, timeout: float | None = None,
@@ -299,7 +339,9 @@ class AsyncClient:
                                      final.finish_reason, Usage(**final.usage),
                                      _logprobs(final.logprobs), final.stop_reason,
                                      None if final.prompt_logprobs is None else
-                                     [None, *_logprobs(final.prompt_logprobs)])
+                                     [None, *_logprobs(final.prompt_logprobs)],
+                                     None if final.pooled is None else
+                                     np.frombuffer(final.pooled, dtype="<f4").tolist())
                     return
                 elif kind == "error":
                     done = True
@@ -427,6 +469,12 @@ class Client:
     def generate(self, prompt: Prompt, params: SamplingParams | None = None, **kwargs
                  ) -> Completion:
         return self._call(self._async.generate(prompt, params, **kwargs))
+
+    def embed(self, prompts: Prompt | list[Prompt], **kwargs) -> list[Embedding]:
+        return self._call(self._async.embed(prompts, **kwargs))
+
+    def score(self, text_1: str, text_2: str | list[str], **kwargs) -> list[Score]:
+        return self._call(self._async.score(text_1, text_2, **kwargs))
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
              **kwargs) -> Completion:

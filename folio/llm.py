@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from folio.engine import InProcessEngine
+from folio.pooling import embed, score_pairs
 from folio.preflight import check_engine
 from folio.frontend.input_processor import InputProcessor, ModelFacts, ProcessedPrompt
 from folio.shared.hf_tokenizer import load_tokenizer
@@ -42,6 +43,9 @@ class LLM:
                  lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """`lora`: the LoRA adapter to run with, by name (docs/lora.md): one for every
         prompt, or one (or None, the base model) per prompt."""
+        if self.engine.executor.pooling_task is not None:
+            raise ValueError("this engine runs the pooling runner: use LLM.embed or "
+                             "LLM.score; it does not generate")
         prompt_list = _as_prompt_list(prompts)
         if params is None:
             params = SamplingParams()
@@ -92,6 +96,19 @@ class LLM:
                 result.prompt_logprobs = [None, *state.prompt_logprobs]
             result.finished = True
         return results
+
+    def embed(self, prompts: Prompt | Sequence[Prompt], dimensions: int | None = None):
+        """Embeddings on the pooling runner (folio/pooling.py): one EmbeddingRequestOutput
+        per prompt, its `outputs.embedding` pooled, truncated to `dimensions` (where the
+        model declares Matryoshka sizes) and normalised as the model says."""
+        return embed(self, _as_prompt_list(prompts), dimensions)
+
+    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str],
+              instruction: str | None = None):
+        """Relevance scores on the pooling runner (folio/pooling.py): a reranker's
+        probability of its `for` token, or an embedding model's cosine similarity; one
+        ScoringRequestOutput per pair (one text_1 against each text_2, or pairs in order)."""
+        return score_pairs(self, text_1, text_2, instruction)
 
     def _prepare(self, prompt: Prompt, sampling: SamplingParams) -> ProcessedPrompt:
         """The input processor's checks, as the server runs them (an InputError is a

@@ -77,6 +77,7 @@ def check_engine(config: EngineConfig) -> ModelConfig:
     _check_prequantized(config, model_config)
     _check_kv_cache_dtype(config)
     _check_lora(config, model_config)
+    _check_pooling(config)
     _check_cpu_memory(config)
     limit = model_config.context_limit
     if config.max_model_len is not None and config.max_model_len > limit:
@@ -156,6 +157,22 @@ def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
             plan_adapter(name, path, model_config, names, config.max_lora_rank)
         except LoraError as error:
             raise SettingError("lora_modules", str(error)) from None
+
+
+def _check_pooling(config: EngineConfig) -> None:
+    """The runner and its pooling, as the executor will resolve them (shared/pooling/)."""
+    from folio.shared.pooling.task import resolve_pooling_task
+
+    try:
+        task = resolve_pooling_task(config.model, config.runner, config.pooling_type,
+                                    config.score_tokens)
+    except ValueError as error:
+        raise SettingError("runner", f"cannot serve this model: {error}") from None
+    if task is None:
+        for name in ("pooling_type", "score_tokens"):
+            if getattr(config, name) not in ("auto", None):
+                raise SettingError(name, "is the pooling runner's; this engine runs the "
+                                   "generate runner (--runner pooling)")
 
 
 def _check_kv_cache_dtype(config: EngineConfig) -> None:

@@ -18,6 +18,7 @@ from folio.frontend.structured_output_admission import GrammarAdmission
 from folio.frontend.input_processor import InputProcessor, ModelFacts
 from folio.frontend.prep import Preparer
 from folio.frontend.stop_strings import StopStrings
+from folio.shared.pooling.task import PoolingTask
 from folio.shared.sampling_params import SamplingParams
 
 
@@ -29,6 +30,7 @@ class SampleResult:
     finish_reason: str
     stop_reason: str | None
     logprobs: list[dict[str, Any]] | None     # per token: token_id, logprob, rank, text, top
+    pooled: bytes | None = None               # a pooling request's vector (float32 bytes)
 
 
 @dataclass
@@ -90,6 +92,10 @@ class Engine(Protocol):
     @property
     def loras(self) -> tuple[str, ...]:
         """The LoRA adapters requests may name now (docs/lora.md)."""
+
+    @property
+    def pooling(self) -> PoolingTask | None:
+        """The pooling runner's task (shared/pooling/task.py); None: the generate runner."""
 
     def check_text_size(self, chars: int) -> None:
         """InputError for text that cannot fit the context, before it is tokenized."""

@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from folio.shared.pooling.task import PoolingTask
 from folio.frontend.engine_api import FinalResult, SampleResult, Sink
 from folio.frontend.liveness import SchedulerHeartbeat
 from folio.frontend.output_loop import OutputEvents, OutputLoop
@@ -129,6 +130,11 @@ class EngineClient:
     @property
     def loras(self) -> tuple[str, ...]:
         return self.info.loras if self.info else ()
+
+    @property
+    def pooling(self) -> PoolingTask | None:
+        pooling = self.info.pooling if self.info else None
+        return None if pooling is None else PoolingTask.from_wire(pooling)
 
     @property
     def facts(self) -> ModelFacts:
@@ -316,7 +322,7 @@ class EngineClient:
         state = request.state
         result = FinalResult(
             [SampleResult(s.index, s.text, s.token_ids, s.finish_reason, s.stop_reason,
-                          s.logprobs) for s in state.samples],
+                          s.logprobs, s.pooled) for s in state.samples],
             len(state.prompt_ids), state.prompt_logprobs)
         self._notify("finished", request, result=result)
         request.sink.final(result)

@@ -76,7 +76,7 @@ class SampleState:
 
     __slots__ = ("index", "token_ids", "logprobs", "cumulative_logprob", "new_logprobs",
                  "finish_reason", "stop_reason", "abort_engine", "_text", "_tokenizer",
-                 "_format")
+                 "_format", "pooled")
 
     def __init__(self, index: int, tokenizer: Any, params: SamplingParams,
                  stops: StopStrings | None, logprob_format: LogprobFormat,
@@ -90,6 +90,7 @@ class SampleState:
         self.finish_reason: str | None = None
         self.stop_reason: str | None = None
         self.abort_engine = False
+        self.pooled: bytes | None = None   # a pooling request's vector, when it ends
         # No tokenizer (LLM with skip_tokenizer_init): token ids only, the text stays "".
         self._text = None if tokenizer is None else OutputText(tokenizer, params, stops)
         self._tokenizer = tokenizer if texts is None else texts   # for log-prob entries
@@ -171,4 +172,6 @@ class RequestState:
             prompt, tokenizer, fmt = self.prompt_ids, self._tokenizer, self._format
             self.prompt_logprobs.extend(fmt(tokenizer, prompt[start + i], entry)
                                         for i, entry in enumerate(output.prompt_logprobs))
+        if output.pooled is not None:
+            sample.pooled = output.pooled
         return sample.add(output.new_token_ids, output.logprobs, output.finish_reason)

@@ -118,6 +118,10 @@ class Replicas:
         return tuple(sorted(names))
 
     @property
+    def pooling(self):
+        return self._informed().pooling   # every replica runs the same engine settings
+
+    @property
     def facts(self) -> ModelFacts:
         return self._informed().facts
 

@@ -22,6 +22,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from folio.frontend.openai.pooling.sdk_requests import (pooled_answer, prepare_pooled,
+                                                        runner_problem)
 from folio.frontend.client_cutoff import CutOffClients, GoneClients
 from folio.frontend.engine_api import Engine, FinalResult
 from folio.frontend.input_processor import InputError, ProcessedPrompt
@@ -50,9 +52,10 @@ class ClientLimits:
 
 class _ClientSink:
     def __init__(self, gateway: "ZmqGateway", client: bytes, client_id: str,
-                 stream: bool) -> None:
+                 stream: bool, pooled=None) -> None:
         self.gateway, self.client, self.client_id, self.stream = (gateway, client, client_id,
                                                                   stream)
+        self.pooled = pooled   # a pooling request's answer from the engine's vector
 
     def delta(self, index: int, text: str, token_ids: list[int],
               logprobs: list[dict[str, Any]] | None) -> None:
@@ -65,7 +68,8 @@ class _ClientSink:
         sample = result.samples[0]
         payload = m.encode_final(
             self.client_id, sample.text, sample.token_ids, sample.finish_reason,
-            result.prompt_tokens, sample.logprobs, sample.stop_reason, result.prompt_logprobs)
+            result.prompt_tokens, sample.logprobs, sample.stop_reason, result.prompt_logprobs,
+            None if self.pooled is None or sample.pooled is None else self.pooled(sample.pooled))
         if len(payload) > MAX_MESSAGE_BYTES:   # the client's socket would drop the connection
             payload = m.encode_error(self.client_id, RefusalCode.INVALID, (
                 f"the result ({len(payload)} bytes) exceeds the {MAX_MESSAGE_BYTES}-byte "
@@ -261,6 +265,8 @@ class ZmqGateway:
         elif request.params.lora is not None and request.params.lora not in self.engine.loras:
             reason = (RefusalCode.INVALID, f"no LoRA adapter named {request.params.lora!r} "
                       f"is loaded (loaded: {', '.join(self.engine.loras) or 'none'})")
+        elif runner_problem(self.engine, request.pooling) is not None:
+            reason = (RefusalCode.INVALID, runner_problem(self.engine, request.pooling))
         elif request.params.n != 1:
             reason = (RefusalCode.INVALID, "n > 1 is not served over the SDK yet; send n "
                       "requests, or use the HTTP API or folio.LLM")
@@ -271,6 +277,8 @@ class ZmqGateway:
     def _prepare(self, request: m.GenerateRequest) -> ProcessedPrompt:
         """Prompt ids and stop tables of a generate, checked by the input processor (the
         HTTP API's and folio.LLM's too); an InputError (a ValueError) refuses it."""
+        if request.pooling is not None:   # embed or score (frontend/openai/pooling/)
+            return prepare_pooled(self.engine, request)
         return self.engine.inputs.process(
             request.params, self.engine.facts, prompt=request.prompt,
             token_ids=request.prompt_token_ids, messages=request.messages)
@@ -305,7 +313,9 @@ class ZmqGateway:
 
     def _submit(self, client: bytes, request: m.GenerateRequest,
                 prepared: ProcessedPrompt) -> None:
-        sink = _ClientSink(self, client, request.id, request.stream)
+        sink = _ClientSink(self, client, request.id, request.stream,
+                           None if request.pooling is None
+                           else pooled_answer(self.engine, request))
         self.by_client.setdefault(client, {})[request.id] = self.engine.submit(
             prepared.ids, request.params, sink, request.deadline, prepared.stops)
 

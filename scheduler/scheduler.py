@@ -22,6 +22,11 @@ returns in the plan, and asks it for a request's table when the plan sends it wh
 `n > 1` runs as n sibling requests: the first computes the prompt; the others then fork
 from it, sharing its full prompt blocks by reference count and copying the partial one.
 
+A pooling request (SamplingParams.pooling: embeddings, rerank, score) arrives with
+max_tokens 1 and runs as a prefill: the executor returns its pooled vector instead of a
+sample (StepResult.pooled), and it ends then, its blocks freed. Mean pooling takes no
+prefix-cache hits and is recomputed, never swapped, when preempted.
+
 A full block enters the prefix cache when the step computing its last token is scheduled,
 so a request admitted later in the same step shares it; a failed step takes its
 registrations back (discard_unconfirmed).
@@ -49,7 +54,7 @@ from itertools import repeat
 
 from folio.scheduler.block_pool import BlockPool
 from folio.scheduler.kv_events import KVEventLog
-from folio.scheduler.kv_manager import KVCacheManager
+from folio.scheduler.kv_manager import CachedPrefix, KVCacheManager
 from folio.scheduler.kv_map import build_kv_map
 from folio.scheduler.preemption import should_swap
 from folio.scheduler.request import Request, RequestStatus
@@ -61,6 +66,11 @@ from folio.shared.prefix_hash import adapter_seed
 from folio.shared.request_limits import ids_problem, length_problem
 from folio.shared.sampling_params import SamplingParams, check_against_model
 from folio.shared.protocol.step import NewRequest, StepPlan, StepResult
+
+
+# A pooling request that needs every prompt position computed ("mean") takes no prefix
+# hits: the executor never saw the hidden states of cached tokens (executor/pooling/).
+NO_PREFIX = CachedPrefix([], 0)
 
 
 @dataclass(slots=True)
@@ -295,6 +305,12 @@ class Scheduler:
                 self._finish(request, FinishReason.ERROR)
                 outputs.append(EngineOutput(request.request_id, [], FinishReason.ERROR,
                                             reason))
+        for handle, vector in result.pooled:   # pooling requests: their prompt is done
+            request = by_handle.get(handle)
+            if request is not None:   # else it finished while its step was in flight
+                self._finish(request, FinishReason.STOP)
+                outputs.append(EngineOutput(request.request_id, [], FinishReason.STOP,
+                                            queued_s=request.queue_s, pooled=vector))
         logprobs = result.logprobs or repeat(None)
         register_full_blocks = self.kv.register_full_blocks
         registered_step = self._next_step - 1
@@ -406,7 +422,8 @@ class Scheduler:
             request = self.waiting[0]
             if request.sampling.lora is not None and not self._lora_fits(request):
                 break
-            cached = self.kv.find_cached_prefix(request)
+            cached = self.kv.find_cached_prefix(request) \
+                if request.sampling.pooling != "mean" else NO_PREFIX
             if not self.kv.can_admit(request, cached):
                 break
             request.num_computed_tokens = cached.num_tokens
@@ -553,8 +570,9 @@ class Scheduler:
         self._drop_on_executor(request)
         request.num_preemptions += 1
         live = self.kv.num_live_blocks(request)   # freed (null) entries are not copied
-        if should_swap(self.config, request.num_computed_tokens, live,
-                       self.kv.num_free_swap_blocks):
+        # Mean pooling sums hidden states the executor forgets at a swap: recompute it.
+        if request.sampling.pooling != "mean" and should_swap(
+                self.config, request.num_computed_tokens, live, self.kv.num_free_swap_blocks):
             plan.swap_out.extend(self.kv.swap_out(request))
             request.status = RequestStatus.SWAPPED
             self._enqueue(self.swapped, request)

@@ -334,7 +334,8 @@ class SchedulerService:
             executor_alive=self.scheduler is not None,
             max_logprobs=self.config.max_logprobs, max_n=self.config.max_n,
             executor_ranks=self.executor_link.ranks,
-            loras=tuple(sorted(self.scheduler.loras)) if self.scheduler else ()).encode()
+            loras=tuple(sorted(self.scheduler.loras)) if self.scheduler else (),
+            pooling=cap.pooling if cap else None).encode()
 
     # ---- executor -----------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from folio.shared.kv_cache_dtype import KV_CACHE_DTYPES
+from folio.shared.pooling.task import (POOLING_TYPES, RUNNERS, SCORE_TOKENS_HELP,
+                                       parse_score_tokens)
 from folio.shared.settings import (SettingError, at_least, check_fields, fraction,
                                    in_range, non_negative_int, optional, positive_int,
                                    power_of_two, above, setting)
@@ -40,6 +42,14 @@ MAX_REQUESTS_PER_CLIENT_HELP = ("requests one SDK client (one ZeroMQ connection)
                                 "flight; more are refused as queue_full")
 CURVE_KEYS_HELP = ("CURVE keys directory (`folio keys`): every ZeroMQ socket encrypts and "
                    "refuses peers without the keys (default: no CURVE)")
+
+
+def _score_tokens_problem(value: Any) -> str | None:
+    try:
+        parse_score_tokens(value)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def _lora_modules_problem(value: Any) -> str | None:
@@ -187,6 +197,20 @@ class EngineConfig(SchedulingPolicy):
         "needs --enable-lora", metavar="NAME=PATH", nargs="+", check=_lora_modules_problem)
     max_lora_rank: int = setting(16, "the largest rank of an adapter's modules",
                                  check=positive_int)
+    # Pooling models (shared/pooling/task.py, docs/serving.md).
+    runner: str = setting(
+        "auto", "generate (completions, chat) or pooling (embeddings, rerank, score); auto: "
+        "pooling when the checkpoint declares an embedding model (a base-model architecture "
+        "such as Qwen3Model, or sentence-transformers' modules.json) or a scorer "
+        "(config.json's classifier_from_token), else generate", choices=RUNNERS)
+    pooling_type: str = setting(
+        "auto", "how the pooling runner pools the prompt's hidden states: last (token) or "
+        "mean; auto: what sentence-transformers' 1_Pooling/config.json says, else last",
+        choices=POOLING_TYPES)
+    score_tokens: str | None = setting(
+        None, "serve a decoder reranker (rerank, score) from the next-token logits of "
+        f"{SCORE_TOKENS_HELP} (Qwen3-Reranker); default: config.json's "
+        "classifier_from_token", check=_score_tokens_problem, metavar="AGAINST,FOR")
     max_cpu_loras: int | None = setting(
         None, "adapters held in host memory, loaded ones all counted (default: max-loras, "
         "or the number of --lora-modules if more)", check=optional(positive_int))
@@ -240,6 +264,8 @@ class ExecutorCapacity:
     # The weights' bytes one decode step reads (executor/weight_bytes.py): with each decode
     # step's time, the step's effective bandwidth (folio:decode_weight_read_gbps).
     weight_bytes_per_step: int = 0
+    # The pooling runner's task (shared/pooling/task.py PoolingTask.to_wire); None: generate.
+    pooling: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ class EngineOutput:
     # Entries for the next prompt tokens (prompt_logprobs), in order from prompt token 1.
     prompt_logprobs: list[RawLogprobs] | None = None
     queued_s: float | None = None   # on a request's first token: seconds it waited
+    pooled: bytes | None = None     # a pooling request's vector (float32 bytes): it ended
 
     @property
     def finished(self) -> bool:

@@ -21,6 +21,7 @@ MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1024
 MAX_LORA_NAME_CHARS = 64   # a map key on the wire (the stats' per-adapter counts)
 # Fields only the frontend reads (stop strings, detokenization): never sent to the engine.
+POOLING_KINDS = (None, "last", "mean")
 FRONTEND_ONLY = ("stop", "include_stop_str_in_output", "skip_special_tokens")
 
 
@@ -56,12 +57,19 @@ class SamplingParams:
     # Not sampling either: the LoRA adapter this request runs with, by name (docs/lora.md);
     # None: the base model. The executor applies it and the prefix cache keys blocks by it.
     lora: str | None = None
+    # A pooling request (shared/pooling/): the executor returns the prompt's pooled hidden
+    # state ("last" token or "mean"), or with score_token_ids the softmax over those
+    # tokens' logits at the last position, instead of sampling; it then ends. Sent with
+    # max_tokens 1: the scheduler runs it as a prefill whose one "sample" is the vector.
+    pooling: str | None = None
+    score_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         # Lists from callers and the wire become tuples, so nobody changes a frozen value
         # through a list they still hold. (Not hashable: logit_bias and structured_output
         # are dicts, so hash() raises TypeError.)
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        object.__setattr__(self, "score_token_ids", tuple(self.score_token_ids or ()))
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
@@ -130,6 +138,13 @@ class SamplingParams:
                                       or len(self.lora) > MAX_LORA_NAME_CHARS):
             raise ValueError(f"lora must be an adapter name of 1 to {MAX_LORA_NAME_CHARS} "
                              f"characters, got {self.lora!r:.80}")
+        if self.pooling not in POOLING_KINDS:
+            raise ValueError(f"pooling must be one of {', '.join(map(str, POOLING_KINDS))}, "
+                             f"got {self.pooling!r:.40}")
+        if self.score_token_ids and (self.pooling != "last" or len(self.score_token_ids) != 2):
+            raise ValueError("score_token_ids takes two token ids, with pooling 'last'")
+        for token_id in self.score_token_ids:
+            _check_int("score_token_ids", token_id, low=0, high=_INT32_MAX)
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
 
@@ -144,6 +159,7 @@ class SamplingParams:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["stop_token_ids"] = list(self.stop_token_ids)
+        data["score_token_ids"] = list(self.score_token_ids)
         data["stop"] = list(self.stop)
         # msgpack maps need string keys: token biases travel as [token, bias] pairs.
         data["logit_bias"] = [[token, bias] for token, bias in self.logit_bias.items()]
@@ -179,6 +195,7 @@ def check_against_model(params: SamplingParams, vocab_size: int, max_logprobs: i
             raise ValueError(f"{name} must be in [0, {max_logprobs}] (the engine's "
                              f"max_logprobs), got {value}")
     for name, ids in (("stop_token_ids", params.stop_token_ids),
+                      ("score_token_ids", params.score_token_ids),
                       ("logit_bias", params.logit_bias)):
         for token_id in ids:
             if not 0 <= token_id < vocab_size:

@@ -18,6 +18,7 @@ from folio.executor.quantization.gguf.config import gguf_hf_config
 from folio.executor.quantization.gguf.file import is_gguf, open_gguf
 from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
 from folio.executor.quantization.prequantized_config import read_quantization_config
+from folio.shared.pooling.task import base_model_architecture
 from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
                                                  Architecture)
 
@@ -54,7 +55,9 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
     what Folio cannot serve."""
     generation = generation or {}
     architectures = raw.get("architectures") or []
-    name = architectures[0] if architectures else "<none>"
+    # A base model class (Qwen3Model) is its decoder without the LM head (shared/pooling/).
+    name = base_model_architecture(architectures[0], ARCHITECTURES) if architectures \
+        else "<none>"
     if name in _NOT_YET:
         raise ValueError(f"{name} is not supported yet: Folio lacks {_NOT_YET[name]}")
     if name not in ARCHITECTURES:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# "model." absent in a base model's checkpoint (Qwen3Model: an embedding model).
+_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.+)$")
 # Checkpoint modules that Folio stores fused: (fused module, its slice in order).
 _FUSED = {
     "self_attn.q_proj": ("self_attn.qkv_proj", 0),

@@ -27,6 +27,7 @@ from folio.frontend.openai.completions import create_chat_completion, create_com
 from folio.frontend.openai.requests import (ChatRequest, CompletionRequest, DetokenizeRequest,
                                             ServerTerms, TokenizeRequest)
 from folio.frontend.openai.responses.routes import RESPONSES_ROUTES
+from folio.frontend.openai.pooling.routes import POOLING_ENDPOINTS
 from folio.frontend.openai.tokenize_routes import detokenize, tokenize
 from folio.shared.sampling_params import MAX_LORA_NAME_CHARS
 from folio.shared.protocol.frontend_scheduler import MAX_LORA_PATH_CHARS
@@ -115,6 +116,16 @@ async def chat_completions(request: Request) -> Response:
     body = await _body(request)
     parsed, model = _for_model(served, body, ChatRequest.parse(body, served.terms()))
     return await respond(request, create_chat_completion(served.engine, parsed, model))
+
+
+def _pooling(parse, create):
+    """A pooling endpoint's handler (frontend/openai/pooling/)."""
+    async def handler(request: Request) -> dict[str, Any]:
+        served = _served(request)
+        body = await _body(request)
+        lora = _adapter(served, body)
+        return await create(served.engine, parse(body), lora or served.model, lora)
+    return handler
 
 
 def _for_model(served, body: dict, parsed):
@@ -265,6 +276,7 @@ ROUTES = (
     ("GET", "/kv", kv_page),
     ("GET", "/plan", plan_page),
     ("GET", "/", chat_page),
+    *(("POST", path, _pooling(parse, create)) for path, parse, create in POOLING_ENDPOINTS),
 ) + RESPONSES_ROUTES + MESSAGES_ROUTES   # OpenAI Responses, Anthropic Messages
 # Only with --enable-lora-runtime-updates (else 404, as vLLM without its variable).
 LORA_ROUTES = (

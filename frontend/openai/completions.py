@@ -103,6 +103,9 @@ class _Job:
 
 async def _submit(engine: Engine, prompts: list[list[int]], params: SamplingParams,
                   deadline: float | None, stream: bool) -> _Job:
+    if params.pooling is None and engine.pooling is not None:
+        raise ApiError(400, "this server runs the pooling runner (embeddings, rerank, "
+                       "score); it does not generate", "model", "wrong_runner")
     stops = await engine.stop_strings(params)   # once for every prompt and sample
     if engine.draining:
         raise ApiError(503, "the server is shutting down; retry later", code="shutting_down")

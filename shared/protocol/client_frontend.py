@@ -13,7 +13,7 @@ from typing import Any
 from folio.shared.protocol.codes import RefusalCode
 from folio.shared.protocol.links import Link
 from folio.shared.sampling_params import SamplingParams
-from folio.shared.protocol.schema import (Bool, Code, Field, Float, Int, Ints, ListOf, Message, Sampling,
+from folio.shared.protocol.schema import (Bool, Bytes, Code, Field, Float, Int, Ints, ListOf, Message, Sampling,
                                  Shape, Str)
 from folio.shared.protocol.stats import HEALTH_STATS, MAX_REPLICAS
 from folio.shared.protocol.wire import MAX_TOKEN_ID, MAX_TOKENS_PER_MESSAGE, Body, ProtocolError
@@ -22,6 +22,7 @@ MAX_PROMPT_CHARS = 8 * 2**20
 MAX_TEXT_CHARS = 64 * 2**20   # a reply's text: bounded by the message size anyway
 MAX_MESSAGES = 1024
 MAX_DEADLINE_S = 86400.0
+POOLED_ANSWER_BYTES = 4 << 16   # an embedding of up to 65,536 float32s
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 _ID = Field("id", Str(), "request_id")
@@ -38,6 +39,12 @@ class GenerateRequest:
     params: SamplingParams
     stream: bool
     deadline: float | None = None   # seconds; the server aborts the request after that
+    # A pooling request (Client.embed / Client.score; docs/sdk.md): "embed" or "score"; the
+    # gateway sets params from the engine's pooling task.
+    pooling: str | None = None
+    dimensions: int | None = None     # embed: Matryoshka truncation
+    text_2: str | None = None         # score: the document scored against `prompt`
+    instruction: str | None = None    # score: the reranker prompt's instruction
 
     @classmethod
     def decode(cls, body: Body) -> "GenerateRequest":
@@ -50,6 +57,14 @@ def _generate(values: dict[str, Any]) -> GenerateRequest:
     if sum(values[k] is not None for k in ("prompt", "prompt_token_ids", "messages")) != 1:
         raise ProtocolError("generate: give exactly one of 'prompt', 'prompt_token_ids' "
                             "or 'messages'")
+    pooling = values["pooling"]
+    if pooling not in (None, "embed", "score"):
+        raise ProtocolError(f"generate: pooling must be embed or score, got {pooling!r:.20}")
+    if (pooling == "score") != (values["text_2"] is not None) or (
+            pooling == "score" and values["prompt"] is None) or (
+            pooling is not None and values["messages"] is not None):
+        raise ProtocolError("generate: a score takes 'prompt' and 'text_2', an embed a "
+                            "prompt or prompt ids; neither takes messages")
     return GenerateRequest(**values)
 
 
@@ -64,6 +79,10 @@ GENERATE = Message("generate", (Link.CLIENT_TO_GATEWAY,), (
         Field("role", Str(64)), Field("content", Str(MAX_PROMPT_CHARS))), table=False),
         MAX_MESSAGES),
         default=None),
+    Field("pooling", Str(8), default=None),
+    Field("dimensions", Int(1, 1 << 16), default=None),
+    Field("text_2", Str(MAX_PROMPT_CHARS), default=None),
+    Field("instruction", Str(MAX_PROMPT_CHARS), default=None),
 ), value=GenerateRequest, build=_generate, table=True)
 
 DELTA = Message("delta", (Link.GATEWAY_TO_CLIENT,), (
@@ -83,6 +102,9 @@ FINAL = Message("final", (Link.GATEWAY_TO_CLIENT,), (
     Field("usage", USAGE),
     Field("logprobs", _LOGPROBS, default=None),
     Field("prompt_logprobs", _LOGPROBS, default=None),   # from the second prompt token on
+    # A pooling request's answer, little-endian float32s: the embedding (truncated and
+    # normalised as the model says) or the one score.
+    Field("pooled", Bytes(POOLED_ANSWER_BYTES), default=None),
 ), value="FinalReply", table=True)
 
 ERROR = Message("error", (Link.GATEWAY_TO_CLIENT,), (
@@ -133,9 +155,13 @@ assert {f.name for f in fields(GenerateRequest)} == {f.name for f in GENERATE.fi
 def encode_generate(request_id: str, params: SamplingParams, stream: bool,
                     prompt: str | None = None, prompt_token_ids: list[int] | None = None,
                     messages: list[dict[str, str]] | None = None,
-                    deadline: float | None = None) -> bytes:
+                    deadline: float | None = None, pooling: str | None = None,
+                    dimensions: int | None = None, text_2: str | None = None,
+                    instruction: str | None = None) -> bytes:
     return GENERATE.pack(id=request_id, params=params, stream=stream, deadline=deadline,
-                         prompt=prompt, prompt_token_ids=prompt_token_ids, messages=messages)
+                         prompt=prompt, prompt_token_ids=prompt_token_ids, messages=messages,
+                         pooling=pooling, dimensions=dimensions, text_2=text_2,
+                         instruction=instruction)
 
 
 def encode_delta(request_id: str, text: str, token_ids: list[int],
@@ -147,12 +173,13 @@ def encode_delta(request_id: str, text: str, token_ids: list[int],
 def encode_final(request_id: str, text: str, token_ids: list[int], finish_reason: str,
                  prompt_tokens: int, logprobs: list[dict[str, Any]] | None = None,
                  stop_reason: str | None = None,
-                 prompt_logprobs: list[dict[str, Any]] | None = None) -> bytes:
+                 prompt_logprobs: list[dict[str, Any]] | None = None,
+                 pooled: bytes | None = None) -> bytes:
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(token_ids),
              "total_tokens": prompt_tokens + len(token_ids)}
     return FINAL.pack(request_id=request_id, text=text, token_ids=token_ids,
                       finish_reason=finish_reason, stop_reason=stop_reason, usage=usage,
-                      logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                      logprobs=logprobs, prompt_logprobs=prompt_logprobs, pooled=pooled)
 
 
 def encode_error(request_id: str, code: RefusalCode | str, message: str) -> bytes:

@@ -11,7 +11,8 @@ from typing import Any
 
 from folio.shared.protocol.codes import FinishReason, RefusalCode
 from folio.shared.config import SchedulingPolicy
-from folio.shared.protocol.scheduler_executor import LOGPROB_ENTRY, MAX_LORAS, decode_logprob_entry
+from folio.shared.protocol.scheduler_executor import (LOGPROB_ENTRY, MAX_LORAS, POOLED_VECTOR,
+                                                     POOLING_TASK, decode_logprob_entry)
 from folio.shared.protocol.links import Link
 from folio.shared.outputs import EngineOutput, StepOutputs
 from folio.shared.sampling_params import MAX_LORA_NAME_CHARS, SamplingParams
@@ -41,6 +42,8 @@ class EngineInfo:
     executor_ranks: tuple[int, ...] = ()
     # The LoRA adapters the engine serves now, by name (docs/lora.md).
     loras: tuple[str, ...] = ()
+    # The pooling runner's task (shared/pooling/task.py PoolingTask.to_wire); None: generate.
+    pooling: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
         return ENGINE_INFO.pack(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -67,6 +70,7 @@ ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("max_n", Int(1, 1 << 20), default=SchedulingPolicy.max_n),
     Field("executor_ranks", Ints(0, 1 << 31, 1024), default=()),
     Field("loras", ListOf(Str(MAX_LORA_NAME_CHARS), MAX_LORAS), default=()),
+    Field("pooling", POOLING_TASK, default=None),
 ), value=EngineInfo, build=_engine_info,
    table=True)
 assert [f.name for f in fields(EngineInfo)] == [f.name for f in ENGINE_INFO.fields]
@@ -219,12 +223,16 @@ def encode_outputs(outputs: StepOutputs | list[EngineOutput]) -> bytes:
     queued = {o.request_id: o.queued_s for o in entries if o.queued_s is not None}
     if queued:
         body["q"] = queued
+    pooled = {o.request_id: o.pooled for o in entries if o.pooled is not None}
+    if pooled:
+        body["p"] = pooled
     return pack("outputs", body)
 
 
 def decode_outputs(body: Body) -> StepOutputs:
     decoded: list[EngineOutput] = []
     queued = body.map("q", optional=True)
+    pooled = body.map("p", optional=True)
     for item in body.list("o", max_len=1 << 20):
         if not isinstance(item, list) or len(item) not in (4, 5, 6):
             raise ProtocolError("outputs: each item must be [id, token ids, finish, error"
@@ -243,6 +251,9 @@ def decode_outputs(body: Body) -> StepOutputs:
             if None in entries:
                 raise ProtocolError("outputs: prompt logprobs entries cannot be empty")
             output.prompt_logprobs = entries
+        vector = pooled.pop(output.request_id, None)
+        if vector is not None:
+            output.pooled = POOLED_VECTOR.read(vector, one, "p")
         seconds = queued.pop(output.request_id, None)   # with the first item of that id
         if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
             output.queued_s = float(seconds)
@@ -279,6 +290,8 @@ OUTPUTS = Message("outputs", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("t", Ints(0, MAX_TOKEN_ID, MAX_OUTPUT_ITEMS), default=None),
     # A value that is not a non-negative number is ignored, not refused.
     Field("q", MapOf(Float(0), 1 << 16), default=None),
+    # Pooling requests that ended: request id -> the pooled vector (shared/pooling/vectors.py).
+    Field("p", MapOf(POOLED_VECTOR, 1 << 16), default=None),
 ), codec=(encode_outputs, decode_outputs))
 
 DECLARED = (ENGINE_INFO, ADD, ABORT, FRONTEND_HELLO, STATS_REQUEST, KV_MAP_REQUEST, HEARTBEAT,

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from folio.shared.config import ExecutorCapacity
 from folio.shared.protocol.links import Link
 from folio.shared.sampling_params import MAX_LORA_NAME_CHARS, sampling_from_wire
-from folio.shared.protocol.schema import (Bool, Field, Float, Int, Ints, Items, ListOf, Message, Nil,
+from folio.shared.protocol.schema import (Bool, Bytes, Field, Float, Int, Ints, Items, ListOf, Message, Nil,
                                  Sampling, Shape, Str, number_text)
 from folio.shared.spec_decode_config import MAX_SPECULATIVE_TOKENS
 from folio.shared.protocol.step import NewRequest, StepPlan, StepResult
@@ -22,6 +22,18 @@ MAX_RUN_TOKENS = 1 << 24   # tokens one plan asks of one running request
 MAX_TOP_K = 1024   # top-k alternatives per logprobs entry
 MAX_DRAFTS = MAX_SPECULATIVE_TOKENS   # drafts one request carries in one step
 MAX_LORAS = 4096   # adapter names one message lists
+MAX_POOLED_BYTES = 4 << 16   # one pooled vector: float32s of a hidden size up to 65,536
+POOLED_VECTOR = Bytes(MAX_POOLED_BYTES)
+# The pooling runner's task (shared/pooling/task.py): the executor's hello says it, the
+# scheduler passes it on in engine_info. Absent: the generate runner.
+POOLING_TASK = Shape("pooling", (
+    Field("type", Str(8)),
+    Field("normalize", Bool()),
+    Field("hidden_size", Int(0, 1 << 16)),
+    Field("score_tokens", ListOf(Str(256), 2)),
+    Field("matryoshka", Bool()),
+    Field("matryoshka_dimensions", Ints(1, 1 << 16, 256)),
+))
 
 
 class ExecutorHello(NamedTuple):
@@ -57,6 +69,7 @@ EXECUTOR_HELLO = Message("executor_hello", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("rewrites_kv", Bool(), default=False),
     Field("loras", ListOf(Str(MAX_LORA_NAME_CHARS), MAX_LORAS), default=()),   # adapter names
     Field("weight_bytes_per_step", Int(0), default=0),   # weights one decode step reads
+    Field("pooling", POOLING_TASK, default=None),   # absent: the generate runner
 ), build=_hello, table=True)
 
 
@@ -140,6 +153,8 @@ def encode_result(result: StepResult) -> bytes:
         body["x"] = [[handle, reason[:MAX_FAILURE_CHARS]] for handle, reason in result.failed]
     if result.drafts:
         body["sd"] = [x for entry in result.drafts for x in entry]
+    if result.pooled:
+        body["pl"] = [[handle, vector] for handle, vector in result.pooled]
     return pack("result", body)
 
 
@@ -187,6 +202,11 @@ def decode_result(body: Body) -> StepResult:
     result.drafts = [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
     if any(not accepted <= proposed <= MAX_DRAFTS for _, proposed, accepted in result.drafts):
         raise ProtocolError(f"result: 'sd' entries need accepted <= proposed <= {MAX_DRAFTS}")
+    for item in body.list("pl", max_len=1 << 16, optional=True):
+        if not isinstance(item, list) or len(item) != 2:
+            raise ProtocolError("result: 'pl' items are [handle, vector bytes]")
+        one = Body("result.pl", dict(zip(("h", "v"), item)))
+        result.pooled.append((one.int("h", 0), POOLED_VECTOR.read(item[1], one, "v")))
     return result
 
 
@@ -270,6 +290,9 @@ RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("sd", Ints(), default=None,
           rule=f"flat (handle, drafts proposed ≤ {MAX_DRAFTS}, drafts accepted ≤ proposed) "
                "triples"),
+    Field("pl", ListOf(Items("result.pl", (
+        Field("handle", Int(0)), Field("vector", POOLED_VECTOR)))), default=None,
+          rule="pooling requests ended this step: [handle, little-endian float32 bytes]"),
 ), codec=(encode_result, decode_result),
    table=True)
 

@@ -152,6 +152,22 @@ class Bool(Kind):
 
 
 @dataclass(frozen=True)
+class Bytes(Kind):
+    """msgpack bin of at most max_len bytes (a pooled vector's float32s)."""
+
+    max_len: int = 1 << 20
+    type_text = "bin"
+
+    def read(self, value, body, key):
+        if not isinstance(value, bytes) or len(value) > self.max_len:
+            raise body.fail(key, f"bytes, at most {self.max_len}")
+        return value
+
+    def range_text(self):
+        return f"≤ {number_text(self.max_len)} bytes"
+
+
+@dataclass(frozen=True)
 class Ints(Kind):
     """A list of ints in [low, high], checked in C (shared.wire.check_ints)."""
 

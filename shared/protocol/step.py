@@ -74,3 +74,6 @@ class StepResult:
     # Each request that carried drafts: (handle, drafts proposed, drafts accepted); its
     # entries in `handles` are the accepted drafts and the token after them.
     drafts: list[tuple[int, int, int]] = field(default_factory=list)
+    # Pooling requests (shared/pooling/) whose prompt ended this step: (handle, the pooled
+    # vector as float32 bytes). Not in `handles`: nothing was sampled, the request ends.
+    pooled: list[tuple[int, bytes]] = field(default_factory=list)

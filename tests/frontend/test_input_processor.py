@@ -90,6 +90,7 @@ class _Engine:
         self.tokenizer = llm.tokenizer
         self.prep = Preparer()
         self.draining, self.engine_alive = False, True
+        self.pooling = None   # the generate runner
         self.submitted: list[list[int]] = []
 
     def submit(self, ids, params, sink, deadline=None, stops=None) -> str:

@@ -44,6 +44,7 @@ class FakeEngine:
         self.inputs = InputProcessor(None)   # token-id prompts only
         self.facts = ModelFacts(vocab_size=1024, max_model_len=256, max_logprobs=20, max_n=64)
         self.draining, self.engine_alive = False, True
+        self.pooling = None   # the generate runner
         self.sinks: dict[str, object] = {}
         self.submitted: list[str] = []
         self.aborted: list[str] = []

@@ -32,6 +32,7 @@ class _Engine:   # what /health, /v1/models and a refused completion read
     facts = ModelFacts(vocab_size=256, max_model_len=64, max_logprobs=20, max_n=64)
     draining = False
     engine_alive = True
+    pooling = None   # the generate runner
     tokenizer = None
     loras: tuple[str, ...] = ()
 
