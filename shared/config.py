@@ -74,6 +74,11 @@ class SchedulingPolicy:
         "fcfs", "fcfs: first come, first served; priority: by each request's priority "
         "(lower first, as vLLM), then arrival, a more urgent arrival preempting less urgent "
         "running requests", choices=SCHEDULING_POLICIES)
+    priority_aging_steps: int = setting(
+        100, "under --scheduling-policy priority, a waiting request's priority improves by "
+        "one for every this many scheduler steps it waits, so a steady stream of urgent "
+        "requests cannot hold it back for ever (0: no aging)", metavar="STEPS",
+        check=non_negative_int)
     speculative_config: str | None = setting(
         None, "speculative decoding as a JSON object, e.g. '{\"method\": \"ngram\", "
         "\"num_speculative_tokens\": 4}' (methods: ngram, suffix; docs/spec_decode.md); off "

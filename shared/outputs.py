@@ -29,6 +29,9 @@ class EngineOutput:
     # Entries for the next prompt tokens (prompt_logprobs), in order from prompt token 1.
     prompt_logprobs: list[RawLogprobs] | None = None
     queued_s: float | None = None   # on a request's first token: seconds it waited
+    # With an error: its RefusalCode ("request_failed": this request alone); None: the
+    # engine failed it (engine_dead).
+    error_code: str | None = None
 
     @property
     def finished(self) -> bool:

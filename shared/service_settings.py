@@ -62,6 +62,14 @@ class HttpSettings(Checked):
     enable_lora_runtime_updates: bool = setting(
         False, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (behind the API "
         "key; the engine needs --enable-lora); off, they answer 404")
+    priority_floor: int = setting(
+        0, "the most urgent priority (the lowest value) an HTTP request may ask under "
+        "--scheduling-policy priority; a lower one is refused (400) unless the request "
+        "comes with --priority-api-key", metavar="N")
+    priority_api_key: str | None = setting(
+        None, "a second API key for trusted callers: it opens the API as --api-key does, "
+        "and its requests may ask any priority (prefer FOLIO_PRIORITY_API_KEY: a flag shows "
+        "in `ps`)")
     allowed_hosts: str | None = setting(
         None, "Host header names HTTP answers, comma-separated, or '*' for any (default: on "
         "a loopback --host only localhost, 127.0.0.1 and ::1)", metavar="NAMES")
