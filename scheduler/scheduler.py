@@ -551,18 +551,21 @@ class Scheduler:
                ) -> tuple[int, int]:
         """The start of a new request's queue key (scheduler/fairness/): by priority, aged;
         within a priority, by its client's clock."""
-        step, config = self._next_step, self.config
+        config = self.config
+        seats = config.max_num_seqs
         priority = sampling.priority if self._by_priority else 0
-        # What it asks of one seat, in steps: its answers, and its prompt's chunks.
+        # Virtual time in seat-steps (a step is `seats` of them), so a client's clock runs
+        # as fast as the whole server would serve it alone. What it asks: its answers, and
+        # its prompt's chunks.
         answer = sampling.max_tokens or max(1, config.max_request_len - prompt_len)
         cost = sampling.n * answer + -(-prompt_len // config.max_num_batched_tokens)
-        start = self.clocks.start(client, priority, step, cost)
+        start = self.clocks.start(client, priority, self._next_step * seats, cost)
         aging = config.priority_aging_steps
         if not self._by_priority:
             return 0, start
         if aging <= 0:
             return priority, start
-        return 0, aged(priority, start, aging)
+        return 0, aged(priority, start, aging * seats)
 
     def _run_key(self, request: Request) -> tuple[int, int, int] | int:
         """The running list's order; its tail is where victims are taken. By priority, the

@@ -35,9 +35,10 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain may take
 SHUTDOWN_HELP = "on SIGTERM, seconds running requests may take to finish before they are aborted"
-MAX_REQUESTS_PER_CLIENT = 4096   # frontend: one SDK connection's requests in flight
-MAX_REQUESTS_PER_CLIENT_HELP = ("requests one SDK client (one ZeroMQ connection) may have in "
-                                "flight; more are refused as queue_full")
+MAX_REQUESTS_PER_CLIENT = 4096   # frontend: one SDK client's requests in flight
+MAX_REQUESTS_PER_CLIENT_HELP = ("requests one SDK client may have in flight over all its "
+                                "connections (a client: its peer, the host over tcp://, the "
+                                "process over ipc://); more are refused as queue_full")
 CURVE_KEYS_HELP = ("CURVE keys directory (`folio keys`): every ZeroMQ socket encrypts and "
                    "refuses peers without the keys (default: no CURVE)")
 

@@ -7,9 +7,9 @@ key, set once at arrival, and the queues never need sorting again. A request of 
 is ordered as a priority-0 request arriving 5 * aging_steps steps after it: a stream of
 urgent requests holds it back for about that many steps, not for ever.
 
-The scheduler uses the client's virtual start (client_clocks.py) for s, which is never
-before the arrival, and orders the queues and the running list by it (the least urgent,
-aged, is the one preempted)."""
+The scheduler counts in seat-steps (client_clocks.py: a step is max_num_seqs of them), uses
+the client's virtual start for s, which is never before the arrival, and orders the queues
+and the running list by it (the least urgent, aged, is the one preempted)."""
 
 from __future__ import annotations
 

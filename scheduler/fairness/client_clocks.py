@@ -1,13 +1,14 @@
 """Turns between clients within a priority, as start-time fair queueing takes them, with
-scheduler steps as the virtual time.
+scheduler seat-steps as the virtual time (a step is max_num_seqs of them).
 
 Each client (and priority) has a clock. A request starts at its client's clock or at the
-current step, whichever is later, and moves that clock on by what it asks for (its
-max_tokens, times n): the steps one seat needs to serve it. The queue goes by start. A client
-that sends 4,096 requests at once has them start one after another far into the future; a
-client arriving later starts now, so it waits only for the requests whose start is already
-due, not for the 4,096. A client alone is served in arrival order; clients that never queue
-more than the server serves see plain FCFS.
+current time, whichever is later, and moves that clock on by what it asks for (max_tokens
+times n, and its prompt's chunks): its clock runs as fast as the whole server would serve
+that client alone. The queue goes by start. A client that sends 4,096 requests at once has
+them start one after another into the future, about when the server would reach each if it
+served nobody else; a client arriving later starts now, so it waits only for the requests
+already due, not for the 4,096. A client alone is served in arrival order; clients that
+never queue more than the server serves see plain FCFS.
 
 A client is what the frontend names it (its peer address, or its key); requests with no
 name are one anonymous client."""
@@ -22,8 +23,8 @@ class ClientClocks:
         self._next: dict[tuple[str | None, int], int] = {}   # (client, priority) -> clock
 
     def start(self, client: str | None, priority: int, step: int, cost: int) -> int:
-        """The virtual start of a new request of `client` at `priority`, arriving at `step`
-        and asking for `cost` (>= 1) steps of one seat."""
+        """The virtual start of a new request of `client` at `priority`, arriving at virtual
+        time `step` and asking for `cost` (>= 1) seat-steps."""
         key = (client, priority)
         start = max(self._next.get(key, step), step)
         self._next[key] = start + cost

@@ -125,3 +125,16 @@ def test_a_client_alone_is_served_in_arrival_order_under_both_policies():
             driver.add(f"r{i}", [i + 5, 6, 7], _params(2), client="only")
         driver.drain()
         assert _admitted(driver) == [f"r{i}" for i in range(6)]
+
+
+def test_one_clients_backlog_keeps_its_priorities():
+    """A client's own backlog is not 'in the future' for its other priorities: a more urgent
+    request of it goes first, a less urgent one after the backlog (aging is far off)."""
+    driver = _Driver(_config(max_num_seqs=2, scheduling_policy="priority"))
+    for i in range(20):
+        driver.add(f"p0-{i}", [i + 5, 6, 7], _params(2), client="one")
+    driver.add("later", [1, 2, 3], _params(2, priority=1), client="one")
+    driver.add("urgent", [4, 5, 6], _params(2, priority=-1), client="one")
+    driver.drain()
+    order = _admitted(driver)
+    assert order[0] == "urgent" and order[-1] == "later", order
