@@ -23,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from folio.frontend.client_peers import ClientPeers
+from folio.frontend.http.access import priority_problem
 from folio.frontend.client_cutoff import CutOffClients, GoneClients
 from folio.frontend.engine_api import Engine, FinalResult
 from folio.frontend.input_processor import InputError, ProcessedPrompt
@@ -40,9 +41,11 @@ CUT_OFF_RETRY_S = 0.5     # how often cut-off clients are tried again
 
 @dataclass(frozen=True)
 class ClientLimits:
-    """What one client (one connection) may hold of the gateway."""
+    """What one client may hold of the gateway (requests: over all its connections; the
+    queues: per connection), and the most urgent priority it may ask."""
 
     max_requests: int = MAX_REQUESTS_PER_CLIENT   # in flight; more are refused (queue_full)
+    priority_floor: int | None = None   # --priority-floor (SDK clients have no priority key)
     # Replies queued for it (SNDHWM); full: it does not read. 128 per stream at 256 streams,
     # the HTTP API's slow_reader bound; about 3 s of a 10 000/s flood's refusals past its cap.
     send_queue: int = 32_768
@@ -86,6 +89,7 @@ class ZmqGateway:
         self.engine = engine
         self.address = address
         self.max_requests = limits.max_requests
+        self.priority_floor = limits.priority_floor
         self.sock = make_server(client_socket(ctx, limits), keys)
         self.sock.bind(check_bind_address(address))
         self.by_client: dict[bytes, dict[str, str]] = {}   # client -> its id -> engine id
@@ -264,6 +268,10 @@ class ZmqGateway:
         elif request.params.lora is not None and request.params.lora not in self.engine.loras:
             reason = (RefusalCode.INVALID, f"no LoRA adapter named {request.params.lora!r} "
                       f"is loaded (loaded: {', '.join(self.engine.loras) or 'none'})")
+        elif self.priority_floor is not None and \
+                priority_problem(request.params.priority, self.priority_floor, False):
+            reason = (RefusalCode.INVALID, priority_problem(request.params.priority,
+                                                            self.priority_floor, False))
         elif request.params.n != 1:
             reason = (RefusalCode.INVALID, "n > 1 is not served over the SDK yet; send n "
                       "requests, or use the HTTP API or folio.LLM")

@@ -75,6 +75,11 @@ from folio.shared.sampling_params import SamplingParams, check_against_model
 from folio.shared.protocol.step import NewRequest, StepPlan, StepResult
 
 
+# Waiting requests held back by the LoRA slot limit that one step looks past, at most: a
+# long queue for another adapter costs a step this many checks, not the queue's length.
+MAX_LORA_SKIPS = 256
+
+
 @dataclass(slots=True)
 class _Scheduled:
     request: Request
@@ -433,8 +438,8 @@ class Scheduler:
                 if adapters is None:
                     adapters = {r.sampling.lora for r in self.running} - {None}
                 if lora not in adapters and len(adapters) >= self.config.max_loras:
-                    if request.lora_passes >= max_seqs:
-                        break   # its turn: nobody else passes it any more
+                    if request.lora_passes >= max_seqs or len(skipped) >= MAX_LORA_SKIPS:
+                        break   # its turn: nobody else passes it (or the scan is long)
                     skipped.append(request)
                     index += 1
                     continue
@@ -476,7 +481,7 @@ class Scheduler:
             if not (running and len(self.running) < self.config.max_num_seqs
                     and self.kv.fork(first, child)):
                 child.status = RequestStatus.WAITING   # falls back to computing its prompt
-                self._enqueue(self.waiting, child, front=True)
+                self._enqueue(self.waiting, child)
                 continue
             child.num_computed_tokens = prompt_len - 1   # recomputes only the last token
             child.admit_seq = first.admit_seq
@@ -575,9 +580,9 @@ class Scheduler:
             return major, minor, request.admit_seq
         return request.admit_seq
 
-    def _enqueue(self, queue: deque[Request], request: Request, front: bool = False) -> None:
-        """At its place by (class, client round, arrival): a preempted request goes back
-        before everyone who came after it. `front`: kept for callers; the key decides."""
+    def _enqueue(self, queue: deque[Request], request: Request) -> None:
+        """At its place by its queue key (scheduler/fairness/), fixed at arrival: a preempted
+        request goes back before everyone who came after it."""
         key = _queue_key(request)
         if not queue or key >= _queue_key(queue[-1]):
             queue.append(request)   # the common case: the newest arrival
@@ -623,7 +628,7 @@ class Scheduler:
         self.kv.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
-        self._enqueue(self.waiting, request, front=True)
+        self._enqueue(self.waiting, request)
         self.counters["preemptions_recompute"] += 1
 
     def _resume(self, request: Request, step: int) -> None:

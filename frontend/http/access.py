@@ -29,8 +29,8 @@ def priority_problem(priority: int, floor: int, privileged: bool) -> str | None:
     if priority >= floor or privileged:
         return None
     return (f"priority {priority} is more urgent than this server lets a request ask "
-            f"(--priority-floor {floor}); ask {floor} or more, or send the request with "
-            "the priority API key")
+            f"(--priority-floor {floor}); ask {floor} or more (over HTTP, requests with the "
+            "priority API key may ask more)")
 
 
 def needs_key(path: str, metrics_public: bool) -> bool:

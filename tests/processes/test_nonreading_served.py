@@ -21,7 +21,7 @@ import zmq
 
 from folio import SamplingParams
 from folio.client import AsyncClient, Client
-from folio.errors import QueueFull
+from folio.errors import QueueFull, RequestRejected
 from folio.shared.protocol import messages as m
 from tests.http_server import HttpServer
 from tests.soak.nonreading_client import non_reading_dealer
@@ -141,3 +141,10 @@ def test_one_process_shares_one_cap_over_its_connections(server):
 def _one_request(address: str) -> int:
     with Client(address, timeout=120) as client:
         return len(client.generate([1, 2, 3], GREEDY).token_ids)
+
+
+def test_an_sdk_request_may_not_ask_a_priority_past_the_floor(server):
+    with Client(server.zmq_address, timeout=120) as sdk:
+        with pytest.raises(RequestRejected, match="--priority-floor 0"):
+            sdk.generate([1, 2, 3], SamplingParams(max_tokens=2, priority=-3))
+        assert len(sdk.generate([1, 2, 3], GREEDY).token_ids) == 4
