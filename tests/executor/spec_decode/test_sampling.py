@@ -130,16 +130,18 @@ def test_seeded_text_the_same_under_load_and_without_speculation(llama_dir):
     others = [[(5 * i + k) % 300 + 20 for k in range(12)] * 2 for i in range(5)]
     busy = SamplingParams(temperature=0.8, max_tokens=32, ignore_eos=True)
 
-    def run(load: bool, **engine_args) -> tuple[list, dict]:
-        llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=256,
-                  **engine_args)
+    def run(llm: LLM, load: bool) -> list:
         results = llm.generate(prompts + (others if load else []),
                                seeded + ([busy] * len(others) if load else []))
-        return [[list(o.token_ids) for o in r.outputs] for r in results[:2]], llm.stats()
+        return [[list(o.token_ids) for o in r.outputs] for r in results[:2]]
 
-    quiet, stats = run(False, speculative_config=spec)
+    # No prefix cache: the loaded run computes its prompts as the quiet one did.
+    llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=256,
+              speculative_config=spec, enable_prefix_caching=False)
+    quiet = run(llm, False)
+    stats = llm.stats()
     assert stats["spec_decode_num_drafts"] > 0 and stats["spec_decode_num_accepted_tokens"] > 0
-    loaded, _ = run(True, speculative_config=spec)
-    off, _ = run(False)
+    loaded = run(llm, True)
+    off = run(LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=256), False)
     assert quiet == loaded == off
     assert len({tuple(t) for t in quiet[0]}) > 1   # the three samples differ

@@ -53,20 +53,21 @@ def test_a_second_client_is_not_queued_behind_the_first_ones_requests(server):
     done: list[str] = []
     lock = threading.Lock()
 
-    def run(name: str, key: str) -> None:
-        answer = _complete(server, key, max_tokens=12, ignore_eos=True)
+    def run(name: str, key: str, max_tokens: int) -> None:
+        answer = _complete(server, key, max_tokens=max_tokens, ignore_eos=True)
         assert answer.status_code == 200, answer.text
         with lock:
             done.append(name)
 
-    heavy = [threading.Thread(target=run, args=(f"heavy{i}", KEY)) for i in range(HEAVY)]
+    # Each heavy request runs 48 steps: the poll below sees its queue while the first runs.
+    heavy = [threading.Thread(target=run, args=(f"heavy{i}", KEY, 48)) for i in range(HEAVY)]
     for thread in heavy:
         thread.start()
     deadline = time.monotonic() + 120
     while _waiting(server) < HEAVY - 1:   # one runs, the rest wait
         assert time.monotonic() < deadline, "the heavy client's requests never queued"
         time.sleep(0.05)
-    light = threading.Thread(target=run, args=("light", PRIORITY_KEY))
+    light = threading.Thread(target=run, args=("light", PRIORITY_KEY, 4))
     light.start()
     for thread in [*heavy, light]:
         thread.join()
