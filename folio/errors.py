@@ -28,6 +28,11 @@ class EngineDead(FolioError):
     """The scheduler or executor behind the frontend is gone; the request failed."""
 
 
+class RequestFailed(FolioError):
+    """This request alone failed in the engine (e.g. its adapter's output was NaN); the
+    message says why. The server goes on serving; retrying the same request fails again."""
+
+
 class RequestTimeout(FolioError):
     """No answer within the request's timeout; the request was aborted."""
 
@@ -41,7 +46,7 @@ class SlowReader(FolioError):
 _BY_CODE = {RefusalCode.INVALID: RequestRejected, RefusalCode.REJECTED: RequestRejected,
             RefusalCode.QUEUE_FULL: QueueFull, RefusalCode.ENGINE_DEAD: EngineDead,
             RefusalCode.TIMEOUT: RequestTimeout, RefusalCode.SHUTTING_DOWN: ShuttingDown,
-            RefusalCode.SLOW_READER: SlowReader}
+            RefusalCode.SLOW_READER: SlowReader, RefusalCode.REQUEST_FAILED: RequestFailed}
 
 
 def error_from_code(code: RefusalCode | str, message: str) -> FolioError:

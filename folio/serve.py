@@ -96,7 +96,7 @@ class Supervisor:
         http = []
         if plan.http.port:   # the key goes in the environment (child_env), never here
             http = [*config_flags(plan.http, skip=("served_model_name", "api_key",
-                                                   "api_key_file")),
+                                                   "api_key_file", "priority_api_key")),
                     "--served-model-name", *self.served_names()]
         return base + ["--model", self.config.tokenizer_path,
                        "--client-address", self.client_address,
@@ -124,9 +124,11 @@ class Supervisor:
         """The key reaches the frontend in its environment, never on a command line (which
         `ps` shows to every user), and no other process."""
         env = {k: v for k, v in os.environ.items()
-               if k not in ("FOLIO_API_KEY", "FOLIO_API_KEY_FILE")}
+               if k not in ("FOLIO_API_KEY", "FOLIO_API_KEY_FILE", "FOLIO_PRIORITY_API_KEY")}
         if role == "frontend" and self.plan.api_key:
             env["FOLIO_API_KEY"] = self.plan.api_key
+        if role == "frontend" and self.plan.http.priority_api_key:
+            env["FOLIO_PRIORITY_API_KEY"] = self.plan.http.priority_api_key
         return env
 
     def run(self) -> int:

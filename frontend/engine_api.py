@@ -120,8 +120,10 @@ class Engine(Protocol):
     # ---- requests -----------------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
-               deadline_s: float | None = None, stops: StopStrings | None = None) -> str:
-        """Queue a checked request; its events go to `sink`. Returns its engine id."""
+               deadline_s: float | None = None, stops: StopStrings | None = None,
+               client: str | None = None) -> str:
+        """Queue a checked request; its events go to `sink`. Returns its engine id.
+        `client`: who sent it, for the turns clients take (None: anonymous)."""
 
     def abort(self, request_id: str) -> None: ...
 

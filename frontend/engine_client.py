@@ -165,10 +165,12 @@ class EngineClient:
     # ---- requests -----------------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
-               deadline_s: float | None = None, stops: StopStrings | None = None) -> str:
+               deadline_s: float | None = None, stops: StopStrings | None = None,
+               client: str | None = None) -> str:
         """Queue a checked request; its events go to `sink`. Returns its engine id.
         With a deadline, a request not finished by then is aborted and fails with
-        code "timeout". `stops`: params.stop's tables, built once per client request."""
+        code "timeout". `stops`: params.stop's tables, built once per client request.
+        `client`: who sent it (frontend/clients.py), for the scheduler's turns."""
         request_id = f"{self.frontend_id}-{next(self.counter)}"
         state = RequestState(self.tokenizer, params, prompt_ids, wire_logprob, stops)
         sample_ids = [child_request_id(request_id, i, params.n) for i in range(params.n)]
@@ -179,7 +181,7 @@ class EngineClient:
             request.deadline = asyncio.get_running_loop().call_later(
                 deadline_s, self._expire, request_id, deadline_s)
         self._notify("submitted", request)
-        if not self._send(m.encode_add(request_id, prompt_ids, params)):
+        if not self._send(m.encode_add(request_id, prompt_ids, params, client)):
             # Failed after the caller has the id (never inside submit): it waits for nothing.
             asyncio.get_running_loop().call_soon(
                 self._fail, request_id, RefusalCode.ENGINE_DEAD,
@@ -408,8 +410,9 @@ class _ClientEvents(OutputEvents[_Request]):
     def __init__(self, client: EngineClient) -> None:
         self.client = client
 
-    def error(self, request_id: str, request: _Request, message: str) -> bool:
-        self.client._fail(request_id, RefusalCode.ENGINE_DEAD, message)
+    def error(self, request_id: str, request: _Request, message: str,
+              code: str | None = None) -> bool:
+        self.client._fail(request_id, code or RefusalCode.ENGINE_DEAD, message)
         return True
 
     def tokens(self, request: _Request, count: int, queued_s: float | None) -> None:

@@ -28,8 +28,10 @@ R = TypeVar("R")   # the consumer's own record of a request
 class OutputEvents(Generic[R]):
     """What an output loop tells its consumer; each does nothing unless overridden."""
 
-    def error(self, request_id: str, request: R, message: str) -> bool:
-        """An output carries an error; True: the consumer took it (nothing is applied)."""
+    def error(self, request_id: str, request: R, message: str,
+              code: str | None = None) -> bool:
+        """An output carries an error (`code`: its RefusalCode, None: the engine failed it);
+        True: the consumer took it (nothing is applied)."""
         return False
 
     def tokens(self, request: R, count: int, queued_s: float | None) -> None:
@@ -77,7 +79,8 @@ class OutputLoop(Generic[R]):
         if found is None:
             return   # not this consumer's, or ended (an abort's answer, say)
         request_id, request, state, sample = found
-        if output.error is not None and self.events.error(request_id, request, output.error):
+        if output.error is not None and self.events.error(request_id, request, output.error,
+                                                          output.error_code):
             return
         if sample.finish_reason is not None:
             return   # already ended by a stop string

@@ -159,10 +159,11 @@ class Replicas:
     # ---- requests -----------------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink,
-               deadline_s: float | None = None, stops: StopStrings | None = None) -> str:
+               deadline_s: float | None = None, stops: StopStrings | None = None,
+               client: str | None = None) -> str:
         index = self._route(prompt_ids, params.lora)
         self.routed[index] += 1
-        return self.clients[index].submit(prompt_ids, params, sink, deadline_s, stops)
+        return self.clients[index].submit(prompt_ids, params, sink, deadline_s, stops, client)
 
     def _route(self, prompt_ids: list[int], lora: str | None = None) -> int:
         live = self._serving()

@@ -65,7 +65,8 @@ class FrontendService:
         else:
             self.engine = EngineClient(self.tokenizer, addresses[0], self.ctx, keys)
         self.gateway = ZmqGateway(self.engine, config.client_address, self.ctx, client_keys,
-                                  ClientLimits(max_requests=config.max_requests_per_client))
+                                  ClientLimits(max_requests=config.max_requests_per_client,
+                                               priority_floor=config.priority_floor))
         self.stopped = asyncio.Event()     # first signal: drain
         self.hurry = asyncio.Event()       # second signal: stop waiting for running requests
         self.http_stop = asyncio.Event()   # the HTTP server stops after the drain

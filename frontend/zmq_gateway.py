@@ -24,6 +24,8 @@ import zmq.asyncio
 
 from folio.frontend.openai.pooling.sdk_requests import (pooled_answer, prepare_pooled,
                                                         runner_problem)
+from folio.frontend.client_peers import ClientPeers
+from folio.frontend.http.access import priority_problem
 from folio.frontend.client_cutoff import CutOffClients, GoneClients
 from folio.frontend.engine_api import Engine, FinalResult
 from folio.frontend.input_processor import InputError, ProcessedPrompt
@@ -41,9 +43,11 @@ CUT_OFF_RETRY_S = 0.5     # how often cut-off clients are tried again
 
 @dataclass(frozen=True)
 class ClientLimits:
-    """What one client (one connection) may hold of the gateway."""
+    """What one client may hold of the gateway (requests: over all its connections; the
+    queues: per connection), and the most urgent priority it may ask."""
 
     max_requests: int = MAX_REQUESTS_PER_CLIENT   # in flight; more are refused (queue_full)
+    priority_floor: int | None = None   # --priority-floor (SDK clients have no priority key)
     # Replies queued for it (SNDHWM); full: it does not read. 128 per stream at 256 streams,
     # the HTTP API's slow_reader bound; about 3 s of a 10 000/s flood's refusals past its cap.
     send_queue: int = 32_768
@@ -89,9 +93,11 @@ class ZmqGateway:
         self.engine = engine
         self.address = address
         self.max_requests = limits.max_requests
+        self.priority_floor = limits.priority_floor
         self.sock = make_server(client_socket(ctx, limits), keys)
         self.sock.bind(check_bind_address(address))
         self.by_client: dict[bytes, dict[str, str]] = {}   # client -> its id -> engine id
+        self.peers = ClientPeers()   # connection -> client, and each client's load
         self.cut_off = CutOffClients()
         self.gone = GoneClients()
         self.preparing: dict[bytes, int] = {}          # client -> requests in the pool or admission
@@ -111,7 +117,7 @@ class ZmqGateway:
         received = 0
         prep = self.engine.prep
         while True:
-            frames = await self.sock.recv_multipart()
+            frames = await self.sock.recv_multipart(copy=False)
             received += 1
             if received % 64 == 0:
                 # A ready socket never suspends the await above: let the other tasks
@@ -119,7 +125,8 @@ class ZmqGateway:
                 await asyncio.sleep(0)
             if len(frames) != 2:
                 continue
-            client, data = frames
+            client, data = frames[0].bytes, frames[1].bytes
+            self.peers.note(client, frames[1])
             if self.gone.drops(client):
                 continue   # sent before it left: nobody would read the answer
             if client in self.cut_off and not self._served_again(client, data):
@@ -132,7 +139,7 @@ class ZmqGateway:
             asyncio.create_task(self._on_large(client, prep.submit(self._decode_large, data)))
 
     def _on_message(self, client: bytes, data: bytes) -> None:
-        if len(self.by_client.get(client, ())) >= self.max_requests and \
+        if self.peers.load(client) >= self.max_requests and \
                 self._refused_at_cap(client, data):
             return
         try:
@@ -175,9 +182,9 @@ class ZmqGateway:
 
     def _at_cap(self, client: bytes) -> tuple[RefusalCode, str]:
         return RefusalCode.QUEUE_FULL, (
-            f"this connection has {len(self.by_client.get(client, ()))} requests in flight, "
-            "the most one client may have (--max-requests-per-client); wait for some to "
-            "end, or connect another client")
+            f"this client ({self.peers.client(client)}) has {self.peers.load(client)} "
+            "requests in flight over its connections, the most one client may have "
+            "(--max-requests-per-client); wait for some to end")
 
     def _bad_message(self, client: bytes, client_id: str, error: ProtocolError) -> None:
         log.warning("bad client message: %s", error)
@@ -255,7 +262,7 @@ class ZmqGateway:
             return True   # a large request prepared while it was cut off: nobody to answer
         if request.id in running:
             reason = (RefusalCode.INVALID, f"request id {request.id!r} is already running")
-        elif len(running) >= self.max_requests:
+        elif self.peers.load(client) >= self.max_requests:
             reason = self._at_cap(client)
         elif self.engine.draining:
             reason = (RefusalCode.SHUTTING_DOWN,
@@ -267,6 +274,10 @@ class ZmqGateway:
                       f"is loaded (loaded: {', '.join(self.engine.loras) or 'none'})")
         elif runner_problem(self.engine, request.pooling) is not None:
             reason = (RefusalCode.INVALID, runner_problem(self.engine, request.pooling))
+        elif self.priority_floor is not None and \
+                priority_problem(request.params.priority, self.priority_floor, False):
+            reason = (RefusalCode.INVALID, priority_problem(request.params.priority,
+                                                            self.priority_floor, False))
         elif request.params.n != 1:
             reason = (RefusalCode.INVALID, "n > 1 is not served over the SDK yet; send n "
                       "requests, or use the HTTP API or folio.LLM")
@@ -317,7 +328,9 @@ class ZmqGateway:
                            None if request.pooling is None
                            else pooled_answer(self.engine, request))
         self.by_client.setdefault(client, {})[request.id] = self.engine.submit(
-            prepared.ids, request.params, sink, request.deadline, prepared.stops)
+            prepared.ids, request.params, sink, request.deadline, prepared.stops,
+            f"sdk:{self.peers.client(client)}")
+        self.peers.started(client)
 
     async def _on_health(self, client: bytes, client_id: str) -> None:
         engine = self.engine
@@ -335,7 +348,8 @@ class ZmqGateway:
     def forget(self, client: bytes, client_id: str) -> None:
         running = self.by_client.get(client)
         if running is not None:
-            running.pop(client_id, None)
+            if running.pop(client_id, None) is not None:
+                self.peers.ended(client)
             if not running:
                 del self.by_client[client]
 
@@ -352,6 +366,8 @@ class ZmqGateway:
     def _unreachable(self, client: bytes, error: BaseException, client_id: str) -> None:
         """Abort, once, every request of a client that can no longer be answered."""
         running = self.by_client.pop(client, {})
+        if running:
+            self.peers.ended(client, len(running))
         for request_id in running.values():
             self.engine.abort(request_id)
         if _gone(error):

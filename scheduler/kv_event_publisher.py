@@ -5,7 +5,8 @@ routers that read vLLM's stream (llm-d's endpoint picker, Dynamo's ZMQ relay) re
   endian, from 0), payload: msgpack of [timestamp, events] (and the data-parallel rank
   after them when set), vLLM's KVEventBatch;
 - a ROUTER socket (replay_endpoint) answers a request naming a sequence number (8 bytes)
-  with every batch kept from there on, each as (sequence, payload), then (-1, empty).
+  with every batch kept from there on, each as (sequence, payload), then (-1, empty); it is
+  served on a thread of its own, bounded per peer and in total (kv_event_replay.py).
 
 It binds plain TCP as vLLM does (its subscribers speak no CURVE): keep the endpoint on a
 private network, since events carry prompt token ids.
@@ -15,17 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 
 import msgpack
 import zmq
 
+from folio.scheduler.kv_event_replay import KeptBatches, ReplayServer
 from folio.scheduler.kv_events import Event
 from folio.shared.kv_events_config import KVEventsConfig
 
 log = logging.getLogger("folio.scheduler")
-
-_END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 
 
 class KVEventPublisher:
@@ -36,12 +35,9 @@ class KVEventPublisher:
         self.pub.setsockopt(zmq.SNDHWM, config.hwm)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(config.endpoint)   # checked with the config (kv_events_config.py)
-        self.replay = None
-        if config.replay_endpoint is not None:
-            self.replay = ctx.socket(zmq.ROUTER)
-            self.replay.setsockopt(zmq.LINGER, 0)
-            self.replay.bind(config.replay_endpoint)
-        self._kept: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._kept = KeptBatches(config.buffer_steps)
+        self.replay = None if config.replay_endpoint is None else \
+            ReplayServer(ctx, config.replay_endpoint, self._kept)
         self._next_seq = 0
         log.info("publishing KV events on %s%s", config.endpoint,
                  f" (replay on {config.replay_endpoint})" if self.replay else "")
@@ -55,37 +51,14 @@ class KVEventPublisher:
         payload = msgpack.packb(batch, use_bin_type=True)
         seq = self._next_seq
         self._next_seq += 1
-        self._kept.append((seq, payload))
+        self._kept.append(seq, payload)
         try:
             self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload),
                                     flags=zmq.NOBLOCK)
         except zmq.Again:   # past the high-water mark: subscribers catch up by replay
             pass
 
-    def answer_replays(self) -> None:
-        """Answer every replay request waiting (called when the socket is readable)."""
-        while True:
-            try:
-                frames = self.replay.recv_multipart(flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            identity, start = frames[0], frames[-1]
-            if len(start) != 8:
-                continue   # not a sequence number: nothing to answer
-            first = int.from_bytes(start, "big")
-            for seq, payload in self._kept:
-                if seq >= first:
-                    self._send(identity, seq.to_bytes(8, "big"), payload)
-            self._send(identity, _END_OF_REPLAY, b"")
-
-    def _send(self, identity: bytes, seq: bytes, payload: bytes) -> None:
-        # A REQ peer expects the empty delimiter frame before its reply.
-        try:
-            self.replay.send_multipart((identity, b"", seq, payload), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-
     def close(self) -> None:
         self.pub.close(0)
         if self.replay is not None:
-            self.replay.close(0)
+            self.replay.close()

@@ -25,7 +25,8 @@ class Request:
                  "fork_children", "prompt_logprobs_next", "arrival_time", "queue_s",
                  "stop_length_at", "stop_ids", "prompt_len", "num_tokens", "stop_num_tokens",
                  "draft_steps", "num_draft_slots", "spec_proposed", "spec_accepted",
-                 "spec_paused_until", "spec_steps", "spec_accepted_total", "prefix_seed")
+                 "spec_paused_until", "spec_steps", "spec_accepted_total", "prefix_seed",
+                 "client", "queue_key", "lora_passes")
 
     def __init__(self, request_id: str, handle: int, prompt_token_ids: list[int],
                  sampling: SamplingParams) -> None:
@@ -46,6 +47,12 @@ class Request:
         # model, the adapter's seed (shared/prefix_hash.py adapter_seed) for a LoRA request.
         self.prefix_seed: bytes | None = None
         self.status = RequestStatus.WAITING
+        # Its order (scheduler/fairness/) in the queues and, by priority, the running list:
+        # its priority, aged, and its client's virtual start; then its handle (arrival).
+        self.client: str | None = None
+        self.queue_key: tuple[int, int, int] = (0, 0, handle)
+        # Requests admitted past it while the LoRA slot limit held it back (bounded).
+        self.lora_passes = 0
         self.num_computed_tokens = 0
         self.finish_reason: str | None = None
         self.on_executor = False   # whether the executor holds this request's state

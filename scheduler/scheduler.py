@@ -11,9 +11,18 @@ either copied to the CPU swap pool or dropped and recomputed later, as the preem
 and its cost estimate say. Either way it keeps the tokens it has produced so far.
 
 With scheduling_policy "priority" (vLLM's), every queue and the running list are ordered by
-(priority, arrival) instead, lower priority values first: the least urgent, newest request
-is the one preempted, and a waiting request that cannot be admitted preempts running ones of
-a strictly lower priority (larger value) until it can. Within one priority it is FCFS.
+priority first, lower values first: the least urgent, newest request is the one preempted,
+and a waiting request that cannot be admitted preempts running ones of a strictly less
+urgent priority until it can. A request's priority is aged by the steps it waited
+(scheduler/fairness/aging.py), so urgent traffic cannot hold it back for ever.
+
+Within a priority (and under FCFS, one priority) the queues go by each client's virtual
+clock (scheduler/fairness/client_clocks.py): clients take turns, and one client's thousands
+of waiting requests do not stand in front of another's first; one client alone is FCFS.
+
+A waiting request that the LoRA slot limit (max_loras) holds back does not hold back the
+requests behind it that fit (as vLLM skips it), but at most max_num_seqs of them pass it
+before the queue waits for its adapter's turn again: it is not starved.
 
 Block tables are KVCacheManager's alone (scheduler/kv_manager.py holds and writes them):
 this module works in token counts, asks it for slots, forks and swaps, puts the pairs it
@@ -53,6 +62,8 @@ from dataclasses import dataclass, replace
 from itertools import repeat
 
 from folio.scheduler.block_pool import BlockPool
+from folio.scheduler.fairness.aging import aged
+from folio.scheduler.fairness.client_clocks import ClientClocks
 from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.kv_manager import CachedPrefix, KVCacheManager
 from folio.scheduler.kv_map import build_kv_map
@@ -62,6 +73,7 @@ from folio.scheduler.spec_decode import DraftPlanner
 from folio.scheduler.stop import finish_reason_after_token, stop_triggers
 from folio.shared.config import SchedulerConfig
 from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs, child_request_id
+from folio.shared.protocol.codes import RefusalCode
 from folio.shared.prefix_hash import adapter_seed
 from folio.shared.request_limits import ids_problem, length_problem
 from folio.shared.sampling_params import SamplingParams, check_against_model
@@ -71,6 +83,9 @@ from folio.shared.protocol.step import NewRequest, StepPlan, StepResult
 # A pooling request that needs every prompt position computed ("mean") takes no prefix
 # hits: the executor never saw the hidden states of cached tokens (executor/pooling/).
 NO_PREFIX = CachedPrefix([], 0)
+# Waiting requests held back by the LoRA slot limit that one step looks past, at most: a
+# long queue for another adapter costs a step this many checks, not the queue's length.
+MAX_LORA_SKIPS = 256
 
 
 @dataclass(slots=True)
@@ -89,6 +104,7 @@ class Scheduler:
         self.swapped: deque[Request] = deque()
         self.running: list[Request] = []          # by _run_key: last = newest (least urgent)
         self._by_priority = config.scheduling_policy == "priority"
+        self.clocks = ClientClocks()
         self.requests: dict[str, Request] = {}
         self._by_handle: dict[int, Request] = {}
         # Finished, aborted and preempted requests whose executor-side state the next plan
@@ -114,10 +130,11 @@ class Scheduler:
     # ---- requests in and out ------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    sampling: SamplingParams) -> list[str]:
+                    sampling: SamplingParams, client: str | None = None) -> list[str]:
         """Queue a request; returns the ids its outputs will carry (one per sample).
         Raises ValueError, allocating nothing, if it can never run: the offline engine and
-        the server refuse the same requests."""
+        the server refuse the same requests. `client`: who sent it, for the turns clients
+        take (None: the anonymous client)."""
         self._check_fits(prompt_token_ids, sampling.max_tokens)
         # The frontend checked these too; the scheduler does not trust its peers.
         check_against_model(sampling, self.config.vocab_size, self.config.max_logprobs,
@@ -133,6 +150,9 @@ class Scheduler:
             raise ValueError(f"request id {request_id!r} is already in use")
         children = [self._new_request(ids[i], prompt_token_ids, _child_params(sampling, i))
                     for i in range(n)]
+        order = self._order(client, sampling, len(prompt_token_ids))
+        for child in children:
+            child.client, child.queue_key = client, (*order, child.handle)
         first = children[0]
         first.fork_children = children[1:]
         for child in first.fork_children:
@@ -240,7 +260,7 @@ class Scheduler:
         # Under the priority policy a waiting request more urgent than every swapped one goes
         # first, and a victim preempted for it this step is not brought straight back.
         urgent = self._by_priority and self.waiting and (made_room or not self.swapped or (
-            self.waiting[0].sampling.priority < self.swapped[0].sampling.priority))
+            _more_urgent(self.waiting[0], self.swapped[0])))
         if not preempted and not urgent:
             budget = self._swap_in(plan, scheduled, budget, step)
         if not preempted and (urgent or not self.swapped):
@@ -303,8 +323,11 @@ class Scheduler:
             request = by_handle.get(handle)
             if request is not None:   # else it finished while its step was in flight
                 self._finish(request, FinishReason.ERROR)
+                lora = request.sampling.lora
+                if lora is not None:   # the likeliest cause is its own adapter: say which
+                    reason = f"{reason} (with LoRA adapter {lora!r})"
                 outputs.append(EngineOutput(request.request_id, [], FinishReason.ERROR,
-                                            reason))
+                                            reason, error_code=RefusalCode.REQUEST_FAILED))
         for handle, vector in result.pooled:   # pooling requests: their prompt is done
             request = by_handle.get(handle)
             if request is not None:   # else it finished while its step was in flight
@@ -418,10 +441,22 @@ class Scheduler:
         return budget
 
     def _admit(self, scheduled: list[_Scheduled], budget: int, step: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            if request.sampling.lora is not None and not self._lora_fits(request):
-                break
+        waiting, max_seqs = self.waiting, self.config.max_num_seqs
+        index = 0              # the first waiting request not skipped
+        skipped: list[Request] = []   # held back by the LoRA slot limit this step
+        adapters: set[str] | None = None   # the running requests' adapters, once needed
+        while index < len(waiting) and budget > 0 and len(self.running) < max_seqs:
+            request = waiting[index]
+            lora = request.sampling.lora
+            if lora is not None:
+                if adapters is None:
+                    adapters = {r.sampling.lora for r in self.running} - {None}
+                if lora not in adapters and len(adapters) >= self.config.max_loras:
+                    if request.lora_passes >= max_seqs or len(skipped) >= MAX_LORA_SKIPS:
+                        break   # its turn: nobody else passes it (or the scan is long)
+                    skipped.append(request)
+                    index += 1
+                    continue
             cached = self.kv.find_cached_prefix(request) \
                 if request.sampling.pooling != "mean" else NO_PREFIX
             if not self.kv.can_admit(request, cached):
@@ -435,7 +470,14 @@ class Scheduler:
             new_blocks = self.kv.admit(request, cached, num_new, step)
             self.counters["prefix_cache_queries"] += request.num_tokens
             self.counters["prefix_cache_hits"] += request.num_computed_tokens
-            self.waiting.popleft()
+            if index:
+                del waiting[index]
+            else:
+                waiting.popleft()
+            for passed in skipped:
+                passed.lora_passes += 1
+            if lora is not None and adapters is not None:
+                adapters.add(lora)
             if request.admit_seq < 0:
                 request.admit_seq = self._next_admit
                 self._next_admit += 1
@@ -454,7 +496,7 @@ class Scheduler:
             if not (running and len(self.running) < self.config.max_num_seqs
                     and self.kv.fork(first, child)):
                 child.status = RequestStatus.WAITING   # falls back to computing its prompt
-                self._enqueue(self.waiting, child, front=True)
+                self._enqueue(self.waiting, child)
                 continue
             child.num_computed_tokens = prompt_len - 1   # recomputes only the last token
             child.admit_seq = first.admit_seq
@@ -525,28 +567,49 @@ class Scheduler:
 
     # ---- order: FCFS, or (priority, arrival) ----------------------------------------------
 
-    def _run_key(self, request: Request) -> tuple[int, int] | int:
-        """The running list's order; its tail is where victims are taken."""
+    def _order(self, client: str | None, sampling: SamplingParams, prompt_len: int
+               ) -> tuple[int, int]:
+        """The start of a new request's queue key (scheduler/fairness/): by priority, aged;
+        within a priority, by its client's clock."""
+        config = self.config
+        seats = config.max_num_seqs
+        priority = sampling.priority if self._by_priority else 0
+        # Virtual time in seat-steps (a step is `seats` of them), so a client's clock runs
+        # as fast as the whole server would serve it alone. What it asks: its answers, and
+        # its prompt's chunks.
+        answer = sampling.max_tokens or max(1, config.max_request_len - prompt_len)
+        cost = sampling.n * answer + -(-prompt_len // config.max_num_batched_tokens)
+        start = self.clocks.start(client, priority, self._next_step * seats, cost)
+        aging = config.priority_aging_steps
+        if not self._by_priority:
+            return 0, start
+        if aging <= 0:
+            return priority, start
+        return 0, aged(priority, start, aging * seats)
+
+    def _run_key(self, request: Request) -> tuple[int, int, int] | int:
+        """The running list's order; its tail is where victims are taken. By priority, the
+        queues' order (so a victim goes back behind whoever preempted it: no ping-pong)."""
         if self._by_priority:
-            return request.sampling.priority, request.admit_seq
+            major, minor, _ = request.queue_key
+            return major, minor, request.admit_seq
         return request.admit_seq
 
-    def _enqueue(self, queue: deque[Request], request: Request, front: bool = False) -> None:
-        """FCFS: to the back, or the front for a preempted request (it was there first).
-        By priority: at its place by (priority, arrival), either way."""
-        if not self._by_priority:
-            queue.appendleft(request) if front else queue.append(request)
+    def _enqueue(self, queue: deque[Request], request: Request) -> None:
+        """At its place by its queue key (scheduler/fairness/), fixed at arrival: a preempted
+        request goes back before everyone who came after it."""
+        key = _queue_key(request)
+        if not queue or key >= _queue_key(queue[-1]):
+            queue.append(request)   # the common case: the newest arrival
             return
-        key = (request.sampling.priority, request.handle)
-        queue.insert(bisect.bisect_right(
-            queue, key, key=lambda r: (r.sampling.priority, r.handle)), request)
+        queue.insert(bisect.bisect_right(queue, key, key=_queue_key), request)
 
     def _preempt_for_priority(self, plan: StepPlan) -> bool:
         """Before the step schedules anyone: preempt running requests less urgent than the
         first waiting one while it cannot be admitted. Whether it preempted any."""
         head = self.waiting[0]
         preempted = False
-        while self.running and self.running[-1].sampling.priority > head.sampling.priority:
+        while self.running and _more_urgent(head, self.running[-1]):
             seats = len(self.running) < self.config.max_num_seqs
             if seats and self.kv.can_admit(head, self.kv.find_cached_prefix(head)):
                 break
@@ -581,7 +644,7 @@ class Scheduler:
         self.kv.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
-        self._enqueue(self.waiting, request, front=True)
+        self._enqueue(self.waiting, request)
         self.counters["preemptions_recompute"] += 1
 
     def _resume(self, request: Request, step: int) -> None:
@@ -642,12 +705,25 @@ class Scheduler:
                     num_new_tokens=item.num_new_tokens,
                     block_ids=self.kv.block_ids(request),
                     sampling=request.sampling,
+                    cache_scope=request.client,
                 ))
                 request.on_executor = True
             request.num_computed_tokens += item.num_new_tokens
             if item.samples:
                 request.num_pending += 1
         return plan
+
+
+def _more_urgent(first: Request, other: Request) -> bool:
+    """Whether `first` may go before `other` by priority (skip a swapped request, preempt a
+    running one): a strictly more urgent priority, and ahead of `other` in the queues' order
+    (not aged past by it). Turns between clients never preempt."""
+    return (first.sampling.priority < other.sampling.priority
+            and first.queue_key < other.queue_key)
+
+
+def _queue_key(request: Request) -> tuple[int, int, int]:
+    return request.queue_key
 
 
 def _child_params(sampling: SamplingParams, index: int) -> SamplingParams:

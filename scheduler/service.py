@@ -51,6 +51,7 @@ from folio.shared.protocol.wire import ProtocolError
 
 log = logging.getLogger("folio.scheduler")
 
+REREGISTER_PREFIX = "reregister:"   # update ids of loads this process asks for itself
 HEALTH_PROBES = frozenset({"stats_request", "kv_map_request"})   # answered; not a frontend
 STATS_MAX_AGE_S = 0.1   # stats answers within this long of each other share one computation
 KV_MAP_MAX_AGE_S = 0.25   # the same for page maps (a walk of every block table)
@@ -125,8 +126,6 @@ class SchedulerService:
             if config.kv_events_config else None
         self.kv_events = KVEventPublisher(self.ctx, events) \
             if events is not None and events.publishes else None
-        if self.kv_events is not None and self.kv_events.replay is not None:
-            self.poller.register(self.kv_events.replay, zmq.POLLIN)
         self.scheduler: Scheduler | None = None   # one per attached executor
         self.decode_rate = DecodeRate(0)            # likewise
         self.spec_log = SpecLog()
@@ -141,6 +140,11 @@ class SchedulerService:
         self.kv_map_reply = CachedReply(KV_MAP_MAX_AGE_S)
         # LoRA loads and unloads passed to the executor: update id -> (asker, is a load).
         self.lora_updates: dict[str, tuple[bytes, bool]] = {}
+        # The adapter registry's runtime half (this process owns it): adapters loaded while
+        # serving, name -> path, given again to an executor that restarts (the ones from
+        # --lora-modules it loads itself).
+        self.runtime_loras: dict[str, str] = {}
+        self.lora_path_pending: dict[str, str] = {}   # update id -> path of a load asked
 
     # ---- main loop ----------------------------------------------------------------------
 
@@ -171,7 +175,7 @@ class SchedulerService:
         self._check_executor()
         self._maybe_step()
         if self.kv_events is not None:
-            self._publish_kv_events(events)
+            self._publish_kv_events()
         if self.scheduler is not None and self.scheduler.drafts is not None:
             line = self.spec_log.line(time.monotonic(), self.scheduler.drafts.counters)
             if line is not None:
@@ -179,13 +183,12 @@ class SchedulerService:
         self.router.heartbeat(self._engine_info)
         self._check_drain()
 
-    def _publish_kv_events(self, ready: dict) -> None:
+    def _publish_kv_events(self) -> None:
         """This turn's prefix-cache changes, one batch (registrations happen as steps are
-        planned, removals as blocks are evicted or a failed step takes them back)."""
+        planned, removals as blocks are evicted or a failed step takes them back). Replays
+        are answered on the publisher's own thread, never here."""
         if self.scheduler is not None:
             self.kv_events.publish(self.scheduler.kv.pool.events.drain())
-        if self.kv_events.replay in ready:
-            self.kv_events.answer_replays()
 
     def close(self) -> None:
         if self.kv_events is not None:
@@ -263,7 +266,9 @@ class SchedulerService:
         no plan after it does. A load counts once the executor says it is done."""
         scheduler, name = self.scheduler, update.name
         error = None
-        if scheduler is None:
+        if update.update_id.startswith(REREGISTER_PREFIX):
+            error = f"update ids starting {REREGISTER_PREFIX!r} are this process's own"
+        elif scheduler is None:
             error = "the executor is not running; try again shortly"
         elif update.path is None and name not in scheduler.loras:
             error = f"no LoRA adapter named {name!r} is loaded"
@@ -277,6 +282,9 @@ class SchedulerService:
             return
         if update.path is None:
             scheduler.forget_lora(name)
+            self.runtime_loras.pop(name, None)
+        else:
+            self.lora_path_pending[update.update_id] = update.path
         self.lora_updates[update.update_id] = (identity, update.path is not None)
         if not self.executor_link.send(m.encode_lora_update(update.update_id, name,
                                                             update.path)):
@@ -292,13 +300,14 @@ class SchedulerService:
         return self.kv_map_reply.get(scheduler, lambda: m.encode_kv_map(
             scheduler.kv_map() if scheduler is not None else None))
 
-    def _add(self, identity: bytes, request_id: str, prompt: list[int], params) -> None:
+    def _add(self, identity: bytes, request_id: str, prompt: list[int], params,
+             client: str | None = None) -> None:
         refusal = self._refusal(request_id, len(prompt))
         if refusal is not None:
             self.router.send(identity, m.encode_rejected(request_id, *refusal))
             return
         try:   # what can never fit is refused by the scheduler, as in the offline LLM
-            sample_ids = self.scheduler.add_request(request_id, prompt, params)
+            sample_ids = self.scheduler.add_request(request_id, prompt, params, client)
         except ValueError as error:
             self.router.send(identity, m.encode_rejected(request_id, str(error),
                                                          RefusalCode.INVALID))
@@ -362,6 +371,10 @@ class SchedulerService:
             self._fail_all(f"the executor failed a step: {error.message}")
 
     def _on_lora_updated(self, done) -> None:
+        path = self.lora_path_pending.pop(done.update_id, None)
+        if done.update_id.startswith(REREGISTER_PREFIX):
+            self._on_reregistered(done, path)
+            return
         asker = self.lora_updates.pop(done.update_id, None)
         if asker is None:
             log.warning("dropped an answer to LoRA update %r, which is not pending",
@@ -370,6 +383,8 @@ class SchedulerService:
         identity, loads = asker
         if loads and done.error is None and self.scheduler is not None:
             self.scheduler.loras.add(done.name)
+            if path is not None:
+                self.runtime_loras[done.name] = path
         # Every frontend's list of adapters first: the asker reads it before the answer,
         # so a request it sends after the answer finds the adapter (or not) as answered.
         self.router.broadcast(self._engine_info())
@@ -410,6 +425,29 @@ class SchedulerService:
                         "whose prompt plus max_tokens exceed %d tokens will be refused", pool,
                         capacity.max_model_len, pool)
         self.router.broadcast(self._engine_info())
+        self._reregister_loras()
+
+    def _reregister_loras(self) -> None:
+        """A new executor knows only the adapters of --lora-modules: give it the ones loaded
+        while serving again; each counts (and is listed) once it says it has it."""
+        for name, path in self.runtime_loras.items():
+            update_id = f"{REREGISTER_PREFIX}{name}"
+            self.lora_path_pending[update_id] = path
+            log.info("re-registering LoRA adapter %r from %s with the new executor", name, path)
+            if not self.executor_link.send(m.encode_lora_update(update_id, name, path)):
+                self.lora_path_pending.pop(update_id, None)
+                log.warning("could not re-register LoRA adapter %r: the executor's connection "
+                            "is gone", name)
+
+    def _on_reregistered(self, done, path: str | None) -> None:
+        if done.error is not None or self.scheduler is None:
+            self.runtime_loras.pop(done.name, None)
+            log.warning("LoRA adapter %r could not be re-registered after the executor "
+                        "restart (%s): it is no longer served", done.name, done.error)
+            return
+        self.scheduler.loras.add(done.name)
+        log.info("LoRA adapter %r re-registered after the executor restart", done.name)
+        self.router.broadcast(self._engine_info())
 
     def _new_kv_event_log(self, block_size: int) -> KVEventLog | None:
         """A new executor's empty cache: subscribers drop what they knew of the old one."""
@@ -439,6 +477,7 @@ class SchedulerService:
         for update_id, (identity, _) in self.lora_updates.items():
             self.router.send(identity, m.encode_lora_updated(update_id, "", reason))
         self.lora_updates.clear()
+        self.lora_path_pending.clear()
         self._fail_all(reason)
         self.executor_link.lose()
         self.scheduler = None

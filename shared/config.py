@@ -37,9 +37,10 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 SHUTDOWN_TIMEOUT_S = 30.0   # frontend and scheduler: how long a SIGTERM drain may take
 SHUTDOWN_HELP = "on SIGTERM, seconds running requests may take to finish before they are aborted"
-MAX_REQUESTS_PER_CLIENT = 4096   # frontend: one SDK connection's requests in flight
-MAX_REQUESTS_PER_CLIENT_HELP = ("requests one SDK client (one ZeroMQ connection) may have in "
-                                "flight; more are refused as queue_full")
+MAX_REQUESTS_PER_CLIENT = 4096   # frontend: one SDK client's requests in flight
+MAX_REQUESTS_PER_CLIENT_HELP = ("requests one SDK client may have in flight over all its "
+                                "connections (a client: its peer, the host over tcp://, the "
+                                "process over ipc://); more are refused as queue_full")
 CURVE_KEYS_HELP = ("CURVE keys directory (`folio keys`): every ZeroMQ socket encrypts and "
                    "refuses peers without the keys (default: no CURVE)")
 
@@ -84,6 +85,11 @@ class SchedulingPolicy:
         "fcfs", "fcfs: first come, first served; priority: by each request's priority "
         "(lower first, as vLLM), then arrival, a more urgent arrival preempting less urgent "
         "running requests", choices=SCHEDULING_POLICIES)
+    priority_aging_steps: int = setting(
+        100, "under --scheduling-policy priority, a waiting request's priority improves by "
+        "one for every this many scheduler steps it waits, so a steady stream of urgent "
+        "requests cannot hold it back for ever (0: no aging)", metavar="STEPS",
+        check=non_negative_int)
     speculative_config: str | None = setting(
         None, "speculative decoding as a JSON object, e.g. '{\"method\": \"ngram\", "
         "\"num_speculative_tokens\": 4}' (methods: ngram, suffix; docs/spec_decode.md); off "

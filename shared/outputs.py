@@ -30,6 +30,9 @@ class EngineOutput:
     prompt_logprobs: list[RawLogprobs] | None = None
     queued_s: float | None = None   # on a request's first token: seconds it waited
     pooled: bytes | None = None     # a pooling request's vector (float32 bytes): it ended
+    # With an error: its RefusalCode ("request_failed": this request alone); None: the
+    # engine failed it (engine_dead).
+    error_code: str | None = None
 
     @property
     def finished(self) -> bool:

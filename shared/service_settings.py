@@ -67,6 +67,14 @@ class HttpSettings(Checked):
         RESPONSES_STORE_SIZE, "how many finished /v1/responses answers this server keeps in "
         "memory for GET /v1/responses/{id} and previous_response_id, the least recently used "
         "evicted first; 0 keeps none", metavar="N", check=at_least(0))
+    priority_floor: int = setting(
+        0, "the most urgent priority (the lowest value) an HTTP request may ask under "
+        "--scheduling-policy priority; a lower one is refused (400) unless the request "
+        "comes with --priority-api-key", metavar="N")
+    priority_api_key: str | None = setting(
+        None, "a second API key for trusted callers: it opens the API as --api-key does, "
+        "and its requests may ask any priority (prefer FOLIO_PRIORITY_API_KEY: a flag shows "
+        "in `ps`)")
     allowed_hosts: str | None = setting(
         None, "Host header names HTTP answers, comma-separated, or '*' for any (default: on "
         "a loopback --host only localhost, 127.0.0.1 and ::1)", metavar="NAMES")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 METHODS = ("ngram", "suffix")
+CACHE_SCOPES = ("client", "shared")
 MAX_SPECULATIVE_TOKENS = 32
 # The global cache holds this many outputs at most (each its first 1024 tokens, one array:
 # a query scans it, so it stays small; executor/spec_decode/suffix.py).
@@ -30,6 +31,10 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = 0.1
     suffix_decoding_min_match_len: int = 2
     suffix_decoding_max_cached_requests: int = 0
+    # Whose outputs a request's drafts may come from: "client" (each client's own: a client
+    # cannot learn from its draft speed what another sent) or "shared" (everyone's: more
+    # matches, and that side channel). Folio's own key; vLLM has no tenants.
+    suffix_decoding_cache_scope: str = "client"
     # Policy (docs/spec_decode.md): no drafts in a step with more running requests than
     # this (a large batch is compute-bound, verifying drafts would cost the crowd) ...
     max_running: int = 4
@@ -60,6 +65,9 @@ def _problem(config: SpeculativeConfig) -> str | None:
                 f"{config.num_speculative_tokens}")
     if config.prompt_lookup_min > config.prompt_lookup_max:
         return "prompt_lookup_min must be <= prompt_lookup_max"
+    if config.suffix_decoding_cache_scope not in CACHE_SCOPES:
+        return (f"suffix_decoding_cache_scope must be one of {', '.join(CACHE_SCOPES)}; got "
+                f"{config.suffix_decoding_cache_scope!r}")
     if config.suffix_decoding_max_cached_requests > MAX_CACHED_REQUESTS:
         return (f"suffix_decoding_max_cached_requests must be at most {MAX_CACHED_REQUESTS}"
                 f", got {config.suffix_decoding_max_cached_requests}")

@@ -81,7 +81,7 @@ class Pipeline:
 
     def __init__(self, run_dir: Path, model_dir: Path, num_frontends: int = 1,
                  engine_args: tuple[str, ...] = (), scheduler_args: tuple[str, ...] = (),
-                 http_port: int | None = None):
+                 http_port: int | None = None, http_args: tuple[str, ...] = ()):
         """http_port: the first frontend also serves the OpenAI API (and chat page) there."""
         self.run_dir = run_dir
         self.model_dir = model_dir
@@ -97,7 +97,7 @@ class Pipeline:
             run_dir / "scheduler.log")
         self.start_executor()
         for i, address in enumerate(self.client_addresses):
-            http = ["--port", str(http_port)] if http_port and i == 0 else []
+            http = ["--port", str(http_port), *http_args] if http_port and i == 0 else []
             self.procs[f"frontend{i}"] = spawn_role(
                 ["frontend", "--model", str(model_dir), "--client-address", address,
                  "--scheduler-address", self.frontend_address, *http],

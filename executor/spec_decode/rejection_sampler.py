@@ -4,10 +4,9 @@ otherwise the token is drawn from p with d removed, renormalised, and the reques
 for the step end there. Whichever happens, the token at that row has distribution p: the
 output is distributed as without speculation.
 
-A seeded request draws its uniforms from a stream of its own per (seed, output index), so
-its tokens repeat run to run whatever the batch; the stream differs from the ordinary
-draw's (a salt), so the accept test and the residual draw are independent of the draw a
-row makes when every draft before it was accepted.
+Seeded requests do not come here: their drafts are checked against their rows' own seeded
+draws (executor/spec_decode/speculator.py verify), so their text does not depend on whether
+drafts were made.
 
 One pass for the whole batch: the accept tests of every draft row at once, then the
 residual draws of the rows that rejected.
@@ -17,9 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from folio.executor.sampler import Sampler, inverse_cdf, seeded_stream
-
-_SALT = 0x2545F4914F6CDD1D
+from folio.executor.sampler import Sampler, inverse_cdf
 
 
 def verify_sampled(probs: torch.Tensor, spans: list[tuple[int, list[int]]], requests: list,
@@ -35,7 +32,7 @@ def verify_sampled(probs: torch.Tensor, spans: list[tuple[int, list[int]]], requ
     ids = torch.tensor(draft_ids, dtype=torch.long, device=device)
     draft_mass = p.gather(1, ids[:, None])[:, 0]
     total = p.sum(dim=-1)
-    uniforms = _uniforms(spans, requests, sampler, device)
+    uniforms = torch.rand((len(draft_rows), 2), generator=sampler.generator, device=device)
     # No mass besides the draft (a rounding edge): the draft is the only choice.
     accept = ((uniforms[:, 0] * total < draft_mass) | (total - draft_mass <= 0)).tolist()
     answers: list[tuple[int, int | None]] = []
@@ -58,22 +55,3 @@ def verify_sampled(probs: torch.Tensor, spans: list[tuple[int, list[int]]], requ
                    for (accepted, _), (_, drafts) in zip(answers, spans)]
     return answers
 
-
-def _uniforms(spans: list[tuple[int, list[int]]], requests: list, sampler: Sampler,
-              device: torch.device) -> torch.Tensor:
-    """(draft rows, 2) uniforms: the accept test's and the residual draw's."""
-    count = sum(len(drafts) for _, drafts in spans)
-    uniforms = torch.rand((count, 2), generator=sampler.generator, device=device)
-    offset = 0
-    generator = None
-    for (_, drafts), request in zip(spans, requests):
-        seed = request.sampling.seed
-        if seed is not None:
-            if generator is None:
-                generator = torch.Generator(device=device)
-            output_index = len(request.token_ids) - request.prompt_len
-            for j in range(len(drafts)):
-                generator.manual_seed(seeded_stream(seed ^ _SALT, output_index + j))
-                uniforms[offset + j] = torch.rand(2, generator=generator, device=device)
-        offset += len(drafts)
-    return uniforms

@@ -111,12 +111,19 @@ class Speculator:
         the global cache. A preempted one may come back and join again, a repeat that only
         weighs its continuations a little more."""
         if self.cache is not None and request is not None:
-            self.cache.add(request.token_ids[request.prompt_len:])
+            self.cache.add(request.token_ids[request.prompt_len:], self._scope(request))
 
-    def _propose(self, tokens: np.ndarray, cap: int) -> list[int]:
+    def _scope(self, request: CachedRequest) -> str | None:
+        """Whose cached outputs the request reads and joins: its client's, unless the
+        config shares them (suffix_decoding_cache_scope)."""
+        if self.config.suffix_decoding_cache_scope == "shared":
+            return None
+        return request.cache_scope
+
+    def _propose(self, tokens: np.ndarray, cap: int, request: CachedRequest) -> list[int]:
         config = self.config
         if config.method == "suffix":
-            return propose_suffix(tokens, cap, self.suffix, self.cache)
+            return propose_suffix(tokens, cap, self.suffix, self.cache, self._scope(request))
         return propose_ngram(tokens, cap, config.prompt_lookup_min, config.prompt_lookup_max)
 
     def propose(self, scheduled: list[tuple[CachedRequest, int]], caps: dict[int, int],
@@ -133,7 +140,7 @@ class Speculator:
             if cap <= 0:
                 continue
             tokens = batch.rows.tokens[request.row, :len(request.token_ids)]
-            found = self._propose(tokens, cap)
+            found = self._propose(tokens, cap, request)
             if found:
                 batch.write_drafts(request, found)
                 scheduled[index] = (request, num_tokens + len(found))
@@ -204,10 +211,15 @@ def verify(sampler: Sampler, logits: torch.Tensor, requests: list[CachedRequest]
             outcomes.append(_Outcome([plain.tokens[first]], [plain.logprobs[first]], 0,
                                      plain.failed.get(first)))
             continue
-        if not request.sampling.greedy:
+        if not request.sampling.greedy and request.sampling.seed is None:
             sampled_drafts.append(i)
             outcomes.append(_Outcome([], [], 0))
             continue
+        # Greedy, or seeded: each row's own draw (a seeded row's from its (seed, output
+        # position) stream) is the token that position gets with or without drafts; a draft
+        # is accepted when it is that token. For a seeded row this is still exact sampling
+        # (the draw has the row's distribution; a one-hot draft is accepted with p(draft)),
+        # and the text is the same whatever the load and whether drafts were made.
         accepted = 0
         while accepted < len(proposed) and proposed[accepted] == plain.tokens[first + accepted]:
             accepted += 1

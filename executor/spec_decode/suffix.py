@@ -14,9 +14,12 @@ while the estimated probability of the path (the product of each step's count ov
 parent's) stays at or above min_token_prob. At most max_spec_factor x the match length
 tokens are proposed: a long match earns a long draft, a one-token match at most one.
 
-The global cache keeps the outputs of the last N finished requests in one array (each
-followed by a -1 that no match or walk crosses), rebuilt when one is added; memory and the
-cost of a query are bounded by N x MAX_CACHED_OUTPUT_TOKENS.
+The global cache keeps the outputs of the last N finished requests, each under its scope
+(the client that sent it, or one shared scope), and a request searches only its own
+scope's, laid out in one array (each followed by a -1 that no match or walk crosses),
+rebuilt when that scope's outputs change; memory and the cost of a query are bounded by
+N x MAX_CACHED_OUTPUT_TOKENS whatever the number of scopes. Scoped per client, a client
+cannot tell from how fast its text decodes whether another client sent it.
 """
 
 from __future__ import annotations
@@ -110,16 +113,17 @@ def _propose_in(stream: np.ndarray, ends: np.ndarray, context: np.ndarray, cap: 
 
 
 def propose_suffix(tokens: np.ndarray, cap: int, settings: SuffixSettings,
-                   cache: SuffixCache | None = None) -> list[int]:
+                   cache: SuffixCache | None = None, scope: str | None = None) -> list[int]:
     """Up to `cap` drafts for a request whose tokens (prompt and output) are `tokens`: from
-    its own earlier tokens, or from the cache's outputs when that path scores higher."""
+    its own earlier tokens, or from its scope's cached outputs when that path scores
+    higher."""
     if len(tokens) < 2 or cap < 1:
         return []
     last = tokens[-1]
     own = np.flatnonzero(tokens[:-1] == last)   # never the context's own end
     drafts, score = _propose_in(tokens, own, tokens, cap, settings)
-    if cache is not None and len(cache):
-        stream = cache.stream()
+    stream = cache.stream(scope) if cache is not None else None
+    if stream is not None:
         found, other = _propose_in(stream, np.flatnonzero(stream == last), tokens, cap,
                                    settings)
         if other > score:
@@ -128,26 +132,34 @@ def propose_suffix(tokens: np.ndarray, cap: int, settings: SuffixSettings,
 
 
 class SuffixCache:
-    """The outputs of the last `max_requests` finished requests, for every request's
-    proposals (the paper's global tree)."""
+    """The outputs of the last `max_requests` finished requests, each under its scope, for
+    the proposals of the requests of that scope (the paper's global tree, per tenant)."""
 
     def __init__(self, max_requests: int) -> None:
-        self.outputs: deque[np.ndarray] = deque(maxlen=max_requests)
-        self._stream: np.ndarray | None = None
+        self.outputs: deque[tuple[str | None, np.ndarray]] = deque(maxlen=max_requests)
+        self._streams: dict[str | None, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.outputs)
 
-    def add(self, output: list[int]) -> None:
+    def add(self, output: list[int], scope: str | None = None) -> None:
         if not output:
             return
-        self.outputs.append(np.asarray(output[:MAX_CACHED_OUTPUT_TOKENS], dtype=np.int64))
-        self._stream = None
+        if len(self.outputs) == self.outputs.maxlen:   # the oldest leaves its scope
+            self._streams.pop(self.outputs[0][0], None)
+        self.outputs.append((scope, np.asarray(output[:MAX_CACHED_OUTPUT_TOKENS],
+                                               dtype=np.int64)))
+        self._streams.pop(scope, None)
 
-    def stream(self) -> np.ndarray:
-        """Every cached output followed by a separator, in one array."""
-        if self._stream is None:
+    def stream(self, scope: str | None = None) -> np.ndarray | None:
+        """Every cached output of `scope`, each followed by a separator, in one array;
+        None when it has none."""
+        stream = self._streams.get(scope)
+        if stream is None:
             separator = np.full(1, _SEPARATOR, dtype=np.int64)
-            self._stream = np.concatenate([part for output in self.outputs
-                                           for part in (output, separator)])
-        return self._stream
+            parts = [part for owner, output in self.outputs if owner == scope
+                     for part in (output, separator)]
+            if not parts:
+                return None
+            stream = self._streams[scope] = np.concatenate(parts)
+        return stream

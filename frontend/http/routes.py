@@ -18,7 +18,8 @@ from starlette.requests import Request
 
 from folio.executor.lora.files import LoraError, check_adapter_files, lora_name_problem
 from folio.frontend.anthropic.routes import MESSAGES_ROUTES
-from folio.frontend.openai.errors import ApiError
+from folio.frontend.http.access import PRIVILEGED, client_of, priority_problem
+from folio.frontend.openai.errors import ApiError, invalid
 from folio.frontend.engine_api import Engine
 from folio.frontend.http.answers import respond
 from folio.frontend.http.body import read_json
@@ -48,6 +49,7 @@ class Served:
     created: int                    # the models' "created" time
     tool_call_parser: str | None
     renders_tools: bool             # the chat template reads `tools` (frontend/openai/generic_tools.py)
+    priority_floor: int | None = None   # --priority-floor; None: any priority (tests' apps)
 
     @property
     def model(self) -> str:
@@ -70,7 +72,7 @@ def _unknown_model(served: Served, name: Any) -> ApiError:
 
 async def _body(request: Request) -> dict[str, Any]:
     """The JSON body, its `model` (when given) one of the names served or an adapter."""
-    body = await read_json(request)
+    body = await read_json(request, getattr(_served(request).engine, "prep", None))
     name = body.get("model")
     served = _served(request)
     if name is not None and name not in served.names and name not in served.engine.loras:
@@ -108,6 +110,7 @@ async def completions(request: Request) -> Response:
     served = _served(request)
     body = await _body(request)
     parsed, model = _for_model(served, body, CompletionRequest.parse(body, served.terms()))
+    parsed = _from_client(request, served, parsed)
     return await respond(request, create_completion(served.engine, parsed, model))
 
 
@@ -115,6 +118,7 @@ async def chat_completions(request: Request) -> Response:
     served = _served(request)
     body = await _body(request)
     parsed, model = _for_model(served, body, ChatRequest.parse(body, served.terms()))
+    parsed = _from_client(request, served, parsed)
     return await respond(request, create_chat_completion(served.engine, parsed, model))
 
 
@@ -126,6 +130,16 @@ def _pooling(parse, create):
         lora = _adapter(served, body)
         return await create(served.engine, parse(body), lora or served.model, lora)
     return handler
+def _from_client(request: Request, served: Served, parsed):
+    """The parsed request marked with its client; a priority more urgent than its client
+    may ask is refused (400) here, before anything is queued."""
+    scope = request.scope
+    if served.priority_floor is not None:
+        problem = priority_problem(parsed.params.priority, served.priority_floor,
+                                   bool(scope.get(PRIVILEGED)))
+        if problem is not None:
+            raise invalid(problem, "priority")
+    return replace(parsed, client=client_of(scope))
 
 
 def _for_model(served, body: dict, parsed):
@@ -189,7 +203,7 @@ def _page(name: str) -> HTMLResponse:
 async def load_lora_adapter(request: Request) -> Response:
     """vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"} (docs/lora.md)."""
     served = _served(request)
-    body = await read_json(request)
+    body = await read_json(request, getattr(_served(request).engine, "prep", None))
     name, path = _lora_field(body, "lora_name"), _lora_field(body, "lora_path")
     _only_fields(body, ("lora_name", "lora_path"))
     if name in served.names:
@@ -221,7 +235,7 @@ async def unload_lora_adapter(request: Request) -> Response:
     """vLLM's POST /v1/unload_lora_adapter {"lora_name"}: refused (400, naming how many)
     while unfinished requests use the adapter."""
     served = _served(request)
-    body = await read_json(request)
+    body = await read_json(request, getattr(_served(request).engine, "prep", None))
     name = _lora_field(body, "lora_name")
     _only_fields(body, ("lora_name", "lora_int_id"))
     if name not in served.engine.loras:

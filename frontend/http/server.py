@@ -43,7 +43,9 @@ def create_app(engine: Engine, model_name: str | list[str], api_key: str | None 
                metrics_public: bool = False, hosts: frozenset[str] | None = None,
                tool_call_parser: str | None = None,
                lora_runtime_updates: bool = False,
-               responses_store_size: int = RESPONSES_STORE_SIZE) -> FastAPI:
+               responses_store_size: int = RESPONSES_STORE_SIZE,
+               priority_floor: int | None = None,
+               priority_api_key: str | None = None) -> FastAPI:
     """With api_key, /v1 routes need it, and so does /metrics unless metrics_public.
     Several model names: each is accepted, the first is the one answers report.
     hosts: the Host names answered (None: any); others get a 403."""
@@ -55,7 +57,7 @@ def create_app(engine: Engine, model_name: str | list[str], api_key: str | None 
     engine.observers.append(metrics.observe)
     # The template is fixed for the server's life: read whether it renders tools once.
     app.state.served = Served(engine, names, metrics, int(time.time()), tool_call_parser,
-                              renders_tools(engine.tokenizer))
+                              renders_tools(engine.tokenizer), priority_floor)
     app.state.responses = ResponseStore(responses_store_size)   # for /v1/responses
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_gone)
@@ -63,7 +65,7 @@ def create_app(engine: Engine, model_name: str | list[str], api_key: str | None 
     for method, path, handler in ROUTES + (LORA_ROUTES if lora_runtime_updates else ()):
         app.add_api_route(path, handler, methods=[method])
     app.add_middleware(AccessGate, hosts=hosts, api_key=api_key,
-                       metrics_public=metrics_public)
+                       metrics_public=metrics_public, priority_api_key=priority_api_key)
     return app
 
 
@@ -112,7 +114,8 @@ async def serve_http(engine: Engine, config, stopped: asyncio.Event) -> None:
                      allowed_hosts(config.host, config.allowed_hosts),
                      getattr(config, "tool_call_parser", None),
                      getattr(config, "enable_lora_runtime_updates", False),
-                     getattr(config, "responses_store_size", RESPONSES_STORE_SIZE))
+                     getattr(config, "responses_store_size", RESPONSES_STORE_SIZE),
+                     config.priority_floor, config.priority_api_key)
     gate = ConnectionGate(connection_cap())
     server = _Server(http_config(app, config.host, config.port, gate))
     task = asyncio.create_task(server.serve())

@@ -102,7 +102,7 @@ class _Job:
 
 
 async def _submit(engine: Engine, prompts: list[list[int]], params: SamplingParams,
-                  deadline: float | None, stream: bool) -> _Job:
+                  deadline: float | None, stream: bool, client: str | None = None) -> _Job:
     if params.pooling is None and engine.pooling is not None:
         raise ApiError(400, "this server runs the pooling runner (embeddings, rerank, "
                        "score); it does not generate", "model", "wrong_runner")
@@ -118,7 +118,8 @@ async def _submit(engine: Engine, prompts: list[list[int]], params: SamplingPara
                        STREAM_BACKLOG_STEPS * len(prompts) * params.n if stream else None)
     for i, p in enumerate(prompts):
         backlog.request_ids.append(
-            engine.submit(p, params, _QueueSink(backlog, i * params.n), deadline, stops))
+            engine.submit(p, params, _QueueSink(backlog, i * params.n), deadline, stops,
+                          client))
     return _Job(engine, queue, backlog.request_ids, prompts, params.n)
 
 
@@ -159,6 +160,8 @@ def _error_from_engine(code: str, message: str) -> ApiError:
         return ApiError(503, message, code="shutting_down")
     if code == RefusalCode.SLOW_READER:
         return ApiError(429, message, code="slow_reader", error_type="rate_limit_error")
+    if code == RefusalCode.REQUEST_FAILED:   # this request alone; the server goes on
+        return ApiError(500, message, code="request_failed", error_type="server_error")
     return ApiError(400, message)
 
 
@@ -240,7 +243,8 @@ async def create_completion(engine: Engine, request: CompletionRequest, model: s
                  logprobs)
         if logprob_entries(*sizes) > MAX_RESPONSE_LOGPROBS:
             raise invalid(too_large_message(*sizes, "logprobs"), "logprobs")
-    job = await _submit(engine, ids, params, request.deadline, request.stream.stream)
+    job = await _submit(engine, ids, params, request.deadline, request.stream.stream,
+                        request.client)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if request.stream.stream:
@@ -332,7 +336,8 @@ async def create_chat_completion(engine: Engine, request: ChatRequest, model: st
     except InputError as error:
         raise _refused(error) from None
     _check(engine, facts, ids, params, "messages")
-    job = await _submit(engine, [ids], params, request.deadline, request.stream.stream)
+    job = await _submit(engine, [ids], params, request.deadline, request.stream.stream,
+                        request.client)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if request.stream.stream:

@@ -55,6 +55,7 @@ class CompletionRequest:
     score_only: bool
     constraint: Constraint | None   # to admit (compile, measure) before anything is queued
     deadline: float | None
+    client: str | None = None       # who sent it (frontend/http/access.py client_of)
 
     @property
     def generated_tokens(self) -> int:
@@ -104,6 +105,7 @@ class ChatRequest:
     tools: ToolPlan
     constraint: Constraint | None
     deadline: float | None
+    client: str | None = None       # who sent it (frontend/http/access.py client_of)
 
     @property
     def chars(self) -> int:

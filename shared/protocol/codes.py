@@ -33,6 +33,9 @@ class RefusalCode(StrEnum):
     # The client fell too far behind reading: an HTTP stream (429), or an SDK connection
     # whose reply queue filled (its requests were aborted; told when it reads again).
     SLOW_READER = "slow_reader"
+    # This request alone failed in a step (its logits, e.g. from its own LoRA adapter, were
+    # not finite; its grammar ran past its budget): the engine goes on serving the others.
+    REQUEST_FAILED = "request_failed"
 
 
 def refusal_code(value: str) -> RefusalCode | str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from folio.shared.protocol.codes import FinishReason, RefusalCode
+from folio.shared.protocol.codes import FinishReason, RefusalCode, refusal_code
 from folio.shared.config import SchedulingPolicy
 from folio.shared.protocol.scheduler_executor import (LOGPROB_ENTRY, MAX_LORAS, POOLED_VECTOR,
                                                      POOLING_TASK, decode_logprob_entry)
@@ -75,10 +75,14 @@ ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
    table=True)
 assert [f.name for f in fields(EngineInfo)] == [f.name for f in ENGINE_INFO.fields]
 
+MAX_CLIENT_CHARS = 128
 ADD = Message("add", (Link.FRONTEND_TO_SCHEDULER,), (
     _ID,
     Field("prompt", Ints(0, MAX_TOKEN_ID), "prompt_token_ids"),
     Field("params", Sampling(engine=True)),   # stop strings stay in the frontend
+    # Who sent it, as the frontend tells clients apart (its API key, else its peer): the
+    # scheduler's turns between clients (scheduler/fairness/). nil: the anonymous client.
+    Field("client", Str(MAX_CLIENT_CHARS), default=None),
 ), value="AddRequest", table=True)
 
 # A request id, or one sample of it: "id#i". The SDK's abort has the same shape.
@@ -142,8 +146,10 @@ Heartbeat, Rejected, FrontendDropped = HEARTBEAT.value, REJECTED.value, FRONTEND
 
 # ---- the encoders and decoders callers use: each one line over its declaration ----------
 
-def encode_add(request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> bytes:
-    return ADD.pack(request_id=request_id, prompt_token_ids=prompt_token_ids, params=params)
+def encode_add(request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+               client: str | None = None) -> bytes:
+    return ADD.pack(request_id=request_id, prompt_token_ids=prompt_token_ids, params=params,
+                    client=client)
 
 
 def encode_abort(request_id: str) -> bytes:
@@ -226,6 +232,9 @@ def encode_outputs(outputs: StepOutputs | list[EngineOutput]) -> bytes:
     pooled = {o.request_id: o.pooled for o in entries if o.pooled is not None}
     if pooled:
         body["p"] = pooled
+    codes = {o.request_id: o.error_code for o in entries if o.error_code is not None}
+    if codes:
+        body["ec"] = codes
     return pack("outputs", body)
 
 
@@ -233,6 +242,7 @@ def decode_outputs(body: Body) -> StepOutputs:
     decoded: list[EngineOutput] = []
     queued = body.map("q", optional=True)
     pooled = body.map("p", optional=True)
+    codes = body.map("ec", optional=True)
     for item in body.list("o", max_len=1 << 20):
         if not isinstance(item, list) or len(item) not in (4, 5, 6):
             raise ProtocolError("outputs: each item must be [id, token ids, finish, error"
@@ -257,6 +267,11 @@ def decode_outputs(body: Body) -> StepOutputs:
         seconds = queued.pop(output.request_id, None)   # with the first item of that id
         if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
             output.queued_s = float(seconds)
+        code = codes.get(output.request_id) if output.error is not None else None
+        if code is not None:   # a code this build does not know stays a string
+            if not isinstance(code, str) or len(code) > 64:
+                raise ProtocolError("outputs: 'ec' maps request ids to error codes")
+            output.error_code = refusal_code(code)
         decoded.append(output)
     ids = body.list("i", max_len=1 << 20, optional=True)
     tokens = body.ints("t", 0, MAX_TOKEN_ID, max_len=1 << 20, optional=True)
@@ -292,6 +307,8 @@ OUTPUTS = Message("outputs", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("q", MapOf(Float(0), 1 << 16), default=None),
     # Pooling requests that ended: request id -> the pooled vector (shared/pooling/vectors.py).
     Field("p", MapOf(POOLED_VECTOR, 1 << 16), default=None),
+    # An errored item's code (request_failed: that request alone); absent: engine_dead.
+    Field("ec", MapOf(Str(64), 1 << 16), default=None),
 ), codec=(encode_outputs, decode_outputs))
 
 DECLARED = (ENGINE_INFO, ADD, ABORT, FRONTEND_HELLO, STATS_REQUEST, KV_MAP_REQUEST, HEARTBEAT,

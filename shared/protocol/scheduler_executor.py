@@ -18,6 +18,7 @@ from folio.shared.protocol.step import NewRequest, StepPlan, StepResult
 from folio.shared.protocol.wire import MAX_BLOCK_ID, MAX_TOKEN_ID, Body, ProtocolError, pack
 
 MAX_FAILURE_CHARS = 500   # why one request failed in a step (result `x`)
+MAX_CACHE_SCOPE_CHARS = 128   # a new request's `cs`: the client, as the frontend named it
 MAX_RUN_TOKENS = 1 << 24   # tokens one plan asks of one running request
 MAX_TOP_K = 1024   # top-k alternatives per logprobs entry
 MAX_DRAFTS = MAX_SPECULATIVE_TOKENS   # drafts one request carries in one step
@@ -88,9 +89,7 @@ def encode_plan(plan: StepPlan) -> bytes:
     body: dict[str, Any] = {"s": plan.step_id, "h": plan.running_handles,
                             "k": plan.running_num_tokens}
     if plan.new_requests:
-        body["n"] = [{"h": r.handle, "t": r.token_ids, "p": r.prompt_len,
-                      "c": r.num_computed_tokens, "k": r.num_new_tokens, "b": r.block_ids,
-                      "sp": r.sampling.engine_dict()} for r in plan.new_requests]
+        body["n"] = [_new_request(r) for r in plan.new_requests]
     if plan.new_block_ids:
         # (handle, blocks) tuples: msgpack writes a tuple as the same array as a list.
         body["b"] = list(plan.new_block_ids.items())
@@ -102,6 +101,14 @@ def encode_plan(plan: StepPlan) -> bytes:
     if plan.drafts:
         body["d"] = [x for pair in plan.drafts.items() for x in pair]
     return pack("plan", body)
+
+
+def _new_request(r: NewRequest) -> dict[str, Any]:
+    item = {"h": r.handle, "t": r.token_ids, "p": r.prompt_len, "c": r.num_computed_tokens,
+            "k": r.num_new_tokens, "b": r.block_ids, "sp": r.sampling.engine_dict()}
+    if r.cache_scope is not None:
+        item["cs"] = r.cache_scope
+    return item
 
 
 def decode_plan(body: Body) -> StepPlan:
@@ -121,7 +128,8 @@ def decode_plan(body: Body) -> StepPlan:
             num_computed_tokens=new.int("c", 0, len(token_ids)),
             num_new_tokens=new.int("k", 1, len(token_ids)),
             block_ids=new.ints("b", 0, MAX_BLOCK_ID),
-            sampling=sampling_from_wire(new, "sp"))
+            sampling=sampling_from_wire(new, "sp"),
+            cache_scope=new.str("cs", MAX_CACHE_SCOPE_CHARS, optional=True))
         if request.num_computed_tokens + request.num_new_tokens > len(token_ids):
             raise ProtocolError("plan.new: computing past the known tokens")
         plan.new_requests.append(request)
@@ -255,6 +263,7 @@ NEW_REQUEST = Shape("plan.n", (
     Field("k", Int(1), rule="[1, len(`t`)], and `c + k ≤ len(t)`"),
     Field("b", Ints(0, MAX_BLOCK_ID)),
     Field("sp", Sampling(engine=True)),
+    Field("cs", Str(MAX_CACHE_SCOPE_CHARS), default=None),
 ))
 
 PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (

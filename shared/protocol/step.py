@@ -22,6 +22,7 @@ class NewRequest:
     num_new_tokens: int           # tokens to compute in this step
     block_ids: list[int]
     sampling: SamplingParams
+    cache_scope: str | None = None   # the client that sent it: whose cached outputs it reads
 
 
 @dataclass(slots=True)

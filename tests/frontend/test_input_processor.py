@@ -93,7 +93,7 @@ class _Engine:
         self.pooling = None   # the generate runner
         self.submitted: list[list[int]] = []
 
-    def submit(self, ids, params, sink, deadline=None, stops=None) -> str:
+    def submit(self, ids, params, sink, deadline=None, stops=None, client=None) -> str:
         self.submitted.append(ids)
         return f"r{len(self.submitted)}"
 

@@ -49,7 +49,7 @@ class FakeEngine:
         self.submitted: list[str] = []
         self.aborted: list[str] = []
 
-    def submit(self, ids, params, sink, deadline=None, stops=None) -> str:
+    def submit(self, ids, params, sink, deadline=None, stops=None, client=None) -> str:
         request_id = f"r{len(self.submitted)}"
         self.submitted.append(request_id)
         self.sinks[request_id] = sink

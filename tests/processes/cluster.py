@@ -32,10 +32,17 @@ PROBE_PROMPT = [11, 22, 33, 44, 55]
 class Cluster(Pipeline):
     """The pipeline of tests/pipeline.py, with every process restartable as it was started."""
 
-    def __init__(self, run_dir, model_dir, num_kv_blocks: int = NUM_KV_BLOCKS) -> None:
+    def __init__(self, run_dir, model_dir, num_kv_blocks: int = NUM_KV_BLOCKS,
+                 extra: dict[str, tuple[str, ...]] | None = None) -> None:
+        """extra: more flags for the "engine" (executor), "scheduler" and "http" frontend."""
+        extra = extra or {}
+        self.scheduler_args = (*SCHEDULER_ARGS, *extra.get("scheduler", ()))
+        self.http_args = extra.get("http", ())
         super().__init__(run_dir, model_dir, num_frontends=2,
-                         engine_args=("--num-kv-blocks", str(num_kv_blocks)),
-                         scheduler_args=SCHEDULER_ARGS, http_port=free_port())
+                         engine_args=("--num-kv-blocks", str(num_kv_blocks),
+                                      *extra.get("engine", ())),
+                         scheduler_args=self.scheduler_args, http_port=free_port(),
+                         http_args=self.http_args)
         self.num_kv_blocks = num_kv_blocks
         self.base = f"http://127.0.0.1:{self.http_port}"
         self.reference: list[int] | None = None   # greedy output of PROBE_PROMPT
@@ -46,11 +53,11 @@ class Cluster(Pipeline):
         elif name == "scheduler":
             self.procs["scheduler"] = spawn_role(
                 ["scheduler", "--frontend-address", self.frontend_address,
-                 "--executor-address", self.executor_address, *SCHEDULER_ARGS],
+                 "--executor-address", self.executor_address, *self.scheduler_args],
                 self.run_dir / "scheduler.log")
         else:
             index = int(name.removeprefix("frontend"))
-            http = ["--port", str(self.http_port)] if index == 0 else []
+            http = ["--port", str(self.http_port), *self.http_args] if index == 0 else []
             self.procs[name] = spawn_role(
                 ["frontend", "--model", str(self.model_dir), "--client-address",
                  self.client_addresses[index], "--scheduler-address", self.frontend_address,
@@ -124,8 +131,16 @@ def wait_http_health(base: str, status: int, timeout: float) -> int:
     return code
 
 
-def running_cluster(tmp_path_factory, model_dir, num_kv_blocks: int = NUM_KV_BLOCKS):
-    pipe = Cluster(tmp_path_factory.mktemp("reliability"), model_dir, num_kv_blocks)
+def running_cluster(tmp_path_factory, model_dir, num_kv_blocks: int = NUM_KV_BLOCKS,
+                    extra: dict[str, tuple[str, ...]] | None = None):
+    yield from serving_cluster(tmp_path_factory.mktemp("reliability"), model_dir,
+                               num_kv_blocks, extra)
+
+
+def serving_cluster(run_dir, model_dir, num_kv_blocks: int = NUM_KV_BLOCKS,
+                    extra: dict[str, tuple[str, ...]] | None = None):
+    """A ready cluster for the block, stopped after it (its generator)."""
+    pipe = Cluster(run_dir, model_dir, num_kv_blocks, extra)
     try:
         pipe.wait_ready()
         wait_http_health(pipe.base, 200, timeout=30)

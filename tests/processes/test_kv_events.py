@@ -153,6 +153,48 @@ def test_a_late_subscriber_replays_every_batch_from_the_first(published):
         late.close()
 
 
+def _poll(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not seen: {what}"
+        time.sleep(0.05)   # polling an observed state
+
+
+def test_a_flooding_or_oversized_replay_peer_is_cut_off_and_nobody_else_notices(published):
+    """5,000 replay requests from sequence 0 that the peer never reads, and a 2 MiB frame
+    from another: the first is cut off (logged), the second's connection dropped by the
+    socket's maximum message size; a new subscriber's replay is whole, a request is served
+    and /health stays 200 (replays are served off the step loop, bounded)."""
+    import httpx
+
+    server, subscriber = published
+    _complete(server, list(range(400, 400 + 2 * BLOCK)))
+    ctx = zmq.Context()
+    try:
+        _, replay_endpoint = _endpoints(server)
+        flood = ctx.socket(zmq.DEALER)
+        flood.connect(replay_endpoint)
+        for _ in range(5000):
+            flood.send_multipart((b"", (0).to_bytes(8, "big")))
+        _poll(lambda: "KV-event replay: cut off a peer" in server.log.read_text(),
+              "the flooding peer cut off")
+        big = ctx.socket(zmq.DEALER)
+        monitor = big.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        big.connect(replay_endpoint)
+        big.send_multipart((b"", b"x" * (2 << 20)))
+        assert monitor.poll(60_000), "the oversized frame's connection was not dropped"
+        late = Subscriber(*_endpoints(server))
+        try:
+            seen = late.replay_from(0)
+            assert seen == list(range(len(seen))) and seen[-1] >= 0
+        finally:
+            late.close()
+        _complete(server, list(range(500, 500 + BLOCK)))
+        assert httpx.get(f"{server.base}/health").status_code == 200
+    finally:
+        ctx.destroy(0)
+
+
 def _endpoints(server) -> tuple[str, str]:
     args = server.proc.args
     config = json.loads(args[args.index("--kv-events-config") + 1])

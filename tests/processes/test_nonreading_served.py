@@ -10,7 +10,8 @@ traceback and a line or two about it, not one per message.
 
 from __future__ import annotations
 
-import threading
+import asyncio
+import multiprocessing
 import time
 import uuid
 
@@ -19,7 +20,8 @@ import pytest
 import zmq
 
 from folio import SamplingParams
-from folio.client import Client
+from folio.client import AsyncClient, Client
+from folio.errors import QueueFull, RequestRejected
 from folio.shared.protocol import messages as m
 from tests.http_server import HttpServer
 from tests.soak.nonreading_client import non_reading_dealer
@@ -44,18 +46,20 @@ def server(tmp_path_factory, llama_dir):
         srv.stop()
 
 
-def _attack(address: str, sent: list[int]) -> None:
-    """Streamed generates, never reading; then it leaves."""
+def _attack(address: str, sent) -> None:
+    """Streamed generates, never reading; then it leaves. Run in a process of its own: a
+    client is its process (--max-requests-per-client counts a client's connections
+    together), and the bystanders are this one's."""
     ctx = zmq.Context()
     sock = non_reading_dealer(ctx, address)
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     start = time.monotonic()
     try:
-        while time.monotonic() - start < ATTACK_S and sent[0] < ATTACK_MESSAGES:
+        while time.monotonic() - start < ATTACK_S and sent.value < ATTACK_MESSAGES:
             try:
                 sock.send(m.encode_generate(uuid.uuid4().hex, params, True,
                                             prompt_token_ids=[5, 6, 7, 8]), zmq.NOBLOCK)
-                sent[0] += 1
+                sent.value += 1
             except zmq.Again:   # the frontend reads slower than this sends
                 time.sleep(0.001)
     finally:
@@ -77,8 +81,9 @@ def test_a_client_that_never_reads_costs_only_itself(server):
             Client(server.zmq_address, timeout=120) as watcher:
         expected_sdk = sdk.generate([1, 2, 3], GREEDY).token_ids
         expected_http = _completion(server, [1, 2, 3])
-        sent = [0]
-        attacker = threading.Thread(target=_attack, args=(server.zmq_address, sent))
+        spawn = multiprocessing.get_context("spawn")
+        sent = spawn.Value("i", 0)
+        attacker = spawn.Process(target=_attack, args=(server.zmq_address, sent))
         attacker.start()
         most_held, served, health = 0, 0, []
         deadline = time.monotonic() + 120
@@ -93,7 +98,7 @@ def test_a_client_that_never_reads_costs_only_itself(server):
         attacker.join()
 
         # The bystanders' requests ran one at a time beside it: the rest is the attacker's.
-        assert sent[0] > 3 * CAP, "the attacker hardly sent anything"
+        assert sent.value > 3 * CAP, "the attacker hardly sent anything"
         assert most_held <= CAP + 2
         assert set(health) == {200}
         deadline = time.monotonic() + 60
@@ -109,3 +114,37 @@ def test_a_client_that_never_reads_costs_only_itself(server):
     assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
     about = [line for line in log.splitlines() if "folio-frontend" in line and "client" in line]
     assert len(about) <= 3, about
+
+
+def test_one_process_shares_one_cap_over_its_connections(server):
+    """--max-requests-per-client counts clients, not connections: with CAP requests running
+    on one connection, this process's other connection is refused too (queue_full, naming
+    the flag); a client in another process is not."""
+    params = SamplingParams(max_tokens=1000, ignore_eos=True)
+
+    async def main() -> None:
+        async with AsyncClient(server.zmq_address, timeout=120) as first, \
+                AsyncClient(server.zmq_address, timeout=120) as second:
+            streams = [first.stream([5, 6, 7, i], params) for i in range(CAP)]
+            await asyncio.gather(*(anext(s) for s in streams))   # all CAP running
+            with pytest.raises(QueueFull, match="max-requests-per-client"):
+                await second.generate([1, 2, 3], GREEDY)
+            other = multiprocessing.get_context("spawn")
+            with other.Pool(1) as pool:   # another process: another client
+                assert pool.apply(_one_request, (server.zmq_address,)) == 4
+            for stream in streams:
+                await stream.aclose()
+
+    asyncio.run(main())
+
+
+def _one_request(address: str) -> int:
+    with Client(address, timeout=120) as client:
+        return len(client.generate([1, 2, 3], GREEDY).token_ids)
+
+
+def test_an_sdk_request_may_not_ask_a_priority_past_the_floor(server):
+    with Client(server.zmq_address, timeout=120) as sdk:
+        with pytest.raises(RequestRejected, match="--priority-floor 0"):
+            sdk.generate([1, 2, 3], SamplingParams(max_tokens=2, priority=-3))
+        assert len(sdk.generate([1, 2, 3], GREEDY).token_ids) == 4

@@ -126,11 +126,12 @@ class Driver:
         self.block_contents: dict[bytes, list] = {}
         self.chains: dict[int, list[bytes]] = {}
 
-    def add(self, request_id: str, prompt: list[int], sampling: SamplingParams) -> bool:
+    def add(self, request_id: str, prompt: list[int], sampling: SamplingParams,
+            client: str | None = None) -> bool:
         limit = self.config.max_request_len
         never_fits = len(prompt) + (sampling.max_tokens or 0) > limit
         try:
-            ids = self.scheduler.add_request(request_id, prompt, sampling)
+            ids = self.scheduler.add_request(request_id, prompt, sampling, client)
         except ValueError:
             assert never_fits
             return False
@@ -344,12 +345,12 @@ def check_scheduler(driver: Driver) -> None:
     assert len(scheduler.running) <= config.max_num_seqs
     # Oldest first; by priority first under the priority policy (victims from the tail).
     by_priority = config.scheduling_policy == "priority"
-    order = [(r.sampling.priority if by_priority else 0, r.admit_seq) for r in scheduler.running]
+    order = [(r.queue_key[:2] if by_priority else (0, 0), r.admit_seq)
+             for r in scheduler.running]
     assert order == sorted(order)
-    if by_priority:   # every queue in (priority, arrival) order
-        for queue in (scheduler.waiting, scheduler.swapped):
-            keys = [(r.sampling.priority, r.handle) for r in queue]
-            assert keys == sorted(keys)
+    for queue in (scheduler.waiting, scheduler.swapped):   # (class, client round, arrival)
+        keys = [r.queue_key for r in queue]
+        assert keys == sorted(keys)
     gpu_owners, swap_owners = Counter(), Counter()
     null = scheduler.pool.null_block
     kv = scheduler.kv

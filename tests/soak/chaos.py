@@ -18,6 +18,12 @@ purpose count as `left`. At the end, with the load stopped and the processes hea
 KV block must be free and nothing running, and the same prompts must give the same answers;
 the HTTP frontend's and scheduler's RSS are sampled every 2 s (the HTTP frontend is never
 killed, so its RSS spans the run).
+
+With `extras` (tests/soak/chaos_extras.py): runtime LoRA adapters loaded, unloaded and used
+(and re-registered after executor restarts), requests with priorities, and KV-event
+subscribers that come and go. The command line runs it on a fresh cluster:
+
+    python -m tests.soak.chaos --seconds 600 --clients 12 --extras
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from folio.client import AsyncClient
 from folio.errors import FolioError
 from folio.shared.protocol import messages as m
 from tests.processes.cluster import GREEDY, Cluster, wait_http_health
+from tests.soak.chaos_extras import Extras
 from tests.soak.memory import rss_mib
 
 # (action, process, weight): the HTTP frontend is only stopped, so its RSS spans the run.
@@ -46,6 +53,7 @@ FAULTS = (("kill", "executor", 4), ("stop", "executor", 3), ("kill", "frontend1"
           ("kill", "scheduler", 1))
 REQUEST_KINDS = ("sdk", "sdk_stream", "sdk_abort", "http_n2", "http_stream", "http_vanish",
                  "sdk_vanish")
+EXTRA_KINDS = ("http_lora", "http_priority")
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class SoakSettings:
     request_timeout: float = 60.0
     rss_slack_mib: float = 64.0
     seed: int = 0
+    extras: bool = False              # adapters, priorities, KV-event subscribers
 
 
 class Soak:
@@ -75,6 +84,8 @@ class Soak:
         self.prompts: list[tuple[list[int], int]] = []
         self.answers: dict[int, tuple[list[int], str]] = {}   # prompt index -> ids, text
         self.until = 0.0
+        self.extras = None   # chaos_extras.Extras, when settings.extras
+        self.kinds = REQUEST_KINDS + (EXTRA_KINDS if settings.extras else ())
 
     # ---- references -----------------------------------------------------------------
 
@@ -90,6 +101,9 @@ class Soak:
                 for prompt, max_tokens in self.prompts))
         for index, completion in enumerate(done):
             self.answers[index] = (completion.token_ids, completion.text)
+        if self.extras is not None:
+            async with httpx.AsyncClient(base_url=self.cluster.base, timeout=120) as http:
+                await self.extras.make_references(http)
 
     # ---- one request of each kind -----------------------------------------------------
 
@@ -196,11 +210,15 @@ class Soak:
             return self.http_n2(http, index)
         if kind == "sdk_vanish":
             return self.sdk_vanish(index)
+        if kind == "http_lora":
+            return self.extras.http_lora(http)
+        if kind == "http_priority":
+            return self.extras.http_priority(http, index)
         return self.http_stream(http, index, kind == "http_vanish")
 
     async def one_request(self, sdk: list[AsyncClient], http: httpx.AsyncClient) -> None:
         index = self.rng.randrange(len(self.prompts))
-        kind = self.rng.choice(REQUEST_KINDS)
+        kind = self.rng.choice(self.kinds)
         try:
             outcome = await asyncio.wait_for(self._work(kind, index, sdk, http),
                                              self.settings.request_timeout + 30)
@@ -276,8 +294,17 @@ class Soak:
 
     async def load(self) -> None:
         self.until = time.monotonic() + self.settings.seconds
-        await asyncio.gather(self.chaos(), self.sample_rss(),
-                             *(self.worker() for _ in range(self.settings.clients)))
+        loops = []
+        if self.extras is not None:
+            http = httpx.AsyncClient(base_url=self.cluster.base, timeout=httpx.Timeout(
+                self.settings.request_timeout, connect=5))
+            loops = [self.extras.adapter_loop(http), self.extras.subscriber_loop()]
+        try:
+            await asyncio.gather(self.chaos(), self.sample_rss(), *loops,
+                                 *(self.worker() for _ in range(self.settings.clients)))
+        finally:
+            if loops:
+                await http.aclose()
 
     # ---- the verdict ----------------------------------------------------------------------
 
@@ -308,16 +335,21 @@ class Soak:
         return after
 
 
-def run_soak(cluster: Cluster, settings: SoakSettings) -> dict:
+def run_soak(cluster: Cluster, settings: SoakSettings, extras: dict | None = None) -> dict:
     """The soak on a serving cluster; its summary, with `passed`: nothing wrong, doubled or
-    hung, no block leaked, the same answers after, and the RSS grown by less than the slack."""
+    hung, no block leaked, the same answers after, and the RSS grown by less than the slack.
+    `extras`: {"adapters": name -> path, "events": the KV-events config} with
+    settings.extras (the cluster started with chaos_extras.extras_args)."""
     soak = Soak(cluster, settings)
+    if settings.extras:
+        soak.extras = Extras(soak, extras["adapters"], extras["events"])
     started = time.monotonic()
     asyncio.run(soak.make_references())
     asyncio.run(soak.load())
     soak.wait_serving(120)
     idle = cluster.wait_idle(timeout=60)
     after = asyncio.run(soak.answers_after())
+    adapters_after = asyncio.run(_extras_after(soak)) if soak.extras is not None else {}
     leaked = idle.get("kv_blocks_total", -1) - idle.get("kv_blocks_free", 0)
     summary = {
         "seconds": settings.seconds, "wall_s": round(time.monotonic() - started),
@@ -331,9 +363,60 @@ def run_soak(cluster: Cluster, settings: SoakSettings) -> dict:
         "leaked_blocks": leaked, "idle_stats": {k: idle.get(k) for k in (
             "kv_blocks_total", "kv_blocks_free", "num_running", "num_waiting")},
         "after_chaos": dict(after), "rss": soak.rss_growth(), "problems": soak.problems,
+        "extras": {**soak.extras.counts, "adapters_after": adapters_after}
+        if soak.extras is not None else {},
         "logs": str(cluster.run_dir)}
     bad = (soak.outcomes["wrong"] + soak.outcomes["double"] + soak.outcomes["hung"]
-           + len(soak.problems) + after["wrong"] + after["error"])
+           + len(soak.problems) + after["wrong"] + after["error"]
+           + adapters_after.get("wrong", 0) + adapters_after.get("error", 0))
     rss_ok = all(v["growth_mib"] < settings.rss_slack_mib for v in summary["rss"].values())
     summary["passed"] = bad == 0 and leaked == 0 and rss_ok
     return summary
+
+
+async def _extras_after(soak: Soak) -> dict[str, int]:
+    async with httpx.AsyncClient(base_url=soak.cluster.base, timeout=120) as http:
+        return await soak.extras.answers_after(http)
+
+
+def main() -> int:
+    """A soak on a fresh cluster of the tiny test model (made here), printing its summary."""
+    import argparse
+    import tempfile
+    from pathlib import Path
+
+    from folio.tiny_models import make_tiny_model_dir
+    from tests.processes.cluster import serving_cluster
+    from tests.soak.chaos_extras import extras_args, make_adapters
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--clients", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--extras", action="store_true",
+                        help="adapters, priorities and KV-event subscribers too")
+    parser.add_argument("--num-kv-blocks", type=int, default=256)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="folio-chaos-"))
+    model = make_tiny_model_dir(root / "model")
+    extra = extras_args(root) if args.extras else None
+    setup = None
+    if args.extras:
+        events = json.loads(extra["scheduler"][extra["scheduler"].index("--kv-events-config")
+                                               + 1])
+        setup = {"adapters": make_adapters(model, root / "adapters"), "events": events}
+    run_dir = root / "cluster"
+    run_dir.mkdir()
+    cluster_gen = serving_cluster(run_dir, model, args.num_kv_blocks, extra)
+    cluster = next(cluster_gen)
+    try:
+        summary = run_soak(cluster, SoakSettings(seconds=args.seconds, clients=args.clients,
+                                                 seed=args.seed, extras=args.extras), setup)
+    finally:
+        cluster_gen.close()
+    print(json.dumps(summary, indent=1))
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -116,3 +116,32 @@ def test_logprobs_of_every_returned_token_with_sampled_drafts(llama_dir):
     assert len(result.logprobs) == len(result.token_ids) == 40
     for token, entry in zip(result.token_ids, result.logprobs):
         assert token in entry and entry[token].logprob <= 0.0
+
+
+def test_seeded_text_the_same_under_load_and_without_speculation(llama_dir):
+    """seed=11, n=3, temperature 0.8 (and a cooler seeded request, whose drafts are often
+    accepted): the same tokens alone with drafts, beside 5 other requests (more than
+    max_running 4 run: drafts pause), and with speculation off."""
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3,
+                       "prompt_lookup_max": 3, "prompt_lookup_min": 1, "max_running": 4})
+    seeded = [SamplingParams(temperature=0.8, seed=11, n=3, max_tokens=32, ignore_eos=True),
+              SamplingParams(temperature=0.1, seed=5, max_tokens=32, ignore_eos=True)]
+    prompts = [[11, 12, 13, 14, 15] * 6, [7, 8] * 12]
+    others = [[(5 * i + k) % 300 + 20 for k in range(12)] * 2 for i in range(5)]
+    busy = SamplingParams(temperature=0.8, max_tokens=32, ignore_eos=True)
+
+    def run(llm: LLM, load: bool) -> list:
+        results = llm.generate(prompts + (others if load else []),
+                               seeded + ([busy] * len(others) if load else []))
+        return [[list(o.token_ids) for o in r.outputs] for r in results[:2]]
+
+    # No prefix cache: the loaded run computes its prompts as the quiet one did.
+    llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=256,
+              speculative_config=spec, enable_prefix_caching=False)
+    quiet = run(llm, False)
+    stats = llm.stats()
+    assert stats["spec_decode_num_drafts"] > 0 and stats["spec_decode_num_accepted_tokens"] > 0
+    loaded = run(llm, True)
+    off = run(LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=256), False)
+    assert quiet == loaded == off
+    assert len({tuple(t) for t in quiet[0]}) > 1   # the three samples differ

@@ -85,20 +85,53 @@ def test_the_request_own_tokens_win_when_they_score_higher():
 
 def test_the_speculator_keeps_finished_outputs_only_when_asked():
     class _Request:
-        def __init__(self, tokens, prompt_len):
+        def __init__(self, tokens, prompt_len, cache_scope=None):
             self.token_ids, self.prompt_len = tokens, prompt_len
+            self.cache_scope = cache_scope
 
     config = parse_speculative_config('{"method": "suffix", '
                                       '"suffix_decoding_max_cached_requests": 3}')
     speculator = Speculator(config, 1024)
     for i in range(5):
         speculator.retire(_Request([1, 2, 3, 10 + i, 11 + i], 3))
-    assert [o.tolist() for o in speculator.cache.outputs] == [[12, 13], [13, 14], [14, 15]]
+    assert [o.tolist() for _, o in speculator.cache.outputs] == \
+        [[12, 13], [13, 14], [14, 15]]
     assert Speculator(SpeculativeConfig(method="suffix"), 1024).cache is None
     assert Speculator(SpeculativeConfig(), 1024).cache is None
 
 
+def test_the_cache_is_scoped_per_client_unless_shared():
+    """A client's drafts never come from another client's outputs (so it cannot tell, from
+    how fast a text decodes, that someone else sent it), unless the config shares them."""
+    cache = SuffixCache(max_requests=4)
+    cache.add([40, 41, 42, 43, 44, 45], scope="alice")
+    tokens = np.asarray([9, 8, 7, 40, 41], dtype=np.int64)
+    settings = SETTINGS
+    assert propose_suffix(tokens, 4, settings, cache, "alice") == [42, 43, 44, 45]
+    assert propose_suffix(tokens, 4, settings, cache, "bob") == []
+    assert propose_suffix(tokens, 4, settings, cache, None) == []
+    cache.add([1, 2, 3], scope="bob")
+    cache.add([4, 5, 6], scope="bob")
+    cache.add([7, 8, 9], scope="bob")
+    cache.add([10, 11], scope="bob")   # pushes alice's out: the bound is over all scopes
+    assert len(cache) == 4 and cache.stream("alice") is None
+
+    class _Request:
+        def __init__(self, tokens, scope):
+            self.token_ids, self.prompt_len, self.cache_scope = tokens, 2, scope
+
+    for scope, other in (("client", []), ("shared", [42, 43])):
+        config = parse_speculative_config(
+            '{"method": "suffix", "suffix_decoding_max_cached_requests": 3, '
+            f'"suffix_decoding_cache_scope": "{scope}"}}')
+        speculator = Speculator(config, 1024)
+        speculator.retire(_Request([1, 2, 40, 41, 42, 43, 44, 45], "alice"))
+        assert speculator._propose(tokens, 4, _Request([], "alice")) == [42, 43]
+        assert speculator._propose(tokens, 4, _Request([], "bob")) == other
+
+
 @pytest.mark.parametrize("text, words", [
+    ('{"method": "suffix", "suffix_decoding_cache_scope": "everyone"}', "cache_scope"),
     ('{"method": "suffix", "suffix_decoding_min_token_prob": 2}', "min_token_prob"),
     ('{"method": "suffix", "suffix_decoding_max_spec_factor": 0}', "max_spec_factor"),
     ('{"method": "suffix", "suffix_decoding_max_cached_requests": -1}', "max_cached_requests"),

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
+import time
 
 import httpx
 import openai
@@ -171,3 +174,67 @@ def test_the_replica_router_hashes_an_adapters_prompt_apart():
     assert router.choose(prefix + [3], 16, loads, "a")[1] == 0
     assert router.choose(prefix + [4], 16, loads, "a")[1] == 2
     assert router.choose(prefix + [5], 16, loads, "b")[1] == 0
+
+
+def test_an_adapter_that_makes_nan_fails_its_own_request_alone(server, adapters, tmp_path):
+    """Finite weights so large that the adapter's rows overflow: its request is a 500
+    naming the cause and the adapter, not "engine unavailable"; a stream beside it and the
+    next base request go on."""
+    from safetensors.torch import load_file, save_file
+
+    huge = tmp_path / "huge"
+    shutil.copytree(adapters["a"], huge)
+    weights = huge / "adapter_model.safetensors"
+    tensors = {name: t * 1e30 if "lora_B" in name else t
+               for name, t in load_file(str(weights)).items()}
+    save_file(tensors, str(weights))
+    assert _post(server, "/v1/load_lora_adapter", {"lora_name": "huge",
+                                                   "lora_path": str(huge)}).status_code == 200
+    client = openai_client(server, KEY)
+    stream = client.completions.create(model="base", prompt=PROMPT, max_tokens=30000,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    assert next(chunks).choices[0].text is not None
+    answer = _post(server, "/v1/completions", {"model": "huge", "prompt": PROMPT,
+                                               "max_tokens": 4})
+    error = answer.json()["error"]
+    assert answer.status_code == 500 and error["code"] == "request_failed", answer.text
+    assert "NaN or infinite" in error["message"] and "'huge'" in error["message"]
+    assert next(chunks).choices[0].text is not None   # the stream beside it goes on
+    assert httpx.get(f"{server.base}/health").status_code == 200
+    assert _complete(client, "base")
+    stream.close()
+    assert _post(server, "/v1/unload_lora_adapter", {"lora_name": "huge"}).status_code == 200
+
+
+def _executor_pids(server) -> list[int]:
+    return [int(m) for m in re.findall(r"executor (\d+) attached", server.log.read_text())]
+
+
+def _poll(condition, what: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)   # polling an observed state, not waiting a time out
+    raise AssertionError(f"not seen: {what}")
+
+
+def test_runtime_adapters_survive_an_executor_restart(server, adapters, expected):
+    """Last in the module: the executor is killed. An adapter loaded at run time is given
+    to the restarted executor again (logged) and answers as before."""
+    assert _post(server, "/v1/load_lora_adapter", {"lora_name": "runtime",
+                                                   "lora_path": str(adapters["b"])}
+                 ).status_code == 200
+    client = openai_client(server, KEY)
+    assert _complete(client, "runtime") == expected["b"]
+    pids = _executor_pids(server)
+    os.kill(pids[-1], signal.SIGKILL)
+    _poll(lambda: len(_executor_pids(server)) > len(pids), "a new executor attached")
+    _poll(lambda: "LoRA adapter 'runtime' re-registered" in server.log.read_text(),
+          "the adapter re-registered")
+    _poll(lambda: "runtime" in {m.id for m in client.models.list().data}, "it listed")
+    assert _complete(client, "runtime") == expected["b"]
+    assert _complete(client, "a") == expected["a"]   # --lora-modules' own, as ever

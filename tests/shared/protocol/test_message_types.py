@@ -43,9 +43,9 @@ def test_encoders_write_the_bytes_of_the_inline_packs_they_replace(payload, msg_
 
 
 def test_decoders_give_named_tuples_that_still_unpack():
-    request_id, prompt, params = m.decode_add(_body(m.encode_add("r", [1, 2],
-                                                                 SamplingParams(max_tokens=3))))
-    assert (request_id, prompt, params.max_tokens) == ("r", [1, 2], 3)
+    request_id, prompt, params, client = m.decode_add(_body(m.encode_add(
+        "r", [1, 2], SamplingParams(max_tokens=3), "10.0.0.7")))
+    assert (request_id, prompt, params.max_tokens, client) == ("r", [1, 2], 3, "10.0.0.7")
     add = m.decode_add(_body(m.encode_add("r", [1], SamplingParams())))
     assert add.request_id == "r" and add.prompt_token_ids == [1]
     dropped = m.decode_frontend_dropped(_body(m.encode_frontend_dropped(["a", "b"], "why")[0]))
