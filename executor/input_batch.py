@@ -23,10 +23,11 @@ from folio.shared.protocol.step import StepPlan
 
 class CachedRequest:
     __slots__ = ("handle", "row", "token_ids", "prompt_len", "num_computed", "block_ids",
-                 "sampling")
+                 "sampling", "state_slot")
 
     def __init__(self, handle: int, row: int, token_ids: list[int], prompt_len: int,
-                 num_computed: int, block_ids: list[int], sampling: SamplingParams) -> None:
+                 num_computed: int, block_ids: list[int], sampling: SamplingParams,
+                 state_slot: int = -1) -> None:
         self.handle = handle
         self.row = row                  # this request's row in the persistent arrays
         self.token_ids = token_ids
@@ -34,6 +35,7 @@ class CachedRequest:
         self.num_computed = num_computed
         self.block_ids = block_ids
         self.sampling = sampling
+        self.state_slot = state_slot    # a hybrid's recurrent state slot (-1: none)
 
 
 @dataclass
@@ -95,7 +97,8 @@ class InputBatch:
             row = rows.take()
             tokens = list(new.token_ids)
             request = CachedRequest(new.handle, row, tokens, new.prompt_len,
-                                    new.num_computed_tokens, list(new.block_ids), new.sampling)
+                                    new.num_computed_tokens, list(new.block_ids), new.sampling,
+                                    new.state_slot)
             rows.tokens[row, :len(tokens)] = tokens
             rows.tables[row, :len(request.block_ids)] = request.block_ids
             self.requests[new.handle] = request

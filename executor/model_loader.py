@@ -26,6 +26,12 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
     """`tp` (executor/parallel/sharding.py's TensorParallel): `config` is this rank's share, and
     each tensor is sliced to this rank's part as it streams in. With config.prequantized,
     the layers the file holds quantized get no float weight and their tensors are skipped."""
+    if config.hybrid is not None:   # its own modules and names (executor/models/hybrid/)
+        from folio.executor.models.hybrid.loader import load_hybrid_model
+
+        model = load_hybrid_model(model_dir, config, ops, dtype, device, max_positions)
+        log.info("model: %s", describe(config))
+        return model
     weight_names = ARCHITECTURES[config.architecture].weights
     with torch.device("meta"):
         model = CausalLM(config, ops, max_positions)

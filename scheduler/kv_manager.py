@@ -18,7 +18,15 @@ keys p - W < j <= p, so once a request's next token is at p, its blocks wholly b
 p - W + 1 are read by no layer again. They are released (a registered one stays findable
 as cached-free) and their table entries name the pool's null block: the table keeps its
 length, so positions still map to entries, and the freed entries are always the leading
-ones (num_freed_blocks)."""
+ones (num_freed_blocks).
+
+Hybrid models (config.num_state_slots > 0): besides its blocks (the attention layers' KV),
+each admitted request holds one recurrent state slot (scheduler/state_slots.py) covering
+every linear-attention / convolution layer. Admission needs a free slot as well as blocks;
+free (recompute preemption) and forget give it back. Such a request is never swapped (its
+state would have to travel too: preemption recomputes it) and never forked (the child
+would need the state one token before the parent's: it computes its prompt itself), and
+the prefix cache is off (a state cannot resume from shared blocks alone)."""
 
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ from folio.scheduler.block_table import NEVER, BlockTable
 from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.prefix_cache import CachedPrefix, PrefixCache
 from folio.scheduler.request import Request
+from folio.scheduler.state_slots import StateSlots
 from folio.scheduler.swap_space import SwapSpace
 from folio.shared.config import SchedulerConfig
 
@@ -44,6 +53,7 @@ class KVCacheManager:
                                   self.dead_blocks if window is not None else None)
         self._tables: dict[int, BlockTable] = {}   # by request handle
         self._copies: list[tuple[int, int]] = []   # fork copies not yet in a plan
+        self.states = StateSlots(config.num_state_slots, config.state_bytes)
 
     # ---- counts -------------------------------------------------------------------------
 
@@ -64,6 +74,8 @@ class KVCacheManager:
             "kv_slot_utilization": self.slot_utilization(running),
             "swap_blocks_total": swap.num_blocks,
             "swap_blocks_free": swap.num_free,
+            **({"state_slots_total": self.states.num_slots,
+                "state_slots_used": self.states.num_used} if self.states.enabled else {}),
         }
 
     def slot_utilization(self, running: list[Request]) -> float:
@@ -97,6 +109,12 @@ class KVCacheManager:
         """Device blocks the request holds: what a swap-out copies."""
         table = self._tables[request.handle]
         return len(table.block_ids) - table.num_freed
+
+    def state_slot(self, request: Request) -> int:
+        """The request's recurrent state slot (-1: none held, or not a hybrid model)."""
+        table = self._tables.get(request.handle)
+        slot = table.state_slot if table is not None else None
+        return -1 if slot is None else slot
 
     def swap_block_ids(self, request: Request) -> list[int]:
         """The CPU blocks holding the request's live blocks while swapped out (a copy)."""
@@ -187,6 +205,9 @@ class KVCacheManager:
         if table.cpu_block_ids:
             self.swap.drop(table.cpu_block_ids)
             table.cpu_block_ids = []
+        if table.state_slot is not None:
+            self.states.give_back(table.state_slot)
+            table.state_slot = None
         self._retable(table)
 
     def forget(self, request: Request) -> None:
@@ -205,7 +226,9 @@ class KVCacheManager:
 
     def can_admit(self, request: Request, cached: CachedPrefix) -> bool:
         """Whether the pool holds the blocks of the whole request after the cached prefix
-        (with a window: at most its peak footprint)."""
+        (with a window: at most its peak footprint), and a state slot for a hybrid."""
+        if self.states.enabled and not self.states.num_free:
+            return False
         hits = cached.blocks
         needed = self.blocks_for(request.num_tokens) - len(hits)
         kept = hits
@@ -230,6 +253,8 @@ class KVCacheManager:
             self.pool.share(block_id)
         table.block_ids = list(cached.blocks)
         table.num_registered = len(cached.blocks)
+        if self.states.enabled and table.state_slot is None:
+            table.state_slot = self.states.take(request.handle)
         self._retable(table)
         new_blocks = self.allocate_slots(request, num_new_tokens, step)
         assert new_blocks is not None, "admission checked the free blocks"
@@ -246,6 +271,8 @@ class KVCacheManager:
         shared = (prompt_len - 1) // self.block_size   # full blocks before the last token
         dead = self.dead_blocks(prompt_len - 1)
         parent_table = self._tables[parent.handle]
+        if self.states.enabled:
+            return False   # no state one token before the parent's: the child recomputes
         if self.pool.num_free < 1 or parent_table.num_freed > dead:
             return False
         block_ids = parent_table.block_ids
@@ -274,6 +301,7 @@ class KVCacheManager:
         (device, CPU) pairs to copy. The count of freed entries stays, so swap_in restores
         them as null entries."""
         table = self._tables[request.handle]
+        assert table.state_slot is None, "a hybrid model's request is recomputed, never swapped"
         live = table.block_ids[table.num_freed:]
         table.cpu_block_ids = self.swap.store(live)
         self.pool.release(table.block_ids)

@@ -624,6 +624,7 @@ class Scheduler:
                     num_new_tokens=item.num_new_tokens,
                     block_ids=self.kv.block_ids(request),
                     sampling=request.sampling,
+                    state_slot=self.kv.state_slot(request),
                 ))
                 request.on_executor = True
             request.num_computed_tokens += item.num_new_tokens

@@ -240,6 +240,10 @@ class ExecutorCapacity:
     # The weights' bytes one decode step reads (executor/weight_bytes.py): with each decode
     # step's time, the step's effective bandwidth (folio:decode_weight_read_gbps).
     weight_bytes_per_step: int = 0
+    # A hybrid model's recurrent state (executor/models/hybrid/): one slot per request that
+    # holds one, and the bytes of one; 0 slots: every layer is attention.
+    num_state_slots: int = 0
+    state_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,8 @@ class SchedulerConfig(SchedulingPolicy):
     swap_bytes_per_s: float = 0.0
     sliding_window: int | None = None     # as ExecutorCapacity.sliding_window
     loras: tuple[str, ...] = ()           # as ExecutorCapacity.loras
+    num_state_slots: int = 0              # as ExecutorCapacity.num_state_slots
+    state_bytes: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -305,6 +311,9 @@ class SchedulerConfig(SchedulingPolicy):
         policy = policy_values(engine)
         if capacity.rewrites_kv:
             policy["enable_prefix_caching"] = False
+        if capacity.num_state_slots:
+            # A recurrent state cannot resume from shared blocks alone (docs/hybrid.md).
+            policy["enable_prefix_caching"] = False
         return cls(
             **policy,
             num_kv_blocks=capacity.num_kv_blocks,
@@ -318,6 +327,8 @@ class SchedulerConfig(SchedulingPolicy):
             swap_bytes_per_s=capacity.swap_bytes_per_s,
             sliding_window=capacity.sliding_window,
             loras=capacity.loras,
+            num_state_slots=capacity.num_state_slots,
+            state_bytes=capacity.state_bytes,
         )
 
 

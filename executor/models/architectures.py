@@ -27,6 +27,7 @@ class Architecture:
     head_dim: int | None = None         # transformers' default when the config has none
     softcaps: tuple[float | None, float | None] = (None, None)   # defaults: attention, final
     window: int | None = None           # sliding_window when the config has none
+    hybrid: str | None = None           # recurrent layers: executor/models/hybrid/spec.py
     weights: WeightNames = field(default_factory=WeightNames)
 
 
@@ -44,6 +45,12 @@ ARCHITECTURES = {
                                       softcaps=(50.0, 30.0), window=4096),
     "Gemma3ForCausalLM": Architecture(gemma=True, qk_norm=True, windows="gemma3",
                                       head_dim=256, window=4096),
+    # Hybrids: recurrent-state layers beside attention (executor/models/hybrid/).
+    "Qwen3_5ForCausalLM": Architecture(qkv_bias=False, o_bias=False, qk_norm=True,
+                                       windows="none", partial_rotary=True,
+                                       head_dim=256, hybrid="qwen3_5"),
+    "Lfm2ForCausalLM": Architecture(qkv_bias=False, o_bias=False, qk_norm=True,
+                                    windows="none", hybrid="lfm2"),
 }
 
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)

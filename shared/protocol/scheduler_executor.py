@@ -57,6 +57,9 @@ EXECUTOR_HELLO = Message("executor_hello", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("rewrites_kv", Bool(), default=False),
     Field("loras", ListOf(Str(MAX_LORA_NAME_CHARS), MAX_LORAS), default=()),   # adapter names
     Field("weight_bytes_per_step", Int(0), default=0),   # weights one decode step reads
+    # A hybrid model's recurrent state slots and the bytes of one (0: no recurrent layers).
+    Field("num_state_slots", Int(0, MAX_BLOCK_ID), default=0),
+    Field("state_bytes", Int(0), default=0),
 ), build=_hello, table=True)
 
 
@@ -77,7 +80,9 @@ def encode_plan(plan: StepPlan) -> bytes:
     if plan.new_requests:
         body["n"] = [{"h": r.handle, "t": r.token_ids, "p": r.prompt_len,
                       "c": r.num_computed_tokens, "k": r.num_new_tokens, "b": r.block_ids,
-                      "sp": r.sampling.engine_dict()} for r in plan.new_requests]
+                      "sp": r.sampling.engine_dict(),
+                      **({"st": r.state_slot} if r.state_slot >= 0 else {})}
+                     for r in plan.new_requests]
     if plan.new_block_ids:
         # (handle, blocks) tuples: msgpack writes a tuple as the same array as a list.
         body["b"] = list(plan.new_block_ids.items())
@@ -108,7 +113,8 @@ def decode_plan(body: Body) -> StepPlan:
             num_computed_tokens=new.int("c", 0, len(token_ids)),
             num_new_tokens=new.int("k", 1, len(token_ids)),
             block_ids=new.ints("b", 0, MAX_BLOCK_ID),
-            sampling=sampling_from_wire(new, "sp"))
+            sampling=sampling_from_wire(new, "sp"),
+            state_slot=_state_slot(new))
         if request.num_computed_tokens + request.num_new_tokens > len(token_ids):
             raise ProtocolError("plan.new: computing past the known tokens")
         plan.new_requests.append(request)
@@ -126,6 +132,11 @@ def decode_plan(body: Body) -> StepPlan:
         raise ProtocolError(f"plan: 'd' is flat (handle, draft cap <= {MAX_DRAFTS}) pairs")
     plan.drafts = dict(zip(flat[0::2], flat[1::2]))
     return plan
+
+
+def _state_slot(new: Body) -> int:
+    slot = new.int("st", 0, MAX_BLOCK_ID, optional=True)
+    return -1 if slot is None else slot
 
 
 def encode_result(result: StepResult) -> bytes:
@@ -235,6 +246,8 @@ NEW_REQUEST = Shape("plan.n", (
     Field("k", Int(1), rule="[1, len(`t`)], and `c + k ≤ len(t)`"),
     Field("b", Ints(0, MAX_BLOCK_ID)),
     Field("sp", Sampling(engine=True)),
+    # A hybrid model's request: its recurrent state slot (absent: no recurrent layers).
+    Field("st", Int(0, MAX_BLOCK_ID), default=None),
 ))
 
 PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (

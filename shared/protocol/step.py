@@ -22,6 +22,7 @@ class NewRequest:
     num_new_tokens: int           # tokens to compute in this step
     block_ids: list[int]
     sampling: SamplingParams
+    state_slot: int = -1          # a hybrid model's recurrent state slot (-1: none)
 
 
 @dataclass(slots=True)
