@@ -49,7 +49,9 @@ class KVCacheManager:
         self.block_size = config.block_size
         self.sliding_window = window
         self.window_peak_blocks = config.window_peak_blocks
-        self.prefix = PrefixCache(self.pool, config.block_size, config.enable_prefix_caching,
+        # Off for a hybrid model: its recurrent state cannot resume from shared blocks alone.
+        caching = config.enable_prefix_caching and not config.num_state_slots
+        self.prefix = PrefixCache(self.pool, config.block_size, caching,
                                   self.dead_blocks if window is not None else None)
         self._tables: dict[int, BlockTable] = {}   # by request handle
         self._copies: list[tuple[int, int]] = []   # fork copies not yet in a plan

@@ -42,13 +42,14 @@ def sample(digest: int, vocab_size: int) -> int:
 
 
 class _Held:
-    __slots__ = ("tokens", "digests", "computed", "blocks")
+    __slots__ = ("tokens", "digests", "computed", "blocks", "state_slot")
 
     def __init__(self, tokens: list[int], computed: int, blocks: list[int]) -> None:
         self.tokens = tokens
         self.digests = extend_digests([], tokens)
         self.computed = computed
         self.blocks = blocks
+        self.state_slot = -1
 
     def kv(self, position: int) -> Slot:
         return (position, self.tokens[position], self.digests[position])
@@ -56,7 +57,12 @@ class _Held:
 
 class FakeExecutor:
     def __init__(self, block_size: int, num_kv_blocks: int, num_swap_blocks: int = 0,
-                 vocab_size: int = 1000, sliding_window: int | None = None) -> None:
+                 vocab_size: int = 1000, sliding_window: int | None = None,
+                 state_slots: int = 0) -> None:
+        """`state_slots`: a hybrid model's recurrent state slots (0: none): each new request
+        must name a slot no live request holds, and start its state at position 0 (a
+        recurrent state is never resumed from shared blocks)."""
+        self.state_slots = state_slots
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.sliding_window = sliding_window
@@ -75,6 +81,14 @@ class FakeExecutor:
             assert new.handle not in self.requests, "new request already held"
             assert 0 < new.prompt_len <= len(new.token_ids)
             held = _Held(list(new.token_ids), new.num_computed_tokens, list(new.block_ids))
+            if self.state_slots:
+                assert 0 <= new.state_slot < self.state_slots, new.state_slot
+                assert new.num_computed_tokens == 0, "a recurrent state resumed mid-sequence"
+                assert all(h.state_slot != new.state_slot for h in self.requests.values()), \
+                    f"state slot {new.state_slot} given to two live requests"
+                held.state_slot = new.state_slot
+            else:
+                assert new.state_slot == -1, "a state slot for a model without one"
             self.requests[new.handle] = held
             scheduled.append((new.handle, held, new.num_new_tokens))
         assert set(plan.new_block_ids) <= set(plan.running_handles), "blocks for idle request"

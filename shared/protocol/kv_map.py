@@ -68,7 +68,7 @@ PAGE_MAP = Shape("kv_map.map", (
     # A hybrid model's recurrent state slots (scheduler/state_slots.py): the bytes of one,
     # and per slot the index in `requests` of the request holding it, -1 when free.
     Field("state_slots", Shape("kv_map.state_slots", (
-        Field("slot_bytes", Int(0)), Field("owner", _OWNERS))), default=None),
+        Field("slot_bytes", Int(0)), Field("owner", _OWNERS)), table=False), default=None),
     Field("replica", Int(0, 1 << 16), default=None),   # set by a data-parallel frontend
 ))
 
