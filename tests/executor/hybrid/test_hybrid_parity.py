@@ -14,8 +14,10 @@ from tests.hf_oracle import hf_greedy, random_prompts
 
 pytestmark = pytest.mark.parity
 
-# Lengths 1..150, up to 40 new tokens each; 64 tokens per step splits the long prompts.
-PROMPTS, MAX_TOKENS = random_prompts(8, 1, 150, vocab=1024, seed=39)
+# Lengths 1..120, up to 12 new tokens each (transformers' torch path of these layers is
+# slow); 64 tokens per step splits the long prompts.
+PROMPTS, _LONGER = random_prompts(6, 1, 120, vocab=1024, seed=39)
+MAX_TOKENS = [min(n, 12) for n in _LONGER]
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "lfm2"])
@@ -32,7 +34,7 @@ def _assert_idle(stats):
 
 def test_greedy_matches_transformers_batched_and_preempted(hybrid):
     model_dir, expected = hybrid
-    assert len({t for answer in expected for t in answer}) > 40   # not one repeated token
+    assert len({t for answer in expected for t in answer}) > 20   # not one repeated token
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in MAX_TOKENS]
     # Roomy: all eight in one batch, long prompts chunked at 64 tokens.
     llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=256,
@@ -41,10 +43,11 @@ def test_greedy_matches_transformers_batched_and_preempted(hybrid):
     stats = llm.stats()
     assert stats["preemptions_recompute"] == 0
     _assert_idle(stats)
-    # 12 blocks of 16 tokens: requests queue and running ones are preempted, their state
-    # dropped and recomputed from position 0.
-    small = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=12,
-                max_num_batched_tokens=64)
+    # 33 blocks of 4 tokens, as many as the longest request needs, 16 tokens a step:
+    # requests queue and running ones are preempted, their state dropped and recomputed
+    # from position 0.
+    small = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=33,
+                block_size=4, max_num_batched_tokens=16)
     assert [r.outputs[0].token_ids for r in small.generate(PROMPTS, params)] == expected
     stats = small.stats()
     assert stats["preemptions_recompute"] > 0 and stats["preemptions_swap"] == 0
