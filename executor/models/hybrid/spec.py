@@ -59,6 +59,10 @@ def parse_hybrid(family: str, raw: dict[str, Any], num_layers: int) -> HybridSpe
     if family == "lfm2" and not types:   # older LFM2 configs list the attention layers
         full = set(raw.get("full_attn_idxs") or ())
         types = ["full_attention" if i in full else "conv" for i in range(num_layers)]
+    elif not types:   # Qwen3.5: every full_attention_interval-th layer is attention
+        interval = int(raw.get("full_attention_interval", 4))
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                 for i in range(num_layers)]
     if not types or len(types) != num_layers:
         raise ValueError(f"{family}: layer_types must list each of the {num_layers} layers")
     unknown = sorted(set(types) - set(_LAYER_KINDS))
@@ -69,11 +73,14 @@ def parse_hybrid(family: str, raw: dict[str, Any], num_layers: int) -> HybridSpe
     if family == "lfm2":
         return HybridSpec("lfm2", kinds, int(raw.get("conv_L_cache", 3)),
                           int(raw["hidden_size"]), bool(raw.get("conv_bias", False)))
-    k_heads, v_heads = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
+    # Absent keys take transformers' Qwen3_5TextConfig defaults.
+    k_heads = int(raw.get("linear_num_key_heads", 16))
+    v_heads = int(raw.get("linear_num_value_heads", 32))
     if v_heads % k_heads:
         raise ValueError(f"linear_num_value_heads ({v_heads}) must be a multiple of "
                          f"linear_num_key_heads ({k_heads})")
-    k_dim, v_dim = int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"])
+    k_dim = int(raw.get("linear_key_head_dim", 128))
+    v_dim = int(raw.get("linear_value_head_dim", 128))
     return HybridSpec("qwen3_5", kinds, int(raw.get("linear_conv_kernel_dim", 4)),
                       2 * k_heads * k_dim + v_heads * v_dim, False, k_heads, v_heads,
                       k_dim, v_dim)
