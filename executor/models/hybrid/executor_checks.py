@@ -9,22 +9,32 @@ from folio.executor.quantization.gguf.file import is_gguf
 from folio.shared.config import EngineConfig
 
 
-def refuse_unsupported(config: EngineConfig, model: ModelConfig, tensor_parallel: bool) -> None:
-    name = model.architecture
+def unsupported(config: EngineConfig, model: ModelConfig, tensor_parallel: bool = False
+                ) -> tuple[str, str] | None:
+    """(setting, why) for the first feature a hybrid cannot run with yet; None if none."""
     refused = [
-        (tensor_parallel or config.tensor_parallel_size > 1, "tensor_parallel_size > 1"),
-        (config.enable_lora, "enable_lora (LoRA adapters)"),
-        (config.speculative is not None, "speculative_config (speculative decoding: the "
+        (tensor_parallel or config.tensor_parallel_size > 1, "tensor_parallel_size",
+         "tensor parallelism"),
+        (config.enable_lora, "enable_lora", "LoRA adapters"),
+        (config.speculative is not None, "speculative_config", "speculative decoding (the "
          "recurrent state cannot yet roll back rejected drafts)"),
-        (config.preemption_mode == "swap", "preemption_mode='swap' (a request's recurrent "
-         "state is recomputed, not swapped: use 'recompute' or 'auto')"),
-        (is_gguf(config.model), "a GGUF file"),
-        (model.prequantized is not None, "a pre-quantized checkpoint"),
+        (config.preemption_mode == "swap", "preemption_mode", "swap preemption (a request's "
+         "recurrent state is recomputed, not swapped: use recompute or auto)"),
+        (config.quantization != "none", "quantization", "quantized weights"),
+        (is_gguf(config.model), "model", "a GGUF file"),
+        (model.prequantized is not None, "model", "a pre-quantized checkpoint"),
     ]
-    for hit, what in refused:
+    for hit, setting, what in refused:
         if hit:
-            raise ValueError(f"{name} (a hybrid model with recurrent state) does not run with "
-                             f"{what} yet")
+            return setting, (f"{model.architecture} (a hybrid model with recurrent state) "
+                             f"does not run with {what} yet")
+    return None
+
+
+def refuse_unsupported(config: EngineConfig, model: ModelConfig, tensor_parallel: bool) -> None:
+    problem = unsupported(config, model, tensor_parallel)
+    if problem is not None:
+        raise ValueError(f"{problem[0]}: {problem[1]}")
 
 
 def tokens_per_gib(bytes_per_block: int, block_size: int, state_bytes: int,

@@ -58,3 +58,16 @@ def test_greedy_matches_transformers_batched_and_preempted(hybrid):
     (result,) = llm.generate([PROMPTS[2]], [n_params])
     assert [o.token_ids for o in result.outputs] == [expected[2]] * 3
     _assert_idle(llm.stats())
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("speculative_config", '{"method": "ngram", "num_speculative_tokens": 2}'),
+    ("preemption_mode", "swap"), ("enable_lora", True), ("quantization", "int8")])
+def test_what_a_hybrid_cannot_run_with_is_refused_by_name(hybrid, setting, value):
+    from folio.preflight import check_engine
+    from folio.shared.config import EngineConfig, SettingError
+
+    model_dir, _ = hybrid
+    with pytest.raises(SettingError) as info:
+        check_engine(EngineConfig(model=str(model_dir), device="cpu", **{setting: value}))
+    assert setting in str(info.value) and "hybrid model with recurrent state" in str(info.value)
