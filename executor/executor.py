@@ -73,6 +73,13 @@ def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> tor
         else torch.bfloat16
 
 
+def _by_handle(checkpoints: list[tuple[int, int, int]]) -> dict[int, list[tuple[int, int]]]:
+    grouped: dict[int, list[tuple[int, int]]] = {}
+    for handle, tokens, slot in checkpoints:
+        grouped.setdefault(handle, []).append((tokens, slot))
+    return grouped
+
+
 def cpu_multiplies_bfloat16() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
@@ -114,8 +121,11 @@ class Executor:
         self.model.native_step = select_decode_step(
             self.model, config.decode_step, self.ops, self.device, self.dtype, tp is not None,
             self.lora is not None) if hybrid is None else None
-        # A hybrid's recurrent states: one slot per request that may run at once.
-        self.num_state_slots = config.max_num_seqs if hybrid is not None else 0
+        # A hybrid's recurrent states: one slot per request that may run at once, and as
+        # many again for the prefix cache's checkpoints (docs/hybrid.md).
+        checkpoints = config.enable_prefix_caching and config.hybrid_checkpoint_blocks > 0
+        self.num_state_slots = (config.max_num_seqs * (2 if checkpoints else 1)
+                                if hybrid is not None else 0)
         self.state_bytes = self.model_config.state_bytes(self.dtype.itemsize)
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
         if (self.ops.name == "triton" and self.kv_dtype.is_floating_point
@@ -202,6 +212,8 @@ class Executor:
                 self.speculator.retire(self.batch.requests.get(handle))
         scheduled = self.batch.apply(plan)
         self.mover.apply(plan.copies, plan.swap_out, plan.swap_in)
+        if self.states is not None:   # requests resuming from prefix-cache checkpoints
+            self.states.copy(plan.state_copies)
         result = StepResult(step_id=plan.step_id)
         if scheduled:
             drafts = self.speculator.propose(scheduled, plan.drafts, self.batch) \
@@ -222,7 +234,8 @@ class Executor:
             try:
                 extra = {} if begins is None else {"states": self.states.step(
                     [request.state_slot for request, _ in scheduled], begins,
-                    inputs.attention.query_start_loc.tolist())}
+                    inputs.attention.query_start_loc.tolist(), _by_handle(plan.checkpoints),
+                    [request.handle for request, _ in scheduled])}
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
                                     attention, **extra)
             finally:

@@ -161,6 +161,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         step = self._next_step
         self._next_step += 1
+        self.kv.begin_step(step)
         plan = StepPlan(step_id=step)
         budget = self.config.max_num_batched_tokens
         scheduled: list[_Scheduled] = []
@@ -605,6 +606,7 @@ class Scheduler:
     def _build_plan(self, plan: StepPlan, scheduled: list[_Scheduled]) -> StepPlan:
         plan.dropped_handles, self._dropped_handles = self._dropped_handles, []
         plan.copies = self.kv.take_copies()
+        plan.state_copies, plan.checkpoints = self.kv.take_state_work()
         handles, counts, appended = plan.running_handles, plan.running_num_tokens, \
             plan.new_block_ids
         for item in scheduled:

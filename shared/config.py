@@ -62,6 +62,10 @@ class SchedulingPolicy:
         True, "split long prompts across steps (off: max-num-batched-tokens must hold a "
         "whole max-model-len prompt)")
     enable_prefix_caching: bool = setting(True, "reuse KV blocks of identical prompt prefixes")
+    hybrid_checkpoint_blocks: int = setting(
+        4, "hybrid models (recurrent state): checkpoint a sequence's state for the prefix "
+        "cache every this many KV blocks (0: no prefix cache for hybrids; docs/hybrid.md)",
+        check=non_negative_int)
     preemption_mode: str = setting(
         "recompute", "how a request is preempted when KV blocks run out: recompute its "
         "tokens later, swap its blocks to CPU, or auto (the cheaper of the two)",
@@ -311,7 +315,7 @@ class SchedulerConfig(SchedulingPolicy):
         policy = policy_values(engine)
         if capacity.rewrites_kv:
             policy["enable_prefix_caching"] = False
-        if capacity.num_state_slots:
+        if capacity.num_state_slots and not policy["hybrid_checkpoint_blocks"]:
             # A recurrent state cannot resume from shared blocks alone (docs/hybrid.md).
             policy["enable_prefix_caching"] = False
         return cls(

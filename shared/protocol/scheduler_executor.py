@@ -93,6 +93,10 @@ def encode_plan(plan: StepPlan) -> bytes:
             body[key] = [x for pair in pairs for x in pair]
     if plan.drafts:
         body["d"] = [x for pair in plan.drafts.items() for x in pair]
+    if plan.state_copies:
+        body["sc"] = [x for pair in plan.state_copies for x in pair]
+    if plan.checkpoints:
+        body["ck"] = [x for triple in plan.checkpoints for x in triple]
     return pack("plan", body)
 
 
@@ -131,6 +135,11 @@ def decode_plan(body: Body) -> StepPlan:
     if len(flat) % 2 or any(cap > MAX_DRAFTS for cap in flat[1::2]):
         raise ProtocolError(f"plan: 'd' is flat (handle, draft cap <= {MAX_DRAFTS}) pairs")
     plan.drafts = dict(zip(flat[0::2], flat[1::2]))
+    plan.state_copies = body.pairs("sc", MAX_BLOCK_ID)
+    flat = body.ints("ck", 0, optional=True)
+    if len(flat) % 3 or any(tokens < 1 for tokens in flat[1::3]):
+        raise ProtocolError("plan: 'ck' is flat (handle, tokens >= 1, slot) triples")
+    plan.checkpoints = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
     return plan
 
 
@@ -265,6 +274,8 @@ PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (
     Field("cp", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
     Field("d", Ints(), default=None,
           rule=f"flat (handle, draft cap ≤ {MAX_DRAFTS}) pairs: even length"),
+    Field("sc", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
+    Field("ck", Ints(0), default=None, rule="flat (handle, tokens ≥ 1, slot) triples"),
 ), codec=(encode_plan, decode_plan), table=True)
 
 RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (

@@ -19,6 +19,7 @@ _FIELDS = (
     # A hybrid model's recurrent state slots (scheduler/state_slots.py), present for one.
     Field("state_slots_total", Int(0), default=None),
     Field("state_slots_used", Int(0), default=None),
+    Field("state_checkpoints", Int(0), default=None),
     # Speculative decoding (scheduler/spec_decode.py), present when it is on.
     *(Field(key, Int(0), default=None) for key in (
         "spec_decode_num_drafts", "spec_decode_num_draft_tokens",

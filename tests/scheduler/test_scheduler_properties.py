@@ -64,7 +64,9 @@ def configs(draw) -> SchedulerConfig:
     # the engine refuses speculation for it.
     state_slots = draw(st.sampled_from([0, 0, 0, 1, 3, 8]))
     hybrid = {"num_state_slots": state_slots, "state_bytes": 7, "sliding_window": None,
-              "speculative_config": None} if state_slots else {}
+              "speculative_config": None,   # prefix hits resume from state checkpoints
+              "hybrid_checkpoint_blocks": draw(st.sampled_from([0, 1, 2, 4]))
+              } if state_slots else {}
     return SchedulerConfig(**{**dict(
         num_kv_blocks=draw(st.integers(24, 64)) // block_size,
         block_size=block_size,
@@ -335,6 +337,9 @@ def check_state_slots(scheduler, config, statuses) -> None:
     slots = [slot for slot in held.values() if slot >= 0]
     assert len(slots) == len(set(slots)) == kv.states.num_used <= config.num_state_slots
     assert kv.states.owners() == {slot: h for h, slot in held.items() if slot >= 0}
+    checkpoints = kv.states.checkpoint_slots()
+    assert len(set(checkpoints)) == len(checkpoints) and not set(checkpoints) & set(slots)
+    assert len(slots) + len(checkpoints) <= config.num_state_slots
     assert not statuses[RequestStatus.SWAPPED], "a hybrid request was swapped"
 
 

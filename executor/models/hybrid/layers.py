@@ -68,16 +68,29 @@ def run_conv(x: torch.Tensor, conv: DepthwiseConv, windows: torch.Tensor,
         windows[states.slots] = new.to(windows.dtype)
         return out[..., 0]
     out = torch.empty_like(x)
-    starts = states.starts
-    for i, slot in enumerate(states.slots.tolist()):
-        a, b = starts[i], starts[i + 1]
+    for i, slot, a, b, ends in _segments(states):
         window = windows[slot:slot + 1]
         if states.fresh[i]:
             window = torch.zeros_like(window)
-        y, new = causal_conv(x[a:b].t().unsqueeze(0), window, conv.weight, conv.bias)
-        windows[slot] = new[0].to(windows.dtype)
-        out[a:b] = y[0].t()
+        for end, checkpoint in ends:   # up to each checkpoint, then the rest
+            if end > a:
+                y, window = causal_conv(x[a:end].t().unsqueeze(0), window, conv.weight,
+                                        conv.bias)
+                out[a:end] = y[0].t()
+            windows[slot if checkpoint is None else checkpoint] = window[0].to(windows.dtype)
+            a = end
     return out
+
+
+def _segments(states: StepStates):
+    """Per sequence: (index, slot, first token, end, [(segment end, checkpoint slot or None
+    for the last)]): a sequence runs in segments ending at its checkpoints."""
+    starts = states.starts
+    for i, slot in enumerate(states.slots.tolist()):
+        a, b = starts[i], starts[i + 1]
+        ends = [(a + offset, checkpoint) for offset, checkpoint in states.checkpoints[i]]
+        ends.append((b, None))
+        yield i, slot, a, b, ends
 
 
 class GatedDeltaNet(nn.Module):
@@ -130,14 +143,17 @@ class GatedDeltaNet(nn.Module):
             matrices[states.slots] = state
             return out
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-        starts = states.starts
-        for i, slot in enumerate(states.slots.tolist()):
-            a, b = starts[i], starts[i + 1]
+        for i, slot, a, b, ends in _segments(states):
             state = torch.zeros_like(matrices[slot]) if states.fresh[i] else matrices[slot]
             # A prompt runs chunked (a one-token prompt too, as transformers does).
             run = gated_delta.recurrent if b - a == 1 and not states.fresh[i] \
                 else gated_delta.chunked
-            out[a:b], matrices[slot] = run(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state)
+            for end, checkpoint in ends:   # up to each checkpoint, then the rest
+                if end > a:
+                    out[a:end], state = run(q[a:end], k[a:end], v[a:end], g[a:end],
+                                            beta[a:end], state)
+                matrices[slot if checkpoint is None else checkpoint] = state
+                a = end
         return out
 
 

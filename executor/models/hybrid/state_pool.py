@@ -24,6 +24,9 @@ class StepStates:
     starts: list[int]            # query_start_loc on the host: sequence i is tokens
                                  # starts[i]:starts[i + 1]
     decode_only: bool            # every sequence has one token (the batched path)
+    # Per sequence: (tokens into this step's part of it, slot) where its state is copied
+    # into a checkpoint slot for the prefix cache; empty lists when none.
+    checkpoints: list[list[tuple[int, int]]]
 
 
 class StatePool:
@@ -43,8 +46,32 @@ class StatePool:
                                                 device=device)
         self.device = device
 
-    def step(self, slots: list[int], begins: list[int], starts: list[int]) -> StepStates:
+    def copy(self, pairs: list[tuple[int, int]]) -> None:
+        """Start request slots from checkpoints: (source, destination), every layer."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        for tensors in (self.conv, self.delta):
+            for pool in tensors.values():
+                pool[dst] = pool[src]
+
+    def step(self, slots: list[int], begins: list[int], starts: list[int],
+             checkpoints: dict[int, list[tuple[int, int]]] | None = None,
+             handles: list[int] | None = None) -> StepStates:
+        """`checkpoints`: by handle, (tokens of the sequence, slot) from the plan."""
         counts = [b - a for a, b in zip(starts, starts[1:])]
+        per_sequence: list[list[tuple[int, int]]] = [[] for _ in slots]
+        if checkpoints:
+            for i, handle in enumerate(handles):
+                for tokens, slot in checkpoints.get(handle, ()):
+                    offset = tokens - begins[i]
+                    if not 0 < offset <= counts[i]:
+                        raise ValueError(f"checkpoint at {tokens} tokens is outside the "
+                                         f"step's part of request {handle}")
+                    per_sequence[i].append((offset, slot))
+                per_sequence[i].sort()
         return StepStates(torch.tensor(slots, dtype=torch.int64, device=self.device),
                           [begin == 0 for begin in begins], starts,
-                          all(count == 1 for count in counts))
+                          all(count == 1 for count in counts) and not checkpoints,
+                          per_sequence)

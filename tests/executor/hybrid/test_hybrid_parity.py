@@ -20,11 +20,17 @@ PROMPTS, _LONGER = random_prompts(6, 1, 120, vocab=1024, seed=39)
 MAX_TOKENS = [min(n, 12) for n in _LONGER]
 
 
+# Two turns of one conversation: the second shares the first's 140 leading tokens.
+_SHARED = random_prompts(2, 140, 140, vocab=1024, seed=40)[0][0]
+TURNS = [_SHARED + [11, 12, 13], _SHARED + [21, 22, 23, 24, 25]]
+
+
 @pytest.fixture(scope="module", params=["qwen3_5", "lfm2"])
 def hybrid(request, tmp_path_factory, tokenizer_dir):
     path = make_hybrid_dir(tmp_path_factory.mktemp(request.param), tokenizer_dir,
                            request.param)
-    return path, hf_greedy(path, PROMPTS, MAX_TOKENS, TEST_DEVICE)
+    expected = hf_greedy(path, PROMPTS + TURNS, MAX_TOKENS + [8, 8], TEST_DEVICE)
+    return path, expected[:len(PROMPTS)], expected[len(PROMPTS):]
 
 
 def _assert_idle(stats):
@@ -33,7 +39,7 @@ def _assert_idle(stats):
 
 
 def test_greedy_matches_transformers_batched_and_preempted(hybrid):
-    model_dir, expected = hybrid
+    model_dir, expected, _ = hybrid
     assert len({t for answer in expected for t in answer}) > 20   # not one repeated token
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in MAX_TOKENS]
     # Roomy: all eight in one batch, long prompts chunked at 64 tokens.
@@ -60,6 +66,23 @@ def test_greedy_matches_transformers_batched_and_preempted(hybrid):
     _assert_idle(llm.stats())
 
 
+def test_a_shared_prefix_resumes_from_the_deepest_state_checkpoint(hybrid):
+    """Checkpoints every 4 blocks of 16 tokens: the second turn shares 140 tokens, so it
+    takes 128 from the cache (the blocks and the state after them) and computes the rest."""
+    model_dir, _, expected = hybrid
+    llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=64,
+              hybrid_checkpoint_blocks=4)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    first = llm.generate([TURNS[0]], [params])[0].outputs[0].token_ids
+    assert llm.stats()["prefix_cache_hits"] == 0
+    second = llm.generate([TURNS[1]], [params])[0].outputs[0].token_ids
+    assert [first, second] == expected
+    stats = llm.stats()
+    assert stats["prefix_cache_hits"] == 128
+    assert stats["state_checkpoints"] >= 2 and stats["state_slots_used"] == 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
 @pytest.mark.parametrize("setting, value", [
     ("speculative_config", '{"method": "ngram", "num_speculative_tokens": 2}'),
     ("preemption_mode", "swap"), ("enable_lora", True), ("quantization", "int8")])
@@ -67,7 +90,7 @@ def test_what_a_hybrid_cannot_run_with_is_refused_by_name(hybrid, setting, value
     from folio.preflight import check_engine
     from folio.shared.config import EngineConfig, SettingError
 
-    model_dir, _ = hybrid
+    model_dir, _, _ = hybrid
     with pytest.raises(SettingError) as info:
         check_engine(EngineConfig(model=str(model_dir), device="cpu", **{setting: value}))
     assert setting in str(info.value) and "hybrid model with recurrent state" in str(info.value)
