@@ -67,7 +67,6 @@ class KVCacheManager:
         self.states = StateSlots(config.num_state_slots, config.state_bytes)
         self._state_copies: list[tuple[int, int]] = []      # (checkpoint, slot): next plan
         self._checkpoints: list[tuple[int, int, int]] = []  # (handle, tokens, slot): same
-        self._planning_step = -1   # the newest step given to allocate_slots or admit
 
     # ---- counts -------------------------------------------------------------------------
 
@@ -150,7 +149,7 @@ class KVCacheManager:
     def begin_step(self, step: int) -> None:
         """Step `step` is being planned: a hybrid's checkpoints of earlier steps may be
         resumed from in it, its own not (they are written during its forward pass)."""
-        self._planning_step = step
+        self.states.begin_step(step)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, step: int
                        ) -> list[int] | tuple[()] | None:
@@ -162,7 +161,6 @@ class KVCacheManager:
         calls it for every running request every step: the common case costs one lookup
         and one compare."""
         table = self._tables[request.handle]
-        self._planning_step = step
         end = request.num_computed_tokens + num_new_tokens
         if end < table.work_at:
             return ()   # the common decode step: the last block has room, none fills
@@ -237,6 +235,7 @@ class KVCacheManager:
     def forget(self, request: Request) -> None:
         """The request finished: free its blocks and drop its table and hashes."""
         self.free(request)
+        self.states.forget(request.handle)
         self._tables.pop(request.handle, None)
         self.prefix.forget(request)
 
@@ -332,22 +331,26 @@ class KVCacheManager:
         if span_blocks and self.states.num_free >= 2:
             for count in range(len(hits) // span_blocks * span_blocks, 0, -span_blocks):
                 block_hash = self.prefix.block_hash(request, count - 1)
-                slot = None if block_hash is None else self.states.find_checkpoint(
-                    block_hash, self._planning_step)
+                slot = None if block_hash is None else self.states.find_checkpoint(block_hash)
                 if slot is not None:
                     return ResumedPrefix(hits[:count], count * self.block_size, slot)
         return CachedPrefix([], 0)
 
     def _plan_checkpoints(self, request: Request, end: int, step: int) -> None:
-        """Checkpoints at the span multiples this step computes whose block is hashed."""
+        """Checkpoints at the span multiples this step computes whose block is hashed,
+        deepest first: the deepest may evict an older checkpoint, the others only take
+        free slots."""
         span = self.checkpoint_span
-        tokens = (request.num_computed_tokens // span + 1) * span
-        while tokens <= end:
+        tokens = end // span * span
+        evict = True
+        while tokens > request.num_computed_tokens:
             block_hash = self.prefix.block_hash(request, tokens // self.block_size - 1)
-            slot = None if block_hash is None else self.states.add_checkpoint(block_hash, step)
+            slot = None if block_hash is None else self.states.add_checkpoint(
+                block_hash, request.handle, evict)
             if slot is not None:
                 self._checkpoints.append((request.handle, tokens, slot))
-            tokens += span
+                evict = False
+            tokens -= span
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The (source, destination) block copies forks made since the last call."""

@@ -98,8 +98,8 @@ def blocks_in_memory(model, gib: float, block_size: int, dtype: str | None = Non
                      state_slots: int = 0) -> int:
     """KV blocks of `model` (an executor ModelConfig) in `gib` GiB: K and V per attention
     layer, as executor/kv_cache.py lays them out (int8 rows with their scales), after a
-    hybrid model's `state_slots` recurrent states (one per request that may run, as the
-    executor reserves them first)."""
+    hybrid model's `state_slots` recurrent states (one per request that may run, twice that
+    with prefix checkpoints, as the executor reserves them first)."""
     stored = dtype or model.torch_dtype
     if stored not in KV_DTYPES:
         stored = "float32"
@@ -165,7 +165,8 @@ def run_simulate(settings: SimulateSettings) -> int:
             if model is None:
                 raise SystemExit("folio simulate: --gpu-memory needs --model")
             num_kv_blocks = blocks_in_memory(model, settings.gpu_memory, settings.block_size,
-                                             settings.kv_dtype, settings.max_num_seqs)
+                                             settings.kv_dtype, settings.max_num_seqs
+                                             * (2 if settings.prefix_caching else 1))
             if num_kv_blocks > MAX_KV_BLOCKS:   # each simulated block is held in memory
                 raise SettingError("gpu_memory", f"makes {num_kv_blocks:,} blocks, more than "
                                    f"a simulation holds ({MAX_KV_BLOCKS:,})")
