@@ -9,7 +9,9 @@ of cache at a long context.
 Each conversation's turn t sends the whole conversation so far (every earlier user message
 and answer) plus a new user message of --user-tokens random ids; the answers are greedy,
 --answer-tokens long. All conversations' turn t go in one generate call, turn after turn, so
-from the second turn on each prompt's prefix was seen once before. Printed per model (and,
+from the second turn on each prompt's prefix was seen once before. A hybrid's checkpoints
+share max_num_seqs spare state slots (least recently used evicted first), so the hit ratio
+depends on seats against conversations in flight: --max-num-seqs. Printed per model (and,
 for the hybrid, per --checkpoint-blocks value): prompt tokens, prefix-hit tokens, the hit
 ratio, the hybrid's hits as a fraction of the full-attention model's (target: >= 0.8 from
 the second sighting of a prefix, docs/hybrid.md), and the checkpoints' memory
@@ -81,7 +83,7 @@ def run_model(model_dir: Path, args, **engine) -> dict:
     from folio import LLM
 
     llm = LLM(str(model_dir), dtype=args.dtype, device="cpu", num_kv_blocks=args.kv_blocks,
-              max_num_seqs=max(args.conversations, 1), **engine)
+              max_num_seqs=args.max_num_seqs or 2 * args.conversations, **engine)
     return conversation_trace(llm, args)
 
 
@@ -96,6 +98,9 @@ def main() -> int:
     parser.add_argument("--checkpoint-blocks", default="4",
                         help="hybrid_checkpoint_blocks values to compare, comma-separated")
     parser.add_argument("--kv-blocks", type=int, default=1024)
+    parser.add_argument("--max-num-seqs", type=int, default=0,
+                        help="seats (default: 2 x conversations); a hybrid keeps as many "
+                             "state slots again for its prefix checkpoints")
     parser.add_argument("--context", type=int, default=8192, help="for tokens per GiB")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
