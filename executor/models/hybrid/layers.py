@@ -134,6 +134,13 @@ class GatedDeltaNet(nn.Module):
 
     @staticmethod
     def _delta_rule(q, k, v, g, beta, matrices: torch.Tensor, states: StepStates):
+        if states.decode_only and matrices.is_cuda:   # one Triton launch, in place
+            from folio.kernels.triton_gated_delta import delta_rule_step
+
+            fresh = torch.tensor(states.fresh, dtype=torch.int32, device=matrices.device)
+            return delta_rule_step(q.contiguous(), k.contiguous(), v.float().contiguous(),
+                                   g.contiguous(), beta.contiguous(), matrices, states.slots,
+                                   fresh)
         if states.decode_only:   # the recurrent step, batched over the requests
             state = matrices[states.slots]
             for i, fresh in enumerate(states.fresh):
