@@ -21,6 +21,9 @@ from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from folio.executor.weight_bytes import weight_bytes_per_step
 from folio.kernels import cpu_attention
 from folio.executor.models.architectures import ARCHITECTURES
+from folio.executor.models.hybrid.executor_checks import (refuse_unsupported, state_banner,
+                                                          tokens_per_gib)
+from folio.executor.models.hybrid.state_pool import StatePool
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.models.longrope import recompute_crossing
 from folio.executor.native_step import select_decode_step
@@ -72,6 +75,13 @@ def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> tor
         else torch.bfloat16
 
 
+def _by_handle(checkpoints: list[tuple[int, int, int]]) -> dict[int, list[tuple[int, int]]]:
+    grouped: dict[int, list[tuple[int, int]]] = {}
+    for handle, tokens, slot in checkpoints:
+        grouped.setdefault(handle, []).append((tokens, slot))
+    return grouped
+
+
 def cpu_multiplies_bfloat16() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
@@ -102,6 +112,9 @@ class Executor:
         # The pooling runner's task (None: generate); an embedder needs no LM head.
         self.pooling_task = resolve_pooling_task(config.model, config.runner,
                                                  config.pooling_type, config.score_tokens)
+        hybrid = self.model_config.hybrid
+        if hybrid is not None:
+            refuse_unsupported(config, self.model_config, tp is not None)
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
                                 self.device, self.max_model_len, tp,
                                 needs_lm_head=self.pooling_task is None
@@ -112,9 +125,15 @@ class Executor:
         self.linear_backend = weights.linear_backend
         self.weight_bytes_per_step = weight_bytes_per_step(self.model)   # before any adapter
         self.lora = self._new_lora_registry()
-        self.model.native_step = select_decode_step(self.model, config.decode_step, self.ops,
-                                                    self.device, self.dtype, tp is not None,
-                                                    self.lora is not None)
+        self.model.native_step = select_decode_step(
+            self.model, config.decode_step, self.ops, self.device, self.dtype, tp is not None,
+            self.lora is not None) if hybrid is None else None
+        # A hybrid's recurrent states: one slot per request that may run at once, and as
+        # many again for the prefix cache's checkpoints (docs/hybrid.md).
+        checkpoints = config.enable_prefix_caching and config.hybrid_checkpoint_blocks > 0
+        self.num_state_slots = (config.max_num_seqs * (2 if checkpoints else 1)
+                                if hybrid is not None else 0)
+        self.state_bytes = self.model_config.state_bytes(self.dtype.itemsize)
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
         if (self.ops.name == "triton" and self.kv_dtype.is_floating_point
                 and self.kv_dtype.itemsize > 1 and self.kv_dtype != self.dtype):
@@ -129,6 +148,10 @@ class Executor:
         self.num_kv_blocks = self._num_kv_blocks()
         if tp is not None:
             self.num_kv_blocks = tp.agree(self.num_kv_blocks)
+        self.states = None if hybrid is None else StatePool(
+            hybrid, self.num_state_slots, self.dtype, self.device)
+        if self.states is not None:
+            self.model.attach_states(self.states)
         self.kv_caches = allocate_kv_cache(self.model_config, self.num_kv_blocks,
                                            config.block_size, self.kv_dtype, self.device)
         self.num_swap_blocks = self._num_swap_blocks()
@@ -152,10 +175,13 @@ class Executor:
                         "in place, so the scheduler shares no block through the prefix cache "
                         "(docs/models.md)", original)
         log.info("executor ready: %s on %s (%s), %d KV blocks of %d tokens (%s KV, %d tokens "
-                 "per GiB), %s kernels, %s linear layers%s", self.model_config.architecture,
+                 "per GiB%s), %s kernels, %s linear layers%s", self.model_config.architecture,
                  self.device, self.dtype, self.num_kv_blocks, config.block_size,
                  str(self.kv_dtype).removeprefix("torch."),
-                 2**30 * config.block_size // self.bytes_per_block, self.ops.name,
+                 tokens_per_gib(self.bytes_per_block, config.block_size, self.state_bytes,
+                                self.max_model_len),
+                 state_banner(self.num_state_slots, self.state_bytes, self.max_model_len),
+                 self.ops.name,
                  self.linear_backend,
                  f", {self.cpu_threads} CPU threads" if self.cpu_threads else "")
 
@@ -176,6 +202,8 @@ class Executor:
             loras=tuple(self.lora.names_loaded()) if self.lora is not None else (),
             weight_bytes_per_step=self.weight_bytes_per_step,
             pooling=None if self.pooling_task is None else self.pooling_task.to_wire(),
+            num_state_slots=self.num_state_slots,
+            state_bytes=self.state_bytes,
         )
 
     def reset(self) -> None:
@@ -199,10 +227,15 @@ class Executor:
         if plan.new_requests:
             pooler.admit(plan.new_requests, self.batch.requests)
         self.mover.apply(plan.copies, plan.swap_out, plan.swap_in)
+        if self.states is not None:   # requests resuming from prefix-cache checkpoints
+            self.states.copy(plan.state_copies)
         result = StepResult(step_id=plan.step_id)
         if scheduled:
             drafts = self.speculator.propose(scheduled, plan.drafts, self.batch) \
                 if plan.drafts and self.speculator is not None else None
+            # The state slots, and where each sequence starts, before prepare moves them.
+            begins = [request.num_computed for request, _ in scheduled] \
+                if self.states is not None else None
             inputs = self.batch.prepare(scheduled, drafts)
             # Pooling requests (executor/pooling/): out of sampling, pooled after the pass.
             pooling = pooler.split(scheduled, inputs, result)
@@ -218,8 +251,12 @@ class Executor:
             if self.lora is not None:
                 self.lora.begin_step(scheduled)
             try:
+                extra = {} if begins is None else {"states": self.states.step(
+                    [request.state_slot for request, _ in scheduled], begins,
+                    inputs.attention.query_start_loc.tolist(), _by_handle(plan.checkpoints),
+                    [request.handle for request, _ in scheduled])}
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
-                                    attention)
+                                    attention, **extra)
             finally:
                 if self.lora is not None:
                     self.lora.end_step()
@@ -309,6 +346,7 @@ class Executor:
             budget -= self._activation_reserve()
         else:
             budget = self.config.cpu_kv_cache_gib * 2**30
+        budget -= self.num_state_slots * self.state_bytes   # one accounting: states first
         blocks = int(budget // self.bytes_per_block)
         if blocks < 1:
             raise ValueError("no memory left for the KV cache; lower max_num_batched_tokens "
@@ -318,8 +356,8 @@ class Executor:
     def _num_swap_blocks(self) -> int:
         if self.config.num_swap_blocks is not None:
             return self.config.num_swap_blocks
-        if self.config.preemption_mode == "recompute":
-            return 0
+        if self.config.preemption_mode == "recompute" or self.model_config.hybrid:
+            return 0   # a hybrid's requests are recomputed (executor/models/hybrid/)
         return int(self.config.swap_space * 2**30 // self.bytes_per_block)
 
     @torch.inference_mode()

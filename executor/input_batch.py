@@ -23,11 +23,11 @@ from folio.shared.protocol.step import StepPlan
 
 class CachedRequest:
     __slots__ = ("handle", "row", "token_ids", "prompt_len", "num_computed", "block_ids",
-                 "sampling", "cache_scope")
+                 "sampling", "cache_scope", "state_slot")
 
     def __init__(self, handle: int, row: int, token_ids: list[int], prompt_len: int,
                  num_computed: int, block_ids: list[int], sampling: SamplingParams,
-                 cache_scope: str | None = None) -> None:
+                 cache_scope: str | None = None, state_slot: int = -1) -> None:
         self.handle = handle
         self.row = row                  # this request's row in the persistent arrays
         self.token_ids = token_ids
@@ -36,6 +36,7 @@ class CachedRequest:
         self.block_ids = block_ids
         self.sampling = sampling
         self.cache_scope = cache_scope  # the client that sent it (suffix decoding's cache)
+        self.state_slot = state_slot    # a hybrid's recurrent state slot (-1: none)
 
 
 @dataclass
@@ -98,7 +99,7 @@ class InputBatch:
             tokens = list(new.token_ids)
             request = CachedRequest(new.handle, row, tokens, new.prompt_len,
                                     new.num_computed_tokens, list(new.block_ids), new.sampling,
-                                    new.cache_scope)
+                                    new.cache_scope, new.state_slot)
             rows.tokens[row, :len(tokens)] = tokens
             rows.tables[row, :len(request.block_ids)] = request.block_ids
             self.requests[new.handle] = request

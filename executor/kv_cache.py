@@ -37,4 +37,4 @@ def _allocate(config: ModelConfig, num_blocks: int, block_size: int, storage: to
     shape = (num_blocks, block_size, config.num_kv_heads, row_width(storage, config.head_dim))
     return [(torch.empty(shape, dtype=storage, **where),
              torch.empty(shape, dtype=storage, **where))
-            for _ in range(config.num_layers)]
+            for _ in range(config.num_kv_layers)]   # a hybrid's attention layers only

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from folio.executor.models.hybrid.spec import HybridSpec
 from folio.executor.quantization.prequantized_config import PrequantScheme
 
 
@@ -81,6 +82,7 @@ class ModelConfig:
     norms: str = "pre"                       # "pre" (Llama) or "post" (OLMo: see decoder.py)
     qk_norm_whole: bool = False              # q/k norms over all heads at once (OLMo)
     attention_sinks: bool = False            # a learned logit per head (gpt-oss)
+    hybrid: HybridSpec | None = None         # recurrent layers beside attention (hybrid/)
 
     @property
     def context_limit(self) -> int:
@@ -95,7 +97,16 @@ class ModelConfig:
     def kv_block_bytes(self, block_size: int, row_bytes: int) -> int:
         """One KV block: K and V of every layer, as executor/kv_cache.py lays them out;
         row_bytes: one (token, KV head) row (shared/kv_cache_dtype.py kv_row_bytes)."""
-        return 2 * self.num_layers * block_size * self.num_kv_heads * row_bytes
+        return 2 * self.num_kv_layers * block_size * self.num_kv_heads * row_bytes
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers with a paged KV cache: all of them, or a hybrid's attention layers."""
+        return len(self.hybrid.attention_layers) if self.hybrid else self.num_layers
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """One request's recurrent state over every recurrent layer (0: none)."""
+        return self.hybrid.state_bytes(dtype_bytes) if self.hybrid else 0
 
     def layer_window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None

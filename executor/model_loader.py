@@ -29,6 +29,12 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
     each tensor is sliced to this rank's part as it streams in. `needs_lm_head` False: an
     embedding model (executor/pooling/), whose checkpoint may have no LM head. With config.prequantized,
     the layers the file holds quantized get no float weight and their tensors are skipped."""
+    if config.hybrid is not None:   # its own modules and names (executor/models/hybrid/)
+        from folio.executor.models.hybrid.loader import load_hybrid_model
+
+        model = load_hybrid_model(model_dir, config, ops, dtype, device, max_positions)
+        log.info("model: %s", describe(config))
+        return model
     arch = ARCHITECTURES[config.architecture]
     weight_names = arch.weights
     with torch.device("meta"):

@@ -57,6 +57,12 @@ def _check_gguf(model: str) -> ModelConfig:
 def check_engine(config: EngineConfig) -> ModelConfig:
     """Everything about `config` that can be known without loading weights."""
     model_config = check_model_dir(config.model)
+    if model_config.hybrid is not None:   # what recurrent state cannot run with yet
+        from folio.executor.models.hybrid.executor_checks import unsupported
+
+        problem = unsupported(config, model_config)
+        if problem is not None:
+            raise SettingError(*problem)
     if config.tensor_parallel_size > 1:   # heads and MLP must split evenly across the ranks
         from folio.executor.parallel.rules import check_shardable
 

@@ -55,7 +55,9 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
 CLASS_PREFIXES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
                   "qwen3_moe": "Qwen3Moe", "mixtral": "Mixtral", "phi3": "Phi3",
                   "gemma2": "Gemma2", "gemma3": "Gemma3", "smollm3": "SmolLM3",
-                  "olmo3": "Olmo3", "gpt_oss": "GptOss"}
+                  "olmo3": "Olmo3", "gpt_oss": "GptOss",
+                  # Hybrids (recurrent state beside attention; executor/models/hybrid/).
+                  "qwen3_5": "Qwen3_5", "lfm2": "Lfm2"}
 ARCHITECTURES = tuple(CLASS_PREFIXES)
 # Architectures newer than the first three: their norm weights are perturbed after init
 # (transformers initialises them to a constant), so a norm loaded into the wrong place shows.
@@ -71,7 +73,8 @@ def _classes(arch: str):
     names = CLASS_PREFIXES
     if arch not in names:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
-    config = "Gemma3TextConfig" if arch == "gemma3" else f"{names[arch]}Config"
+    config = ("Gemma3TextConfig" if arch == "gemma3" else "Qwen3_5TextConfig"
+              if arch == "qwen3_5" else f"{names[arch]}Config")
     return getattr(hf, config), getattr(hf, f"{names[arch]}ForCausalLM")
 
 

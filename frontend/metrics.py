@@ -48,6 +48,7 @@ class _EngineStatsCollector:
         yield from _decode_rate(stats)
         yield from _speculative(stats)
         yield from _lora(stats)
+        yield from _state_slots(stats)
         yield from _per_replica(stats.get("replicas") or [])
         yield from _per_rank(stats)
 
@@ -85,6 +86,17 @@ def _speculative(stats: dict[str, Any]):
                                      or ()):
         per_position.add_metric([str(position)], float(count))
     yield per_position
+
+
+def _state_slots(stats: dict[str, Any]):
+    """A hybrid model's recurrent state slots (scheduler/state_slots.py), when it has them."""
+    if "state_slots_total" not in stats:
+        return
+    yield GaugeMetricFamily("folio:state_slots_total", "Recurrent state slots (hybrid model)",
+                            value=float(stats["state_slots_total"]))
+    yield GaugeMetricFamily("folio:state_slots_used",
+                            "Recurrent state slots held by requests (hybrid model)",
+                            value=float(stats.get("state_slots_used", 0)))
 
 
 def _lora(stats: dict[str, Any]):

@@ -10,7 +10,7 @@ NEVER = 1 << 62
 
 class BlockTable:
     __slots__ = ("block_ids", "num_freed", "cpu_block_ids", "num_registered", "num_slots",
-                 "register_at", "work_at")
+                 "register_at", "work_at", "state_slot")
 
     def __init__(self) -> None:
         # Device blocks in reading order. Leading entries freed once they left every
@@ -31,3 +31,5 @@ class BlockTable:
         self.num_slots = 0
         self.register_at = NEVER
         self.work_at = 0
+        # A hybrid model's recurrent state slot while it holds one (scheduler/state_slots.py).
+        self.state_slot: int | None = None

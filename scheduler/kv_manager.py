@@ -18,15 +18,30 @@ keys p - W < j <= p, so once a request's next token is at p, its blocks wholly b
 p - W + 1 are read by no layer again. They are released (a registered one stays findable
 as cached-free) and their table entries name the pool's null block: the table keeps its
 length, so positions still map to entries, and the freed entries are always the leading
-ones (num_freed_blocks)."""
+ones (num_freed_blocks).
+
+Hybrid models (config.num_state_slots > 0): besides its blocks (the attention layers' KV),
+each admitted request holds one recurrent state slot (scheduler/state_slots.py) covering
+every linear-attention / convolution layer. Admission needs a free slot as well as blocks;
+free (recompute preemption) and forget give it back. Such a request is never swapped (its
+state would have to travel too: preemption recomputes it) and never forked (the child
+would need the state one token before the parent's: it computes its prompt itself), and
+the prefix cache works through state checkpoints: every config.hybrid_checkpoint_blocks
+blocks of a sequence the executor copies its state into a spare slot, keyed by the hash of
+the block ending there (the plan's `checkpoints`), and a request sharing the prefix takes
+its blocks up to the deepest checkpoint it shares and starts its own slot as a copy of it
+(the plan's `state_copies`). With hybrid_checkpoint_blocks 0 the prefix cache is off for
+hybrids: a recurrent state cannot resume from shared blocks alone."""
 
 from __future__ import annotations
 
 from folio.scheduler.block_pool import BlockPool
 from folio.scheduler.block_table import NEVER, BlockTable
 from folio.scheduler.kv_events import KVEventLog
-from folio.scheduler.prefix_cache import CachedPrefix, PrefixCache
+from folio.scheduler.prefix_cache import (CachedPrefix, PrefixCache, ResumedPrefix,
+                                          checkpoint_slot)
 from folio.scheduler.request import Request
+from folio.scheduler.state_slots import StateSlots
 from folio.scheduler.swap_space import SwapSpace
 from folio.shared.config import SchedulerConfig
 
@@ -40,10 +55,18 @@ class KVCacheManager:
         self.block_size = config.block_size
         self.sliding_window = window
         self.window_peak_blocks = config.window_peak_blocks
-        self.prefix = PrefixCache(self.pool, config.block_size, config.enable_prefix_caching,
+        # A hybrid model's state resumes only from checkpoints: without them, no cache.
+        self.checkpoint_span = (config.hybrid_checkpoint_blocks * config.block_size
+                                if config.num_state_slots else 0)
+        caching = config.enable_prefix_caching and (
+            not config.num_state_slots or self.checkpoint_span > 0)
+        self.prefix = PrefixCache(self.pool, config.block_size, caching,
                                   self.dead_blocks if window is not None else None)
         self._tables: dict[int, BlockTable] = {}   # by request handle
         self._copies: list[tuple[int, int]] = []   # fork copies not yet in a plan
+        self.states = StateSlots(config.num_state_slots, config.state_bytes)
+        self._state_copies: list[tuple[int, int]] = []      # (checkpoint, slot): next plan
+        self._checkpoints: list[tuple[int, int, int]] = []  # (handle, tokens, slot): same
 
     # ---- counts -------------------------------------------------------------------------
 
@@ -64,6 +87,10 @@ class KVCacheManager:
             "kv_slot_utilization": self.slot_utilization(running),
             "swap_blocks_total": swap.num_blocks,
             "swap_blocks_free": swap.num_free,
+            **({"state_slots_total": self.states.num_slots,
+                "state_slots_used": self.states.num_used,
+                "state_checkpoints": self.states.num_checkpoints}
+               if self.states.enabled else {}),
         }
 
     def slot_utilization(self, running: list[Request]) -> float:
@@ -98,6 +125,12 @@ class KVCacheManager:
         table = self._tables[request.handle]
         return len(table.block_ids) - table.num_freed
 
+    def state_slot(self, request: Request) -> int:
+        """The request's recurrent state slot (-1: none held, or not a hybrid model)."""
+        table = self._tables.get(request.handle)
+        slot = table.state_slot if table is not None else None
+        return -1 if slot is None else slot
+
     def swap_block_ids(self, request: Request) -> list[int]:
         """The CPU blocks holding the request's live blocks while swapped out (a copy)."""
         table = self._tables.get(request.handle)
@@ -112,6 +145,11 @@ class KVCacheManager:
         return self._tables.keys() | self.prefix.handles()
 
     # ---- slots --------------------------------------------------------------------------
+
+    def begin_step(self, step: int) -> None:
+        """Step `step` is being planned: a hybrid's checkpoints of earlier steps may be
+        resumed from in it, its own not (they are written during its forward pass)."""
+        self.states.begin_step(step)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, step: int
                        ) -> list[int] | tuple[()] | None:
@@ -153,6 +191,8 @@ class KVCacheManager:
             table.num_registered = self.prefix.register(
                 request, table.block_ids, table.num_registered, end, step)
             table.register_at = (table.num_registered + 1) * size
+            if self.checkpoint_span:
+                self._plan_checkpoints(request, end, step)
         self._set_work_at(table)
         return new_blocks
 
@@ -187,11 +227,15 @@ class KVCacheManager:
         if table.cpu_block_ids:
             self.swap.drop(table.cpu_block_ids)
             table.cpu_block_ids = []
+        if table.state_slot is not None:
+            self.states.give_back(table.state_slot)
+            table.state_slot = None
         self._retable(table)
 
     def forget(self, request: Request) -> None:
         """The request finished: free its blocks and drop its table and hashes."""
         self.free(request)
+        self.states.forget(request.handle)
         self._tables.pop(request.handle, None)
         self.prefix.forget(request)
 
@@ -201,11 +245,15 @@ class KVCacheManager:
         """Blocks already holding the request's leading full blocks, and the tokens they
         count (pass it to can_admit and admit)."""
         hits = self.prefix.find(request)
+        if self.states.enabled:
+            return self._resume_point(request, hits)
         return CachedPrefix(hits, len(hits) * self.block_size)
 
     def can_admit(self, request: Request, cached: CachedPrefix) -> bool:
         """Whether the pool holds the blocks of the whole request after the cached prefix
-        (with a window: at most its peak footprint)."""
+        (with a window: at most its peak footprint), and a state slot for a hybrid."""
+        if self.states.enabled and self.states.num_free < 1 + (checkpoint_slot(cached) >= 0):
+            return False   # its own slot, the checkpoint it copies kept
         hits = cached.blocks
         needed = self.blocks_for(request.num_tokens) - len(hits)
         kept = hits
@@ -230,6 +278,11 @@ class KVCacheManager:
             self.pool.share(block_id)
         table.block_ids = list(cached.blocks)
         table.num_registered = len(cached.blocks)
+        if self.states.enabled and table.state_slot is None:
+            resume = checkpoint_slot(cached)
+            table.state_slot = self.states.take(request.handle, keep=resume)
+            if resume >= 0:   # it resumes from the checkpoint's state
+                self._state_copies.append((resume, table.state_slot))
         self._retable(table)
         new_blocks = self.allocate_slots(request, num_new_tokens, step)
         assert new_blocks is not None, "admission checked the free blocks"
@@ -246,6 +299,8 @@ class KVCacheManager:
         shared = (prompt_len - 1) // self.block_size   # full blocks before the last token
         dead = self.dead_blocks(prompt_len - 1)
         parent_table = self._tables[parent.handle]
+        if self.states.enabled:
+            return False   # no state one token before the parent's: the child recomputes
         if self.pool.num_free < 1 or parent_table.num_freed > dead:
             return False
         block_ids = parent_table.block_ids
@@ -261,6 +316,42 @@ class KVCacheManager:
         self.prefix.fork(parent, child, shared)
         return True
 
+    def take_state_work(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+        """A hybrid's state copies (checkpoint slot, request slot) and checkpoints to write
+        (handle, tokens, slot) planned since the last call."""
+        work = self._state_copies, self._checkpoints
+        self._state_copies, self._checkpoints = [], []
+        return work
+
+    def _resume_point(self, request: Request, hits: list[int]) -> CachedPrefix:
+        """A hybrid's hit: the blocks up to the deepest checkpoint among them, or none."""
+        span_blocks = self.checkpoint_span // self.block_size if self.checkpoint_span else 0
+        # Resuming needs a slot of its own besides the checkpoint: with one slot to spare,
+        # it computes from the start rather than wait.
+        if span_blocks and self.states.num_free >= 2:
+            for count in range(len(hits) // span_blocks * span_blocks, 0, -span_blocks):
+                block_hash = self.prefix.block_hash(request, count - 1)
+                slot = None if block_hash is None else self.states.find_checkpoint(block_hash)
+                if slot is not None:
+                    return ResumedPrefix(hits[:count], count * self.block_size, slot)
+        return CachedPrefix([], 0)
+
+    def _plan_checkpoints(self, request: Request, end: int, step: int) -> None:
+        """Checkpoints at the span multiples this step computes whose block is hashed,
+        deepest first: the deepest may evict an older checkpoint, the others only take
+        free slots."""
+        span = self.checkpoint_span
+        tokens = end // span * span
+        evict = True
+        while tokens > request.num_computed_tokens:
+            block_hash = self.prefix.block_hash(request, tokens // self.block_size - 1)
+            slot = None if block_hash is None else self.states.add_checkpoint(
+                block_hash, request.handle, evict)
+            if slot is not None:
+                self._checkpoints.append((request.handle, tokens, slot))
+                evict = False
+            tokens -= span
+
     def take_copies(self) -> list[tuple[int, int]]:
         """The (source, destination) block copies forks made since the last call."""
         copies, self._copies = self._copies, []
@@ -274,6 +365,7 @@ class KVCacheManager:
         (device, CPU) pairs to copy. The count of freed entries stays, so swap_in restores
         them as null entries."""
         table = self._tables[request.handle]
+        assert table.state_slot is None, "a hybrid model's request is recomputed, never swapped"
         live = table.block_ids[table.num_freed:]
         table.cpu_block_ids = self.swap.store(live)
         self.pool.release(table.block_ids)
@@ -341,10 +433,12 @@ class KVCacheManager:
     def confirm_through(self, step: int) -> None:
         """Steps up to `step` ran: their blocks hold what their hashes say."""
         self.prefix.confirm_through(step)
+        self.states.confirm_through(step)
 
     def discard_unconfirmed(self) -> None:
         """A step failed: no later request may find the blocks registered for steps that
         never returned (they may hold garbage); the tables that registered them rewind."""
+        self.states.discard_unconfirmed()
         lost = self.prefix.discard_unconfirmed()
         if not lost:
             return

@@ -109,6 +109,12 @@ def build_kv_map(kv: KVCacheManager, config: SchedulerConfig, *, running: Sequen
     if swap_n <= MAX_MAP_BLOCKS:
         snapshot["swap"] = {"state": swap_state.decode(), "fill": swap_fill,
                             "owner": swap_owner}
+    if kv.states.enabled:
+        holder = {r.handle: i for i, r in enumerate(listed)}
+        owner = [-1] * kv.states.num_slots
+        for slot, handle in kv.states.owners().items():
+            owner[slot] = holder.get(handle, -1)
+        snapshot["state_slots"] = {"slot_bytes": kv.states.slot_bytes, "owner": owner}
     return snapshot
 
 
@@ -127,7 +133,8 @@ def _request(kv: KVCacheManager, request: Request, now: float) -> dict[str, Any]
             "spec_accepted": request.spec_accepted_total,
             "wait_s": round(age if request.queue_s is None else request.queue_s, 4),
             "age_s": round(age, 4),
-            **({"lora": request.sampling.lora} if request.sampling.lora is not None else {})}
+            **({"lora": request.sampling.lora} if request.sampling.lora is not None else {}),
+            **({"state_slot": kv.state_slot(request)} if kv.state_slot(request) >= 0 else {})}
 
 
 def contiguous(config: SchedulerConfig, listed: list[Request], num_requests: int

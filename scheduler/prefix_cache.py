@@ -23,6 +23,21 @@ class CachedPrefix(NamedTuple):
     num_tokens: int
 
 
+class ResumedPrefix(CachedPrefix):
+    """A hybrid model's hit: also the checkpoint slot holding the state after its tokens
+    (scheduler/state_slots.py). Compares as the plain (blocks, num_tokens) pair."""
+
+    def __new__(cls, blocks: list[int], num_tokens: int, state_slot: int):
+        prefix = super().__new__(cls, blocks, num_tokens)
+        prefix.state_slot = state_slot
+        return prefix
+
+
+def checkpoint_slot(cached: CachedPrefix) -> int:
+    """The checkpoint a hit resumes its recurrent state from; -1 for none."""
+    return getattr(cached, "state_slot", -1)
+
+
 class PrefixCache:
     def __init__(self, pool: BlockPool, block_size: int, enabled: bool,
                  dead_blocks: Callable[[int], int] | None) -> None:
@@ -138,6 +153,11 @@ class PrefixCache:
     def block_hashes(self, request: Request) -> list[bytes]:
         """The request's hash chain so far (a copy)."""
         return list(self._hashes.get(request.handle, ()))
+
+    def block_hash(self, request: Request, index: int) -> bytes | None:
+        """The hash of the request's block `index`, if its chain reaches it yet."""
+        hashes = self._hashes.get(request.handle)
+        return hashes[index] if hashes is not None and index < len(hashes) else None
 
     def handles(self) -> set[int]:
         """The handles of the requests it holds a hash chain for."""

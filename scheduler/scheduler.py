@@ -191,6 +191,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         step = self._next_step
         self._next_step += 1
+        self.kv.begin_step(step)
         plan = StepPlan(step_id=step)
         budget = self.config.max_num_batched_tokens
         scheduled: list[_Scheduled] = []
@@ -686,6 +687,7 @@ class Scheduler:
     def _build_plan(self, plan: StepPlan, scheduled: list[_Scheduled]) -> StepPlan:
         plan.dropped_handles, self._dropped_handles = self._dropped_handles, []
         plan.copies = self.kv.take_copies()
+        plan.state_copies, plan.checkpoints = self.kv.take_state_work()
         handles, counts, appended = plan.running_handles, plan.running_num_tokens, \
             plan.new_block_ids
         for item in scheduled:
@@ -706,6 +708,7 @@ class Scheduler:
                     block_ids=self.kv.block_ids(request),
                     sampling=request.sampling,
                     cache_scope=request.client,
+                    state_slot=self.kv.state_slot(request),
                 ))
                 request.on_executor = True
             request.num_computed_tokens += item.num_new_tokens

@@ -73,6 +73,10 @@ class SchedulingPolicy:
         True, "split long prompts across steps (off: max-num-batched-tokens must hold a "
         "whole max-model-len prompt)")
     enable_prefix_caching: bool = setting(True, "reuse KV blocks of identical prompt prefixes")
+    hybrid_checkpoint_blocks: int = setting(
+        4, "hybrid models (recurrent state): checkpoint a sequence's state for the prefix "
+        "cache every this many KV blocks (0: no prefix cache for hybrids; docs/hybrid.md)",
+        check=non_negative_int)
     preemption_mode: str = setting(
         "recompute", "how a request is preempted when KV blocks run out: recompute its "
         "tokens later, swap its blocks to CPU, or auto (the cheaper of the two)",
@@ -272,6 +276,10 @@ class ExecutorCapacity:
     weight_bytes_per_step: int = 0
     # The pooling runner's task (shared/pooling/task.py PoolingTask.to_wire); None: generate.
     pooling: dict[str, Any] | None = None
+    # A hybrid model's recurrent state (executor/models/hybrid/): one slot per request that
+    # holds one, and the bytes of one; 0 slots: every layer is attention.
+    num_state_slots: int = 0
+    state_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -287,6 +295,8 @@ class SchedulerConfig(SchedulingPolicy):
     swap_bytes_per_s: float = 0.0
     sliding_window: int | None = None     # as ExecutorCapacity.sliding_window
     loras: tuple[str, ...] = ()           # as ExecutorCapacity.loras
+    num_state_slots: int = 0              # as ExecutorCapacity.num_state_slots
+    state_bytes: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -337,6 +347,9 @@ class SchedulerConfig(SchedulingPolicy):
         policy = policy_values(engine)
         if capacity.rewrites_kv:
             policy["enable_prefix_caching"] = False
+        if capacity.num_state_slots and not policy["hybrid_checkpoint_blocks"]:
+            # A recurrent state cannot resume from shared blocks alone (docs/hybrid.md).
+            policy["enable_prefix_caching"] = False
         return cls(
             **policy,
             num_kv_blocks=capacity.num_kv_blocks,
@@ -350,6 +363,8 @@ class SchedulerConfig(SchedulingPolicy):
             swap_bytes_per_s=capacity.swap_bytes_per_s,
             sliding_window=capacity.sliding_window,
             loras=capacity.loras,
+            num_state_slots=capacity.num_state_slots,
+            state_bytes=capacity.state_bytes,
         )
 
 

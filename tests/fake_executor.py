@@ -42,13 +42,14 @@ def sample(digest: int, vocab_size: int) -> int:
 
 
 class _Held:
-    __slots__ = ("tokens", "digests", "computed", "blocks")
+    __slots__ = ("tokens", "digests", "computed", "blocks", "state_slot")
 
     def __init__(self, tokens: list[int], computed: int, blocks: list[int]) -> None:
         self.tokens = tokens
         self.digests = extend_digests([], tokens)
         self.computed = computed
         self.blocks = blocks
+        self.state_slot = -1
 
     def kv(self, position: int) -> Slot:
         return (position, self.tokens[position], self.digests[position])
@@ -56,7 +57,13 @@ class _Held:
 
 class FakeExecutor:
     def __init__(self, block_size: int, num_kv_blocks: int, num_swap_blocks: int = 0,
-                 vocab_size: int = 1000, sliding_window: int | None = None) -> None:
+                 vocab_size: int = 1000, sliding_window: int | None = None,
+                 state_slots: int = 0) -> None:
+        """`state_slots`: a hybrid model's recurrent state slots (0: none): each new request
+        must name a slot no live request holds, and start its state at position 0 (a
+        recurrent state is never resumed from shared blocks)."""
+        self.state_slots = state_slots
+        self.states: dict[int, tuple[int, int]] = {}   # slot -> (tokens, prefix digest)
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.sliding_window = sliding_window
@@ -75,6 +82,13 @@ class FakeExecutor:
             assert new.handle not in self.requests, "new request already held"
             assert 0 < new.prompt_len <= len(new.token_ids)
             held = _Held(list(new.token_ids), new.num_computed_tokens, list(new.block_ids))
+            if self.state_slots:
+                assert 0 <= new.state_slot < self.state_slots, new.state_slot
+                assert all(h.state_slot != new.state_slot for h in self.requests.values()), \
+                    f"state slot {new.state_slot} given to two live requests"
+                held.state_slot = new.state_slot
+            else:
+                assert new.state_slot == -1, "a state slot for a model without one"
             self.requests[new.handle] = held
             scheduled.append((new.handle, held, new.num_new_tokens))
         assert set(plan.new_block_ids) <= set(plan.running_handles), "blocks for idle request"
@@ -87,8 +101,12 @@ class FakeExecutor:
         assert len(handles) == len(set(handles)), "request scheduled twice in one step"
 
         self._move(plan)
+        if self.state_slots:
+            self._states_before(plan, scheduled)
         drafted = self._propose(plan.drafts, scheduled)
         self._write_and_check(scheduled)
+        if self.state_slots:
+            self._states_after(plan, scheduled)
 
         result = StepResult(plan.step_id)
         for handle, held, _ in scheduled:
@@ -101,6 +119,32 @@ class FakeExecutor:
                 result.handles.append(handle)
                 result.token_ids.append(token)
         return result
+
+    # ---- a hybrid's recurrent state slots ---------------------------------------------------
+    # A slot's stand-in state is the (token count, prefix digest) it has seen: a request's
+    # state must be its own prefix's when its step starts, whoever wrote the slot.
+
+    def _states_before(self, plan: StepPlan, scheduled) -> None:
+        states = self.states
+        for source, dest in plan.state_copies:   # checkpoint -> a resuming request's slot
+            states[dest] = states.get(source)
+        for handle, held, _ in scheduled:
+            if held.computed:
+                want = (held.computed, held.digests[held.computed - 1])
+                assert states.get(held.state_slot) == want, (
+                    f"request {handle} resumes at {held.computed} tokens from a state of "
+                    f"{states.get(held.state_slot)}")
+
+    def _states_after(self, plan: StepPlan, scheduled) -> None:
+        live = {held.state_slot for held in self.requests.values()}
+        by_handle = {handle: held for handle, held, _ in scheduled}
+        for handle, tokens, slot in plan.checkpoints:
+            held = by_handle[handle]
+            assert slot not in live, f"checkpoint written into slot {slot}, held by a request"
+            assert 0 < tokens <= held.computed, (handle, tokens, held.computed)
+            self.states[slot] = (tokens, held.digests[tokens - 1])
+        for held in by_handle.values():
+            self.states[held.state_slot] = (held.computed, held.digests[held.computed - 1])
 
     # ---- speculative drafts ---------------------------------------------------------------
 

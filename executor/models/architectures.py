@@ -28,6 +28,7 @@ class Architecture:
     head_dim: int | None = None         # transformers' default when the config has none
     softcaps: tuple[float | None, float | None] = (None, None)   # defaults: attention, final
     window: int | None = None           # sliding_window when the config has none
+    hybrid: str | None = None           # recurrent layers: executor/models/hybrid/spec.py
     weights: WeightNames = field(default_factory=WeightNames)
     # The attention-only families of issue 39 (SmolLM3, OLMo 3, gpt-oss):
     no_rope_layers: bool = False        # SmolLM3: no_rope_layers[i] == 0 turns rotary off
@@ -71,6 +72,12 @@ ARCHITECTURES = {
                                      ("mlp.experts.down_proj", "mlp.w2"))),
         defaults=(("rms_norm_eps", 1e-5), ("rope_theta", 150000.0), ("sliding_window", 128),
                   ("attention_bias", True))),
+    # Hybrids: recurrent-state layers beside attention (executor/models/hybrid/).
+    "Qwen3_5ForCausalLM": Architecture(qkv_bias=False, o_bias=False, qk_norm=True,
+                                       windows="none", partial_rotary=True,
+                                       head_dim=256, hybrid="qwen3_5"),
+    "Lfm2ForCausalLM": Architecture(qkv_bias=False, o_bias=False, qk_norm=True,
+                                    windows="none", hybrid="lfm2"),
 }
 
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)

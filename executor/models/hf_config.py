@@ -19,6 +19,7 @@ from folio.executor.quantization.gguf.file import is_gguf, open_gguf
 from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
 from folio.executor.quantization.prequantized_config import read_quantization_config
 from folio.shared.pooling.task import base_model_architecture
+from folio.executor.models.hybrid.spec import lfm2_intermediate_size, parse_hybrid
 from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
                                                  Architecture)
 
@@ -82,7 +83,7 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
     rope, local_rope, rotary_dim = _ropes(raw, arch, head_dim)
     eos = generation.get("eos_token_id", raw.get("eos_token_id"))
     scalar = raw.get("query_pre_attn_scalar", 256) if arch.gemma else None
-    return ModelConfig(
+    config = ModelConfig(
         architecture=name,
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
@@ -119,6 +120,16 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
         qk_norm_whole=arch.qk_norm_whole,
         attention_sinks=arch.sinks,
     )
+    return _with_hybrid(config, raw, arch) if arch.hybrid else config
+
+
+def _with_hybrid(config: ModelConfig, raw: dict[str, Any], arch: Architecture) -> ModelConfig:
+    """A hybrid's recurrent layers (executor/models/hybrid/spec.py), and LFM2's own names."""
+    spec = parse_hybrid(arch.hybrid, raw, config.num_layers)
+    if arch.hybrid != "lfm2":
+        return replace(config, hybrid=spec)
+    return replace(config, hybrid=spec, rms_norm_eps=float(raw.get("norm_eps", 1e-5)),
+                   intermediate_size=lfm2_intermediate_size(raw))
 
 
 def _mxfp4_experts(raw: dict[str, Any], arch: Architecture) -> bool:
@@ -196,7 +207,8 @@ def _ropes(raw: dict[str, Any], arch: Architecture, head_dim: int
     rotary_dim = None
     if partial != 1.0 and params.get("rope_type") != "proportional":
         if not arch.partial_rotary:
-            raise ValueError("partial_rotary_factor != 1 is supported for Phi3ForCausalLM only")
+            raise ValueError("partial_rotary_factor != 1 is supported for Phi3ForCausalLM and "
+                             "Qwen3_5ForCausalLM only")
         rotary_dim = int(head_dim * partial)
         if rotary_dim < 2 or rotary_dim % 2:
             raise ValueError(f"partial_rotary_factor {partial} gives an odd or empty rotary "

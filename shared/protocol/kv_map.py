@@ -35,6 +35,7 @@ REQUEST = Shape("kv_map.requests", (
     Field("wait_s", Float()),
     Field("age_s", Float()),
     Field("lora", Str(MAX_LORA_NAME_CHARS), default=None),   # absent: the base model
+    Field("state_slot", Int(0, MAX_BLOCK_ID), default=None),   # a hybrid's, while it holds one
 ))
 BLOCKS = Shape("kv_map.blocks", (
     Field("state", Str(MAX_KV_MAP_BLOCKS), rule="one of `F`, `U`, `C` per block"),
@@ -64,6 +65,10 @@ PAGE_MAP = Shape("kv_map.map", (
         default=None),
     Field("blocks", BLOCKS, default=None),   # absent for a pool too large for these arrays
     Field("swap", SWAP, default=None),
+    # A hybrid model's recurrent state slots (scheduler/state_slots.py): the bytes of one,
+    # and per slot the index in `requests` of the request holding it, -1 when free.
+    Field("state_slots", Shape("kv_map.state_slots", (
+        Field("slot_bytes", Int(0)), Field("owner", _OWNERS)), table=False), default=None),
     Field("replica", Int(0, 1 << 16), default=None),   # set by a data-parallel frontend
 ))
 

@@ -71,6 +71,9 @@ EXECUTOR_HELLO = Message("executor_hello", (Link.EXECUTOR_TO_SCHEDULER,), (
     Field("loras", ListOf(Str(MAX_LORA_NAME_CHARS), MAX_LORAS), default=()),   # adapter names
     Field("weight_bytes_per_step", Int(0), default=0),   # weights one decode step reads
     Field("pooling", POOLING_TASK, default=None),   # absent: the generate runner
+    # A hybrid model's recurrent state slots and the bytes of one (0: no recurrent layers).
+    Field("num_state_slots", Int(0, MAX_BLOCK_ID), default=0),
+    Field("state_bytes", Int(0), default=0),
 ), build=_hello, table=True)
 
 
@@ -100,6 +103,10 @@ def encode_plan(plan: StepPlan) -> bytes:
             body[key] = [x for pair in pairs for x in pair]
     if plan.drafts:
         body["d"] = [x for pair in plan.drafts.items() for x in pair]
+    if plan.state_copies:
+        body["sc"] = [x for pair in plan.state_copies for x in pair]
+    if plan.checkpoints:
+        body["ck"] = [x for triple in plan.checkpoints for x in triple]
     return pack("plan", body)
 
 
@@ -108,6 +115,8 @@ def _new_request(r: NewRequest) -> dict[str, Any]:
             "k": r.num_new_tokens, "b": r.block_ids, "sp": r.sampling.engine_dict()}
     if r.cache_scope is not None:
         item["cs"] = r.cache_scope
+    if r.state_slot >= 0:
+        item["st"] = r.state_slot
     return item
 
 
@@ -129,7 +138,8 @@ def decode_plan(body: Body) -> StepPlan:
             num_new_tokens=new.int("k", 1, len(token_ids)),
             block_ids=new.ints("b", 0, MAX_BLOCK_ID),
             sampling=sampling_from_wire(new, "sp"),
-            cache_scope=new.str("cs", MAX_CACHE_SCOPE_CHARS, optional=True))
+            cache_scope=new.str("cs", MAX_CACHE_SCOPE_CHARS, optional=True),
+            state_slot=_state_slot(new))
         if request.num_computed_tokens + request.num_new_tokens > len(token_ids):
             raise ProtocolError("plan.new: computing past the known tokens")
         plan.new_requests.append(request)
@@ -146,7 +156,17 @@ def decode_plan(body: Body) -> StepPlan:
     if len(flat) % 2 or any(cap > MAX_DRAFTS for cap in flat[1::2]):
         raise ProtocolError(f"plan: 'd' is flat (handle, draft cap <= {MAX_DRAFTS}) pairs")
     plan.drafts = dict(zip(flat[0::2], flat[1::2]))
+    plan.state_copies = body.pairs("sc", MAX_BLOCK_ID)
+    flat = body.ints("ck", 0, optional=True)
+    if len(flat) % 3 or any(tokens < 1 for tokens in flat[1::3]):
+        raise ProtocolError("plan: 'ck' is flat (handle, tokens >= 1, slot) triples")
+    plan.checkpoints = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
     return plan
+
+
+def _state_slot(new: Body) -> int:
+    slot = new.int("st", 0, MAX_BLOCK_ID, optional=True)
+    return -1 if slot is None else slot
 
 
 def encode_result(result: StepResult) -> bytes:
@@ -264,6 +284,8 @@ NEW_REQUEST = Shape("plan.n", (
     Field("b", Ints(0, MAX_BLOCK_ID)),
     Field("sp", Sampling(engine=True)),
     Field("cs", Str(MAX_CACHE_SCOPE_CHARS), default=None),
+    # A hybrid model's request: its recurrent state slot (absent: no recurrent layers).
+    Field("st", Int(0, MAX_BLOCK_ID), default=None),
 ))
 
 PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (
@@ -281,6 +303,8 @@ PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (
     Field("cp", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
     Field("d", Ints(), default=None,
           rule=f"flat (handle, draft cap ≤ {MAX_DRAFTS}) pairs: even length"),
+    Field("sc", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
+    Field("ck", Ints(0), default=None, rule="flat (handle, tokens ≥ 1, slot) triples"),
 ), codec=(encode_plan, decode_plan), table=True)
 
 RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (

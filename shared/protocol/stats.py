@@ -16,6 +16,10 @@ _FIELDS = (
         "swap_blocks_total", "swap_blocks_free", "num_running", "num_waiting", "num_swapped",
         "steps", "preemptions_recompute", "preemptions_swap", "prefix_cache_queries",
         "prefix_cache_hits", "num_finished", "forks")),
+    # A hybrid model's recurrent state slots (scheduler/state_slots.py), present for one.
+    Field("state_slots_total", Int(0), default=None),
+    Field("state_slots_used", Int(0), default=None),
+    Field("state_checkpoints", Int(0), default=None),
     # Speculative decoding (scheduler/spec_decode.py), present when it is on.
     *(Field(key, Int(0), default=None) for key in (
         "spec_decode_num_drafts", "spec_decode_num_draft_tokens",

@@ -23,6 +23,7 @@ class NewRequest:
     block_ids: list[int]
     sampling: SamplingParams
     cache_scope: str | None = None   # the client that sent it: whose cached outputs it reads
+    state_slot: int = -1          # a hybrid model's recurrent state slot (-1: none)
 
 
 @dataclass(slots=True)
@@ -44,6 +45,11 @@ class StepPlan:
     # may carry up to this many draft tokens after its verified one; the executor proposes
     # them from its own tokens. Not counted in running_num_tokens.
     drafts: dict[int, int] = field(default_factory=dict)
+    # A hybrid model's state slots (docs/hybrid.md): copies (checkpoint slot, request slot)
+    # applied before the forward pass, and checkpoints to write during it: (handle, tokens,
+    # slot), the request's state after its first `tokens` tokens, copied into `slot`.
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
+    checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -5,7 +5,8 @@ process does with async scheduling: plan N+1 is made before result N is applied,
 fake executor runs the plans in order, appending its own samples.
 Random arrivals (prompts built from a few shared prefixes, n in {1, 2, 3}), aborts, steps,
 under config variants drawn once per example (block size, pool sizes, chunked prefill,
-prefix caching, recompute / swap / auto preemption, a sliding window or none). After every
+prefix caching, recompute / swap / auto preemption, a sliding window or none, or a hybrid
+model's recurrent state slots beside the blocks). After every
 rule each block of the GPU pool and of the swap pool is in exactly one state with the right
 reference count (the null block of a sliding-window pool in none), and the fake executor's
 KV contents agree with what the scheduler believes for every position still in a window. At the end every request
@@ -58,7 +59,15 @@ def configs(draw) -> SchedulerConfig:
     prefill_tokens_per_s = block_size / draw(st.sampled_from([8, 4, 8 / 3]))
     # Every layer windowed (the scheduler frees blocks behind the window), or not.
     sliding_window = draw(st.sampled_from([None, None, 1, 3, 6, 13, 39]))
-    return SchedulerConfig(
+    # A hybrid model (scheduler/state_slots.py): one recurrent state slot per admitted
+    # request, fewer slots than seats or more; its full-attention layers have no window and
+    # the engine refuses speculation for it.
+    state_slots = draw(st.sampled_from([0, 0, 0, 1, 3, 8]))
+    hybrid = {"num_state_slots": state_slots, "state_bytes": 7, "sliding_window": None,
+              "speculative_config": None,   # prefix hits resume from state checkpoints
+              "hybrid_checkpoint_blocks": draw(st.sampled_from([0, 1, 2, 4]))
+              } if state_slots else {}
+    return SchedulerConfig(**{**dict(
         num_kv_blocks=draw(st.integers(24, 64)) // block_size,
         block_size=block_size,
         max_num_seqs=draw(st.integers(1, 6)),
@@ -78,7 +87,7 @@ def configs(draw) -> SchedulerConfig:
         # Speculative decoding: the fake executor's drafts are partly right (docs/
         # spec_decode.md); a sliding window turns it off.
         speculative_config=draw(st.sampled_from([None, None, SPEC_K1, SPEC_K3])),
-    )
+    ), **hybrid})
 
 
 def expected_outputs(prompt: list[int], sampling: SamplingParams, max_request_len: int
@@ -115,7 +124,8 @@ class Driver:
         self.subscriber_view: set[bytes] = set()
         self.scheduler = Scheduler(config, self.kv_events)
         self.executor = FakeExecutor(config.block_size, config.num_kv_blocks,
-                                     config.num_swap_blocks, VOCAB, config.sliding_window)
+                                     config.num_swap_blocks, VOCAB, config.sliding_window,
+                                     config.num_state_slots)
         self.expected: dict[str, tuple[list[int], str]] = {}   # by sample id
         self.emitted: dict[str, list[int]] = {}
         self.finished: dict[str, str] = {}
@@ -238,6 +248,7 @@ class Driver:
         assert scheduler.pool.num_free == scheduler.pool.num_usable
         assert scheduler.stats()["kv_blocks_free"] == scheduler.stats()["kv_blocks_total"]
         assert scheduler.swap_pool.num_free == scheduler.swap_pool.num_blocks
+        assert scheduler.kv.states.num_free == self.config.num_state_slots   # every slot
         assert not self.executor.requests, "executor still holds finished requests"
         assert not self.sent and not scheduler.kv.unconfirmed_blocks()
         assert not scheduler.kv.handles(), "the KV manager still holds finished requests"
@@ -313,6 +324,26 @@ def check_fifo_within_priority(driver: Driver) -> None:
         last[priority] = request.admit_seq
 
 
+def check_state_slots(scheduler, config, statuses) -> None:
+    """A hybrid's state slots: each running request holds exactly one of its own, no other
+    request holds any (recompute frees it; never swapped or forked), and the slot pool's
+    counts agree."""
+    kv = scheduler.kv
+    held = {r.handle: kv.state_slot(r) for r in scheduler.requests.values()}
+    if not config.num_state_slots:
+        assert set(held.values()) <= {-1} and not kv.states.enabled
+        return
+    running = {r.handle for r in statuses[RequestStatus.RUNNING]}
+    assert all((slot >= 0) == (handle in running) for handle, slot in held.items()), held
+    slots = [slot for slot in held.values() if slot >= 0]
+    assert len(slots) == len(set(slots)) == kv.states.num_used <= config.num_state_slots
+    assert kv.states.owners() == {slot: h for h, slot in held.items() if slot >= 0}
+    checkpoints = kv.states.checkpoint_slots()
+    assert len(set(checkpoints)) == len(checkpoints) and not set(checkpoints) & set(slots)
+    assert len(slots) + len(checkpoints) <= config.num_state_slots
+    assert not statuses[RequestStatus.SWAPPED], "a hybrid request was swapped"
+
+
 def check_scheduler(driver: Driver) -> None:
     check_kv_events(driver)
     scheduler, config, executor = driver.scheduler, driver.config, driver.executor
@@ -343,6 +374,7 @@ def check_scheduler(driver: Driver) -> None:
     assert set(scheduler.requests) == live, "a request was lost or invented"
 
     assert len(scheduler.running) <= config.max_num_seqs
+    check_state_slots(scheduler, config, statuses)
     # Oldest first; by priority first under the priority policy (victims from the tail).
     by_priority = config.scheduling_policy == "priority"
     order = [(r.queue_key[:2] if by_priority else (0, 0), r.admit_seq)
@@ -391,7 +423,7 @@ def check_scheduler(driver: Driver) -> None:
             assert row.block_ids == block_ids and row.cpu_block_ids == cpu_block_ids
             assert row.num_slots == len(row.block_ids) * size, request
             assert 0 <= row.num_registered <= len(row.block_ids), request
-            if not config.enable_prefix_caching:
+            if not scheduler.kv.prefix.enabled:
                 assert row.register_at == NEVER, request
             else:
                 assert row.register_at == (row.num_registered + 1) * size, request
@@ -439,7 +471,7 @@ def check_scheduler(driver: Driver) -> None:
     check_pool(scheduler.pool, gpu_owners, "GPU")
     check_pool(scheduler.swap_pool, swap_owners, "swap")
     assert scheduler.swap_pool.num_cached_free == 0 and not scheduler.swap_pool._cached
-    if not config.enable_prefix_caching:
+    if not scheduler.kv.prefix.enabled:
         assert not scheduler.pool._cached
     # A block the prefix cache names holds the KV of the tokens its hash names.
     for block_hash, block_id in scheduler.pool._cached.items():

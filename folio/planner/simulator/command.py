@@ -94,14 +94,19 @@ def plot(runs: list[Run], directory: Path, block_size: int) -> list[Path]:
 KV_DTYPES = ("float32", "float16", "bfloat16", *QUANTIZED_KV_CACHE_DTYPES)
 
 
-def blocks_in_memory(model, gib: float, block_size: int, dtype: str | None = None) -> int:
-    """KV blocks of `model` (an executor ModelConfig) in `gib` GiB: K and V per layer, as
-    executor/kv_cache.py lays them out (int8 rows with their scales)."""
+def blocks_in_memory(model, gib: float, block_size: int, dtype: str | None = None,
+                     state_slots: int = 0) -> int:
+    """KV blocks of `model` (an executor ModelConfig) in `gib` GiB: K and V per attention
+    layer, as executor/kv_cache.py lays them out (int8 rows with their scales), after a
+    hybrid model's `state_slots` recurrent states (one per request that may run, twice that
+    with prefix checkpoints, as the executor reserves them first)."""
     stored = dtype or model.torch_dtype
     if stored not in KV_DTYPES:
         stored = "float32"
     row_bytes = element_row_bytes(stored, model.head_dim)
-    return int(gib * 2**30 // model.kv_block_bytes(block_size, row_bytes))
+    model_bytes = 2 if model.torch_dtype in ("float16", "bfloat16") else 4
+    states = state_slots * model.state_bytes(model_bytes)
+    return max(0, int((gib * 2**30 - states) // model.kv_block_bytes(block_size, row_bytes)))
 
 
 def _model_config(path: str):
@@ -160,7 +165,8 @@ def run_simulate(settings: SimulateSettings) -> int:
             if model is None:
                 raise SystemExit("folio simulate: --gpu-memory needs --model")
             num_kv_blocks = blocks_in_memory(model, settings.gpu_memory, settings.block_size,
-                                             settings.kv_dtype)
+                                             settings.kv_dtype, settings.max_num_seqs
+                                             * (2 if settings.prefix_caching else 1))
             if num_kv_blocks > MAX_KV_BLOCKS:   # each simulated block is held in memory
                 raise SettingError("gpu_memory", f"makes {num_kv_blocks:,} blocks, more than "
                                    f"a simulation holds ({MAX_KV_BLOCKS:,})")
@@ -173,7 +179,8 @@ def run_simulate(settings: SimulateSettings) -> int:
         machine = Machine(num_kv_blocks, settings.block_size, max_model_len,
                           settings.max_num_seqs, settings.max_num_batched_tokens,
                           settings.ms_per_step, settings.tokens_per_s, settings.prefix_caching,
-                          settings.preemption_mode)
+                          settings.preemption_mode,
+                          settings.max_num_seqs if model and model.hybrid else 0)
         try:
             trace = load_trace(settings.trace)
         except ValueError as error:   # one line naming the file, line and field: exit 2

@@ -53,6 +53,7 @@ class Machine:
     tokens_per_s: float | None = None   # None: a step's cost does not grow with its tokens
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
+    state_slots: int = 0   # a hybrid model's recurrent state slots (0: attention only)
 
 
 def load_trace(path: str | Path, max_requests: int = MAX_REQUESTS) -> list[TraceRequest]:

@@ -64,7 +64,9 @@ def simulate(trace: list[TraceRequest], machine: Machine, name: str = "paged",
         max_num_batched_tokens=machine.max_num_batched_tokens,
         max_model_len=machine.max_model_len, vocab_size=VOCAB,
         enable_prefix_caching=machine.enable_prefix_caching,
-        preemption_mode=machine.preemption_mode)
+        preemption_mode=machine.preemption_mode,
+        # A hybrid's slots: one per seat, and as many again for its prefix checkpoints.
+        num_state_slots=machine.state_slots * (2 if machine.enable_prefix_caching else 1))
     scheduler, run = Scheduler(config), Run(name, machine)
     per_token = 1 / machine.tokens_per_s if machine.tokens_per_s else 0.0
 

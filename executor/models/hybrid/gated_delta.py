@@ -1,0 +1,82 @@
+"""The gated delta rule (Gated DeltaNet's linear attention), in torch, in float32.
+
+Per value head the state S is a [k_dim, v_dim] matrix. Each token t, with its decay g_t <= 0
+(log space), write strength beta_t, and l2-normed key k_t and query q_t:
+    S <- exp(g_t) S;   S <- S + k_t (beta_t (v_t - k_t^T S))^T;   o_t = (q_t / sqrt(k_dim))^T S
+`recurrent` runs that literally (the decode step); `chunked` computes the same outputs and
+final state a chunk of tokens at a time (prompts): within a chunk the writes are solved as
+one unit-lower-triangular system, so the sequential work is one matrix product per chunk.
+Shapes: q, k [L, H, Dk] (already repeated to the value heads), v [L, H, Dv], g, beta [L, H],
+state [H, Dk, Dv]; the outputs are [L, H, Dv]."""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK = 64
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def prepare_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32, l2-normed per head; the query scaled by k_dim ** -0.5."""
+    q = l2_normalize(q.float())
+    k = l2_normalize(k.float())
+    return q * q.shape[-1] ** -0.5, k
+
+
+def recurrent(q, k, v, g, beta, state):
+    """One token at a time; q, k prepared (prepare_qk). Batched over a leading dimension
+    too: q [B, H, Dk] with state [B, H, Dk, Dv] is one decode step of B requests (L = B,
+    one token each). Returns (outputs, final state)."""
+    if state.dim() == 4:   # one token for each of B states
+        state = state * g.exp()[..., None, None]
+        remembered = (state * k.unsqueeze(-1)).sum(dim=-2)
+        delta = (v.float() - remembered) * beta.float().unsqueeze(-1)
+        state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+        return (state * q.unsqueeze(-1)).sum(dim=-2), state
+    outputs = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for t in range(q.shape[0]):
+        out, state = recurrent(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1],
+                                      beta[t:t + 1], state.unsqueeze(0))
+        outputs[t], state = out[0], state[0]
+    return outputs, state
+
+
+def chunked(q, k, v, g, beta, state, chunk: int = CHUNK):
+    """The same as `recurrent` over L tokens of one request, a chunk at a time."""
+    length = q.shape[0]
+    pad = (-length) % chunk
+    # [H, n, C, D]: heads first, then chunks; padding tokens (g = 0, beta = 0) write nothing.
+    def split(x):
+        x = x.float().transpose(0, 1)
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, pad) if x.dim() == 3 else (0, pad))
+        return x.reshape(x.shape[0], -1, chunk, *x.shape[2:])
+    q, k, v, g, beta = map(split, (q, k, v, g, beta))
+    decay = g.cumsum(dim=-1)                                     # [H, n, C]
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    # exp(decay_i - decay_j) for j <= i, 0 above the diagonal.
+    between = (decay.unsqueeze(-1) - decay.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+    k_beta = k * beta.unsqueeze(-1)
+    # The chunk's writes interact through (I + strictly lower(k_beta k^T between)).
+    system = (k_beta @ k.transpose(-1, -2)) * between
+    solve = lambda rhs: torch.linalg.solve_triangular(system, rhs, upper=False,
+                                                      unitriangular=True)
+    values = solve(v * beta.unsqueeze(-1))                        # what each write adds
+    keys_decayed = solve(k_beta * decay.exp().unsqueeze(-1))      # what it reads of S
+    scores = (q @ k.transpose(-1, -2)) * between                  # within the chunk
+    q_decayed = q * decay.exp().unsqueeze(-1)
+    last = decay[..., -1:]
+    k_to_end = k * (last - decay).exp().unsqueeze(-1)
+    chunk_decay = last.exp().unsqueeze(-1)                        # [H, n, 1, 1]
+    state = state.float()
+    out = torch.empty_like(values)
+    for i in range(q.shape[1]):
+        fresh = values[:, i] - keys_decayed[:, i] @ state
+        out[:, i] = q_decayed[:, i] @ state + scores[:, i] @ fresh
+        state = state * chunk_decay[:, i] + k_to_end[:, i].transpose(-1, -2) @ fresh
+    out = out.reshape(out.shape[0], -1, out.shape[-1])[:, :length]
+    return out.transpose(0, 1), state

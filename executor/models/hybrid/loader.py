@@ -1,0 +1,50 @@
+"""Builds a hybrid model from a Hugging Face checkpoint: its modules carry the checkpoint's
+own names, so each tensor is copied to the parameter of the same name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from folio.executor.model_config import ModelConfig
+from folio.executor.models.hybrid.model import HybridCausalLM
+from folio.executor.ops import KernelOps
+from folio.executor.weights import iterate_weights
+
+# Prefixes of tensors a text-only hybrid does not use: the vision tower and the
+# multi-token-prediction head (Qwen3.5); and the prefixes stripped from the others.
+_SKIPPED = ("model.visual.", "mtp.", "model.mtp.")
+_STRIPPED = ("model.language_model.", "model.")
+
+
+def load_hybrid_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps,
+                      dtype: torch.dtype, device: torch.device,
+                      max_positions: int) -> HybridCausalLM:
+    with torch.device("meta"):
+        model = HybridCausalLM(config, ops, max_positions)
+    model = model.to_empty(device=device).to(dtype)
+    params = dict(model.named_parameters())
+    filled: set[str] = set()
+    for name, tensor in iterate_weights(model_dir):
+        if name.endswith("rotary_emb.inv_freq") or name.startswith(_SKIPPED):
+            continue
+        target = next((name[len(p):] for p in _STRIPPED if name.startswith(p)), name)
+        if target not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no place in "
+                             f"{config.architecture}")
+        param = params[target]
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ValueError(f"shape mismatch for {name!r}: checkpoint "
+                             f"{tuple(tensor.shape)} vs model {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(tensor)
+        filled.add(target)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+        filled.add("lm_head.weight")
+    missing = sorted(set(params) - filled)
+    if missing:
+        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+    model.init_rotary()
+    return model.eval()

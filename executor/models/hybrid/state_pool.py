@@ -1,0 +1,77 @@
+"""The executor's recurrent states, addressed by slot as the KV cache is by block.
+
+Slot s of every recurrent layer holds one request's state: the convolution window
+[C, K-1] (model dtype) and, for a Gated DeltaNet layer, its [H, Dk, Dv] matrices (float32).
+The scheduler owns the slots (scheduler/state_slots.py) and sends a request's slot once,
+with the request (docs/protocol.md, plan `n.st`); a request whose first token computed is
+position 0 starts from zeros, so a slot is never cleared when it changes owner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from folio.executor.models.hybrid.spec import CONV, LINEAR, HybridSpec
+
+
+@dataclass(frozen=True)
+class StepStates:
+    """One step's view of the pool, in the order of the step's sequences."""
+
+    slots: torch.Tensor          # [S] int64, on the pool's device
+    fresh: list[bool]            # the sequence starts at position 0: its state is zeros
+    starts: list[int]            # query_start_loc on the host: sequence i is tokens
+                                 # starts[i]:starts[i + 1]
+    decode_only: bool            # every sequence has one token (the batched path)
+    # Per sequence: (tokens into this step's part of it, slot) where its state is copied
+    # into a checkpoint slot for the prefix cache; empty lists when none.
+    checkpoints: list[list[tuple[int, int]]]
+
+
+class StatePool:
+    def __init__(self, spec: HybridSpec, num_slots: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.num_slots = num_slots
+        window = spec.conv_kernel - 1
+        self.conv: dict[int, torch.Tensor] = {}
+        self.delta: dict[int, torch.Tensor] = {}
+        for layer, kind in enumerate(spec.layer_kinds):
+            if kind in (LINEAR, CONV):
+                self.conv[layer] = torch.zeros(num_slots, spec.conv_channels, window,
+                                               dtype=dtype, device=device)
+            if kind == LINEAR:
+                self.delta[layer] = torch.zeros(num_slots, spec.num_v_heads, spec.k_head_dim,
+                                                spec.v_head_dim, dtype=torch.float32,
+                                                device=device)
+        self.device = device
+
+    def copy(self, pairs: list[tuple[int, int]]) -> None:
+        """Start request slots from checkpoints: (source, destination), every layer."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        for tensors in (self.conv, self.delta):
+            for pool in tensors.values():
+                pool[dst] = pool[src]
+
+    def step(self, slots: list[int], begins: list[int], starts: list[int],
+             checkpoints: dict[int, list[tuple[int, int]]] | None = None,
+             handles: list[int] | None = None) -> StepStates:
+        """`checkpoints`: by handle, (tokens of the sequence, slot) from the plan."""
+        counts = [b - a for a, b in zip(starts, starts[1:])]
+        per_sequence: list[list[tuple[int, int]]] = [[] for _ in slots]
+        if checkpoints:
+            for i, handle in enumerate(handles):
+                for tokens, slot in checkpoints.get(handle, ()):
+                    offset = tokens - begins[i]
+                    if not 0 < offset <= counts[i]:
+                        raise ValueError(f"checkpoint at {tokens} tokens is outside the "
+                                         f"step's part of request {handle}")
+                    per_sequence[i].append((offset, slot))
+                per_sequence[i].sort()
+        return StepStates(torch.tensor(slots, dtype=torch.int64, device=self.device),
+                          [begin == 0 for begin in begins], starts,
+                          all(count == 1 for count in counts) and not checkpoints,
+                          per_sequence)

@@ -1,0 +1,45 @@
+"""Tiny random Qwen3.5 and LFM2 checkpoints, made by transformers itself, with the shared
+test tokenizer: a few layers mixing recurrent and attention layers."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.conftest import TOKENIZER_FILES
+
+QWEN3_5 = dict(
+    hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=8, linear_conv_kernel_dim=4,
+    layer_types=["linear_attention", "full_attention", "linear_attention"],
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                     "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]})
+LFM2 = dict(
+    hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+    conv_L_cache=3, block_multiple_of=16,
+    layer_types=["conv", "full_attention", "conv"])
+
+
+def make_hybrid_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0) -> Path:
+    import torch
+    import transformers as hf
+
+    for file in TOKENIZER_FILES:
+        if (tokenizer_dir / file).exists():
+            shutil.copy(tokenizer_dir / file, path / file)
+    fields = QWEN3_5 if family == "qwen3_5" else LFM2
+    config_cls, model_cls = ((hf.Qwen3_5TextConfig, hf.Qwen3_5ForCausalLM)
+                             if family == "qwen3_5" else (hf.Lfm2Config, hf.Lfm2ForCausalLM))
+    config = config_cls(vocab_size=1024, num_hidden_layers=len(fields["layer_types"]),
+                        max_position_embeddings=1024, tie_word_embeddings=False,
+                        initializer_range=0.1, bos_token_id=None, eos_token_id=0,
+                        pad_token_id=0, **fields)
+    torch.manual_seed(seed)
+    model = model_cls(config)
+    with torch.no_grad():   # norms start constant: perturbed, so a misplaced one shows
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path

@@ -1,0 +1,81 @@
+"""A hybrid model's recurrent state slots in the scheduler's one accounting: admission waits
+for a slot as for blocks, recompute preemption and finishing free it, swap and forks are
+not used, and the page map, stats and wire message show the slots."""
+
+from __future__ import annotations
+
+from folio.scheduler.preemption import should_swap
+from folio.scheduler.scheduler import Scheduler
+from folio.shared.config import SchedulerConfig
+from folio.shared.protocol import messages as m
+from folio.shared.protocol.wire import Body, unpack
+from folio.shared.sampling_params import SamplingParams
+from tests.fake_executor import FakeExecutor
+
+
+def _hybrid(**overrides) -> tuple[Scheduler, FakeExecutor]:
+    fields = dict(num_kv_blocks=32, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                  max_model_len=32, num_state_slots=2, state_bytes=1000,
+                  num_swap_blocks=16, preemption_mode="swap", enable_prefix_caching=True)
+    fields.update(overrides)
+    config = SchedulerConfig(**fields)
+    return Scheduler(config), FakeExecutor(4, config.num_kv_blocks, config.num_swap_blocks,
+                                           state_slots=config.num_state_slots)
+
+
+def _step(scheduler, executor):
+    plan = scheduler.schedule()
+    scheduler.update(plan, executor.execute(plan))
+    return plan
+
+
+def test_admission_waits_for_a_slot_and_the_map_shows_them():
+    scheduler, executor = _hybrid()
+    for i in range(3):   # blocks for all three, slots for two
+        scheduler.add_request(f"r{i}", [5, 6, 7, 8, 9], SamplingParams(max_tokens=6))
+    plan = _step(scheduler, executor)
+    assert sorted(new.state_slot for new in plan.new_requests) == [0, 1]
+    assert len(scheduler.running) == 2 and len(scheduler.waiting) == 1
+    stats = scheduler.stats()
+    assert (stats["state_slots_total"], stats["state_slots_used"]) == (2, 2)
+    snapshot = scheduler.kv_map()
+    assert snapshot["state_slots"]["slot_bytes"] == 1000
+    holders = snapshot["state_slots"]["owner"]
+    assert sorted(holders) == [0, 1]   # the two running requests, by index
+    assert [snapshot["requests"][i]["state_slot"] for i in holders] == [0, 1]
+    assert "state_slot" not in snapshot["requests"][2]   # the waiting one holds none
+    # The map and the stats survive the wire's checks.
+    decoded = m.decode_kv_map(Body("kv_map", unpack(m.encode_kv_map(snapshot))[1]))
+    assert decoded["state_slots"] == snapshot["state_slots"]
+    while scheduler.has_unfinished_requests():
+        _step(scheduler, executor)
+    _step(scheduler, executor)
+    assert scheduler.stats()["state_slots_used"] == 0
+    assert scheduler.kv.states.num_free == 2
+    assert scheduler.stats()["prefix_cache_hits"] == 0   # off for a hybrid
+
+
+def test_preemption_recomputes_and_frees_the_slot():
+    # 4 blocks of 4 tokens: two requests that grow past 8 tokens each cannot both run.
+    scheduler, executor = _hybrid(num_kv_blocks=4)
+    assert not should_swap(scheduler.config, 100, 1, 16)   # even in swap mode
+    for i in range(2):
+        scheduler.add_request(f"r{i}", [5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=8))
+    while scheduler.has_unfinished_requests():
+        _step(scheduler, executor)
+        assert scheduler.kv.states.num_used == len(scheduler.running)
+    stats = scheduler.stats()
+    assert stats["preemptions_recompute"] > 0 and stats["preemptions_swap"] == 0
+    _step(scheduler, executor)
+    assert scheduler.kv.states.num_free == 2
+
+
+def test_n_samples_compute_their_prompts_in_their_own_slots():
+    scheduler, executor = _hybrid()
+    scheduler.add_request("n", [5, 6, 7, 8, 9], SamplingParams(max_tokens=3, n=2))
+    slots = []
+    while scheduler.has_unfinished_requests():
+        plan = _step(scheduler, executor)
+        slots += [(new.state_slot, new.num_computed_tokens) for new in plan.new_requests]
+    assert scheduler.stats()["forks"] == 0
+    assert sorted(slots) == [(0, 0), (1, 0)]   # both from position 0, in distinct slots
