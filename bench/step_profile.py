@@ -7,7 +7,8 @@
 Both engines run offline in this one process (vLLM with VLLM_ENABLE_V1_MULTIPROCESSING=0, so
 its engine core and worker run here too), bfloat16, on the same checkpoint: --users requests of
 --prompt-len random token ids, --tokens greedy tokens each, EOS ignored. A first generate warms
-up; the second runs under torch.profiler (CPU activity). Each operator's self time is summed
+up; the second, on other prompts (no prefix-cache hits), runs under torch.profiler (CPU
+activity). Each operator's self time is summed
 into a category (its name decides; `--top` lists the biggest operators so nothing hides in a
 wrong one); `outside operators` is the wall time minus every operator's self time: Python,
 scheduling, the engine's own bookkeeping (and the profiler's per-operator cost, which both
@@ -47,8 +48,8 @@ def category(name: str) -> str:
     return "other operators"
 
 
-def prompts(users: int, prompt_len: int, vocab: int) -> list[list[int]]:
-    rng = random.Random(0)
+def prompts(users: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
     return [[rng.randrange(100, vocab - 100) for _ in range(prompt_len)] for _ in range(users)]
 
 
@@ -59,8 +60,7 @@ def folio_runner(args):
               max_num_seqs=max(args.users, 1), linear_backend=args.linear_backend)
     vocab = llm.engine.executor.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
-    ids = prompts(args.users, args.prompt_len, vocab)
-    return lambda: llm.generate(ids, params)
+    return lambda seed: llm.generate(prompts(args.users, args.prompt_len, vocab, seed), params)
 
 
 def vllm_runner(args):
@@ -71,17 +71,18 @@ def vllm_runner(args):
     llm = LLM(args.model_dir, dtype="bfloat16", max_num_seqs=max(args.users, 1))
     vocab = llm.llm_engine.model_config.get_vocab_size()
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
-    ids = [TokensPrompt(prompt_token_ids=p) for p in prompts(args.users, args.prompt_len, vocab)]
-    return lambda: llm.generate(ids, params, use_tqdm=False)
+    return lambda seed: llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts(args.users, args.prompt_len, vocab,
+                                                           seed)], params, use_tqdm=False)
 
 
 def profile(run) -> tuple[float, dict[str, float]]:
     import torch
 
-    run()                                   # warm-up: kernels, caches, first allocations
+    run(1)             # warm-up: kernels, caches, first allocations (other prompts: no
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        run()
+        start = time.perf_counter()          # prefix-cache hit in the profiled run)
+        run(2)
         wall = time.perf_counter() - start
     ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
     return wall, ops
