@@ -188,8 +188,9 @@ class EngineConfig(SchedulingPolicy):
     max_lora_rank: int = setting(16, "the largest rank of an adapter's modules",
                                  check=positive_int)
     max_cpu_loras: int | None = setting(
-        None, "adapters held in host memory, loaded ones all counted (default: max-loras, "
-        "or the number of --lora-modules if more)", check=optional(positive_int))
+        None, "adapters held in host memory; more may be loaded, kept on disk and read "
+        "in again by use, the least recently used dropped first (default: max-loras, or "
+        "the number of --lora-modules if more)", check=optional(positive_int))
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
