@@ -41,6 +41,7 @@ class ToolStream:
         self.read_to = 0          # the answer's characters the call readers have taken
         self.broken = False       # not the format: calls wait for the end
         self.content_mode = False  # llama3_json: an answer in words
+        self.seeking: str | None = HERMES_START   # hermes: the tag looked for next
         if tools.mode == "required":
             self.reader, self.lexer = CallReader(1, ("parameters",)), JsonLexer()
         elif tools.mode == "auto" and tools.generic:
@@ -122,19 +123,20 @@ class ToolStream:
     def _hermes_calls(self) -> Entries:
         entries: Entries = []
         while not self.broken and self._more_calls():
-            if self.lexer is None:   # between calls: find the next <tool_call>
-                start = self.text.find(HERMES_START, self.read_to)
-                if start < 0:
+            if self.seeking is not None:   # a tag: after a call its end, then the next start
+                found = self.text.find(self.seeking, self.read_to)
+                if found < 0:   # look again only where a tag cut by this piece may begin
+                    self.read_to = max(self.read_to, len(self.text) - len(self.seeking) + 1)
                     return entries
-                self.read_to = start + len(HERMES_START)
-                self.lexer = JsonLexer()
+                self.read_to = found + len(self.seeking)
+                if self.seeking == HERMES_END:
+                    self.seeking = HERMES_START
+                    continue
+                self.seeking, self.lexer = None, JsonLexer()
             entries += self._call_object()
             if self.lexer is not None:
                 return entries   # the call goes on in the next piece
-            end = self.text.find(HERMES_END, self.read_to)
-            if end < 0:
-                return entries
-            self.read_to = end + len(HERMES_END)
+            self.seeking = HERMES_END
         return entries
 
     def _llama3_calls(self) -> Entries:

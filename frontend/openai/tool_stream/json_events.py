@@ -200,6 +200,8 @@ class JsonLexer:
     def _part(self, chars: str, events: list[Event]) -> None:
         if self.token == "key":
             self.key += chars
+        elif events and events[-1][0] == "str_part":   # one event per piece, not per char
+            events[-1] = ("str_part", len(self.stack), events[-1][2] + chars)
         else:
             events.append(("str_part", len(self.stack), chars))
 
