@@ -65,17 +65,33 @@ class Usage:
 
 
 @dataclass
+class Sample:
+    """One of a request's `n` samples."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list[dict[int, Logprob]] | None = None
+    stop_reason: str | None = None
+
+
+@dataclass
 class Completion:
+    """`text`, `token_ids`, `finish_reason`, `logprobs` and `stop_reason` are sample 0's;
+    `outputs` holds all `n` samples by index (as vLLM's RequestOutput.outputs)."""
+
     request_id: str
     text: str
     token_ids: list[int]
     finish_reason: str
-    usage: Usage
+    usage: Usage                                       # completion_tokens: all samples'
     logprobs: list[dict[int, Logprob]] | None = None   # per token: sampled + top k
     stop_reason: str | None = None                     # the stop string that matched
     # None for the first prompt token, then one dict per prompt token (prompt_logprobs).
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     vector: list[float] | None = None   # a pooling request's answer (embed, score)
+    outputs: list[Sample] = field(default_factory=list)
 
 
 @dataclass
@@ -97,6 +113,7 @@ class Delta:
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] | None = None
+    index: int = 0   # which of the request's n samples this is of
 
 
 def _server_error(body: dict[str, Any]) -> FolioError:
@@ -331,17 +348,11 @@ class AsyncClient:
                 kind, body = await self._next(queue, timeout, request_id)
                 if kind == "delta":
                     delta = _decoded(m.decode_delta, kind, body)
-                    yield Delta(delta.text, delta.token_ids, _logprobs(delta.logprobs))
+                    yield Delta(delta.text, delta.token_ids, _logprobs(delta.logprobs),
+                                delta.index)
                 elif kind == "final":
                     done = True
-                    final = _decoded(m.decode_final, kind, body)
-                    yield Completion(request_id, final.text, final.token_ids,
-                                     final.finish_reason, Usage(**final.usage),
-                                     _logprobs(final.logprobs), final.stop_reason,
-                                     None if final.prompt_logprobs is None else
-                                     [None, *_logprobs(final.prompt_logprobs)],
-                                     None if final.pooled is None else
-                                     np.frombuffer(final.pooled, dtype="<f4").tolist())
+                    yield _completion(request_id, _decoded(m.decode_final, kind, body))
                     return
                 elif kind == "error":
                     done = True
@@ -518,6 +529,23 @@ class Client:
                     return
         finally:
             self._call(agen.aclose())
+
+
+def _completion(request_id: str, final: m.FinalReply) -> Completion:
+    if final.samples is None:   # n = 1: the top-level fields are the one sample
+        outputs = [Sample(0, final.text, final.token_ids, final.finish_reason,
+                          _logprobs(final.logprobs), final.stop_reason)]
+    else:
+        outputs = sorted((Sample(s["index"], s["text"], s["token_ids"], s["finish_reason"],
+                                 _logprobs(s.get("logprobs")), s.get("stop_reason"))
+                          for s in final.samples), key=lambda s: s.index)
+    first = outputs[0]
+    return Completion(request_id, first.text, first.token_ids, first.finish_reason,
+                      Usage(**final.usage), first.logprobs, first.stop_reason,
+                      None if final.prompt_logprobs is None else
+                      [None, *_logprobs(final.prompt_logprobs)],
+                      None if final.pooled is None else
+                      np.frombuffer(final.pooled, dtype="<f4").tolist(), outputs)
 
 
 def _with_lora(params: SamplingParams | None, lora: str | None) -> SamplingParams | None:

@@ -159,7 +159,7 @@ class LLM:
         return registry
 
     def _check_lora_name(self, name: str) -> None:
-        if not isinstance(name, str) or name not in self._lora_registry().host:
+        if not isinstance(name, str) or name not in self._lora_registry().paths:
             raise ValueError(f"no LoRA adapter named {name!r} is loaded (loaded: "
                              f"{', '.join(self._lora_registry().names_loaded()) or 'none'})")
 

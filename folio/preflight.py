@@ -148,9 +148,6 @@ def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
     if config.max_cpu_loras is not None and config.max_cpu_loras < config.max_loras:
         raise SettingError("max_cpu_loras", f"({config.max_cpu_loras}) must be >= max_loras "
                            f"({config.max_loras})")
-    if len(config.lora_modules) > config.lora_capacity:
-        raise SettingError("lora_modules", f"gives {len(config.lora_modules)} adapters, more "
-                           f"than max_cpu_loras ({config.lora_capacity})")
     from folio.executor.lora.files import LoraError, lora_name_problem, plan_adapter
     from folio.executor.models.architectures import ARCHITECTURES
 

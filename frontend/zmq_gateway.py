@@ -65,15 +65,21 @@ class _ClientSink:
               logprobs: list[dict[str, Any]] | None) -> None:
         if self.stream:
             self.gateway.reply(self.client, m.encode_delta(self.client_id, text, token_ids,
-                                                           logprobs))
+                                                           logprobs, index))
 
     def final(self, result: FinalResult) -> None:
         self.gateway.forget(self.client, self.client_id)
         sample = result.samples[0]
+        samples = None if len(result.samples) == 1 else [
+            {"index": s.index, "text": s.text, "token_ids": s.token_ids,
+             "finish_reason": s.finish_reason, "stop_reason": s.stop_reason,
+             **({} if s.logprobs is None else {"logprobs": s.logprobs})}
+            for s in result.samples]
         payload = m.encode_final(
             self.client_id, sample.text, sample.token_ids, sample.finish_reason,
             result.prompt_tokens, sample.logprobs, sample.stop_reason, result.prompt_logprobs,
-            None if self.pooled is None or sample.pooled is None else self.pooled(sample.pooled))
+            None if self.pooled is None or sample.pooled is None else self.pooled(sample.pooled),
+            samples)
         if len(payload) > MAX_MESSAGE_BYTES:   # the client's socket would drop the connection
             payload = m.encode_error(self.client_id, RefusalCode.INVALID, (
                 f"the result ({len(payload)} bytes) exceeds the {MAX_MESSAGE_BYTES}-byte "
@@ -278,9 +284,6 @@ class ZmqGateway:
                 priority_problem(request.params.priority, self.priority_floor, False):
             reason = (RefusalCode.INVALID, priority_problem(request.params.priority,
                                                             self.priority_floor, False))
-        elif request.params.n != 1:
-            reason = (RefusalCode.INVALID, "n > 1 is not served over the SDK yet; send n "
-                      "requests, or use the HTTP API or folio.LLM")
         if reason is not None:
             self.reply(client, m.encode_error(request.id, *reason), request.id)
         return reason is not None

@@ -54,6 +54,7 @@ log = logging.getLogger("folio.scheduler")
 REREGISTER_PREFIX = "reregister:"   # update ids of loads this process asks for itself
 HEALTH_PROBES = frozenset({"stats_request", "kv_map_request"})   # answered; not a frontend
 STATS_MAX_AGE_S = 0.1   # stats answers within this long of each other share one computation
+# (unless a request finished between them)
 KV_MAP_MAX_AGE_S = 0.25   # the same for page maps (a walk of every block table)
 
 
@@ -293,7 +294,12 @@ class SchedulerService:
                 update.update_id, name, "the executor's connection is gone"))
 
     def _stats_reply(self) -> bytes:
-        return self.stats_reply.get(self.scheduler, lambda: m.encode_stats(self.stats()))
+        # Fresh after any request finished: its counters (prefix hits, finished) show at
+        # once to the client that got its answer and asks next.
+        scheduler = self.scheduler
+        finished = scheduler.counters["num_finished"] if scheduler is not None else 0
+        return self.stats_reply.get(scheduler, lambda: m.encode_stats(self.stats()),
+                                    version=finished)
 
     def _kv_map_reply(self) -> bytes:
         scheduler = self.scheduler

@@ -222,8 +222,9 @@ class EngineConfig(SchedulingPolicy):
         f"{SCORE_TOKENS_HELP} (Qwen3-Reranker); default: config.json's "
         "classifier_from_token", check=_score_tokens_problem, metavar="AGAINST,FOR")
     max_cpu_loras: int | None = setting(
-        None, "adapters held in host memory, loaded ones all counted (default: max-loras, "
-        "or the number of --lora-modules if more)", check=optional(positive_int))
+        None, "adapters held in host memory; more may be loaded, kept on disk and read "
+        "in again by use, the least recently used dropped first (default: max-loras, or "
+        "the number of --lora-modules if more)", check=optional(positive_int))
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

@@ -1,7 +1,9 @@
-"""The executor's LoRA adapters: held in host memory (at most --max-cpu-loras), copied to
-the device for the steps that use them (at most --max-loras there at once, the least
-recently used one dropped first), and grouped per step for the wrapped layers
-(executor/lora/layers.py; docs/lora.md)."""
+"""The executor's LoRA adapters: registered by name and path (any number), held in host
+memory as they are used (at most --max-cpu-loras; past that the least recently used one is
+dropped there and read from its files again when a request names it), copied to the device
+for the steps that use them (at most --max-loras there at once, the least recently used one
+dropped first), and grouped per step for the wrapped layers (executor/lora/layers.py;
+docs/lora.md)."""
 
 from __future__ import annotations
 
@@ -23,32 +25,53 @@ class LoraRegistry:
         self.config, self.names = config, names
         self.device, self.dtype = device, dtype
         self.max_loras, self.max_rank, self.capacity = max_loras, max_rank, capacity
-        self.host: dict[str, LoraWeights] = {}
+        self.paths: dict[str, str] = {}   # every registered adapter, in load order
+        self.host: OrderedDict[str, LoraWeights] = OrderedDict()   # least recently used first
         self.resident: OrderedDict[str, LoraWeights] = OrderedDict()
         self.step = LoraStep()
         wrap_lora_targets(model, self.step)
 
     def load(self, name: str, path: str) -> LoraWeights:
-        """Read an adapter into host memory; a LoraError names why not (nothing kept)."""
+        """Register an adapter, read whole (every check runs: a missing or broken one
+        raises LoraError naming why, and nothing of it is kept) into host memory."""
         problem = lora_name_problem(name)
         if problem is not None:
             raise LoraError(problem)
-        if name in self.host:
+        if name in self.paths:
             raise LoraError(f"an adapter named {name!r} is already loaded")
-        if len(self.host) >= self.capacity:
-            raise LoraError(f"{len(self.host)} adapters are loaded, the most --max-cpu-loras "
-                            f"({self.capacity}) allows; unload one first")
         weights = read_adapter(name, path, self.config, self.names, self.max_rank, self.dtype)
-        self.host[name] = weights
+        self.paths[name] = str(path)
+        self._hold(weights)
         return weights
 
     def unload(self, name: str) -> None:
-        if self.host.pop(name, None) is None:
+        if self.paths.pop(name, None) is None:
             raise LoraError(f"no adapter named {name!r} is loaded")
+        self.host.pop(name, None)
         self.resident.pop(name, None)
 
     def names_loaded(self) -> list[str]:
-        return list(self.host)
+        return list(self.paths)
+
+    def _hold(self, weights: LoraWeights) -> None:
+        """Keep `weights` in host memory, dropping the least recently used past capacity
+        (it stays registered: its files are read again when a request names it)."""
+        self.host[weights.name] = weights
+        self.host.move_to_end(weights.name)
+        while len(self.host) > self.capacity:
+            self.host.popitem(last=False)
+
+    def _in_host(self, name: str) -> LoraWeights:
+        weights = self.host.get(name)
+        if weights is not None:
+            self.host.move_to_end(name)
+            return weights
+        path = self.paths.get(name)
+        if path is None:   # the scheduler admits only loaded adapters' requests
+            raise LoraError(f"a request names adapter {name!r}, which is not loaded")
+        weights = read_adapter(name, path, self.config, self.names, self.max_rank, self.dtype)
+        self._hold(weights)
+        return weights
 
     def begin_step(self, scheduled) -> None:
         """Group the step's token rows by adapter; `scheduled`: (request, tokens) in the
@@ -88,9 +111,7 @@ class LoraRegistry:
         if weights is not None:
             self.resident.move_to_end(name)
             return weights
-        host = self.host.get(name)
-        if host is None:   # the scheduler admits only loaded adapters' requests
-            raise LoraError(f"a request names adapter {name!r}, which is not loaded")
+        host = self._in_host(name)
         while len(self.resident) >= self.max_loras:
             self.resident.popitem(last=False)
         weights = self.resident[name] = host.to(self.device)

@@ -27,7 +27,7 @@ from folio.frontend.openai.logprobs import completion_logprobs
 from folio.frontend.openai.requests import ChatRequest, CompletionRequest
 from folio.frontend.openai.structured_output import admit
 from folio.frontend.openai.tool_calls import ToolPlan, openai_calls
-from folio.frontend.openai.tool_parsers import stream_holdback
+from folio.frontend.openai.tool_stream.answer_stream import ToolStream
 from folio.shared.protocol.codes import RefusalCode
 from folio.shared.sampling_params import SamplingParams
 
@@ -376,53 +376,11 @@ def _chat_message(tools: ToolPlan, text: str, finish: str | None
     return message, _finish_reason(tools, calls, finish)
 
 
-class _ToolStream:
-    """One streamed choice's text under tool calling. Content is sent as it comes, up to
-    where a tool call may begin. A named call streams its arguments as they are written
-    (the first delta carries its id and name, OpenAI's shape); other calls go out whole,
-    each in one `tool_calls` entry, once the answer is complete."""
-
-    def __init__(self, tools: ToolPlan) -> None:
-        self.tools, self.text, self.sent = tools, "", 0
-        self.named_id: str | None = None
-
-    def feed(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        """(content to send now, tool_calls delta entries to send now)."""
-        self.text += text
-        if self.tools.mode == "named":
-            return "", self._named(text)
-        if self.tools.buffers:
-            return "", []
-        end = max(self.sent, stream_holdback(self.tools.parser, self.text))
-        out, self.sent = self.text[self.sent:end], end
-        return out, []
-
-    def finish(self) -> tuple[str, list[dict[str, Any]], bool]:
-        """(content not yet sent, tool_calls entries not yet sent, whether it called)."""
-        if self.tools.mode == "named":
-            return "", self._named("") if self.named_id is None else [], True
-        content, calls = self.tools.read(self.text)
-        if not calls:
-            return self.text[self.sent:], [], False
-        entries = [{"index": i, **call} for i, call in enumerate(openai_calls(calls))]
-        if self.tools.buffers:
-            return "", entries, True
-        end = max(self.sent, stream_holdback(self.tools.parser, self.text))
-        return self.text[self.sent:end], entries, True
-
-    def _named(self, text: str) -> list[dict[str, Any]]:
-        if self.named_id is None:
-            call = openai_calls([(self.tools.named, text)])[0]
-            self.named_id = call["id"]
-            return [{"index": 0, **call}]
-        return [{"index": 0, "function": {"arguments": text}}] if text else []
-
-
 async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
                        include_usage: bool, tools: ToolPlan) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created,
             "model": model}
-    streams = None if tools.mode == "none" else {i: _ToolStream(tools) for i in range(job.n)}
+    streams = None if tools.mode == "none" else {i: ToolStream(tools) for i in range(job.n)}
     pending = await _first_event(job)
     for index in range(job.n):
         yield _sse({**head, "choices": [{"index": index, "delta": {"role": "assistant",

@@ -21,9 +21,9 @@ from folio.shared.service_settings import TOOL_CALL_PARSERS
 Call = tuple[str, str]
 PARSERS = TOOL_CALL_PARSERS   # the formats read here; --tool-call-parser's choices
 
-_HERMES_START = "<tool_call>"
+HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
-_PYTHON_TAG = "<|python_tag|>"
+PYTHON_TAG = "<|python_tag|>"
 
 
 def _call(value: Any, arguments_keys: tuple[str, ...]) -> Call | None:
@@ -36,7 +36,7 @@ def _call(value: Any, arguments_keys: tuple[str, ...]) -> Call | None:
 
 
 def parse_hermes(text: str) -> tuple[str | None, list[Call]]:
-    start = text.find(_HERMES_START)
+    start = text.find(HERMES_START)
     if start < 0:
         return text, []
     calls = []
@@ -54,8 +54,8 @@ def parse_hermes(text: str) -> tuple[str | None, list[Call]]:
 
 def parse_llama3_json(text: str) -> tuple[str | None, list[Call]]:
     body = text.strip()
-    if body.startswith(_PYTHON_TAG):
-        body = body[len(_PYTHON_TAG):].lstrip()
+    if body.startswith(PYTHON_TAG):
+        body = body[len(PYTHON_TAG):].lstrip()
     if not body.startswith("{"):
         return text, []
     decoder, calls, at = json.JSONDecoder(), [], 0
@@ -81,17 +81,17 @@ def stream_holdback(parser: str, text: str) -> int:
     """Where streamed content must stop for now: the start of a (possible) tool call.
     Returns the index up to which `text` is surely content."""
     if parser == "hermes":
-        start = text.find(_HERMES_START)
+        start = text.find(HERMES_START)
         if start >= 0:
             return start
         # Hold back a tail that could be the beginning of "<tool_call>".
-        for keep in range(min(len(_HERMES_START) - 1, len(text)), 0, -1):
-            if _HERMES_START.startswith(text[-keep:]):
+        for keep in range(min(len(HERMES_START) - 1, len(text)), 0, -1):
+            if HERMES_START.startswith(text[-keep:]):
                 return len(text) - keep
         return len(text)
     stripped = text.lstrip()
     if not stripped:
         return 0
-    if stripped.startswith("{") or _PYTHON_TAG.startswith(stripped[:len(_PYTHON_TAG)]):
+    if stripped.startswith("{") or PYTHON_TAG.startswith(stripped[:len(PYTHON_TAG)]):
         return 0   # the answer is (or may be) a call: nothing streams as content
     return len(text)

@@ -23,6 +23,7 @@ MAX_TEXT_CHARS = 64 * 2**20   # a reply's text: bounded by the message size anyw
 MAX_MESSAGES = 1024
 MAX_DEADLINE_S = 86400.0
 POOLED_ANSWER_BYTES = 4 << 16   # an embedding of up to 65,536 float32s
+MAX_N = 2**31 - 1     # as params.n
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 _ID = Field("id", Str(), "request_id")
@@ -90,8 +91,18 @@ DELTA = Message("delta", (Link.GATEWAY_TO_CLIENT,), (
     Field("text", Str(MAX_TEXT_CHARS)),
     Field("token_ids", Ints(0, MAX_TOKEN_ID)),
     Field("logprobs", _LOGPROBS, default=None),
+    Field("index", Int(0, MAX_N), default=0),   # which of the request's n samples
 ), value="DeltaReply", table=True)
 
+# Each of a request's n samples, in `final.samples` (n > 1 only).
+SAMPLE = Shape("final.samples", (
+    Field("index", Int(0, MAX_N)),
+    Field("text", Str(MAX_TEXT_CHARS)),
+    Field("token_ids", Ints(0, MAX_TOKEN_ID)),
+    Field("finish_reason", Str(32)),
+    Field("stop_reason", Str(MAX_TEXT_CHARS), default=None, send_nil=True),
+    Field("logprobs", _LOGPROBS, default=None),
+), table=True)
 USAGE = Shape("final.usage", tuple(Field(k, Int()) for k in USAGE_FIELDS), table=False)
 FINAL = Message("final", (Link.GATEWAY_TO_CLIENT,), (
     _ID,
@@ -105,6 +116,8 @@ FINAL = Message("final", (Link.GATEWAY_TO_CLIENT,), (
     # A pooling request's answer, little-endian float32s: the embedding (truncated and
     # normalised as the model says) or the one score.
     Field("pooled", Bytes(POOLED_ANSWER_BYTES), default=None),
+    # n > 1: every sample, by index (the top-level fields repeat sample 0's)
+    Field("samples", ListOf(SAMPLE, MAX_TOKENS_PER_MESSAGE), default=None),
 ), value="FinalReply", table=True)
 
 ERROR = Message("error", (Link.GATEWAY_TO_CLIENT,), (
@@ -165,21 +178,26 @@ def encode_generate(request_id: str, params: SamplingParams, stream: bool,
 
 
 def encode_delta(request_id: str, text: str, token_ids: list[int],
-                 logprobs: list[dict[str, Any]] | None = None) -> bytes:
+                 logprobs: list[dict[str, Any]] | None = None, index: int = 0) -> bytes:
     return DELTA.pack(request_id=request_id, text=text, token_ids=token_ids,
-                      logprobs=logprobs)
+                      logprobs=logprobs, index=index or None)   # 0: left out
 
 
 def encode_final(request_id: str, text: str, token_ids: list[int], finish_reason: str,
                  prompt_tokens: int, logprobs: list[dict[str, Any]] | None = None,
                  stop_reason: str | None = None,
                  prompt_logprobs: list[dict[str, Any]] | None = None,
-                 pooled: bytes | None = None) -> bytes:
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(token_ids),
-             "total_tokens": prompt_tokens + len(token_ids)}
+                 pooled: bytes | None = None,
+                 samples: list[dict[str, Any]] | None = None) -> bytes:
+    """The top-level text, token_ids, reasons and logprobs are sample 0's; `samples` (n > 1
+    only) lists every sample as a map of SAMPLE's keys, and usage counts all of them."""
+    generated = len(token_ids) if samples is None else sum(len(s["token_ids"]) for s in samples)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+             "total_tokens": prompt_tokens + generated}
     return FINAL.pack(request_id=request_id, text=text, token_ids=token_ids,
                       finish_reason=finish_reason, stop_reason=stop_reason, usage=usage,
-                      logprobs=logprobs, prompt_logprobs=prompt_logprobs, pooled=pooled)
+                      logprobs=logprobs, prompt_logprobs=prompt_logprobs, pooled=pooled,
+                      samples=samples)
 
 
 def encode_error(request_id: str, code: RefusalCode | str, message: str) -> bytes:

@@ -227,7 +227,7 @@ def test_unknown_routes_and_methods_answer_in_the_error_envelope(healthy):
     with httpx.Client(base_url=healthy.base, timeout=10) as http:
         for method, path in (("GET", "/v1/completions"), ("GET", "/v1/chat/completions"),
                              ("POST", "/v1/models"), ("GET", "/v1/nope"),
-                             ("DELETE", "/v1/completions"), ("POST", "/v1/embeddings")):
+                             ("DELETE", "/v1/completions"), ("POST", "/v1/images/generations")):
             response = http.request(method, path)
             if response.status_code not in (404, 405):
                 problems.append(f"{method} {path}: HTTP {response.status_code}")

@@ -85,3 +85,32 @@ def test_a_mean_pooled_request_is_recomputed_not_swapped():
     scheduler._preempt(request, plan)   # as when a running request needs its blocks
     assert request.status.value == "waiting" and request.num_computed_tokens == 0
     assert scheduler.stats()["preemptions_recompute"] == 1
+
+
+def _run_pooled(scheduler: Scheduler) -> None:
+    """Steps until every (pooled) request ended: each gets its vector in the step that
+    computes its last prompt token, first chunk or later."""
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule()
+        planned = set(plan.running_handles) | {r.handle for r in plan.new_requests}
+        done = [r.handle for r in scheduler.requests.values()
+                if r.handle in planned and r.num_computed_tokens == r.prompt_len]
+        scheduler.update(plan, StepResult(step_id=plan.step_id,
+                                          pooled=[(h, VECTOR) for h in done]))
+
+
+def test_a_batch_of_pooled_prompts_in_chunks_leaves_each_one_cached():
+    # As /v1/embeddings with a list input: the prompts queued at once, computed in chunks
+    # that share steps; each one's full blocks stay findable after it ended and freed them.
+    scheduler = _scheduler(max_num_batched_tokens=8)
+    prompts = [list(range(1, 10)), list(range(20, 43)), [50]]
+    for index, prompt in enumerate(prompts):
+        scheduler.add_request(f"batch-{index}", prompt, LAST)
+    _run_pooled(scheduler)
+    assert scheduler.stats()["kv_blocks_used"] == 0
+    for prompt in prompts:
+        before = scheduler.stats()["prefix_cache_hits"]
+        scheduler.add_request("again", prompt, LAST)
+        _run_pooled(scheduler)
+        assert scheduler.stats()["prefix_cache_hits"] - before == (len(prompt) - 1) // 4 * 4
+    assert scheduler.stats()["kv_blocks_used"] == 0

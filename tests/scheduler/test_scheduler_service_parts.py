@@ -148,6 +148,17 @@ def test_one_answer_per_interval_and_a_new_source_is_seen_at_once():
     assert cache.get(None, lambda: b"%d" % next(builds)) == b"2"
 
 
+def test_a_new_version_is_seen_at_once():
+    # The service passes the finished-request count: a client that got its answer and asks
+    # next sees its request counted (its prefix hits), not an answer from before it.
+    cache = CachedReply(0.25, clock=Clock())
+    builds = itertools.count()
+    source = object()
+    first = cache.get(source, lambda: b"%d" % next(builds), version=3)
+    assert cache.get(source, lambda: b"%d" % next(builds), version=3) is first
+    assert cache.get(source, lambda: b"%d" % next(builds), version=4) == b"1"
+
+
 # ---- steps in flight --------------------------------------------------------------------
 
 @pytest.mark.parametrize("one_ahead", [False, True])

@@ -117,6 +117,32 @@ def test_chat_stream_n2_logprobs_and_usage(client):
     assert chunks[-1].usage.total_tokens == whole.usage.prompt_tokens + 8
 
 
+def test_sdk_serves_n_as_http(client, server):
+    """n > 1 over the ZeroMQ SDK: each sample its own output (and stream index), seeded
+    samples the same as the HTTP API's for the same request."""
+    prompt = "The for statement"
+    with Client(server.zmq_address) as sdk:
+        greedy = sdk.generate(prompt, SamplingParams(n=3, temperature=0, max_tokens=8))
+        seeded = sdk.generate(prompt, SamplingParams(n=2, temperature=1.0, seed=7,
+                                                     max_tokens=8))
+        streamed: dict[int, str] = {}
+        for delta in sdk.stream(prompt, SamplingParams(n=2, temperature=1.0, seed=7,
+                                                       max_tokens=8)):
+            streamed[delta.index] = streamed.get(delta.index, "") + delta.text
+    http_greedy = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8,
+                                            temperature=0)
+    http_seeded = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8,
+                                            temperature=1.0, seed=7, n=2)
+    assert [o.index for o in greedy.outputs] == [0, 1, 2]
+    assert [o.text for o in greedy.outputs] == [http_greedy.choices[0].text] * 3
+    assert greedy.text == greedy.outputs[0].text
+    assert greedy.usage.completion_tokens == 24
+    expected = [c.text for c in sorted(http_seeded.choices, key=lambda c: c.index)]
+    assert [o.text for o in seeded.outputs] == expected
+    assert expected[0] != expected[1]   # two samples, not one sent twice
+    assert streamed == dict(enumerate(expected))
+
+
 def test_stop_and_seed(client):
     plain = client.completions.create(model=MODEL, prompt="The while", max_tokens=16,
                                       temperature=0).choices[0].text

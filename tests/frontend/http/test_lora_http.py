@@ -161,6 +161,26 @@ def test_a_bad_file_is_a_400_while_a_stream_goes_on(server, adapters, tmp_path):
     stream.close()
 
 
+def test_adapters_past_max_cpu_loras_load_and_answer_in_turn(server, lora_adapters,
+                                                             long_llama_dir, lora_expected):
+    # The server holds two adapters in host memory (--max-cpu-loras 2) and has one or two
+    # loaded already: four more load anyway, and each answers as transformers + PEFT does
+    # with it, in turn and back again, its weights read from disk again once dropped.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(long_llama_dir))
+    extra = {"c": "all", "d": "qv-down", "e": "attn", "f": "mlp"}
+    for name, adapter in extra.items():
+        answer = _post(server, "/v1/load_lora_adapter", {"lora_name": name,
+                                                         "lora_path": str(lora_adapters[adapter])})
+        assert answer.status_code == 200, answer.text
+    client = openai_client(server, KEY)
+    for name in [*extra, *reversed(extra)]:
+        assert _complete(client, name) == tokenizer.decode(lora_expected[extra[name]][0]), name
+    for name in extra:
+        assert _post(server, "/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200
+
+
 def test_the_replica_router_hashes_an_adapters_prompt_apart():
     # As the scheduler does: the same prompt under an adapter matches nothing the base
     # model (or another adapter) left on a replica.

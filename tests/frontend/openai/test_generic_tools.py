@@ -84,6 +84,29 @@ def test_auto_answers_are_words_or_valid_calls(client):
             assert not choice.message.content.startswith('{"response"')
             kinds.add("words")
     assert kinds, "every answer ran out of tokens"
+    # Streamed, the same answers: calls in argument pieces, words as content (an answer
+    # cut short by max_tokens is not a call unstreamed, while its pieces went out).
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                            max_tokens=200, temperature=1.0, n=6, seed=3,
+                                            stream=True)
+    content: dict[int, str] = {}
+    calls: dict[int, dict[int, list]] = {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            content[choice.index] = content.get(choice.index, "") + (choice.delta.content or "")
+            for part in choice.delta.tool_calls or []:
+                pieces = calls.setdefault(choice.index, {}).setdefault(part.index, [])
+                pieces.append(part.function.name or part.function.arguments)
+    ended = [choice for choice in answer.choices if choice.finish_reason != "length"]
+    for choice in ended:
+        whole = [(c.function.name, c.function.arguments)
+                 for c in choice.message.tool_calls or []]
+        streamed = [(p[0], "".join(p[1:])) for _, p in
+                    sorted(calls.get(choice.index, {}).items())]
+        assert streamed == whole
+        assert all(len(p) > 2 for p in calls.get(choice.index, {}).values())
+        if not whole:
+            assert content[choice.index] == choice.message.content
     # The tools are in the prompt: it is longer than the same chat without them.
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)
     assert answer.usage.prompt_tokens > plain.usage.prompt_tokens + 50

@@ -103,28 +103,45 @@ def test_required_and_named_calls_are_always_valid(client):
         {"zone": "UTC"}, {"zone": "CET"})
 
 
+def _accumulated(stream) -> tuple[str, dict[int, dict], str | None]:
+    """(content, calls by index with their argument pieces, finish_reason) of a stream,
+    checking OpenAI's shape: a call's first delta carries id, type and name (arguments
+    ""), the later ones argument pieces only."""
+    content, calls, finish = "", {}, None
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for part in delta.tool_calls or []:
+            if part.index not in calls:
+                assert part.id.startswith("call_") and part.type == "function"
+                assert part.function.name and part.function.arguments == ""
+                calls[part.index] = {"name": part.function.name, "pieces": []}
+            else:
+                assert part.id is None and part.function.name is None
+                calls[part.index]["pieces"].append(part.function.arguments)
+        finish = chunk.choices[0].finish_reason or finish
+    return content, calls, finish
+
+
 @pytest.mark.slow
 def test_streamed_calls_arrive_as_tool_call_deltas(client):
     for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
-        stream = client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice=choice,
-            max_tokens=200, temperature=1.0, seed=5, stream=True)
-        calls: dict[int, dict] = {}
-        finish, parts = None, 0
-        for chunk in stream:
-            delta = chunk.choices[0].delta
-            assert not delta.content   # calls only: no text streams as content
-            parts += len(delta.tool_calls or [])
-            for part in delta.tool_calls or []:
-                entry = calls.setdefault(part.index, {"name": "", "arguments": ""})
-                entry["name"] += part.function.name or ""
-                entry["arguments"] += part.function.arguments or ""
-            finish = chunk.choices[0].finish_reason or finish
+        request = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice=choice,
+                       max_tokens=200, temperature=1.0, seed=5)
+        whole = client.chat.completions.create(**request).choices[0].message.tool_calls
+        content, calls, finish = _accumulated(
+            client.chat.completions.create(**request, stream=True))
+        assert not content   # calls only: no text streams as content
         assert calls and finish in ("tool_calls", "stop")
-        if choice != "required":   # a named call's arguments stream as they are written
-            assert parts > 2 and calls[0]["name"] == "get_time"
+        # The arguments stream in pieces as they are generated, and the pieces make the
+        # non-streamed answer's arguments exactly.
+        assert [(c["name"], "".join(c["pieces"])) for _, c in sorted(calls.items())] == \
+            [(c.function.name, c.function.arguments) for c in whole]
+        assert all(len(c["pieces"]) > 1 for c in calls.values())
+        if choice != "required":
+            assert calls[0]["name"] == "get_time"
         for entry in calls.values():
-            jsonschema.validate(json.loads(entry["arguments"]), SCHEMAS[entry["name"]])
+            jsonschema.validate(json.loads("".join(entry["pieces"])), SCHEMAS[entry["name"]])
 
 
 @pytest.mark.slow
@@ -144,13 +161,21 @@ def test_auto_parses_a_hermes_call_the_model_writes_streamed_and_not(client):
     stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
                                             max_tokens=120, temperature=0, stream=True,
                                             extra_body=extra)
-    content, calls = "", []
-    for chunk in stream:
-        delta = chunk.choices[0].delta
-        content += delta.content or ""
-        calls += delta.tool_calls or []
+    content, calls, finish = _accumulated(stream)
     assert content.strip() == "Let me check." and "<tool_call" not in content
-    assert [c.function.name for c in calls] == ["get_weather"]
+    assert finish == "tool_calls" and [c["name"] for c in calls.values()] == ["get_weather"]
+    assert len(calls[0]["pieces"]) > 3   # in pieces as written, not whole at the end
+    assert "".join(calls[0]["pieces"]) == call.function.arguments
+    # The openai client's stream helper sees the same pieces and the same final call.
+    with client.chat.completions.stream(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                        max_tokens=120, temperature=0,
+                                        extra_body=extra) as helper:
+        deltas = [event.arguments_delta for event in helper
+                  if event.type == "tool_calls.function.arguments.delta"]
+        final = helper.get_final_completion().choices[0].message.tool_calls[0]
+    assert len(deltas) > 3 and "".join(deltas) == call.function.arguments
+    assert (final.function.name, final.function.arguments) == \
+        ("get_weather", call.function.arguments)
     # Plain text under auto stays content, with no tool_calls.
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
                                            max_tokens=8, temperature=0,

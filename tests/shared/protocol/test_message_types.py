@@ -88,7 +88,13 @@ def test_each_socket_accepts_its_links_types_only():
 
 def test_the_sdk_decodes_delta_and_final_replies_and_refuses_malformed_ones():
     delta = m.decode_delta(_body(m.encode_delta("c", "hi", [5, 6])))
-    assert delta == ("c", "hi", [5, 6], None)
+    assert delta == ("c", "hi", [5, 6], None, 0)
+    assert m.decode_delta(_body(m.encode_delta("c", "x", [7], index=2))).index == 2
+    samples = [{"index": i, "text": t, "token_ids": ids, "finish_reason": "length",
+                "stop_reason": None} for i, t, ids in ((1, "b", [8, 9, 10]), (0, "a", [7]))]
+    pair = m.decode_final(_body(m.encode_final("c", "a", [7], "length", 3, samples=samples)))
+    assert pair.usage["completion_tokens"] == 4   # every sample's tokens
+    assert sorted((s["index"], s["text"]) for s in pair.samples) == [(0, "a"), (1, "b")]
     final = m.decode_final(_body(m.encode_final("c", "hi", [5, 6], "length", 3,
                                                 logprobs=[{"token_id": 5}],
                                                 stop_reason=None)))
