@@ -106,7 +106,8 @@ def plot(png: str, runs: list[str]) -> None:
                     label=label if row == 0 else None)
             left += ms
     ax.set_yticks(range(len(results)),
-                  [f"{r['label']}: {r['users']} users" for r in results])
+                  [f"{r['label']}: {r['users']} user{'s' if r['users'] != 1 else ''}"
+                   for r in results])
     ax.set_xlabel("ms per step (profiled run / output tokens)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, fontsize=8)
     fig.tight_layout()

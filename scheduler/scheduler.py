@@ -448,6 +448,11 @@ class Scheduler:
         adapters: set[str] | None = None   # the running requests' adapters, once needed
         while index < len(waiting) and budget > 0 and len(self.running) < max_seqs:
             request = waiting[index]
+            if request.num_pending:
+                # Preempted while a step that samples for it is in flight: it goes back in
+                # once that result has arrived (a request is sent with no token in flight).
+                index += 1
+                continue
             lora = request.sampling.lora
             if lora is not None:
                 if adapters is None:
