@@ -134,6 +134,16 @@ def test_one_process_shares_one_cap_over_its_connections(server):
                 assert pool.apply(_one_request, (server.zmq_address,)) == 4
             for stream in streams:
                 await stream.aclose()
+            # Closing a stream aborts its request; the cap comes back as each abort is
+            # confirmed (observed: this process is served again).
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    assert len((await second.generate([1, 2, 3], GREEDY)).token_ids) == 4
+                    break
+                except QueueFull:
+                    assert time.monotonic() < deadline, "the aborted requests kept the cap"
+                    await asyncio.sleep(0.05)
 
     asyncio.run(main())
 

@@ -19,8 +19,8 @@ HEAVY = 6
 
 
 @pytest.fixture(scope="module")
-def server(llama_dir, tmp_path_factory):
-    with serving(llama_dir, tmp_path_factory.mktemp("turns"), "--api-key", KEY,
+def server(long_llama_dir, tmp_path_factory):
+    with serving(long_llama_dir, tmp_path_factory.mktemp("turns"), "--api-key", KEY,
                  "--priority-api-key", PRIORITY_KEY, "--scheduling-policy", "priority",
                  "--max-num-seqs", "1", "--dtype", "float32") as server:
         yield server
@@ -49,28 +49,49 @@ def _waiting(server) -> float:
     return float(line.split()[-1])
 
 
+def _stream_until(server, key: str, name: str, started: list[str], release: threading.Event,
+                  max_tokens: int) -> None:
+    """Streams a completion; notes `name` at its first token (one seat: the order of first
+    tokens is the order of admission); reads on (a client that stops reading is cut off)
+    until `release` is set, then hangs up (an abort)."""
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.base}/v1/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {key}"}) as answer:
+        assert answer.status_code == 200, answer.read()
+        for line in answer.iter_lines():
+            if line.startswith("data: {") and name not in started:
+                started.append(name)
+            if name in started and release.is_set():
+                break
+
+
 def test_a_second_client_is_not_queued_behind_the_first_ones_requests(server):
-    done: list[str] = []
-    lock = threading.Lock()
-
-    def run(name: str, key: str, max_tokens: int) -> None:
-        answer = _complete(server, key, max_tokens=max_tokens, ignore_eos=True)
-        assert answer.status_code == 200, answer.text
-        with lock:
-            done.append(name)
-
-    # Each heavy request runs 48 steps: the poll below sees its queue while the first runs.
-    heavy = [threading.Thread(target=run, args=(f"heavy{i}", KEY, 48)) for i in range(HEAVY)]
+    started: list[str] = []
+    release = threading.Event()
+    # The heavy client's requests would run for 30 000 tokens: each holds the one seat until
+    # the test hangs it up, so the queue below is there at any speed.
+    heavy = [threading.Thread(target=_stream_until,
+                              args=(server, KEY, f"heavy{i}", started, release, 30_000))
+             for i in range(HEAVY)]
     for thread in heavy:
         thread.start()
-    deadline = time.monotonic() + 120
-    while _waiting(server) < HEAVY - 1:   # one runs, the rest wait
-        assert time.monotonic() < deadline, "the heavy client's requests never queued"
-        time.sleep(0.05)
-    light = threading.Thread(target=run, args=("light", PRIORITY_KEY, 4))
+    _wait_for_waiting(server, HEAVY - 1)   # one runs, the rest wait
+    light = threading.Thread(target=_stream_until,
+                             args=(server, PRIORITY_KEY, "light", started, release, 4))
     light.start()
+    _wait_for_waiting(server, HEAVY)
+    release.set()   # the running one hangs up; each admitted after it hangs up at once
     for thread in [*heavy, light]:
         thread.join()
-    # FCFS would finish it last; taking turns, it starts now: only the heavy requests
+    # FCFS would admit it last; taking turns, it goes next: only the heavy requests
     # already due (their client's clock behind this step) go first.
-    assert done.index("light") <= 2, done
+    assert sorted(started) == sorted([*(f"heavy{i}" for i in range(HEAVY)), "light"])
+    assert started.index("light") <= 2, started
+
+
+def _wait_for_waiting(server, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while _waiting(server) < count:
+        assert time.monotonic() < deadline, f"never {count} requests waiting"
+        time.sleep(0.05)
