@@ -43,7 +43,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
             tp.parallelize(model)
     if config.prequantized is not None:   # no float weight for the layers held quantized
         leave_unallocated(model, quantized_params(model_dir, weight_names))
-    model = model.to_empty(device=device).to(dtype)
+    model = materialize(model, device, dtype)
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)   # elements written, to tell a complete checkpoint
     seen: set[tuple] = set()
@@ -111,3 +111,20 @@ def _fused_sizes(name: str, param: torch.Tensor, expert: int | None,
         return [config.num_heads * config.head_dim, kv, kv]
     rows = param.shape[1] if expert is not None else param.shape[0]
     return [rows // 2, rows // 2]
+
+
+def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """`model.to_empty(device=device).to(dtype)` for a model built on the meta device:
+    uninitialized tensors, floating ones in `dtype`, each module's its own (as to_empty
+    gives). Written out because to_empty goes through torch's reference empty_like, whose
+    first call imports sympy: half a second of every executor's start."""
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is None:
+                    continue
+                made = torch.empty(tensor.shape, device=device, dtype=(
+                    dtype if tensor.is_floating_point() else tensor.dtype))
+                table[name] = (nn.Parameter(made, requires_grad=tensor.requires_grad)
+                               if isinstance(tensor, nn.Parameter) else made)
+    return model

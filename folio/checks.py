@@ -21,7 +21,7 @@ from folio.executor.quantization.gguf.file import (check_gguf_file, is_directory
                                                    is_gguf)
 from folio.flags import config_of, config_values
 from folio.preflight import check_engine, check_ports_free
-from folio.scheduler.service import SchedulerServiceConfig
+from folio.scheduler.service_config import SchedulerServiceConfig
 from folio.command_settings import (SERVE_SCHEDULER_SKIP, ExecutorLinks, KeysSettings,
                             ProbeSettings, ServeSettings)
 from folio.shared.config import EngineConfig, SettingError, policy_values

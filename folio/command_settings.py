@@ -14,7 +14,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from folio.placement import PLACEMENTS
-from folio.scheduler.service import SchedulerServiceConfig
+from folio.scheduler.service_config import SchedulerServiceConfig
 from folio.planner.command import PlanSettings
 from folio.planner.simulator.command import SimulateSettings
 from folio.shared.config import EngineConfig, SchedulingPolicy

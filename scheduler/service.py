@@ -21,7 +21,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass
 
 import zmq
 
@@ -34,17 +33,16 @@ from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.reply_cache import CachedReply
 from folio.scheduler.request_failure import fail_requests
 from folio.scheduler.scheduler import Scheduler
+from folio.scheduler.service_config import SchedulerServiceConfig
 from folio.scheduler.shutdown import ShutdownDrain
 from folio.scheduler.spec_decode import SpecLog
 from folio.scheduler.steps_in_flight import StepsInFlight
 from folio.shared.protocol import messages as m
 from folio.shared.protocol.codes import RefusalCode
-from folio.shared.config import ExecutorCapacity, SchedulerConfig, SchedulingPolicy
-from folio.shared.kv_events_config import kv_events_problem, parse_kv_events_config
+from folio.shared.config import ExecutorCapacity, SchedulerConfig
+from folio.shared.kv_events_config import parse_kv_events_config
 from folio.shared.security import (EXECUTOR, FRONTEND, load_keys, make_server,
                                    start_authenticator, stop_authenticator)
-from folio.shared.service_settings import ShutdownSettings, TransportSettings
-from folio.shared.settings import above, optional, positive_int, setting
 from folio.shared.transport import (DOWN_EVENTS, check_bind_address, configure,
                                     read_monitor_event)
 from folio.shared.protocol.wire import ProtocolError
@@ -56,45 +54,6 @@ HEALTH_PROBES = frozenset({"stats_request", "kv_map_request"})   # answered; not
 STATS_MAX_AGE_S = 0.1   # stats answers within this long of each other share one computation
 # (unless a request finished between them)
 KV_MAP_MAX_AGE_S = 0.25   # the same for page maps (a walk of every block table)
-
-
-def an_address(value: str) -> str | None:
-    return None if value else "must be an address, e.g. ipc:///run/folio/x.sock"
-
-
-@dataclass(frozen=True, kw_only=True)
-class SchedulerServiceConfig(SchedulingPolicy, TransportSettings, ShutdownSettings):
-    """The scheduling policy (shared with EngineConfig), the link and shutdown settings every
-    process has, and this process's own; `folio scheduler`'s flags are generated from these
-    fields, and SchedulingPolicy's __post_init__ runs every field's declared check."""
-
-    frontend_address: str = setting(MISSING, "where frontends connect (this process binds it)",
-                                     check=an_address)
-    executor_address: str = setting(MISSING, "where the executor connects (this process "
-                                    "binds it)", check=an_address)
-    max_queued_requests: int | None = setting(
-        None, "refuse new requests (queue full) past this many waiting, not counting those "
-        "that free running seats (max-num-seqs) will take (default: no limit)",
-        check=optional(positive_int))
-    max_queued_tokens: int | None = setting(
-        None, "... or past this many prompt tokens waiting (default: no limit)",
-        check=optional(positive_int))
-    executor_timeout_s: float = setting(
-        2.0, "seconds without an executor heartbeat before it is dead", "executor-timeout",
-        check=above(0, " seconds"))
-    step_timeout_s: float = setting(
-        60.0, "seconds a step may take before the executor is declared hung", "step-timeout",
-        check=above(0, " seconds"))
-    kv_events_config: str | None = setting(
-        None, "publish the prefix cache's changes as vLLM's KV events: JSON with vLLM's "
-        "KVEventsConfig keys, e.g. '{\"enable_kv_cache_events\": true, \"publisher\": "
-        "\"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", \"replay_endpoint\": "
-        "\"tcp://127.0.0.1:5558\"}' (default: none published)", metavar="JSON",
-        check=kv_events_problem)
-    async_scheduling: bool = setting(
-        True, "keep one step in flight: send the plan of step N+1 before the result of "
-        "step N arrives, hiding the hop")
-
 
 
 class SchedulerService:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from folio.executor.model_config import ModelConfig
+from folio.executor.model_loader import materialize
 from folio.executor.models.hybrid.model import HybridCausalLM
 from folio.executor.ops import KernelOps
 from folio.executor.weights import iterate_weights
@@ -23,7 +24,7 @@ def load_hybrid_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps
                       max_positions: int) -> HybridCausalLM:
     with torch.device("meta"):
         model = HybridCausalLM(config, ops, max_positions)
-    model = model.to_empty(device=device).to(dtype)
+    model = materialize(model, device, dtype)
     params = dict(model.named_parameters())
     filled: set[str] = set()
     for name, tensor in iterate_weights(model_dir):
