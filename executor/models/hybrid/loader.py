@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from folio.executor.model_config import ModelConfig
-from folio.executor.model_loader import materialize
+from folio.executor.materialize import materialize
 from folio.executor.models.hybrid.model import HybridCausalLM
 from folio.executor.ops import KernelOps
 from folio.executor.weights import iterate_weights
