@@ -137,7 +137,14 @@ def test_tp2_over_two_hosts_matches_one_rank_and_transformers(hosts, keys, tmp_p
     assert "node 1 of 2: ranks [1] joining the group" in nodes.node_log.read_text()
 
 
-@pytest.mark.parametrize("loss", ["killed", "unplugged"])
+# "killed" (host B's node dies, its connections close; `folio serve` restarts rank 0, which
+# waits in the rendezvous until the node is started again) runs on its own with
+# FOLIO_TEST_ALL_LOSSES=1: a killed rank is the suite's in test_tensor_parallel.py already, and
+# the ten-minute budget keeps the loss only two hosts can show.
+LOSSES = ["killed", "unplugged"] if os.environ.get("FOLIO_TEST_ALL_LOSSES") else ["unplugged"]
+
+
+@pytest.mark.parametrize("loss", LOSSES)
 def test_a_lost_node_fails_in_flight_requests_and_the_group_comes_back(hosts, keys, tmp_path,
                                                                        long_llama_dir, loss):
     """killed: host B's node and its rank die (their connections close); `folio serve`
