@@ -233,25 +233,19 @@ class HybridAttention(nn.Module):
         return out_proj(out)
 
 
-class Qwen35Mlp(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+class GatedMlp(nn.Module):
+    """down(silu(gate(x)) * up(x)), its three weights under the checkpoint's names:
+    Qwen3.5's gate_proj / up_proj / down_proj (the defaults), LFM2's w1 / w3 / w2."""
+
+    def __init__(self, config: ModelConfig, gate: str = "gate_proj", up: str = "up_proj",
+                 down: str = "down_proj") -> None:
         super().__init__()
         size, inter = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(size, inter, bias=False)
-        self.up_proj = nn.Linear(size, inter, bias=False)
-        self.down_proj = nn.Linear(inter, size, bias=False)
+        self.names = (gate, up, down)
+        for name, (inputs, outputs) in zip(self.names, ((size, inter), (size, inter),
+                                                        (inter, size))):
+            self.add_module(name, nn.Linear(inputs, outputs, bias=False))
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Lfm2Mlp(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        size, inter = config.hidden_size, config.intermediate_size
-        self.w1 = nn.Linear(size, inter, bias=False)
-        self.w3 = nn.Linear(size, inter, bias=False)
-        self.w2 = nn.Linear(inter, size, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up, down = (self._modules[name] for name in self.names)
+        return down(F.silu(gate(x)) * up(x))
