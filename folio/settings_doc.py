@@ -40,7 +40,7 @@ INTRO = """# Configuration
 Every setting of every `folio` command, generated from the settings' declarations
 (`python -m folio.settings_doc` writes this page; do not edit it by hand). Each setting is
 declared once, with its default, help sentence and check, beside the code that uses it:
-the engine's in `shared/config.py`, the scheduler process's in `scheduler/service.py`, the
+the engine's in `shared/config.py`, the scheduler process's in `scheduler/service_config.py`, the
 transport, shutdown, client-limit and HTTP settings in `shared/service_settings.py`, and
 those only the command line has in `folio/command_settings.py`.
 

@@ -186,3 +186,13 @@ def test_lora_kernel_bench_compares_equal_forms():
     assert [(r["tokens"], r["adapters"]) for r in rows] == [
         (t, a) for t in (32, 256) for a in (1, 4, 8)]
     assert all(r["grouped_ms"] > 0 and r["bmm_ms"] > 0 for r in rows)
+
+
+def test_startup_bench_times_a_start_and_a_stop():
+    done = _bench("bench/startup.py", "--rounds", "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    figures = lines[0]
+    assert figures["ready_s"] > 0 and figures["stopped_s"] > 0
+    assert {"serve_cpu_s", "scheduler_cpu_s", "executor_cpu_s", "frontend_cpu_s"} <= set(figures)
+    assert lines[-1]["median"]["ready_s"] == figures["ready_s"]
