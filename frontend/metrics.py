@@ -89,7 +89,7 @@ def _speculative(stats: dict[str, Any]):
 
 
 def _state_slots(stats: dict[str, Any]):
-    """A hybrid model's recurrent state slots (scheduler/state_slots.py), when it has them."""
+    """A hybrid model's recurrent state slots (scheduler/kv/state_slots.py), when it has them."""
     if "state_slots_total" not in stats:
         return
     yield GaugeMetricFamily("folio:state_slots_total", "Recurrent state slots (hybrid model)",

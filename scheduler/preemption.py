@@ -16,7 +16,7 @@ from folio.shared.config import SchedulerConfig
 
 def should_swap(config: SchedulerConfig, num_computed_tokens: int, num_blocks: int,
                 free_swap_blocks: int) -> bool:
-    # A hybrid's recurrent state is not swapped: recompute (scheduler/kv_manager.py).
+    # A hybrid's recurrent state is not swapped: recompute (scheduler/kv/kv_manager.py).
     if (config.preemption_mode == "recompute" or num_blocks > free_swap_blocks
             or config.num_state_slots):
         return False

@@ -1,5 +1,5 @@
 """A request as the scheduler sees it: token ids, token counts and state. Its blocks are
-not here: KVCacheManager holds every block table (scheduler/kv_manager.py), keyed by the
+not here: KVCacheManager holds every block table (scheduler/kv/kv_manager.py), keyed by the
 request's handle."""
 
 from __future__ import annotations

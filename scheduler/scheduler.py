@@ -24,7 +24,7 @@ A waiting request that the LoRA slot limit (max_loras) holds back does not hold 
 requests behind it that fit (as vLLM skips it), but at most max_num_seqs of them pass it
 before the queue waits for its adapter's turn again: it is not starved.
 
-Block tables are KVCacheManager's alone (scheduler/kv_manager.py holds and writes them):
+Block tables are KVCacheManager's alone (scheduler/kv/kv_manager.py holds and writes them):
 this module works in token counts, asks it for slots, forks and swaps, puts the pairs it
 returns in the plan, and asks it for a request's table when the plan sends it whole.
 
@@ -42,7 +42,7 @@ registrations back (discard_unconfirmed).
 
 Sliding-window models (the executor's hello says so only when EVERY layer is windowed):
 each time a request is scheduled, its blocks wholly before its next token's window are
-released and their entries name the null block (scheduler/kv_manager.py). A request then
+released and their entries name the null block (scheduler/kv/kv_manager.py). A request then
 holds at most config.window_peak_blocks blocks; admission asks only for that many, and when
 the pool holds that peak a prompt may be longer than the pool (max_request_len). Swapping
 moves only the live blocks; a fork shares only the blocks its first token's window reads.
@@ -61,12 +61,12 @@ from collections import deque
 from dataclasses import dataclass, replace
 from itertools import repeat
 
-from folio.scheduler.block_pool import BlockPool
+from folio.scheduler.kv.block_pool import BlockPool
 from folio.scheduler.fairness.aging import aged
 from folio.scheduler.fairness.client_clocks import ClientClocks
 from folio.scheduler.kv_events import KVEventLog
-from folio.scheduler.kv_manager import CachedPrefix, KVCacheManager
-from folio.scheduler.kv_map import build_kv_map
+from folio.scheduler.kv.kv_manager import CachedPrefix, KVCacheManager
+from folio.scheduler.kv.kv_map import build_kv_map
 from folio.scheduler.preemption import should_swap
 from folio.scheduler.request import Request, RequestStatus
 from folio.scheduler.spec_decode import DraftPlanner
@@ -399,7 +399,7 @@ class Scheduler:
         }
 
     def kv_map(self) -> dict:
-        """Every block's state and owner, every request's table (scheduler/kv_map.py)."""
+        """Every block's state and owner, every request's table (scheduler/kv/kv_map.py)."""
         return build_kv_map(self.kv, self.config, running=self.running, swapped=self.swapped,
                             waiting=self.waiting, num_requests=len(self.requests),
                             steps=self._next_step,

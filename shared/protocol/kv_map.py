@@ -65,7 +65,7 @@ PAGE_MAP = Shape("kv_map.map", (
         default=None),
     Field("blocks", BLOCKS, default=None),   # absent for a pool too large for these arrays
     Field("swap", SWAP, default=None),
-    # A hybrid model's recurrent state slots (scheduler/state_slots.py): the bytes of one,
+    # A hybrid model's recurrent state slots (scheduler/kv/state_slots.py): the bytes of one,
     # and per slot the index in `requests` of the request holding it, -1 when free.
     Field("state_slots", Shape("kv_map.state_slots", (
         Field("slot_bytes", Int(0)), Field("owner", _OWNERS)), table=False), default=None),
@@ -74,7 +74,7 @@ PAGE_MAP = Shape("kv_map.map", (
 
 
 def encode_kv_map(snapshot: dict[str, Any] | None, request_id: str | None = None) -> bytes:
-    """The scheduler's page map (scheduler/kv_map.py), or {} without an executor; with
+    """The scheduler's page map (scheduler/kv/kv_map.py), or {} without an executor; with
     request_id, the frontend's reply to a client's kv_map."""
     return KV_MAP.pack(map=snapshot or {}, request_id=request_id)
 

@@ -16,7 +16,7 @@ _FIELDS = (
         "swap_blocks_total", "swap_blocks_free", "num_running", "num_waiting", "num_swapped",
         "steps", "preemptions_recompute", "preemptions_swap", "prefix_cache_queries",
         "prefix_cache_hits", "num_finished", "forks")),
-    # A hybrid model's recurrent state slots (scheduler/state_slots.py), present for one.
+    # A hybrid model's recurrent state slots (scheduler/kv/state_slots.py), present for one.
     Field("state_slots_total", Int(0), default=None),
     Field("state_slots_used", Int(0), default=None),
     Field("state_checkpoints", Int(0), default=None),

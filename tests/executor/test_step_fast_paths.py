@@ -28,10 +28,10 @@ import msgpack
 import pytest
 
 from bench.step_overhead import SCHEDULER_STAGES, breakdown_repeated
-from folio.scheduler.block_pool import BlockPool
-from folio.scheduler.block_table import NEVER
-from folio.scheduler.kv_manager import KVCacheManager
-from folio.scheduler.prefix_cache import CachedPrefix
+from folio.scheduler.kv.block_pool import BlockPool
+from folio.scheduler.kv.block_table import NEVER
+from folio.scheduler.kv.kv_manager import KVCacheManager
+from folio.scheduler.kv.prefix_cache import CachedPrefix
 from folio.scheduler.request import Request
 from folio.scheduler.scheduler import Scheduler
 from folio.shared.protocol import messages as m

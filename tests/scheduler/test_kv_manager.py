@@ -9,9 +9,9 @@ import itertools
 
 import pytest
 
-from folio.scheduler.block_pool import OutOfBlocks
-from folio.scheduler.kv_manager import KVCacheManager
-from folio.scheduler.prefix_cache import CachedPrefix
+from folio.scheduler.kv.block_pool import OutOfBlocks
+from folio.scheduler.kv.kv_manager import KVCacheManager
+from folio.scheduler.kv.prefix_cache import CachedPrefix
 from folio.scheduler.request import Request
 from folio.shared.config import SchedulerConfig
 from folio.shared.sampling_params import SamplingParams

@@ -24,8 +24,8 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from folio.scheduler.block_pool import BlockPool, chain_hash
-from folio.scheduler.block_table import NEVER
+from folio.scheduler.kv.block_pool import BlockPool, chain_hash
+from folio.scheduler.kv.block_table import NEVER
 from folio.scheduler.kv_events import KVEventLog
 from folio.scheduler.request import RequestStatus
 from folio.scheduler.scheduler import Scheduler
@@ -59,7 +59,7 @@ def configs(draw) -> SchedulerConfig:
     prefill_tokens_per_s = block_size / draw(st.sampled_from([8, 4, 8 / 3]))
     # Every layer windowed (the scheduler frees blocks behind the window), or not.
     sliding_window = draw(st.sampled_from([None, None, 1, 3, 6, 13, 39]))
-    # A hybrid model (scheduler/state_slots.py): one recurrent state slot per admitted
+    # A hybrid model (scheduler/kv/state_slots.py): one recurrent state slot per admitted
     # request, fewer slots than seats or more; its full-attention layers have no window and
     # the engine refuses speculation for it.
     state_slots = draw(st.sampled_from([0, 0, 0, 1, 3, 8]))
@@ -414,7 +414,7 @@ def check_scheduler(driver: Driver) -> None:
         assert request.prompt_len == len(request.prompt_token_ids), request
         assert request.num_tokens == len(tokens), request
         assert request.stop_num_tokens == request.prompt_len + request.stop_length_at
-        # So do the manager's (scheduler/block_table.py), read in its own rows: nothing
+        # So do the manager's (scheduler/kv/block_table.py), read in its own rows: nothing
         # outside it reads them.
         row = kv._tables.get(request.handle)
         if request.status is RequestStatus.RUNNING:

@@ -2,7 +2,7 @@
 
 Slot s of every recurrent layer holds one request's state: the convolution window
 [C, K-1] (model dtype) and, for a Gated DeltaNet layer, its [H, Dk, Dv] matrices (float32).
-The scheduler owns the slots (scheduler/state_slots.py) and sends a request's slot once,
+The scheduler owns the slots (scheduler/kv/state_slots.py) and sends a request's slot once,
 with the request (docs/protocol.md, plan `n.st`); a request whose first token computed is
 position 0 starts from zeros, so a slot is never cleared when it changes owner."""
 

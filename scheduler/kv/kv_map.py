@@ -16,7 +16,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from folio.scheduler.kv_manager import KVCacheManager
+from folio.scheduler.kv.kv_manager import KVCacheManager
 from folio.scheduler.request import Request, RequestStatus
 from folio.shared.config import SchedulerConfig
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, NamedTuple
 
-from folio.scheduler.block_pool import BlockPool, chain_hash
+from folio.scheduler.kv.block_pool import BlockPool, chain_hash
 from folio.scheduler.request import Request
 
 
@@ -25,7 +25,7 @@ class CachedPrefix(NamedTuple):
 
 class ResumedPrefix(CachedPrefix):
     """A hybrid model's hit: also the checkpoint slot holding the state after its tokens
-    (scheduler/state_slots.py). Compares as the plain (blocks, num_tokens) pair."""
+    (scheduler/kv/state_slots.py). Compares as the plain (blocks, num_tokens) pair."""
 
     def __new__(cls, blocks: list[int], num_tokens: int, state_slot: int):
         prefix = super().__new__(cls, blocks, num_tokens)

@@ -1,5 +1,5 @@
 """Block tables over the device BlockPool and the CPU SwapSpace. KVCacheManager holds every
-request's table (scheduler/block_table.py: device block ids, swap block ids, the prefix
+request's table (scheduler/kv/block_table.py: device block ids, swap block ids, the prefix
 cache's progress, the counts cached from them) and alone writes it. The scheduler works in
 token counts and asks ("slots for this request's next k tokens?", "its table, for the
 plan"); it hands back what it was given (a cached prefix) or puts it in the plan (copy and
@@ -10,7 +10,7 @@ A table lives from a request's first admission (or fork) until forget; a preempt
 recompute empties it, a swap-out keeps only its swap blocks.
 
 A block is taken only when a token needs a slot; full blocks are registered in the prefix
-cache and found again by later requests (scheduler/prefix_cache.py, which keeps the
+cache and found again by later requests (scheduler/kv/prefix_cache.py, which keeps the
 requests' hash chains).
 
 Sliding window (every layer windowed, the largest window W): a token at position p reads
@@ -21,7 +21,7 @@ length, so positions still map to entries, and the freed entries are always the 
 ones (num_freed_blocks).
 
 Hybrid models (config.num_state_slots > 0): besides its blocks (the attention layers' KV),
-each admitted request holds one recurrent state slot (scheduler/state_slots.py) covering
+each admitted request holds one recurrent state slot (scheduler/kv/state_slots.py) covering
 every linear-attention / convolution layer. Admission needs a free slot as well as blocks;
 free (recompute preemption) and forget give it back. Such a request is never swapped (its
 state would have to travel too: preemption recomputes it) and never forked (the child
@@ -35,14 +35,14 @@ hybrids: a recurrent state cannot resume from shared blocks alone."""
 
 from __future__ import annotations
 
-from folio.scheduler.block_pool import BlockPool
-from folio.scheduler.block_table import NEVER, BlockTable
+from folio.scheduler.kv.block_pool import BlockPool
+from folio.scheduler.kv.block_table import NEVER, BlockTable
 from folio.scheduler.kv_events import KVEventLog
-from folio.scheduler.prefix_cache import (CachedPrefix, PrefixCache, ResumedPrefix,
+from folio.scheduler.kv.prefix_cache import (CachedPrefix, PrefixCache, ResumedPrefix,
                                           checkpoint_slot)
 from folio.scheduler.request import Request
-from folio.scheduler.state_slots import StateSlots
-from folio.scheduler.swap_space import SwapSpace
+from folio.scheduler.kv.state_slots import StateSlots
+from folio.scheduler.kv.swap_space import SwapSpace
 from folio.shared.config import SchedulerConfig
 
 

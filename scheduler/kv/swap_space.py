@@ -5,7 +5,7 @@ out, CPU -> device on the way in)."""
 
 from __future__ import annotations
 
-from folio.scheduler.block_pool import BlockPool
+from folio.scheduler.kv.block_pool import BlockPool
 
 
 class SwapSpace:

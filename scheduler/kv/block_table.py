@@ -31,5 +31,5 @@ class BlockTable:
         self.num_slots = 0
         self.register_at = NEVER
         self.work_at = 0
-        # A hybrid model's recurrent state slot while it holds one (scheduler/state_slots.py).
+        # A hybrid model's recurrent state slot while it holds one (scheduler/kv/state_slots.py).
         self.state_slot: int | None = None
