@@ -296,7 +296,8 @@ class Executor:
                 result.prompt_logprobs.append((request.handle, position, entries))
         result.forward_ms = (time.perf_counter() - start) * 1e3
         if self.threads is not None:
-            self.threads.after_step()
+            self.threads.after_step(sum(count for _, count in scheduled),
+                                    result.forward_ms / 1e3)
         return result
 
     def _new_lora_registry(self):

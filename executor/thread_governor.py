@@ -15,7 +15,13 @@ are not counted. With `wait` the largest such share of a window:
   docs/benchmarks.md); a quiet run should keep its threads through that.
 - probe: below the maximum, after a window that was not crowded at the count it has, and
   when the probe is due, it runs one window with one thread more and judges that window
-  alone: `wait` at most `drop_wait` keeps the thread, more goes back down. Only the
+  alone: `wait` at most `drop_wait` keeps the thread; so does a window that computed
+  `faster_by` more tokens per second of forward time than the window before the probe
+  (at one thread fewer); else it goes back down.
+- a kept count with such a rate is not dropped while its windows stay that much faster than
+  one thread fewer was, however long its threads wait: on two cores the engine's own
+  frontend and scheduler keep them waiting 25-35% while two threads still beat one. Only
+  windows crowded and not faster count toward a drop. Only the
   threads' own wait at the higher count tells whether that count pays; how idle the cores
   look at the lower count does not (the frontend, scheduler and a benchmark client keep
   part of the second core busy, which the idle-core rule this replaces read as a neighbour
@@ -48,6 +54,7 @@ class GovernorSettings:
     drop_windows: int = 3      # windows over drop_wait in a row before a thread goes
     probe_first_s: float = 2.0   # the first probe at one thread more, this long after a drop
     probe_max_s: float = 8.0     # failed probes double the interval up to this
+    faster_by: float = 0.10   # a count that computes this much faster than one fewer stays
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,9 @@ class GovernorState:
     next_probe_s: float = math.inf   # monotonic time of the next probe
     probing: bool = False      # the next window runs one thread more than the decided count
     strikes: int = 0           # windows over drop_wait in a row
+    # Tokens per second of forward time at one thread fewer than `threads`: measured in the
+    # window before a probe, kept while that count stays (None: not measured).
+    rate_below: float | None = None
 
     @staticmethod
     def start(threads: int, settings: GovernorSettings) -> GovernorState:
@@ -84,25 +94,41 @@ def worst_wait_share(last: ThreadTimes, now: ThreadTimes, busy_share: float = 0.
 
 
 def decide(state: GovernorState, wait: float, now_s: float, max_threads: int,
-           settings: GovernorSettings) -> tuple[GovernorState, str | None]:
-    """The state for the next window, given the last window's worst wait share, and what
-    changed (DROP, PROBE, KEPT, FAILED or None)."""
+           settings: GovernorSettings, rate: float | None = None
+           ) -> tuple[GovernorState, str | None]:
+    """The state for the next window, given the last window's worst wait share and its
+    compute rate (tokens per second of forward time; None: no step ran), and what changed
+    (DROP, PROBE, KEPT, FAILED or None).
+
+    Waiting alone does not prove a count too many: on two cores the engine's own frontend
+    and scheduler (and a client beside them) keep the executor's threads waiting 25-35%
+    while two threads still compute faster than one. So a count whose window computed
+    `faster_by` faster than the window before its probe, at one thread fewer, stays
+    however long its threads wait; a neighbour that slows it below that is dropped for."""
     crowded = wait > settings.drop_wait
     if state.probing:   # the last window ran state.threads: judge it alone
-        if crowded:
+        if crowded and not _faster(rate, state.rate_below, settings):
             interval = min(state.probe_interval_s * 2, settings.probe_max_s)
             return GovernorState(state.threads - 1, interval, now_s + interval), FAILED
         interval = settings.probe_first_s
         next_probe = now_s + interval if state.threads < max_threads else math.inf
-        return GovernorState(state.threads, interval, next_probe), KEPT
-    strikes = state.strikes + 1 if crowded else 0
+        return GovernorState(state.threads, interval, next_probe,
+                             rate_below=state.rate_below), KEPT
+    # A strike: a window crowded and not faster than one thread fewer was.
+    strikes = state.strikes + 1 if crowded and not _faster(rate, state.rate_below,
+                                                           settings) else 0
     if state.threads > 1 and strikes >= settings.drop_windows:
         return GovernorState(state.threads - 1, state.probe_interval_s,
                              now_s + state.probe_interval_s), DROP
     # No probe while the count it has is crowded already: one thread more would wait more.
     if state.threads < max_threads and strikes == 0 and now_s >= state.next_probe_s:
-        return replace(state, threads=state.threads + 1, probing=True, strikes=0), PROBE
+        return replace(state, threads=state.threads + 1, probing=True, strikes=0,
+                       rate_below=rate), PROBE
     return replace(state, strikes=strikes), None
+
+
+def _faster(rate: float | None, below: float | None, settings: GovernorSettings) -> bool:
+    return rate is not None and below is not None and rate >= below * (1 + settings.faster_by)
 
 
 class ThreadGovernor:
@@ -120,6 +146,8 @@ class ThreadGovernor:
         self._read = read
         self._clock = clock
         self._last = read()
+        self._tokens, self._forward_s = 0, 0.0   # this window's, from after_step
+        self._window_rate: float | None = None
 
     @property
     def threads(self) -> int:
@@ -130,7 +158,10 @@ class ThreadGovernor:
     def active(self) -> bool:
         return self._last is not None and self.max_threads > 1
 
-    def after_step(self) -> int | None:
+    def after_step(self, tokens: int = 0, forward_s: float = 0.0) -> int | None:
+        """After a step that computed `tokens` in `forward_s` seconds."""
+        self._tokens += tokens
+        self._forward_s += forward_s
         if not self.active or self._clock() - self._last.at_s < self.settings.window_s:
             return None
         reading = self._read()
@@ -139,10 +170,14 @@ class ThreadGovernor:
         last, self._last = self._last, reading
         wait = worst_wait_share(last, reading)
         elapsed = reading.at_s - last.at_s
+        rate = self._tokens / self._forward_s if self._tokens and self._forward_s > 0 else None
+        self._tokens, self._forward_s = 0, 0.0
+        self._window_rate = rate
         before = self.state
-        self.state, event = decide(before, wait, reading.at_s, self.max_threads, self.settings)
-        log.debug("CPU threads %d: worst wait %.0f%% of %.1f s", before.threads, wait * 100,
-                  elapsed)
+        self.state, event = decide(before, wait, reading.at_s, self.max_threads, self.settings,
+                                   rate)
+        log.debug("CPU threads %d: worst wait %.0f%% of %.1f s, %s tokens/s of forward",
+                  before.threads, wait * 100, elapsed, "-" if rate is None else f"{rate:.0f}")
         self._log(event, before, wait, elapsed)
         if self.state.threads == before.threads:
             return None
@@ -159,7 +194,10 @@ class ThreadGovernor:
                      self.settings.drop_wait * 100, self.settings.drop_windows,
                      before.threads, self.state.next_probe_s - self._last.at_s)
         elif event == KEPT:   # the decided count rises only now: one line per real change
-            log.info("CPU threads %d -> %d: %s at %d", new - 1, new, waited, new)
+            rate, below = self._window_rate, self.state.rate_below
+            faster = "" if rate is None or below is None else \
+                f" ({rate:.0f} tokens/s of forward against {below:.0f} at {new - 1})"
+            log.info("CPU threads %d -> %d: %s at %d%s", new - 1, new, waited, new, faster)
         elif event == PROBE:
             log.debug("CPU threads: a window at %d to probe", new)
         elif event == FAILED:

@@ -217,3 +217,39 @@ def test_greedy_output_is_unchanged_while_the_thread_count_flips(llama_dir):
         torch.set_num_threads(before)
     assert outputs == expected
     assert counts[:4] == [1, 2, 1, 2]
+
+
+def test_a_probe_that_waits_but_computes_faster_keeps_the_thread_until_a_neighbour_slows_it():
+    # The engine's own processes keep two threads waiting ~30% on two cores; two threads
+    # still compute 1.6x one thread's tokens per forward second.
+    state, _ = run(GovernorState.start(2, SETTINGS), [0.45, 0.45, 0.45])   # dropped at t=3
+    state, event = decide(state, 0.05, 4.0, 2, SETTINGS, rate=100.0)
+    state, event = decide(state, 0.05, 5.0, 2, SETTINGS, rate=100.0)
+    assert event == PROBE and state.rate_below == 100.0
+    state, event = decide(state, 0.30, 6.0, 2, SETTINGS, rate=160.0)
+    assert event == KEPT and state.threads == 2
+    for second in range(7, 20):   # waiting, but faster than one thread: it stays
+        state, event = decide(state, 0.30, float(second), 2, SETTINGS, rate=155.0)
+        assert event is None and state.threads == 2
+    for i in range(3):   # a neighbour: slower than one thread was, three windows
+        state, event = decide(state, 0.45, 20.0 + i, 2, SETTINGS, rate=90.0)
+    assert event == DROP and state.threads == 1
+
+
+def test_a_probe_that_waits_and_is_not_faster_fails():
+    state, _ = run(GovernorState.start(2, SETTINGS), [0.45, 0.45, 0.45])
+    state, _ = decide(state, 0.05, 4.0, 2, SETTINGS, rate=100.0)
+    state, event = decide(state, 0.05, 5.0, 2, SETTINGS, rate=100.0)
+    assert event == PROBE
+    state, event = decide(state, 0.40, 6.0, 2, SETTINGS, rate=105.0)   # under 10% faster
+    assert event == FAILED and state.threads == 1
+
+
+def test_the_governor_measures_each_windows_compute_rate():
+    clock = iter([0.0, 1.5, 1.5]).__next__
+    readings = iter([ThreadTimes(0.0, {1: (0.0, 0.0)}), ThreadTimes(1.5, {1: (1.0, 0.5)})])
+    governor = ThreadGovernor(2, lambda n: None, SETTINGS, read=lambda: next(readings),
+                              clock=clock)
+    assert governor.after_step(30, 0.2) is None   # within the window
+    governor.after_step(30, 0.4)                   # the window ends: 60 tokens in 0.6 s
+    assert governor._window_rate == pytest.approx(100.0)
