@@ -56,7 +56,7 @@ class Server:
             if log:
                 out.close()
 
-    def wait_ready(self, timeout: float = 300) -> None:
+    def wait_ready(self, timeout: float = 300, poll_s: float = 0.5) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -67,7 +67,7 @@ class Server:
                     return
             except OSError:   # not listening yet, or still loading
                 pass
-            time.sleep(0.5)
+            time.sleep(poll_s)
         self.stop()
         raise TimeoutError(f"{self.name} not ready after {timeout} s; log {self.log}")
 

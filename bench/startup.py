@@ -4,8 +4,8 @@ starting: what every deployment's restart, and every served test, waits for.
     python bench/startup.py --rounds 5                      # the built-in model
     python bench/startup.py --model /tmp/smollm2-bf16 -- --dtype bfloat16
 
-Each round starts `folio serve` (flags after `--` go to it), polls /health every 20 ms
-until it answers 200 (ready), reads each process's CPU seconds, then sends SIGTERM and
+Each round starts `folio serve` (flags after `--` go to it), polls every 20 ms until
+/health and /v1/models answer (ready), reads each process's CPU seconds, then sends SIGTERM and
 times the exit of the whole process group (stopped). Prints one JSON line per round and
 the medians.
 """
@@ -19,7 +19,6 @@ import signal
 import statistics
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -38,16 +37,7 @@ def cpu_s(pid: int) -> float:
 def one_round(command: list[str]) -> dict:
     started = time.monotonic()
     server = Server("folio serve", command)
-    while True:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"folio serve exited {server.proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{server.base_url}/health", timeout=1) as answer:
-                if answer.status == 200:
-                    break
-        except OSError:
-            pass
-        time.sleep(POLL_S)
+    server.wait_ready(poll_s=POLL_S)
     ready = time.monotonic() - started
     cpu = {}
     for pid, name in descendants(server.proc.pid).items():
