@@ -117,25 +117,31 @@ def _run(pipe: Pipeline, port: int) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, llama_dir):
-    results = {}
-    for name, scheduler_args, engine_args in (
-            ("serial", ("--no-async-scheduling",), ()),
-            ("async", ("--async-scheduling",), ()),
-            ("async-swap", ("--preemption-mode", "swap"), ("--preemption-mode", "swap",
-                                                          "--num-swap-blocks", "64")),
-            # Speculative decoding: both processes read the same setting.
-            ("async-spec", ("--async-scheduling", "--speculative-config", SPEC),
-             ("--speculative-config", SPEC))):
-        port = free_port()
-        pipe = Pipeline(tmp_path_factory.mktemp(name), llama_dir, http_port=port,
-                        engine_args=("--num-kv-blocks", str(NUM_KV_BLOCKS), *engine_args),
-                        scheduler_args=scheduler_args)
-        try:
+    # The four start together (their start-up overlaps), then run one at a time.
+    pipes = {}
+    try:
+        for name, scheduler_args, engine_args in (
+                ("serial", ("--no-async-scheduling",), ()),
+                ("async", ("--async-scheduling",), ()),
+                ("async-swap", ("--preemption-mode", "swap"), ("--preemption-mode", "swap",
+                                                              "--num-swap-blocks", "64")),
+                # Speculative decoding: both processes read the same setting.
+                ("async-spec", ("--async-scheduling", "--speculative-config", SPEC),
+                 ("--speculative-config", SPEC))):
+            port = free_port()
+            pipes[name] = (port, Pipeline(
+                tmp_path_factory.mktemp(name), llama_dir, http_port=port,
+                engine_args=("--num-kv-blocks", str(NUM_KV_BLOCKS), *engine_args),
+                scheduler_args=scheduler_args))
+        results = {}
+        for name, (port, pipe) in pipes.items():
             pipe.wait_ready()
             results[name] = _run(pipe, port)
-        finally:
             pipe.stop()
-    return results
+        return results
+    finally:
+        for _, pipe in pipes.values():
+            pipe.stop()
 
 
 @pytest.mark.parametrize("name", ["async", "async-swap"])
