@@ -52,10 +52,16 @@ def test_serve_variants_read_flags_and_environment():
         parse_variant("=--seed=1")
 
 
+@pytest.fixture(scope="module")
+def bench_model(tmp_path_factory) -> str:
+    """bench/throughput.py's checkpoint, made once by the first bench that needs it."""
+    return str(tmp_path_factory.mktemp("bench-model") / "model")
+
+
 @pytest.mark.slow
-def test_throughput_step_times_split_prompt_and_decode_steps(tmp_path):
+def test_throughput_step_times_split_prompt_and_decode_steps(bench_model):
     run = _bench("bench/throughput.py", "--step-times", "--json", "--num-requests", "2",
-                 "--model-dir", str(tmp_path / "model"), timeout=300)
+                 "--model-dir", bench_model, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     times = json.loads(run.stdout)
     assert times["prefill_tokens"] > 0 and times["prefill_tok_per_s"] > 0
@@ -149,11 +155,11 @@ def test_serve_race_folio_only(llama_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_peer_folio_only(tmp_path):
+def test_peer_folio_only(tmp_path, bench_model):
     out = tmp_path / "peer"
     done = _bench("bench/peer.py", "--skip-vllm", "--rounds", "2", "--num-requests", "1",
                   "--seed", str(PEER_SEED), "--matmul-gflops", "100",
-                  "--model-dir", str(tmp_path / "model"), "--out", str(out))
+                  "--model-dir", bench_model, "--out", str(out))
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.with_suffix(".json").read_text())
     assert (report["requests"], report["prompt_tokens"], report["output_tokens"]) == (
