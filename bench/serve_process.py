@@ -92,9 +92,18 @@ def start(model: str | None, extra: list[str], env: dict[str, str] | None = None
     return server
 
 
+def _cpu_s(fields: list[str]) -> float:
+    """User plus system CPU seconds from /proc/PID/stat's fields after the command name."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by process `pid`."""
+    return _cpu_s(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split())
+
+
 def children_cpu_s(parent: int, name_prefix: str) -> float:
     """CPU seconds used so far by the children of `parent` whose name starts so."""
-    tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -106,5 +115,5 @@ def children_cpu_s(parent: int, name_prefix: str) -> float:
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()
         if name.startswith(name_prefix) and int(fields[1]) == parent:
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += _cpu_s(fields)
     return total

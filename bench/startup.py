@@ -24,14 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.control_wakeups import descendants  # noqa: E402
-from bench.serve_process import Server  # noqa: E402
+from bench.serve_process import Server, process_cpu_s  # noqa: E402
 
 POLL_S = 0.02
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_round(command: list[str]) -> dict:
@@ -43,7 +38,7 @@ def one_round(command: list[str]) -> dict:
     for pid, name in descendants(server.proc.pid).items():
         role = name.removeprefix("folio-") if name.startswith("folio-") else "serve"
         try:
-            cpu[f"{role}_cpu_s"] = round(cpu_s(pid), 2)
+            cpu[f"{role}_cpu_s"] = round(process_cpu_s(pid), 2)
         except OSError:
             pass
     stopping = time.monotonic()

@@ -112,4 +112,3 @@ def _fused_sizes(name: str, param: torch.Tensor, expert: int | None,
         return [config.num_heads * config.head_dim, kv, kv]
     rows = param.shape[1] if expert is not None else param.shape[0]
     return [rows // 2, rows // 2]
-

@@ -147,7 +147,6 @@ class ThreadGovernor:
         self._clock = clock
         self._last = read()
         self._tokens, self._forward_s = 0, 0.0   # this window's, from after_step
-        self._window_rate: float | None = None
 
     @property
     def threads(self) -> int:
@@ -172,20 +171,19 @@ class ThreadGovernor:
         elapsed = reading.at_s - last.at_s
         rate = self._tokens / self._forward_s if self._tokens and self._forward_s > 0 else None
         self._tokens, self._forward_s = 0, 0.0
-        self._window_rate = rate
         before = self.state
         self.state, event = decide(before, wait, reading.at_s, self.max_threads, self.settings,
                                    rate)
         log.debug("CPU threads %d: worst wait %.0f%% of %.1f s, %s tokens/s of forward",
                   before.threads, wait * 100, elapsed, "-" if rate is None else f"{rate:.0f}")
-        self._log(event, before, wait, elapsed)
+        self._log(event, before, wait, elapsed, rate)
         if self.state.threads == before.threads:
             return None
         self._set(self.state.threads)
         return self.state.threads
 
-    def _log(self, event: str | None, before: GovernorState, wait: float,
-             elapsed: float) -> None:
+    def _log(self, event: str | None, before: GovernorState, wait: float, elapsed: float,
+             rate: float | None) -> None:
         new = self.state.threads
         waited = f"its threads waited {wait:.0%} of the last {elapsed:.1f} s for a core"
         if event == DROP:
@@ -194,7 +192,7 @@ class ThreadGovernor:
                      self.settings.drop_wait * 100, self.settings.drop_windows,
                      before.threads, self.state.next_probe_s - self._last.at_s)
         elif event == KEPT:   # the decided count rises only now: one line per real change
-            rate, below = self._window_rate, self.state.rate_below
+            below = self.state.rate_below
             faster = "" if rate is None or below is None else \
                 f" ({rate:.0f} tokens/s of forward against {below:.0f} at {new - 1})"
             log.info("CPU threads %d -> %d: %s at %d%s", new - 1, new, waited, new, faster)

@@ -245,11 +245,13 @@ def test_a_probe_that_waits_and_is_not_faster_fails():
     assert event == FAILED and state.threads == 1
 
 
-def test_the_governor_measures_each_windows_compute_rate():
+def test_the_governor_measures_each_windows_compute_rate(caplog):
     clock = iter([0.0, 1.5, 1.5]).__next__
     readings = iter([ThreadTimes(0.0, {1: (0.0, 0.0)}), ThreadTimes(1.5, {1: (1.0, 0.5)})])
     governor = ThreadGovernor(2, lambda n: None, SETTINGS, read=lambda: next(readings),
                               clock=clock)
-    assert governor.after_step(30, 0.2) is None   # within the window
-    governor.after_step(30, 0.4)                   # the window ends: 60 tokens in 0.6 s
-    assert governor._window_rate == pytest.approx(100.0)
+    with caplog.at_level(logging.DEBUG, logger="folio.executor"):
+        assert governor.after_step(30, 0.2) is None   # within the window
+        governor.after_step(30, 0.4)                   # the window ends: 60 tokens in 0.6 s
+    assert any(r.getMessage().endswith(", 100 tokens/s of forward") for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
