@@ -53,7 +53,8 @@ class Replicas:
         self.frontend_id = first.frontend_id
         self.router = PrefixRouter(routing)
         self.polled: list[dict[str, Any]] = [{} for _ in self.clients]
-        self.serving = [False] * len(self.clients)
+        self.serving = [False] * len(self.clients)   # as the load poll last saw it
+        self.served = [False] * len(self.clients)    # ... serving at least once
         self.routed = [0] * len(self.clients)   # requests sent to each replica, ever
 
     # ---- one engine to the gateways -----------------------------------------------------
@@ -252,11 +253,14 @@ class Replicas:
                 if stats or not client.scheduler_alive:   # keep the last on a late answer
                     self.polled[index] = stats
                 serving = client.engine_alive
-                if serving and not self.serving[index]:
-                    if self.routed[index]:
-                        log.info("replica %d serves again", index)
-                    self.router.forget_replica(index)   # its cache restarted empty
+                if serving and not self.serving[index] and self.served[index]:
+                    # Back after being seen down: its cache may have restarted empty. Its
+                    # first start forgets nothing: requests may have been routed to it
+                    # (the gateways read engine_alive directly) before this poll saw it.
+                    log.info("replica %d serves again", index)
+                    self.router.forget_replica(index)
                 elif self.serving[index] and not serving:
                     log.warning("replica %d stopped serving: %s", index, client.dead_reason())
                 self.serving[index] = serving
+                self.served[index] = self.served[index] or serving
             await asyncio.sleep(LOAD_POLL_S)
