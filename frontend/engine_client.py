@@ -23,6 +23,7 @@ import zmq.asyncio
 
 from folio.shared.pooling.task import PoolingTask
 from folio.frontend.engine_api import FinalResult, SampleResult, Sink
+from folio.frontend.link_resume import RESUME_WAIT_S, LinkResume
 from folio.frontend.liveness import SchedulerHeartbeat
 from folio.frontend.output_loop import OutputEvents, OutputLoop
 from folio.frontend.output_processor import RequestState, SampleState, wire_logprob
@@ -82,6 +83,7 @@ class EngineClient:
         self.info: m.EngineInfo | None = None
         self.scheduler_seen = 0.0   # last message read on the event loop
         self.link_down_at = -1.0    # last DISCONNECTED of the scheduler socket
+        self.resume = LinkResume()  # in-flight requests kept over a dropped link
         self.stats_waiters: list[asyncio.Future] = []
         self.kv_map_waiters: list[asyncio.Future] = []
         self.lora_waiters: dict[str, asyncio.Future] = {}   # by update id
@@ -264,6 +266,8 @@ class EngineClient:
                 self.scheduler_seen = time.monotonic()
                 if msg_type == "outputs":
                     outputs = m.decode_outputs(body)
+                    if not self.resume.fresh(outputs.seq):
+                        continue   # read before: sent again on a resume
                     for output in outputs.entries:
                         self.outputs.on_output(output)
                         if time.monotonic() - turn_started > LOOP_SLICE_S:
@@ -304,6 +308,9 @@ class EngineClient:
     def _on_engine_info(self, info: m.EngineInfo) -> None:
         was_alive = self.info is not None and self.info.executor_alive
         self.info = info
+        if self.resume.on_info(info.epoch):
+            log.info("the link to the scheduler is back: %d request(s) resumed",
+                     len(self.requests))
         if was_alive and not info.executor_alive:
             self._fail_all("the executor is gone; the engine cannot serve requests")
 
@@ -367,13 +374,20 @@ class EngineClient:
                 self.relink.on_event(event)
                 if event & DOWN_EVENTS:
                     self.link_down_at = time.monotonic()
-                    # What the scheduler had queued on that connection is lost with it: no
-                    # request in flight can end right. Each ends now, once, with an error
-                    # (the scheduler aborts them when it finds the connection gone).
-                    self._fail_all("the connection to the scheduler was lost; the request "
-                                   "was aborted, retry it")
+                    # What the scheduler sent on that connection may be lost with it: the
+                    # requests wait for the link to come back and resume (link_resume.py),
+                    # or, with too many to name, end now, once, with an error.
+                    if self.resume.on_down(self.link_down_at, len(self.requests)):
+                        # The heartbeat, on its own link, has one timeout to show fresh life.
+                        judge_after = self.link_down_at + SCHEDULER_TIMEOUT_S
+                        log.warning("the link to the scheduler dropped with %d request(s) "
+                                    "in flight: they resume when it comes back",
+                                    len(self.requests))
+                    else:
+                        self._fail_all("the connection to the scheduler was lost; the "
+                                       "request was aborted, retry it")
                 elif event & UP_EVENTS:
-                    self._send(m.encode_frontend_hello(self.frontend_id))
+                    self._send(self.resume.hello(self.frontend_id, list(self.requests)))
             if self.relink.check():
                 log.warning("the link to the scheduler stayed down: connecting afresh")
             now = time.monotonic()
@@ -385,6 +399,10 @@ class EngineClient:
             last_turn = now
             if self.requests and now >= judge_after and not self.scheduler_alive:
                 self._fail_all("the scheduler is not responding")
+            if self.resume.expired(now):
+                self._fail_all(f"the connection to the scheduler was lost and did not come "
+                               f"back within {RESUME_WAIT_S:g} s; the request was aborted, "
+                               "retry it")
 
     def _send(self, payload: bytes) -> bool:
         """Send to the scheduler now; False (and a log line at most every few seconds, not

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import time
 from collections.abc import Callable
@@ -90,6 +91,7 @@ class SchedulerService:
         self.decode_rate = DecodeRate(0)            # likewise
         self.spec_log = SpecLog()
         self.router = FrontendRouter(self.frontend_sock, self._abort_orphan)
+        self.epoch = secrets.token_hex(8)   # this run: frontends see a restart by it
         self.executor_link = ExecutorLink(self.executor_sock, ExecutorTimeouts(
             heartbeat_s=config.executor_timeout_s, step_s=config.step_timeout_s))
         self.steps = StepsInFlight(one_ahead=config.async_scheduling)
@@ -211,8 +213,9 @@ class SchedulerService:
             if self.router.owns(identity, request_id) and self.scheduler is not None:
                 self.scheduler.abort_request(request_id)
         elif msg_type == "frontend_hello":
-            self.router.on_hello(identity, m.decode_frontend_hello(body).frontend_id,
-                                 self._engine_info())
+            hello = m.decode_frontend_hello(body)
+            self.router.on_hello(identity, hello.frontend_id, self._engine_info(),
+                                 hello.resume_seq, hello.resume_ids)
         elif msg_type == "stats_request":
             self.router.send(identity, self._stats_reply())
         elif msg_type == "kv_map_request":
@@ -309,7 +312,7 @@ class SchedulerService:
             max_logprobs=self.config.max_logprobs, max_n=self.config.max_n,
             executor_ranks=self.executor_link.ranks,
             loras=tuple(sorted(self.scheduler.loras)) if self.scheduler else (),
-            pooling=cap.pooling if cap else None).encode()
+            pooling=cap.pooling if cap else None, epoch=self.epoch).encode()
 
     # ---- executor -----------------------------------------------------------------------
 

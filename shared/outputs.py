@@ -51,6 +51,7 @@ class StepOutputs:
     ids: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     entries: list[EngineOutput] = field(default_factory=list)
+    seq: int | None = None   # the message's number in its frontend's stream (resumes)
 
     def __iter__(self):
         yield from self.entries

@@ -22,6 +22,7 @@ from folio.shared.protocol.stats import STATS
 from folio.shared.protocol.wire import MAX_ID_LEN, MAX_TOKEN_ID, Body, ProtocolError, pack
 
 MAX_DROPPED_IDS = 4096   # request ids per frontend_dropped message
+MAX_RESUME_IDS = 1 << 16  # in-flight request ids a resuming frontend names in its hello
 MAX_OUTPUT_ITEMS = 1 << 20
 MAX_LORA_PATH_CHARS = 4096
 _ID = Field("id", Str(), "request_id")
@@ -44,6 +45,9 @@ class EngineInfo:
     loras: tuple[str, ...] = ()
     # The pooling runner's task (shared/pooling/task.py PoolingTask.to_wire); None: generate.
     pooling: dict[str, Any] | None = None
+    # This scheduler process's run (random at its start): a frontend that finds it changed
+    # knows the outputs' sequence numbers started again.
+    epoch: str = ""
 
     def encode(self) -> bytes:
         return ENGINE_INFO.pack(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -71,6 +75,7 @@ ENGINE_INFO = Message("engine_info", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("executor_ranks", Ints(0, 1 << 31, 1024), default=()),
     Field("loras", ListOf(Str(MAX_LORA_NAME_CHARS), MAX_LORAS), default=()),
     Field("pooling", POOLING_TASK, default=None),
+    Field("epoch", Str(64), default=""),
 ), value=EngineInfo, build=_engine_info,
    table=True)
 assert [f.name for f in fields(EngineInfo)] == [f.name for f in ENGINE_INFO.fields]
@@ -89,9 +94,14 @@ ADD = Message("add", (Link.FRONTEND_TO_SCHEDULER,), (
 ABORT = Message("abort", (Link.CLIENT_TO_GATEWAY, Link.FRONTEND_TO_SCHEDULER), (_ID,),
                 value="Abort")
 
-# frontend_id: fe-<pid>-<6 hex>, the same over reconnections.
-FRONTEND_HELLO = Message("frontend_hello", (Link.FRONTEND_TO_SCHEDULER,),
-                         (Field("id", Str(), "frontend_id"),), value="FrontendHello")
+# frontend_id: fe-<pid>-<6 hex>, the same over reconnections. A frontend whose link dropped
+# with requests in flight resumes them: `seq` is the last outputs message it read, `ids` the
+# requests it still waits on (docs/protocol.md §5, "Resuming after a dropped link").
+FRONTEND_HELLO = Message("frontend_hello", (Link.FRONTEND_TO_SCHEDULER,), (
+    Field("id", Str(), "frontend_id"),
+    Field("seq", Int(0), "resume_seq", default=None),
+    Field("ids", ListOf(Str(MAX_ID_LEN), MAX_RESUME_IDS), "resume_ids", default=None),
+), value="FrontendHello")
 STATS_REQUEST = Message("stats_request", (Link.FRONTEND_TO_SCHEDULER,), ())
 KV_MAP_REQUEST = Message("kv_map_request", (Link.FRONTEND_TO_SCHEDULER,), ())
 
@@ -157,8 +167,10 @@ def encode_abort(request_id: str) -> bytes:
     return ABORT.pack(request_id=request_id)
 
 
-def encode_frontend_hello(frontend_id: str) -> bytes:
-    return FRONTEND_HELLO.pack(frontend_id=frontend_id)
+def encode_frontend_hello(frontend_id: str, resume_seq: int | None = None,
+                          resume_ids: list[str] | None = None) -> bytes:
+    return FRONTEND_HELLO.pack(frontend_id=frontend_id, resume_seq=resume_seq,
+                               resume_ids=resume_ids)
 
 
 def encode_stats_request() -> bytes:
@@ -211,8 +223,9 @@ decode_frontend_dropped = FRONTEND_DROPPED.decode
 
 # ---- outputs: the per-step hot path, a hand-written columnar codec ----------------------
 
-def encode_outputs(outputs: StepOutputs | list[EngineOutput]) -> bytes:
-    """Columnar: plain tokens as "i" (request ids) and "t" (one token each), the rest as "o"."""
+def encode_outputs(outputs: StepOutputs | list[EngineOutput], seq: int | None = None) -> bytes:
+    """Columnar: plain tokens as "i" (request ids) and "t" (one token each), the rest as "o".
+    `seq`: this message's number in its frontend's stream (what a resume replays from)."""
     plain = isinstance(outputs, StepOutputs)
     entries = outputs.entries if plain else outputs
     items = []
@@ -235,6 +248,8 @@ def encode_outputs(outputs: StepOutputs | list[EngineOutput]) -> bytes:
     codes = {o.request_id: o.error_code for o in entries if o.error_code is not None}
     if codes:
         body["ec"] = codes
+    if seq is not None:
+        body["s"] = seq
     return pack("outputs", body)
 
 
@@ -277,7 +292,7 @@ def decode_outputs(body: Body) -> StepOutputs:
     tokens = body.ints("t", 0, MAX_TOKEN_ID, max_len=1 << 20, optional=True)
     if len(ids) != len(tokens) or not all(type(i) is str and len(i) <= MAX_ID_LEN for i in ids):
         raise ProtocolError("outputs: 'i' must be request ids, one per token of 't'")
-    return StepOutputs(ids, tokens, decoded)
+    return StepOutputs(ids, tokens, decoded, body.int("s", 0, optional=True))
 
 
 def _finish_reason(value: str | None) -> FinishReason | None:
@@ -309,6 +324,9 @@ OUTPUTS = Message("outputs", (Link.SCHEDULER_TO_FRONTEND,), (
     Field("p", MapOf(POOLED_VECTOR, 1 << 16), default=None),
     # An errored item's code (request_failed: that request alone); absent: engine_dead.
     Field("ec", MapOf(Str(64), 1 << 16), default=None),
+    # The message's number in its frontend's stream, from 1; nil from a scheduler that
+    # keeps none (then nothing is resumed).
+    Field("s", Int(0), default=None),
 ), codec=(encode_outputs, decode_outputs))
 
 DECLARED = (ENGINE_INFO, ADD, ABORT, FRONTEND_HELLO, STATS_REQUEST, KV_MAP_REQUEST, HEARTBEAT,

@@ -22,6 +22,7 @@ import zmq.asyncio
 
 from folio.client import AsyncClient
 from folio.errors import ServerUnreachable
+from folio.shared.outputs import EngineOutput, FinishReason, StepOutputs
 from folio.shared.protocol import messages as m
 from folio.shared.sampling_params import SamplingParams
 from folio.shared.protocol.wire import MAX_MESSAGE_BYTES, unpack
@@ -110,21 +111,29 @@ class _Sink:
     def __init__(self) -> None:
         self.events: list[tuple] = []
 
-    def delta(self, *args) -> None:
-        self.events.append(("delta",))
+    def delta(self, index, text, token_ids, logprobs) -> None:
+        self.events.append(("delta", list(token_ids)))
 
     def final(self, result) -> None:
-        self.events.append(("final",))
+        self.events.append(("final", result.samples[0].token_ids,
+                            result.samples[0].finish_reason))
 
     def error(self, code: str, message: str) -> None:
         self.events.append(("error", code, message))
 
 
-def test_a_frontend_link_cut_by_an_oversize_message_comes_back_and_fails_its_requests_once(
-        tmp_path, tokenizer_dir):
-    """The engine client's link to the scheduler is cut by an oversize message: what was
-    in flight fails once with a clear error (its outputs may be lost with the link), the
-    link comes back by itself with a hello, and a request sent then is carried."""
+def _outputs(seq: int, request_id: str, token: int, finish=None) -> bytes:
+    if finish is None:
+        return m.encode_outputs(StepOutputs([request_id], [token]), seq)
+    return m.encode_outputs(StepOutputs(entries=[EngineOutput(request_id, [token], finish)]),
+                            seq)
+
+
+def _cut_link(tmp_path, tokenizer_dir, answer_resume):
+    """An engine client linked to a ROUTER standing in for the scheduler: a request is
+    added and one outputs message (number 1) read, then an oversize message cuts the link.
+    `answer_resume(router, identity, hello, request_id)` answers the hello that comes back.
+    Returns (the request's sink events, the two hellos, a later request's add)."""
     from folio.frontend.engine_client import EngineClient
     from folio.shared.hf_tokenizer import load_tokenizer
 
@@ -137,18 +146,28 @@ def test_a_frontend_link_cut_by_an_oversize_message_comes_back_and_fails_its_req
         engine = EngineClient(load_tokenizer(tokenizer_dir), address, ctx)
         tasks = [asyncio.create_task(t) for t in engine.tasks()]
         try:
-            identity, _ = await asyncio.to_thread(_wait_for, router, "frontend_hello", 10)
+            identity, first = await asyncio.to_thread(_wait_for, router, "frontend_hello", 10)
+            router.send_multipart([identity, _info("run-1")])
             await _until_alive(router, engine)
             sink = _Sink()
-            engine.submit([5, 6], SamplingParams(max_tokens=4), sink)
+            request_id = engine.submit([5, 6], SamplingParams(max_tokens=3), sink)
             await asyncio.to_thread(_wait_for, router, "add", 5)
+            router.send_multipart([identity, _outputs(1, request_id, 11)])
+            while not sink.events:   # read: the frontend has message 1
+                await asyncio.sleep(0.01)
             router.send_multipart([identity, _oversize()])
-            new_identity, _ = await asyncio.to_thread(_wait_for, router, "frontend_hello", 10)
+            new_identity, hello = await asyncio.to_thread(_wait_for, router, "frontend_hello",
+                                                          10)
+            assert new_identity != identity   # a new connection is a new peer
+            answer_resume(router, new_identity, hello, request_id)
             await _until_alive(router, engine)
+            while not any(e[0] in ("final", "error") for e in sink.events):
+                await asyncio.sleep(0.01)
             later = _Sink()
             later_id = engine.submit([7, 8], SamplingParams(max_tokens=4), later)
             _, add = await asyncio.to_thread(_wait_for, router, "add", 5)
-            return sink.events, identity, new_identity, later_id, add, later.events
+            assert add["id"] == later_id and later.events == []
+            return sink.events, first, hello, request_id
         finally:
             for task in tasks:
                 task.cancel()
@@ -157,14 +176,46 @@ def test_a_frontend_link_cut_by_an_oversize_message_comes_back_and_fails_its_req
             ctx.term()
 
     try:
-        events, identity, new_identity, later_id, add, later = asyncio.run(run())
+        return asyncio.run(run())
     finally:
         router.close(0)
         plain.term()
-    assert len(events) == 1 and events[0][:2] == ("error", "engine_dead"), events
-    assert "connection to the scheduler was lost" in events[0][2]
-    assert new_identity != identity   # a new connection is a new peer to the scheduler
-    assert add["id"] == later_id and later == []
+
+
+def _info(epoch: str) -> bytes:
+    return m.EngineInfo(max_model_len=64, vocab_size=1000, num_kv_blocks=8, block_size=16,
+                        epoch=epoch).encode()
+
+
+def test_a_frontend_link_cut_by_an_oversize_message_resumes_its_request_exactly(
+        tmp_path, tokenizer_dir):
+    """The link comes back by itself; the hello names the last message read and the request
+    still waited on; what the scheduler sends again is read once (message 1, sent again, is
+    skipped) and the request ends as if nothing had happened."""
+    def resume(router, identity, hello, request_id):
+        assert hello["seq"] == 1 and hello["ids"] == [request_id]
+        for message in (_outputs(1, request_id, 11), _outputs(2, request_id, 12),
+                        _outputs(3, request_id, 13, FinishReason.LENGTH), _info("run-1")):
+            router.send_multipart([identity, message])
+
+    events, first, _, _ = _cut_link(tmp_path, tokenizer_dir, resume)
+    assert "seq" not in first   # a first hello resumes nothing
+    assert events == [("delta", [11]), ("delta", [12]), ("delta", [13]),
+                      ("final", [11, 12, 13], "length")], events
+
+
+def test_a_request_the_scheduler_cannot_resume_fails_once_with_its_reason(
+        tmp_path, tokenizer_dir):
+    """A scheduler that restarted (or no longer keeps what was missed) names the request:
+    it fails once, with that reason, and the link carries new requests."""
+    def refuse(router, identity, hello, request_id):
+        for notice in m.encode_frontend_dropped([request_id], "the scheduler restarted"):
+            router.send_multipart([identity, notice])
+        router.send_multipart([identity, _info("run-2")])
+
+    events, _, _, _ = _cut_link(tmp_path, tokenizer_dir, refuse)
+    assert events[0] == ("delta", [11]) and len(events) == 2, events
+    assert events[1][:2] == ("error", "engine_dead") and "restarted" in events[1][2]
 
 
 def test_the_sdk_does_not_blame_curve_keys_for_a_server_that_closes_connections():

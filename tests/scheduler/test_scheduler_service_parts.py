@@ -13,7 +13,8 @@ import zmq
 
 from folio.scheduler.admission import QueueLimits, queue_refusal
 from folio.scheduler.executor_link import ExecutorLink, ExecutorTimeouts
-from folio.scheduler.frontend_router import FRONTEND_TIMEOUT_S, FrontendRouter
+from folio.scheduler.frontend_router import (FRONTEND_TIMEOUT_S, PARKED_SILENT_S,
+                                             RESUME_WINDOW_S, FrontendRouter)
 from folio.scheduler.reply_cache import CachedReply
 from folio.scheduler.request_failure import fail_requests
 from folio.scheduler.scheduler import Scheduler
@@ -303,20 +304,111 @@ def test_a_silent_frontend_is_given_up_and_told_which_requests_were_aborted(fron
     assert not other.poll(50)
 
 
-def test_a_gone_connection_is_retired_and_its_notice_waits_for_the_next_hello(frontends):
+def test_a_gone_connection_is_parked_then_given_up_once_its_heartbeat_stops(frontends):
     router, connect, aborted, clock = frontends
     router.names[b"gone"] = "fe"   # said hello as "fe", then its connection went
     router.heard_from(b"gone", registers=True)
     router.claim("g-0", b"gone", 1)
     router.send(b"gone", b"info")   # ROUTER_MANDATORY: fails at once
+    assert not aborted and b"gone" in router.parked and router.request_ids() == ["g-0"]
+    clock.now += PARKED_SILENT_S + 1   # no heartbeat names "fe": its process is gone
+    router.heartbeat(lambda: b"info")
     assert aborted == ["g-0"] and router.is_retired(b"gone") and b"gone" not in router.names
-    assert "fe" in router.drop_notices
+    assert "fe" in router.drop_notices and not router.parked
     again = connect(b"fe-again")
     router.on_hello(b"fe-again", "fe", b"info")
     assert again.recv() == b"info"
     kind, body = _received(again)
     assert kind == "frontend_dropped" and body["ids"] == ["g-0"]
-    assert "connection closed" in body["reason"] and not router.drop_notices
+    assert "heartbeat stopped" in body["reason"] and not router.drop_notices
+
+
+def unpack_body(message: tuple[str, dict]):
+    from folio.shared.protocol.wire import Body
+    return Body("outputs", message[1])
+
+
+def _parked(router, connect, clock) -> zmq.Socket:
+    """Frontend "fe" on connection b"old" with requests r-0 (2 samples) and r-1, one outputs
+    message read, then its connection closed with two more sent into it (lost)."""
+    old = connect(b"old")
+    router.on_hello(b"old", "fe", b"info")
+    assert old.recv() == b"info"
+    router.heard_from(b"old", registers=True)
+    router.claim("r-0", b"old", 2)
+    router.claim("r-1", b"old", 1)
+    router.route(StepOutputs(["r-0#0", "r-1"], [1, 2]))
+    assert _outputs(old).seq == 1
+    old.close(0)
+    clock.now += 0.1
+    router.route(StepOutputs(["r-0#0", "r-1"], [3, 4]))   # into the closing connection
+    while b"old" not in router.parked:   # the closed pipe is seen by a send
+        router.route(StepOutputs(["r-0#1"], [5]))
+    return old
+
+
+def test_a_parked_frontend_resumes_with_what_it_missed_sent_again(frontends):
+    router, connect, aborted, clock = frontends
+    _parked(router, connect, clock)
+    router.route([EngineOutput("r-1", [6], FinishReason.LENGTH)])   # while it is away
+    router.on_heartbeat(b"beats", "fe", b"reply")   # its heartbeat thread still beats
+    clock.now += PARKED_SILENT_S
+    router.heartbeat(lambda: b"info")
+    assert not aborted
+    new = connect(b"new")
+    router.heard_from(b"new", registers=True)
+    router.on_hello(b"new", "fe", b"info", resume_seq=1, resume_ids=["r-0", "r-1", "r-9"])
+    replayed = []
+    while (message := _received(new))[0] == "outputs":
+        replayed.append(m.decode_outputs(unpack_body(message)))
+    kind, body = message
+    assert kind == "frontend_dropped" and body["ids"] == ["r-9"]   # it never arrived
+    assert "retry it" in body["reason"]
+    assert new.recv() == b"info"
+    assert [o.seq for o in replayed] == list(range(2, 2 + len(replayed)))
+    got = [(o.request_id, o.new_token_ids, o.finish_reason) for step in replayed for o in step]
+    assert got[0] == ("r-0#0", [3], None) and got[1] == ("r-1", [4], None)
+    assert got[-1] == ("r-1", [6], "length") and {g[0] for g in got[2:-1]} == {"r-0#1"}
+    assert router.owners == {"r-0": (b"new", 2)} and not router.parked and not aborted
+    assert router.is_retired(b"old")
+
+
+def test_a_resume_drops_what_the_frontend_no_longer_waits_on(frontends):
+    router, connect, aborted, clock = frontends
+    _parked(router, connect, clock)
+    new = connect(b"new")
+    router.heard_from(b"new", registers=True)
+    router.on_hello(b"new", "fe", b"info", resume_seq=1, resume_ids=["r-1"])
+    assert aborted == ["r-0"] and router.owners == {"r-1": (b"new", 1)}
+
+
+def test_a_resume_from_before_what_is_kept_fails_its_requests_once(frontends):
+    router, connect, aborted, clock = frontends
+    _parked(router, connect, clock)
+    kept = router.replay.streams["fe"].kept
+    while kept[0][0] <= 2:   # message 2 (lost in the link) is no longer kept
+        kept.popleft()
+    new = connect(b"new")
+    router.heard_from(b"new", registers=True)
+    router.on_hello(b"new", "fe", b"info", resume_seq=1, resume_ids=["r-0", "r-1", "r-9"])
+    kind, body = _received(new)
+    assert kind == "frontend_dropped" and sorted(body["ids"]) == ["r-0", "r-1"]
+    assert "no longer kept" in body["reason"]
+    kind, body = _received(new)
+    assert kind == "frontend_dropped" and body["ids"] == ["r-9"]
+    assert new.recv() == b"info"
+    assert sorted(aborted) == ["r-0", "r-1"] and not router.owners
+
+
+def test_a_parked_frontend_that_does_not_resume_in_time_is_given_up(frontends):
+    router, connect, aborted, clock = frontends
+    _parked(router, connect, clock)
+    for _ in range(int(2 * RESUME_WINDOW_S / PARKED_SILENT_S) + 2):   # beats, no resume
+        clock.now += PARKED_SILENT_S / 2
+        router.on_heartbeat(b"beats", "fe", b"reply")
+        router.heartbeat(lambda: b"info")
+    assert sorted(aborted) == ["r-0", "r-1"] and not router.parked
+    assert "did not resume" in str(router.drop_notices["fe"])
 
 
 def test_a_heartbeat_from_the_frontends_own_thread_keeps_it_registered(frontends):
