@@ -380,6 +380,10 @@ def test_a_resume_drops_what_the_frontend_no_longer_waits_on(frontends):
     router.heard_from(b"new", registers=True)
     router.on_hello(b"new", "fe", b"info", resume_seq=1, resume_ids=["r-1"])
     assert aborted == ["r-0"] and router.owners == {"r-1": (b"new", 1)}
+    kinds = []   # what it missed, then engine_info: no notice (nothing it waits on is lost)
+    while (raw := new.recv()) != b"info":
+        kinds.append(unpack(raw)[0])
+    assert kinds and set(kinds) == {"outputs"}, kinds
 
 
 def test_a_resume_from_before_what_is_kept_fails_its_requests_once(frontends):
