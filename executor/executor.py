@@ -315,7 +315,8 @@ class Executor:
         registry = LoraRegistry(self.model, self.model_config,
                                 ARCHITECTURES[self.model_config.architecture].weights,
                                 self.device, self.dtype, config.max_loras,
-                                config.max_lora_rank, config.lora_capacity)
+                                config.max_lora_rank, config.lora_capacity,
+                                segmented=self.device.type == "cuda")
         for name, path in config.lora_paths.items():
             registry.load(name, path)
         return registry

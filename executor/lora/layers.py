@@ -7,8 +7,9 @@ when each adapter's rows are contiguous; else the adapters' rows are gathered on
 and scattered back once). Measured on CPU against the
 gathered batched form (every token's A and B gathered, then torch.bmm), the grouped one is
 faster at every mix tried (bench/lora.py, docs/benchmarks.md). A step with no adapter row
-leaves `groups` empty and each layer runs its base linear alone. CUDA runs the same torch
-code (no dedicated kernel yet).
+leaves `groups` empty and each layer runs its base linear alone. On CUDA the adapters sit in
+device slot pools (executor/lora/slot_pools.py) and each projection runs the segmented
+kernel (kernels/triton_lora.py): two launches whatever the number of adapters.
 """
 
 from __future__ import annotations
@@ -25,17 +26,24 @@ class LoraStep:
     by the executor before each forward: (adapter, slice of rows) pairs. `rows` None: the
     slices are of the batch itself (each adapter's rows contiguous); else the slices are of
     the batch's rows gathered in this order (each adapter's rows together), so each layer
-    gathers once and scatters once whatever the number of adapters."""
+    gathers once and scatters once whatever the number of adapters. `segments`: on the
+    segmented kernel's path, (rows, blocks, pools) for kernels/triton_lora.py, else None."""
 
-    __slots__ = ("groups", "rows")
+    __slots__ = ("groups", "rows", "segments")
 
     def __init__(self) -> None:
-        self.groups: list[tuple[LoraWeights, slice]] = []
+        self.groups: list[tuple[LoraWeights | None, slice]] = []
         self.rows: torch.Tensor | None = None
+        self.segments: tuple | None = None
 
 
 def add_lora(x: torch.Tensor, out: torch.Tensor, path: str, step: LoraStep) -> torch.Tensor:
     """out += B (A x) on each adapter's rows, for the module at `path` (in place)."""
+    if step.segments is not None:
+        from folio.kernels.triton_lora import lora_segments
+
+        rows, blocks, pools = step.segments
+        return lora_segments(x, out, pools.a[path], pools.b[path], rows, blocks)
     if step.rows is None:
         for adapter, rows in step.groups:
             pair = adapter.pairs.get(path)

@@ -3,7 +3,8 @@ memory as they are used (at most --max-cpu-loras; past that the least recently u
 dropped there and read from its files again when a request names it), copied to the device
 for the steps that use them (at most --max-loras there at once, the least recently used one
 dropped first), and grouped per step for the wrapped layers (executor/lora/layers.py;
-docs/lora.md)."""
+docs/lora.md). With `segmented` (CUDA) the device copies are slots of the kernel's pools
+(executor/lora/slot_pools.py) rather than one tensor pair per module and adapter."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from collections import OrderedDict
 import torch
 
 from folio.executor.lora.adapter import LoraWeights, read_adapter
-from folio.executor.lora.files import LoraError, lora_name_problem
+from folio.executor.lora.files import LoraError, lora_name_problem, target_shapes
 from folio.executor.lora.layers import LoraStep, wrap_lora_targets
+from folio.executor.lora.slot_pools import LoraSlotPools
 from folio.executor.model_config import ModelConfig
 from folio.executor.models.weight_names import WeightNames
 
@@ -21,13 +23,16 @@ from folio.executor.models.weight_names import WeightNames
 class LoraRegistry:
     def __init__(self, model: torch.nn.Module, config: ModelConfig, names: WeightNames,
                  device: torch.device, dtype: torch.dtype, max_loras: int, max_rank: int,
-                 capacity: int) -> None:
+                 capacity: int, segmented: bool = False) -> None:
         self.config, self.names = config, names
         self.device, self.dtype = device, dtype
         self.max_loras, self.max_rank, self.capacity = max_loras, max_rank, capacity
         self.paths: dict[str, str] = {}   # every registered adapter, in load order
         self.host: OrderedDict[str, LoraWeights] = OrderedDict()   # least recently used first
-        self.resident: OrderedDict[str, LoraWeights] = OrderedDict()
+        # On the device: the weights (grouped path), or the slot they sit in (segmented).
+        self.resident: OrderedDict[str, LoraWeights | int] = OrderedDict()
+        self.pools = LoraSlotPools(target_shapes(config), max_loras, max_rank, device,
+                                   dtype) if segmented else None
         self.step = LoraStep()
         wrap_lora_targets(model, self.step)
 
@@ -88,6 +93,9 @@ class LoraRegistry:
                     ranges.append((start, start + count))
             start += count
         adapters = [self._on_device(name) for name in groups]
+        if self.pools is not None and groups:
+            self._segments(groups, adapters)
+            return
         if all(len(ranges) == 1 for ranges in groups.values()):
             self.step.rows = None
             self.step.groups = [(w, slice(*ranges[0]))
@@ -102,17 +110,37 @@ class LoraRegistry:
         self.step.rows = torch.cat(order).to(self.device)
         self.step.groups = list(zip(adapters, slices))
 
+    def _segments(self, groups: dict[str, list[tuple[int, int]]], slots: list[int]) -> None:
+        """The segmented kernel's view of the step: rows grouped by slot, cut in blocks."""
+        from folio.kernels.triton_lora import BLOCK_M, segment_blocks
+
+        rows = [row for ranges in groups.values() for a, b in ranges for row in range(a, b)]
+        counts = [(slot, sum(b - a for a, b in ranges))
+                  for slot, ranges in zip(slots, groups.values())]
+        self.step.segments = (torch.tensor(rows, dtype=torch.int32).to(self.device),
+                              segment_blocks(counts, BLOCK_M, self.device), self.pools)
+        self.step.groups = [(None, slice(0, len(rows)))]   # the layers' "any adapter row"
+
     def end_step(self) -> None:
         self.step.groups = []
         self.step.rows = None
+        self.step.segments = None
 
-    def _on_device(self, name: str) -> LoraWeights:
-        weights = self.resident.get(name)
-        if weights is not None:
+    def _on_device(self, name: str) -> LoraWeights | int:
+        """The adapter on the device (read in if need be, the least recently used one
+        making room): its weights, or with the segmented kernel its slot."""
+        resident = self.resident.get(name)
+        if resident is not None:
             self.resident.move_to_end(name)
-            return weights
+            return resident
         host = self._in_host(name)
+        free = set(range(self.max_loras))
         while len(self.resident) >= self.max_loras:
             self.resident.popitem(last=False)
-        weights = self.resident[name] = host.to(self.device)
-        return weights
+        if self.pools is None:
+            resident = self.resident[name] = host.to(self.device)
+            return resident
+        slot = min(free - set(self.resident.values()))
+        self.pools.put(slot, host)
+        self.resident[name] = slot
+        return slot
