@@ -20,28 +20,25 @@ from typing import Any
 from folio.frontend.reasoning.harmony import HarmonyReader
 from folio.frontend.reasoning.think import END, START, ThinkReader
 from folio.shared.service_settings import REASONING_PARSERS
+from folio.shared.settings import SettingError
 
 # The token each parser's model has in its vocabulary (checked at start).
 _MARKERS = {"qwen3": END, "deepseek_r1": END, "gpt_oss": "<|channel|>"}
 _TAIL_TOKENS = 8   # the prompt's last tokens: where a template opens <think>
 
 
-class ReasoningParserError(ValueError):
-    """A --reasoning-parser this server cannot run; the message names it."""
-
-
 def check_parser(name: str | None, tokenizer: Any) -> None:
-    """Refuse, before the server starts, a parser that is unknown or whose marker this
-    model's tokenizer lacks."""
+    """Refuse (a SettingError naming --reasoning-parser, before the frontend serves) a parser
+    that is unknown or whose marker this model's tokenizer lacks."""
     if name is None:
         return
     if name not in REASONING_PARSERS:
-        raise ReasoningParserError(f"--reasoning-parser {name!r} is unknown; the parsers are "
-                                   f"{', '.join(REASONING_PARSERS)}")
+        raise SettingError("reasoning_parser", f"{name!r} is unknown; the parsers are "
+                           f"{', '.join(REASONING_PARSERS)}")
     if tokenizer is None or _MARKERS[name] not in tokenizer.get_vocab():
-        raise ReasoningParserError(
-            f"--reasoning-parser {name}: this model's tokenizer has no {_MARKERS[name]} token"
-            ", so the model does not write the reasoning that parser reads")
+        raise SettingError("reasoning_parser", f"{name}: this model's tokenizer has no "
+                           f"{_MARKERS[name]} token, so the model does not write the "
+                           "reasoning that parser reads")
 
 
 def keeps_special_tokens(name: str | None) -> bool:
