@@ -174,7 +174,8 @@ class TokenizeRequest:
     def chars(self) -> int:
         if self.messages is None:
             return len(self.prompt or "")
-        return sum(len(message["content"]) for message in self.messages)
+        return sum(len(message["content"]) + len(message.get("reasoning_content") or "")
+                   for message in self.messages)
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> TokenizeRequest:
