@@ -100,8 +100,8 @@ class InputProcessor:
 
     def tokenize(self, *, prompt: str | None = None, token_ids: list[int] | None = None,
                  messages: list[dict[str, Any]] | None = None,
-                 tools: list[dict[str, Any]] | None = None, param: str | None = None
-                 ) -> list[int]:
+                 tools: list[dict[str, Any]] | None = None, param: str | None = None,
+                 template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """The prompt ids of one prompt: chat messages (through the template, with `tools`),
         else text (special tokens added), else the ids as given."""
         param = param or ("messages" if messages is not None else "prompt")
@@ -111,7 +111,7 @@ class InputProcessor:
                                  "(skip_tokenizer_init=True), so pass token ids", param)
             if messages is not None:
                 try:
-                    return chat_prompt_ids(self.tokenizer, messages, tools)
+                    return chat_prompt_ids(self.tokenizer, messages, tools, template_kwargs)
                 except PromptError as error:
                     raise InputError(str(error), param) from None
             return self.tokenizer.encode(prompt, add_special_tokens=True)

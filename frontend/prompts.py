@@ -11,9 +11,11 @@ class PromptError(ValueError):
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+                    tools: list[dict[str, Any]] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """`tools` (OpenAI's tool objects) go to the template's `tools` variable; a template that
-    never reads it would drop them silently, so that is refused."""
+    never reads it would drop them silently, so that is refused. `template_kwargs`: the
+    variables frontend/reasoning/request_fields.py allows (enable_thinking, ...)."""
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         raise PromptError("this model's tokenizer has no chat template; send a prompt")
@@ -21,7 +23,8 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]],
         raise PromptError("this model's chat template does not render tools")
     try:
         ids = tokenizer.apply_chat_template(messages, tools=tools or None,
-                                            add_generation_prompt=True, tokenize=True)
+                                            add_generation_prompt=True, tokenize=True,
+                                            **(template_kwargs or {}))
     except Exception as error:   # template errors come from jinja as many types
         raise PromptError(f"chat template failed: {error}") from None
     if hasattr(ids, "keys"):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import zmq.asyncio
 
+from folio.frontend.reasoning.parsers import check_parser
 from folio.frontend.engine_client import EngineClient
 from folio.frontend.engine_api import Engine
 from folio.shared.hf_tokenizer import load_tokenizer
@@ -54,6 +55,7 @@ class FrontendService:
             keys = load_keys(config.curve_keys, server=config.client_curve, client=True,
                              peer=FRONTEND)
         self.tokenizer = load_tokenizer(config.model)
+        check_parser(getattr(config, "reasoning_parser", None), self.tokenizer)   # before start
         self.ctx = zmq.asyncio.Context()
         client_keys = keys if config.client_curve else None
         self.auth = start_authenticator(self.ctx, client_keys)   # before the gateway binds

@@ -16,6 +16,7 @@ from folio.shared.settings import (Checked, at_least, in_range, optional, positi
 from folio.shared.transport import INSECURE_HELP
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")   # frontend/openai/tool_parsers.py reads these formats
+REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt_oss")   # frontend/reasoning/parsers.py
 RESPONSES_STORE_SIZE = 1024   # responses kept for previous_response_id (frontend/openai/responses)
 
 
@@ -60,6 +61,11 @@ class HttpSettings(Checked):
     tool_call_parser: str | None = setting(
         None, "read tool calls out of answers in this format, for chat requests with tools "
         "and tool_choice auto (default: auto refused)", choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str | None = setting(
+        None, "separate the reasoning from the answer in this format (vLLM's names): "
+        "reasoning_content in chat, reasoning items in /v1/responses, thinking blocks in "
+        "/v1/messages (default: none, the answer is the text as written)",
+        choices=REASONING_PARSERS)
     enable_lora_runtime_updates: bool = setting(
         False, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (behind the API "
         "key; the engine needs --enable-lora); off, they answer 404")

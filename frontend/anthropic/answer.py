@@ -1,4 +1,6 @@
-"""A chat completion as an Anthropic message: its text and tool calls as content blocks, its
+"""A chat completion as an Anthropic message: its reasoning as a thinking block (signature
+"": Folio signs nothing, and reads back whatever thinking it is sent), then its text and
+tool calls as content blocks, its
 finish reason as stop_reason (end_turn, max_tokens, stop_sequence with the sequence,
 tool_use), its usage as input and output tokens."""
 
@@ -16,6 +18,10 @@ def new_message_id() -> str:
 def tool_use_id(call_id: str) -> str:
     """The chat path's call id (call_…) in Anthropic's form (toolu_…)."""
     return "toolu_" + call_id.removeprefix("call_")
+
+
+def thinking_block(thinking: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": thinking, "signature": ""}
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -59,6 +65,8 @@ def whole_message(model: str, completion: dict[str, Any],
     chat = choice["message"]
     calls = chat.get("tool_calls") or []
     content: list[dict[str, Any]] = []
+    if chat.get("reasoning_content"):
+        content.append(thinking_block(chat["reasoning_content"]))
     if chat.get("content") or not calls:
         content.append({"type": "text", "text": chat.get("content") or ""})
     for call in calls:

@@ -9,6 +9,12 @@ runs as (frontend/chat_bridge.py).
                     disable_parallel_tool_use -> parallel_tool_calls false
   stop_sequences    -> stop;  max_tokens (required) -> max_tokens
   output_config     {"format": {"type": "json_schema", "schema"}} -> response_format
+  thinking          {"type": "enabled", "budget_tokens": N} (needs --reasoning-parser;
+                    N >= 1024 and < max_tokens, as Anthropic checks it; accepted, not a cap
+                    of its own: max_tokens bounds thinking and answer together) -> the
+                    template's enable_thinking true; {"type": "disabled"} -> false; absent:
+                    the template's default. Thinking blocks of earlier assistant turns go
+                    to the template as reasoning_content (frontend/reasoning/history.py).
 Current `anthropic` SDKs no longer offer temperature, top_p or top_k as arguments; they
 are honoured when sent (extra_body, older clients), else the chat path's defaults hold.
 Every other field is honoured or refused by name; `cache_control` marks are accepted and
@@ -31,11 +37,11 @@ _COMMON = frozenset({"model", "messages", "system", "tools", "tool_choice", "thi
 MESSAGES_FIELDS = _COMMON | {"max_tokens", "stop_sequences", "stream", "metadata",
                              "service_tier", *_SAMPLING}
 COUNT_FIELDS = _COMMON
-_PLAIN_VALUES = {"thinking": (None, {"type": "disabled"}),
-                 "service_tier": (None, "auto", "standard_only")}
+_PLAIN_VALUES = {"service_tier": (None, "auto", "standard_only")}
+MIN_THINKING_BUDGET = 1024   # Anthropic's own minimum for budget_tokens
 # Chat field names in the chat path's refusals -> this API's.
 RENAMES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens",
-           "response_format": "output_config.format"}
+           "response_format": "output_config.format", "chat_template_kwargs": "thinking"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,9 @@ class MessagesRequest:
     stream: bool
 
     @classmethod
-    def parse(cls, body: dict[str, Any], count_only: bool = False) -> MessagesRequest:
+    def parse(cls, body: dict[str, Any], count_only: bool = False,
+              reasoning_parser: str | None = None) -> MessagesRequest:
+        """`reasoning_parser`: the server's --reasoning-parser (thinking needs one)."""
         _check_fields(body, COUNT_FIELDS if count_only else MESSAGES_FIELDS,
                       "/v1/messages/count_tokens" if count_only else "/v1/messages")
         chat: dict[str, Any] = {key: body[key] for key in _SAMPLING if key in body}
@@ -57,11 +65,15 @@ class MessagesRequest:
         response_format = _output_format(body.get("output_config"))
         if response_format is not None:
             chat["response_format"] = response_format
+        budget = _thinking(body.get("thinking"), reasoning_parser, chat)
         if count_only:
             return cls(chat, (), False)
         max_tokens = body.get("max_tokens")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise invalid("max_tokens: a positive integer is required", "max_tokens")
+        if budget is not None and budget >= max_tokens:
+            raise invalid(f"thinking.budget_tokens ({budget}) must be less than max_tokens "
+                          f"({max_tokens})", "thinking")
         chat["max_tokens"] = max_tokens
         stops = body.get("stop_sequences")
         if stops is not None:
@@ -79,6 +91,33 @@ class MessagesRequest:
         if stream:
             chat.update(stream=True, stream_options={"include_usage": True})
         return cls(chat, tuple(stops or ()), stream)
+
+
+def _thinking(value: Any, parser: str | None, chat: dict[str, Any]) -> int | None:
+    """thinking as the template's enable_thinking (in `chat`); the budget, if enabled."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "disabled" and set(value) == {"type"}:
+        if parser is not None:
+            chat["chat_template_kwargs"] = {"enable_thinking": False}
+        return None
+    if kind != "enabled":
+        raise invalid(f"thinking: type {kind!r} is not supported; {{\"type\": \"enabled\", "
+                      "\"budget_tokens\": N}} or {\"type\": \"disabled\"}", "thinking")
+    if parser is None:
+        raise invalid("thinking: this server does not separate reasoning (start it with "
+                      "--reasoning-parser for a model that reasons)", "thinking")
+    unknown = sorted(set(value) - {"type", "budget_tokens"})
+    if unknown:
+        raise invalid(f"thinking.{unknown[0]} is not supported", "thinking")
+    budget = value.get("budget_tokens")
+    if isinstance(budget, bool) or not isinstance(budget, int) \
+            or budget < MIN_THINKING_BUDGET:
+        raise invalid(f"thinking.budget_tokens: an integer >= {MIN_THINKING_BUDGET} is "
+                      "required", "thinking")
+    chat["chat_template_kwargs"] = {"enable_thinking": True}
+    return budget
 
 
 def _check_fields(body: dict[str, Any], accepted: frozenset[str], route: str) -> None:
@@ -136,22 +175,31 @@ def _messages(value: Any) -> list[dict[str, Any]]:
 def _blocks(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
     """One turn's blocks as chat messages: an assistant's text and tool calls in one
     message; a user's tool results as tool messages, in order, then its text."""
-    text, calls, results = [], [], []
+    text, calls, results, thinking = [], [], [], []
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
         at = f"{where}.content.{j}"
         if kind == "text" and isinstance(block.get("text"), str):
             text.append(block["text"])
+        elif kind == "thinking" and role == "assistant":
+            if not isinstance(block.get("thinking"), str):
+                raise invalid(f"{at}: a thinking block needs thinking (a string)", "messages")
+            thinking.append(block["thinking"])   # its signature is Folio's "": not checked
+        elif kind == "redacted_thinking" and role == "assistant":
+            raise invalid(f"{at}: redacted_thinking blocks are Anthropic's encrypted "
+                          "reasoning, which no other server can read; drop them", "messages")
         elif kind == "tool_use" and role == "assistant":
             calls.append(_call(block, at))
         elif kind == "tool_result" and role == "user":
             results.append(_result(block, at))
         else:
             raise invalid(f"{at}: block type {kind!r} is not supported in a {role} message "
-                          "(text; tool_use from the assistant; tool_result from the user)",
-                          "messages")
+                          "(text; thinking and tool_use from the assistant; tool_result from "
+                          "the user)", "messages")
     if role == "assistant":
         message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+        if thinking:
+            message["reasoning_content"] = "\n\n".join(thinking)
         if calls:
             message["tool_calls"] = calls
         return [message]

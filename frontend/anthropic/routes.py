@@ -19,6 +19,7 @@ from folio.frontend.http.answers import respond
 from folio.frontend.http.body import read_json
 from folio.frontend.input_processor import InputError
 from folio.frontend.openai.errors import ApiError, invalid
+from folio.frontend.reasoning.history import for_template
 
 
 async def create_message(request: Request) -> Response:
@@ -39,7 +40,7 @@ async def _create(request: Request) -> Response:
     served = request.app.state.served
     body = await read_json(request)
     model, lora = served_model(served, body.get("model"))
-    parsed = MessagesRequest.parse(body)
+    parsed = MessagesRequest.parse(body, reasoning_parser=served.reasoning_parser)
     chat = parse_chat(served, parsed.chat, lora)
 
     async def answer():
@@ -57,19 +58,23 @@ async def _count(request: Request) -> dict[str, Any]:
     served = request.app.state.served
     body = await read_json(request)
     _, lora = served_model(served, body.get("model"))
-    chat = parse_chat(served, MessagesRequest.parse(body, count_only=True).chat, lora)
+    chat = parse_chat(served, MessagesRequest.parse(body, True, served.reasoning_parser).chat,
+                      lora)
     engine, tools = served.engine, chat.tools
     try:
         engine.inputs.check_text(chat.chars, engine.facts, "messages")
-        ids = await engine.prep.run(chat.chars, _template_ids, engine.inputs,
-                                    tools.messages(chat.messages), tools.template_tools)
+        messages = for_template(tools.messages(chat.messages), chat.reasoning_parser)
+        ids = await engine.prep.run(chat.chars, _template_ids, engine.inputs, messages,
+                                    tools.template_tools, chat.template_kwargs)
     except InputError as error:
         raise invalid(error.message, error.param) from None
     return {"input_tokens": len(ids)}
 
 
-def _template_ids(inputs, messages: list[dict[str, Any]], tools) -> list[int]:
-    return inputs.tokenize(messages=messages, tools=tools, param="messages")
+def _template_ids(inputs, messages: list[dict[str, Any]], tools,
+                  template_kwargs: dict[str, Any]) -> list[int]:
+    return inputs.tokenize(messages=messages, tools=tools, param="messages",
+                           template_kwargs=template_kwargs)
 
 
 # (method, path, handler), added beside frontend/http/routes.py's ROUTES

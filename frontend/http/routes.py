@@ -50,6 +50,7 @@ class Served:
     tool_call_parser: str | None
     renders_tools: bool             # the chat template reads `tools` (frontend/openai/generic_tools.py)
     priority_floor: int | None = None   # --priority-floor; None: any priority (tests' apps)
+    reasoning_parser: str | None = None   # --reasoning-parser (frontend/reasoning/)
 
     @property
     def model(self) -> str:
@@ -57,7 +58,7 @@ class Served:
 
     def terms(self) -> ServerTerms:
         return ServerTerms(self.engine.facts.max_logprobs, self.tool_call_parser,
-                           self.renders_tools)
+                           self.renders_tools, self.reasoning_parser)
 
 
 def _served(request: Request) -> Served:

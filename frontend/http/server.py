@@ -45,7 +45,8 @@ def create_app(engine: Engine, model_name: str | list[str], api_key: str | None 
                lora_runtime_updates: bool = False,
                responses_store_size: int = RESPONSES_STORE_SIZE,
                priority_floor: int | None = None,
-               priority_api_key: str | None = None) -> FastAPI:
+               priority_api_key: str | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
     """With api_key, /v1 routes need it, and so does /metrics unless metrics_public.
     Several model names: each is accepted, the first is the one answers report.
     hosts: the Host names answered (None: any); others get a 403."""
@@ -57,7 +58,7 @@ def create_app(engine: Engine, model_name: str | list[str], api_key: str | None 
     engine.observers.append(metrics.observe)
     # The template is fixed for the server's life: read whether it renders tools once.
     app.state.served = Served(engine, names, metrics, int(time.time()), tool_call_parser,
-                              renders_tools(engine.tokenizer), priority_floor)
+                              renders_tools(engine.tokenizer), priority_floor, reasoning_parser)
     app.state.responses = ResponseStore(responses_store_size)   # for /v1/responses
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_gone)
@@ -115,7 +116,8 @@ async def serve_http(engine: Engine, config, stopped: asyncio.Event) -> None:
                      getattr(config, "tool_call_parser", None),
                      getattr(config, "enable_lora_runtime_updates", False),
                      getattr(config, "responses_store_size", RESPONSES_STORE_SIZE),
-                     config.priority_floor, config.priority_api_key)
+                     config.priority_floor, config.priority_api_key,
+                     getattr(config, "reasoning_parser", None))
     gate = ConnectionGate(connection_cap())
     server = _Server(http_config(app, config.host, config.port, gate))
     task = asyncio.create_task(server.serve())

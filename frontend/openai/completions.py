@@ -28,6 +28,10 @@ from folio.frontend.openai.requests import ChatRequest, CompletionRequest
 from folio.frontend.openai.structured_output import admit
 from folio.frontend.openai.tool_calls import ToolPlan, openai_calls
 from folio.frontend.openai.tool_stream.answer_stream import ToolStream
+from folio.frontend.reasoning.history import for_template
+from folio.frontend.reasoning.parsers import Reasoning, request_reasoning
+from folio.frontend.reasoning.stream import ReasoningStream
+from folio.frontend.reasoning.tokens import reasoning_tokens
 from folio.shared.protocol.codes import RefusalCode
 from folio.shared.sampling_params import SamplingParams
 
@@ -129,8 +133,10 @@ def _tokenize(inputs: InputProcessor, prompts: list[str | list[int]]) -> list[li
 
 
 def _chat_ids(inputs: InputProcessor, messages: list[dict[str, Any]],
-              tools: list[dict[str, Any]] | None) -> list[int]:
-    return inputs.tokenize(messages=messages, tools=tools, param="messages")
+              tools: list[dict[str, Any]] | None,
+              template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    return inputs.tokenize(messages=messages, tools=tools, param="messages",
+                           template_kwargs=template_kwargs)
 
 
 def _refused(error: InputError) -> ApiError:
@@ -331,18 +337,20 @@ async def create_chat_completion(engine: Engine, request: ChatRequest, model: st
     except InputError as error:
         raise _refused(error) from None
     try:
-        ids = await engine.prep.run(request.chars, _chat_ids, engine.inputs,
-                                    tools.messages(request.messages), tools.template_tools)
+        messages = for_template(tools.messages(request.messages), request.reasoning_parser)
+        ids = await engine.prep.run(request.chars, _chat_ids, engine.inputs, messages,
+                                    tools.template_tools, request.template_kwargs)
     except InputError as error:
         raise _refused(error) from None
     _check(engine, facts, ids, params, "messages")
+    reasoning = request_reasoning(request.reasoning_parser, engine.tokenizer, ids)
     job = await _submit(engine, [ids], params, request.deadline, request.stream.stream,
                         request.client)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if request.stream.stream:
         return job, _stream_chat(job, request_id, created, model,
-                                 request.stream.include_usage, tools)
+                                 request.stream.include_usage, tools, reasoning)
     try:
         (result,) = await _collect(job)
     except BaseException:
@@ -350,12 +358,21 @@ async def create_chat_completion(engine: Engine, request: ChatRequest, model: st
         raise
     choices = []
     for s in result.samples:
-        message, finish = _chat_message(tools, s.text, s.finish_reason)
+        message, finish = _chat_message(tools, s.text, s.finish_reason, reasoning)
         choices.append({"index": s.index, "message": message,
                         "logprobs": _chat_logprobs(s.logprobs), "finish_reason": finish,
                         "stop_reason": s.stop_reason})
+    usage = _usage([result])
+    if reasoning is not None:
+        counted = await engine.prep.run(usage["completion_tokens"], _reasoning_tokens,
+                                        reasoning, engine.tokenizer, result)
+        usage["completion_tokens_details"] = {"reasoning_tokens": counted}
     return job, {"id": request_id, "object": "chat.completion", "created": created,
-                 "model": model, "choices": choices, "usage": _usage([result])}
+                 "model": model, "choices": choices, "usage": usage}
+
+
+def _reasoning_tokens(reasoning: Reasoning, tokenizer, result: FinalResult) -> int:
+    return sum(reasoning_tokens(reasoning, tokenizer, s.token_ids) for s in result.samples)
 
 
 def _finish_reason(tools: ToolPlan, calls: list, finish: str | None) -> str | None:
@@ -365,22 +382,30 @@ def _finish_reason(tools: ToolPlan, calls: list, finish: str | None) -> str | No
     return finish
 
 
-def _chat_message(tools: ToolPlan, text: str, finish: str | None
-                  ) -> tuple[dict[str, Any], str | None]:
+def _chat_message(tools: ToolPlan, text: str, finish: str | None,
+                  reasoning: Reasoning | None = None) -> tuple[dict[str, Any], str | None]:
+    """The answer's message: its reasoning apart (vLLM's reasoning_content, null when the
+    model did not reason), tool calls read from the rest only."""
+    message: dict[str, Any] = {"role": "assistant"}
+    if reasoning is not None:
+        message["reasoning_content"], text = reasoning.split(text)
     if tools.mode == "none":
-        return {"role": "assistant", "content": text}, finish
+        return {**message, "content": text}, finish
     content, calls = tools.read(text)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
+    message["content"] = content
     if calls:
         message["tool_calls"] = openai_calls(calls)
     return message, _finish_reason(tools, calls, finish)
 
 
 async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
-                       include_usage: bool, tools: ToolPlan) -> AsyncIterator[str]:
+                       include_usage: bool, tools: ToolPlan,
+                       reasoning: Reasoning | None = None) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created,
             "model": model}
     streams = None if tools.mode == "none" else {i: ToolStream(tools) for i in range(job.n)}
+    readers = None if reasoning is None else {i: ReasoningStream(reasoning)
+                                              for i in range(job.n)}
     pending = await _first_event(job)
     for index in range(job.n):
         yield _sse({**head, "choices": [{"index": index, "delta": {"role": "assistant",
@@ -390,22 +415,32 @@ async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
         item, pending = (pending, None) if pending is not None else (await job.queue.get(),
                                                                      None)
         if item[0] == "delta":
-            _, index, text, _, logprobs = item
-            delta: dict[str, Any] = {"content": text}
+            _, index, text, token_ids, logprobs = item
+            thought, calls = "", []
+            if readers is not None:
+                thought, text = readers[index].feed(text, token_ids)
             if streams is not None:
                 text, calls = streams[index].feed(text)
-                if not text and not calls and logprobs is None:
-                    continue
-                delta = {"tool_calls": calls} if calls and not text else {"content": text}
-                if calls and text:
-                    delta["tool_calls"] = calls
-            yield _sse({**head, "choices": [{"index": index, "delta": delta,
+            if (readers is not None or streams is not None) and not thought and not text \
+                    and not calls and logprobs is None:
+                continue
+            yield _sse({**head, "choices": [{"index": index,
+                                             "delta": _delta(thought, text, calls),
                                              "logprobs": _chat_logprobs(logprobs),
                                              "finish_reason": None}]})
         elif item[0] == "final":
             result = item[2]
             for sample in result.samples:
                 finish = sample.finish_reason
+                if readers is not None:
+                    thought, text = readers[sample.index].finish()
+                    calls = []
+                    if streams is not None:
+                        text, calls = streams[sample.index].feed(text)
+                    if thought or text or calls:
+                        yield _sse({**head, "choices": [{
+                            "index": sample.index, "delta": _delta(thought, text, calls),
+                            "logprobs": None, "finish_reason": None}]})
                 if streams is not None:
                     rest, entries, called = streams[sample.index].finish()
                     if rest:
@@ -422,9 +457,25 @@ async def _stream_chat(job: _Job, request_id: str, created: int, model: str,
                                                  "finish_reason": finish,
                                                  "stop_reason": sample.stop_reason}]})
             if include_usage:
-                yield _sse({**head, "choices": [], "usage": _usage([result])})
+                usage = _usage([result])
+                if readers is not None:
+                    usage["completion_tokens_details"] = {
+                        "reasoning_tokens": sum(r.tokens for r in readers.values())}
+                yield _sse({**head, "choices": [], "usage": usage})
             yield "data: [DONE]\n\n"
             return
         else:
             yield _sse(_error_from_engine(item[1], item[2]).body())
             return
+
+
+def _delta(reasoning: str, text: str, calls: list) -> dict[str, Any]:
+    """A chunk's delta: reasoning (vLLM's reasoning_content), content, tool call pieces."""
+    delta: dict[str, Any] = {}
+    if reasoning:
+        delta["reasoning_content"] = reasoning
+    if text or not (calls or reasoning):
+        delta["content"] = text
+    if calls:
+        delta["tool_calls"] = calls
+    return delta

@@ -154,6 +154,12 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
                 raise invalid("messages: only assistant messages carry tool_calls",
                               "messages")
             entry["tool_calls"] = message_tool_calls(message["tool_calls"])
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None:   # an earlier turn's reasoning (frontend/reasoning/history.py)
+            if role != "assistant" or not isinstance(reasoning, str):
+                raise invalid("messages: reasoning_content is an assistant message's string",
+                              "messages")
+            entry["reasoning_content"] = reasoning
         for key in ("tool_call_id", "name"):
             if message.get(key) is not None:
                 if not isinstance(message[key], str) or len(message[key]) > 256:

@@ -14,7 +14,7 @@ output's grammar, compiled off the event loop within the grammar budget.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from folio.frontend.openai.errors import invalid
@@ -24,6 +24,8 @@ from folio.frontend.openai.field_parsers import (StreamOptions, chat_messages, c
                                             sampling_params, stream_options)
 from folio.frontend.openai.structured_output import structured_spec
 from folio.frontend.openai.tool_calls import ToolPlan, tool_plan
+from folio.frontend.reasoning.parsers import keeps_special_tokens
+from folio.frontend.reasoning.request_fields import template_kwargs
 from folio.shared.sampling_params import SamplingParams
 
 MAX_DEADLINE_S = 86400
@@ -35,11 +37,13 @@ Constraint = tuple[dict[str, Any], str]
 class ServerTerms:
     """What parsing a body needs from the server: the engine's max_logprobs (from the
     scheduler's engine_info), the --tool-call-parser and whether the chat template renders
-    tools (else the frontend does, frontend/openai/generic_tools.py)."""
+    tools (else the frontend does, frontend/openai/generic_tools.py), the
+    --reasoning-parser."""
 
     max_logprobs: int
     tool_parser: str | None = None
     renders_tools: bool = True
+    reasoning_parser: str | None = None   # --reasoning-parser (frontend/reasoning/)
 
 
 @dataclass(frozen=True)
@@ -106,10 +110,15 @@ class ChatRequest:
     constraint: Constraint | None
     deadline: float | None
     client: str | None = None       # who sent it (frontend/http/access.py client_of)
+    # The parser that splits the answer (None: no reasoning read: no --reasoning-parser, or
+    # a grammar holds the whole answer) and the template variables it asked for.
+    reasoning_parser: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def chars(self) -> int:
-        return sum(len(message["content"]) for message in self.messages)
+        return sum(len(message["content"]) + len(message.get("reasoning_content") or "")
+                   for message in self.messages)
 
     @classmethod
     def parse(cls, body: dict[str, Any], terms: ServerTerms) -> ChatRequest:
@@ -137,8 +146,14 @@ class ChatRequest:
         constraint = (tools.spec, "tools") if tools.spec is not None else structured
         if constraint is not None:
             params = replace(params, structured_output=constraint[0])
+        parser = terms.reasoning_parser
+        kwargs = template_kwargs(body, parser, constraint and constraint[1])
+        if constraint is not None:
+            parser = None   # the grammar's answer is the answer, whole
+        if keeps_special_tokens(parser):
+            params = replace(params, skip_special_tokens=False)
         return cls(chat_messages(body.get("messages")), params, stream, tools, constraint,
-                   _deadline(body))
+                   _deadline(body), reasoning_parser=parser, template_kwargs=kwargs)
 
 
 @dataclass(frozen=True)
@@ -159,7 +174,8 @@ class TokenizeRequest:
     def chars(self) -> int:
         if self.messages is None:
             return len(self.prompt or "")
-        return sum(len(message["content"]) for message in self.messages)
+        return sum(len(message["content"]) + len(message.get("reasoning_content") or "")
+                   for message in self.messages)
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> TokenizeRequest:

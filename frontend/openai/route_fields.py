@@ -32,7 +32,9 @@ CHAT_FIELDS = _SAMPLING | _LABELS | {
     "messages", "logprobs", "top_logprobs", "max_completion_tokens", "store", "service_tier",
     "modalities",
     # Tool calling (frontend/openai/tool_calls.py); the deprecated two are refused there by name.
-    "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"}
+    "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+    # Reasoning (frontend/reasoning/request_fields.py).
+    "reasoning_effort", "chat_template_kwargs"}
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens",
                              "add_generation_prompt", "return_token_strs"})
 DETOKENIZE_FIELDS = frozenset({"model", "tokens"})

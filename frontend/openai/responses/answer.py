@@ -36,11 +36,12 @@ def status_of(finish: str | None) -> str:
     return "incomplete" if finish == "length" else "completed"
 
 
-def usage_of(chat_usage: dict[str, int]) -> dict[str, Any]:
+def usage_of(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
     return {"input_tokens": chat_usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": chat_usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": chat_usage["total_tokens"]}
 
 
@@ -52,6 +53,17 @@ def text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any
 def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": content}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(item_id: str, status: str, content: list[dict[str, Any]]
+                   ) -> dict[str, Any]:
+    """The reasoning text itself (content), no summary, nothing encrypted."""
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+            "content": content, "encrypted_content": None}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
@@ -66,6 +78,9 @@ def output_items(completion: dict[str, Any]) -> tuple[list[dict[str, Any]], str 
     message = choice["message"]
     calls = message.get("tool_calls") or []
     items = []
+    if message.get("reasoning_content"):
+        items.append(reasoning_item(new_id("rs"), "completed",
+                                    [reasoning_part(message["reasoning_content"])]))
     text = message.get("content")
     if text or (text is not None and not calls):
         logprobs = (choice.get("logprobs") or {}).get("content")

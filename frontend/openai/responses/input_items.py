@@ -2,8 +2,11 @@
 output items as the assistant's chat message (what previous_response_id carries on).
 
 Items honoured: messages (roles user, assistant, system, developer; string content or text
-parts), function_call and function_call_output; a response's output items sent back as
-input (what the agents SDK does) read the same. Anything else is refused by name.
+parts), function_call and function_call_output, reasoning (its reasoning_text content, or
+else its summary text, becomes the next assistant turn's reasoning_content: the template
+renders it or not, frontend/reasoning/history.py); a response's output items sent back as
+input (what the agents SDK does) read the same. Anything else is refused by name, and so
+is a reasoning item's encrypted_content (only OpenAI can read it).
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
             raise invalid("input: each item must be an object", "input")
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append(_message(item))
+            _add_message(messages, _message(item))
+        elif kind == "reasoning":
+            messages.append({"role": "assistant", "content": "",
+                             "reasoning_content": _reasoning_text(item)})
         elif kind == "function_call":
             _add_call(messages, item)
         elif kind == "function_call_output":
@@ -37,8 +43,36 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
                              "content": _output_text(item.get("output"))})
         else:
             raise invalid(f"input: item type {kind!r} is not supported (message, "
-                          "function_call, function_call_output)", "input")
+                          "function_call, function_call_output, reasoning)", "input")
     return messages
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    if item.get("encrypted_content") is not None:
+        raise invalid("input: a reasoning item's encrypted_content is not supported (only "
+                      "OpenAI reads it); send its content", "input")
+    for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key) or []
+        if not isinstance(parts, list) or not all(
+                isinstance(p, dict) and p.get("type") == part_type
+                and isinstance(p.get("text"), str) for p in parts):
+            raise invalid(f"input: a reasoning item's {key} must be a list of {part_type} "
+                          "parts", "input")
+        if parts:
+            return "\n\n".join(part["text"] for part in parts)
+    raise invalid("input: a reasoning item needs its text (content: reasoning_text parts, "
+                  "or summary: summary_text parts)", "input")
+
+
+def _add_message(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """An assistant message after a reasoning item is the same turn: it joins it."""
+    last = messages[-1] if messages else None
+    if message["role"] == "assistant" and last is not None and last["role"] == "assistant" \
+            and "reasoning_content" in last and not last["content"] \
+            and "tool_calls" not in last:
+        last["content"] = message["content"]
+    else:
+        messages.append(message)
 
 
 def _string(item: dict[str, Any], key: str) -> str:
@@ -103,9 +137,13 @@ def output_message(output: list[dict[str, Any]]) -> dict[str, Any] | None:
     calls = [{"id": item["call_id"], "type": "function",
               "function": {"name": item["name"], "arguments": item["arguments"]}}
              for item in output if item["type"] == "function_call"]
+    reasoning = [part["text"] for item in output if item["type"] == "reasoning"
+                 for part in item["content"]]
     if not text and not calls and not output:
         return None
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        message["reasoning_content"] = "\n\n".join(reasoning)
     if calls:
         message["tool_calls"] = calls
     return message

@@ -2,8 +2,11 @@
 and the request fields its Response object echoes back.
 
 Every field is honoured or refused by name, as on the chat route (frontend/openai/
-route_fields.py): a client asking for hosted tools, reasoning effort or background runs
-never gets plain text back as if it had been understood.
+route_fields.py): a client asking for hosted tools, reasoning summaries or background runs
+never gets plain text back as if it had been understood. `reasoning.effort` runs as the
+chat body's reasoning_effort (frontend/reasoning/request_fields.py): it needs
+--reasoning-parser; "none" turns a Qwen3-style template's thinking off, low/medium/high go
+to the template (gpt-oss reads them).
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ RESPONSES_FIELDS = frozenset({
     "stream", "store", "previous_response_id", "metadata", "include", "top_logprobs",
     "truncation", "service_tier", "reasoning", *_SAMPLING, *_LABELS})
 # Accepted only with the value that asks for nothing beyond plain behaviour.
-_PLAIN_VALUES = {"truncation": (None, "disabled"), "service_tier": (None, "auto", "default"),
-                 "reasoning": (None, {})}
+_PLAIN_VALUES = {"truncation": (None, "disabled"), "service_tier": (None, "auto", "default")}
+REASONING_EFFORTS = ("none", "low", "medium", "high")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # Chat field names in the chat path's refusals -> this API's.
 RENAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens",
            "max_tokens": "max_output_tokens", "response_format": "text.format",
-           "logprobs": "include", "stream_options": "stream"}
+           "logprobs": "include", "stream_options": "stream",
+           "reasoning_effort": "reasoning.effort"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,9 @@ class ResponsesRequest:
         if text["format"]["type"] != "text":
             chat["response_format"] = _response_format(text["format"])
         _logprobs(body, chat)
+        effort = _reasoning(body.get("reasoning"))
+        if effort is not None:
+            chat["reasoning_effort"] = effort
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise invalid("instructions must be a string", "instructions")
@@ -83,7 +90,7 @@ class ResponsesRequest:
             "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
             "text": text, "tool_choice": body.get("tool_choice") or "auto",
             "tools": body.get("tools") or [], "top_logprobs": body.get("top_logprobs"),
-            "truncation": "disabled", "reasoning": {"effort": None, "summary": None},
+            "truncation": "disabled", "reasoning": {"effort": effort, "summary": None},
             "service_tier": body.get("service_tier") or "default",
             **{label: body.get(label) for label in _LABELS}}
         return cls(chat, instructions, input_messages(body.get("input")), previous,
@@ -121,6 +128,29 @@ def _metadata(value: Any) -> dict[str, str]:
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise invalid("metadata must be a map of strings to strings", "metadata")
     return value
+
+
+def _reasoning(value: Any) -> str | None:
+    """reasoning {effort, summary}: the effort, or None; summaries are refused (the
+    reasoning text itself is what the output's reasoning items carry)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid("reasoning must be an object ({\"effort\": ...})", "reasoning")
+    unknown = sorted(set(value) - {"effort", "summary"})
+    if unknown:
+        raise ApiError(400, f"reasoning.{unknown[0]} is not supported (only "
+                       "reasoning.effort)", f"reasoning.{unknown[0]}", "unknown_parameter")
+    if value.get("summary") is not None:
+        raise ApiError(400, "reasoning.summary is not supported: reasoning items carry the "
+                       "reasoning text itself (content reasoning_text), no summary",
+                       "reasoning.summary", "unsupported_value")
+    effort = value.get("effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise ApiError(400, f"reasoning.effort {effort!r} is not supported; one of "
+                       f"{', '.join(REASONING_EFFORTS)}", "reasoning.effort",
+                       "unsupported_value")
+    return effort
 
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:

@@ -1,6 +1,9 @@
 """A streamed chat completion as the Responses event stream.
 
-response.created and response.in_progress open it; text opens a message item and its
+response.created and response.in_progress open it; reasoning (the chat chunks'
+reasoning_content) opens a reasoning item first, its reasoning_text part streamed as
+response.reasoning_text.delta and closed (reasoning_text.done, content_part.done,
+output_item.done) when the answer begins; text opens a message item and its
 output_text part (output_item.added, content_part.added), then output_text.delta per
 chunk; each tool call is a function_call item with function_call_arguments.delta; every
 item is closed (…done events) before response.completed, or response.incomplete when
@@ -15,7 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from folio.frontend.openai.responses.answer import (ResponseHead, call_item, message_item,
-                                                    new_id, status_of, text_part, usage_of)
+                                                    new_id, reasoning_item, reasoning_part,
+                                                    status_of, text_part, usage_of)
 
 
 class _Events:
@@ -56,6 +60,32 @@ class _Text:
                 event("response.output_item.done", output_index=self.index, item=item)], item
 
 
+class _Reasoning:
+    """The reasoning item the chat stream's reasoning_content streams into."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.id, self.text = index, new_id("rs"), ""
+
+    def open(self, event: _Events) -> list[str]:
+        return [event("response.output_item.added", output_index=self.index,
+                      item=reasoning_item(self.id, "in_progress", [])),
+                event("response.content_part.added", item_id=self.id,
+                      output_index=self.index, content_index=0, part=reasoning_part(""))]
+
+    def delta(self, event: _Events, text: str) -> str:
+        self.text += text
+        return event("response.reasoning_text.delta", item_id=self.id,
+                     output_index=self.index, content_index=0, delta=text)
+
+    def close(self, event: _Events) -> tuple[list[str], dict[str, Any]]:
+        part = reasoning_part(self.text)
+        item = reasoning_item(self.id, "completed", [part])
+        ids = {"item_id": self.id, "output_index": self.index}
+        return [event("response.reasoning_text.done", **ids, content_index=0, text=self.text),
+                event("response.content_part.done", **ids, content_index=0, part=part),
+                event("response.output_item.done", output_index=self.index, item=item)], item
+
+
 class _Call:
     """One function_call item, its arguments streamed as the chat path sends them."""
 
@@ -88,6 +118,7 @@ async def response_events(head: ResponseHead, chunks: AsyncIterator[dict[str, An
     yield event("response.created", response=start)
     yield event("response.in_progress", response=start)
     text: _Text | None = None
+    thought: _Reasoning | None = None  # open while the reasoning streams
     calls: dict[int, _Call] = {}       # by the chat stream's tool call index
     items: list[dict[str, Any]] = []   # closed items, in output order
     open_count = 0
@@ -102,6 +133,18 @@ async def response_events(head: ResponseHead, chunks: AsyncIterator[dict[str, An
             usage = chunk["usage"]
         for choice in chunk["choices"]:
             delta = choice["delta"]
+            if delta.get("reasoning_content"):
+                if thought is None:
+                    thought, open_count = _Reasoning(open_count), open_count + 1
+                    for line in thought.open(event):
+                        yield line
+                yield thought.delta(event, delta["reasoning_content"])
+            if thought is not None and (delta.get("content") or delta.get("tool_calls")):
+                lines, item = thought.close(event)   # the answer begins: reasoning ended
+                items.append(item)
+                thought = None
+                for line in lines:
+                    yield line
             if delta.get("content"):
                 if text is None:
                     text, open_count = _Text(open_count), open_count + 1
@@ -126,7 +169,7 @@ async def response_events(head: ResponseHead, chunks: AsyncIterator[dict[str, An
                     yield call.delta(event, part["function"]["arguments"])
             if choice.get("finish_reason") is not None:
                 finish = choice["finish_reason"]
-    for still_open in ([text] if text is not None else []) + list(calls.values()):
+    for still_open in [one for one in (thought, text) if one is not None] + list(calls.values()):
         lines, item = still_open.close(event)
         items.append(item)
         for line in lines:

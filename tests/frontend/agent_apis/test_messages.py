@@ -142,7 +142,7 @@ def test_count_tokens_is_what_the_prompt_costs(claude):
 
 @pytest.mark.parametrize("fields, says", [
     ({"max_tokens": None}, "max_tokens"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "--reasoning-parser"),
     ({"mcp_servers": []}, "mcp_servers"),
     ({"messages": [{"role": "system", "content": "x"}]}, "role"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},

@@ -160,7 +160,7 @@ def test_stream_events_text_and_function_call(client):
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"effort": "high"}}, "reasoning.effort"),   # no --reasoning-parser
     ({"background": True}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
@@ -179,3 +179,17 @@ def test_bad_input_is_a_400_naming_the_field(server, fields, param):
     assert error["param"] == param and error["message"] and "Traceback" not in answer.text
     stats = idle_stats(server)
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_reasoning_items_are_dropped_without_a_reasoning_parser(client):
+    """As OpenAI drops them for a model that does not reason: accepted, not rendered."""
+    turn = [{"role": "user", "content": "Hello"},
+            {"type": "message", "role": "assistant", "content": "Hi"},
+            {"role": "user", "content": "Again"}]
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "they greet me twice"}]}
+    plain = client.responses.create(model=MODEL, input=turn, max_output_tokens=1)
+    reasoned = client.responses.create(model=MODEL, input=[turn[0], thought, *turn[1:]],
+                                       max_output_tokens=1)
+    assert reasoned.usage.input_tokens == plain.usage.input_tokens
+    assert reasoned.usage.output_tokens_details.reasoning_tokens == 0

@@ -57,7 +57,7 @@ COMPLETION = {"model": MODEL, "prompt": "x", "max_tokens": 2}
     ("/v1/chat/completions", CHAT, "guided_choice", [], "choice must be a list"),
     ("/v1/chat/completions", CHAT, "structured_outputs", {"regex": "(a"},
      "cannot be compiled"),
-    ("/v1/chat/completions", CHAT, "reasoning_effort", "low", "Unrecognized"),
+    ("/v1/chat/completions", CHAT, "reasoning_effort", "low", "--reasoning-parser"),
     ("/v1/chat/completions", CHAT, "echo", True, "Unrecognized"),
     ("/v1/chat/completions", CHAT, "best_of", 1, "Unrecognized"),
     ("/v1/chat/completions", CHAT, "store", True, "only False"),
