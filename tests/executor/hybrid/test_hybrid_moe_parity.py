@@ -1,6 +1,7 @@
 """The hybrid MoE families (Qwen3.5-MoE, Qwen3-Next, LFM2-MoE): greedy output
-token-identical to transformers in float32 on tiny random checkpoints, in a batch of
-prompts of different lengths (chunked prefill splitting the long ones), and a second turn
+token-identical to transformers in float32 on tiny random checkpoints, alone, in a batch of
+prompts of different lengths (chunked prefill splitting the long ones) beside sampled and
+n > 1 requests, under recompute preemption, and a second turn
 sharing a long prefix that resumes from a state checkpoint with the hit shown; every block
 and state slot free when idle."""
 
@@ -35,7 +36,7 @@ def _assert_idle(stats):
     assert stats["state_slots_used"] == 0 and stats["state_slots_total"] > 0
 
 
-def test_greedy_matches_transformers_alone_and_batched(moe_model):
+def test_greedy_matches_transformers_alone_batched_and_preempted(moe_model):
     model_dir, expected, _ = moe_model
     assert len({t for answer in expected for t in answer}) > 15   # not one repeated token
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in MAX_TOKENS]
@@ -45,9 +46,23 @@ def test_greedy_matches_transformers_alone_and_batched(moe_model):
     (alone,) = llm.generate([PROMPTS[1]], [params[1]])
     assert alone.outputs[0].token_ids == expected[1]
     _assert_idle(llm.stats())
-    # Batched: every prompt at once, 64 tokens a step splitting the long ones.
-    assert [r.outputs[0].token_ids for r in llm.generate(PROMPTS, params)] == expected
+    # Batched: every prompt at once, 64 tokens a step splitting the long ones, beside a
+    # sampled request and a greedy one with n = 2 (each sibling in its own state slot).
+    sampled = SamplingParams(temperature=1.0, seed=7, max_tokens=12)
+    forked = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[2], n=2)
+    results = llm.generate(PROMPTS + [PROMPTS[0], PROMPTS[2]], params + [sampled, forked])
+    assert [r.outputs[0].token_ids for r in results[:len(PROMPTS)]] == expected
+    assert 0 < len(results[-2].outputs[0].token_ids) <= 12
+    assert [o.token_ids for o in results[-1].outputs] == [expected[2]] * 2
     _assert_idle(llm.stats())
+    # 32 blocks of 4 tokens (the longest request needs 28), 16 tokens a step: a running
+    # request is preempted, its state dropped and recomputed from position 0.
+    small = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=32,
+                block_size=4, max_num_batched_tokens=16)
+    assert [r.outputs[0].token_ids for r in small.generate(PROMPTS, params)] == expected
+    stats = small.stats()
+    assert stats["preemptions_recompute"] > 0
+    _assert_idle(stats)
 
 
 def test_a_shared_prefix_resumes_from_a_state_checkpoint(moe_model):
