@@ -20,7 +20,7 @@ class SparseMoe(nn.Module):
 
     Expert weights are stacked: w13 [E, 2*I, H] (rows 0:I gate, I:2I up), w2 [E, H, I]."""
 
-    # Loaders keep these in float32 whatever the model dtype.
+    # hybrid/loader.py keeps these in float32 whatever the model dtype.
     float32_parameters: tuple[str, ...] = ("expert_bias",)
 
     def __init__(self, config: ModelConfig, ops: KernelOps) -> None:

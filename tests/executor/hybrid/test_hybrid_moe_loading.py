@@ -109,6 +109,25 @@ def test_the_released_wrapper_and_stacked_experts_load_the_same_weights(saved, t
     assert all(torch.equal(params[name], expected[name]) for name in expected)
 
 
+def test_the_dense_qwen3_5_wrapper_is_read_as_its_text_model(tmp_path):
+    import transformers as hf
+
+    from tests.executor.hybrid.checkpoints import QWEN3_5
+
+    text = dict(QWEN3_5, vocab_size=1024, num_hidden_layers=3, eos_token_id=0)
+    hf.Qwen3_5Config(text_config=text, vision_config={"depth": 1},
+                     architectures=["Qwen3_5ForConditionalGeneration"]).save_pretrained(tmp_path)
+    config = read_model_config(tmp_path)
+    assert config.architecture == "Qwen3_5ForCausalLM" and config.moe is None
+    assert (config.num_layers, config.intermediate_size, config.rotary_dim) == (3, 128, 8)
+    assert config.hybrid.layer_kinds == ("linear", "attention", "linear")
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["Qwen3_5MoeForConditionalGeneration"]}))
+    with pytest.raises(ValueError, match="Qwen3_5MoeForConditionalGeneration: config.json "
+                                         "has no text_config"):
+        read_model_config(tmp_path)
+
+
 @pytest.mark.parametrize("architecture", ["qwen3next", "qwen35moe", "lfm2moe"])
 def test_a_gguf_of_them_is_refused_by_name(tmp_path, architecture):
     from folio.preflight import check_model_dir
