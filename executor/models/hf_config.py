@@ -213,8 +213,8 @@ def _ropes(raw: dict[str, Any], arch: Architecture, head_dim: int
     rotary_dim = None
     if partial != 1.0 and params.get("rope_type") != "proportional":
         if not arch.partial_rotary:
-            raise ValueError("partial_rotary_factor != 1 is supported for Phi3ForCausalLM and "
-                             "Qwen3_5ForCausalLM only")
+            raise ValueError("partial_rotary_factor != 1 is supported for " + ", ".join(
+                name for name, entry in ARCHITECTURES.items() if entry.partial_rotary) + " only")
         rotary_dim = int(head_dim * partial)
         if rotary_dim < 2 or rotary_dim % 2:
             raise ValueError(f"partial_rotary_factor {partial} gives an odd or empty rotary "
