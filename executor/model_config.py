@@ -45,6 +45,15 @@ class MoeConfig:
     # gpt-oss: (alpha, limit) of its clamped SwiGLU, experts with biases, the top-k logits
     # softmaxed (executor/models/gpt_oss/moe.py); None: SparseMoe's experts.
     swiglu: tuple[float, float] | None = None
+    # The hybrid MoE families (executor/models/hybrid/moe.py). LFM2-MoE scores each expert
+    # by a sigmoid, chooses by score + a learned bias (the bias does not weight), adds
+    # renorm_eps to the top-k sum and multiplies by routed_scaling; Qwen3-Next and
+    # Qwen3.5-MoE add a shared expert of this width, gated by a sigmoid per token.
+    scoring: str = "softmax"                 # "softmax" or "sigmoid"
+    expert_bias: bool = False
+    routed_scaling: float = 1.0
+    renorm_eps: float = 0.0
+    shared_expert_size: int = 0              # 0: no shared expert
 
 
 @dataclass(frozen=True)

@@ -57,14 +57,18 @@ CLASS_PREFIXES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwe
                   "gemma2": "Gemma2", "gemma3": "Gemma3", "smollm3": "SmolLM3",
                   "olmo3": "Olmo3", "gpt_oss": "GptOss",
                   # Hybrids (recurrent state beside attention; executor/models/hybrid/).
-                  "qwen3_5": "Qwen3_5", "lfm2": "Lfm2"}
+                  "qwen3_5": "Qwen3_5", "lfm2": "Lfm2",
+                  "qwen3_5_moe": "Qwen3_5Moe", "qwen3_next": "Qwen3Next", "lfm2_moe": "Lfm2Moe"}
 ARCHITECTURES = tuple(CLASS_PREFIXES)
 # Architectures newer than the first three: their norm weights are perturbed after init
 # (transformers initialises them to a constant), so a norm loaded into the wrong place shows.
 _PERTURBED = ("qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "gemma3", "smollm3", "olmo3",
               "gpt_oss")
 # Their configs default head_dim to a large constant (128, 256): derive it instead.
-_OWN_HEAD_DIM = ("qwen3", "qwen3_moe", "gemma2", "gemma3", "gpt_oss")
+_OWN_HEAD_DIM = ("qwen3", "qwen3_moe", "gemma2", "gemma3", "gpt_oss", "qwen3_5_moe",
+                 "qwen3_next")
+# The hybrid MoE families default to hundreds of wide experts: a few narrow ones instead.
+_SMALL_EXPERTS = ("qwen3_5_moe", "qwen3_next", "lfm2_moe")
 
 
 def _classes(arch: str):
@@ -74,7 +78,8 @@ def _classes(arch: str):
     if arch not in names:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
     config = ("Gemma3TextConfig" if arch == "gemma3" else "Qwen3_5TextConfig"
-              if arch == "qwen3_5" else f"{names[arch]}Config")
+              if arch == "qwen3_5" else "Qwen3_5MoeTextConfig" if arch == "qwen3_5_moe"
+              else f"{names[arch]}Config")
     return getattr(hf, config), getattr(hf, f"{names[arch]}ForCausalLM")
 
 
@@ -91,6 +96,15 @@ def make_random_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size:
     config_cls, model_cls = _classes(arch)
     if arch in _OWN_HEAD_DIM:
         extra.setdefault("head_dim", hidden_size // num_heads)
+    if arch in _SMALL_EXPERTS:
+        for key, value in (("num_experts", 8), ("num_experts_per_tok", 2),
+                           ("moe_intermediate_size", max(intermediate_size // 4, 1)),
+                           ("shared_expert_intermediate_size", max(intermediate_size // 2, 1))):
+            extra.setdefault(key, value)
+        if arch == "lfm2_moe":   # its config has no default layer pattern
+            extra.pop("shared_expert_intermediate_size")
+            extra.setdefault("layer_types", ["full_attention" if i % 2 else "conv"
+                                             for i in range(num_layers)])
     eos = 0  # "<|endoftext|>" is the first special token of train_tokenizer
     config = config_cls(vocab_size=vocab_size, hidden_size=hidden_size,
                         num_hidden_layers=num_layers, num_attention_heads=num_heads,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from folio.executor.models.hybrid.moe_config import (LFM2_MOE_DEFAULTS, QWEN3_5_MOE_DEFAULTS,
+                                                     QWEN3_NEXT_DEFAULTS)
 from folio.executor.models.weight_names import WeightNames
 
 
@@ -23,7 +25,8 @@ class Architecture:
     windows: str = "all"                # "all", "none", "qwen" (use_sliding_window),
                                         # "gemma2", "gemma3" or "olmo3" (when the config
                                         # has no layer_types)
-    moe: str | None = None              # "mixtral" or "qwen3_moe"
+    moe: str | None = None              # "mixtral", "qwen3_moe", "gpt_oss"; the hybrids':
+                                        # "qwen3_next", "qwen3_5_moe", "lfm2_moe"
     partial_rotary: bool = False
     head_dim: int | None = None         # transformers' default when the config has none
     softcaps: tuple[float | None, float | None] = (None, None)   # defaults: attention, final
@@ -78,6 +81,16 @@ ARCHITECTURES = {
                                        head_dim=256, hybrid="qwen3_5"),
     "Lfm2ForCausalLM": Architecture(qkv_bias=False, o_bias=False, qk_norm=True,
                                     windows="none", hybrid="lfm2"),
+    # Their MoE variants (executor/models/hybrid/moe.py); Qwen3-Next's layers are Qwen3.5's.
+    "Qwen3_5MoeForCausalLM": Architecture(
+        qkv_bias=False, o_bias=False, qk_norm=True, windows="none", partial_rotary=True,
+        head_dim=256, hybrid="qwen3_5", moe="qwen3_5_moe", defaults=QWEN3_5_MOE_DEFAULTS),
+    "Qwen3NextForCausalLM": Architecture(
+        qkv_bias=False, o_bias=False, qk_norm=True, windows="none", partial_rotary=True,
+        head_dim=256, hybrid="qwen3_5", moe="qwen3_next", defaults=QWEN3_NEXT_DEFAULTS),
+    "Lfm2MoeForCausalLM": Architecture(qkv_bias=False, o_bias=False, qk_norm=True,
+                                       windows="none", hybrid="lfm2", moe="lfm2_moe",
+                                       defaults=LFM2_MOE_DEFAULTS),
 }
 
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)

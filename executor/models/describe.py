@@ -40,7 +40,11 @@ def describe(config: ModelConfig) -> str:
         moe = config.moe
         sparse = sum(moe.sparse_layers)
         parts.append(f"MoE {moe.num_experts} experts top-{moe.top_k}"
+                     f"{' sigmoid-scored' if moe.scoring == 'sigmoid' else ''}"
+                     f"{' with expert bias' if moe.expert_bias else ''}"
                      f"{' renormalised' if moe.renormalize else ''}"
+                     f"{f' x{moe.routed_scaling:g}' if moe.routed_scaling != 1.0 else ''}"
+                     f"{' + a gated shared expert' if moe.shared_expert_size else ''}"
                      + ("" if sparse == config.num_layers else
                         f" on {sparse} of {config.num_layers} layers"))
     if config.attn_softcap:

@@ -20,6 +20,7 @@ from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
 from folio.executor.quantization.prequantized_config import read_quantization_config
 from folio.shared.pooling.task import base_model_architecture
 from folio.executor.models.hybrid.spec import lfm2_intermediate_size, parse_hybrid
+from folio.executor.models.hybrid.moe_config import active_width, hybrid_moe, text_model_raw
 from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
                                                  Architecture)
 
@@ -55,6 +56,7 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
     """A parsed config.json (and generation_config.json) -> ModelConfig; ValueError names
     what Folio cannot serve."""
     generation = generation or {}
+    raw = text_model_raw(raw)   # a vision-language wrapper's text model (Qwen3.5)
     architectures = raw.get("architectures") or []
     # A base model class (Qwen3Model) is its decoder without the LM head (shared/pooling/).
     name = base_model_architecture(architectures[0], ARCHITECTURES) if architectures \
@@ -66,6 +68,8 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     arch = ARCHITECTURES[name]
     raw = {**dict(arch.defaults), **raw}
+    if arch.moe == "qwen3_5_moe" and "intermediate_size" not in raw:   # no dense MLP
+        raw["intermediate_size"] = active_width(raw)
     act_key = "hidden_activation" if arch.gemma else "hidden_act"
     act = raw.get(act_key) or ("gelu_pytorch_tanh" if arch.gemma else "silu")
     if act not in _ACTIVATIONS:
@@ -128,8 +132,10 @@ def _with_hybrid(config: ModelConfig, raw: dict[str, Any], arch: Architecture) -
     spec = parse_hybrid(arch.hybrid, raw, config.num_layers)
     if arch.hybrid != "lfm2":
         return replace(config, hybrid=spec)
+    # LFM2-MoE's dense layers take intermediate_size as it is.
     return replace(config, hybrid=spec, rms_norm_eps=float(raw.get("norm_eps", 1e-5)),
-                   intermediate_size=lfm2_intermediate_size(raw))
+                   intermediate_size=lfm2_intermediate_size(raw) if arch.moe is None
+                   else config.intermediate_size)
 
 
 def _mxfp4_experts(raw: dict[str, Any], arch: Architecture) -> bool:
@@ -207,8 +213,8 @@ def _ropes(raw: dict[str, Any], arch: Architecture, head_dim: int
     rotary_dim = None
     if partial != 1.0 and params.get("rope_type") != "proportional":
         if not arch.partial_rotary:
-            raise ValueError("partial_rotary_factor != 1 is supported for Phi3ForCausalLM and "
-                             "Qwen3_5ForCausalLM only")
+            raise ValueError("partial_rotary_factor != 1 is supported for " + ", ".join(
+                name for name, entry in ARCHITECTURES.items() if entry.partial_rotary) + " only")
         rotary_dim = int(head_dim * partial)
         if rotary_dim < 2 or rotary_dim % 2:
             raise ValueError(f"partial_rotary_factor {partial} gives an odd or empty rotary "
@@ -287,6 +293,8 @@ def _longrope(rope: RopeConfig, params: dict[str, Any], raw: dict[str, Any],
 def _moe(raw: dict[str, Any], arch: Architecture, num_layers: int) -> MoeConfig | None:
     if arch.moe is None:
         return None
+    if arch.moe in ("qwen3_next", "qwen3_5_moe", "lfm2_moe"):   # executor/models/hybrid/
+        return hybrid_moe(arch.moe, raw, num_layers)
     experts = raw.get("num_local_experts") or raw.get("num_experts")
     top_k = raw.get("num_experts_per_tok")
     if not experts or not top_k or not 1 <= top_k <= experts:

@@ -34,7 +34,8 @@ def test_every_supported_architecture_reads_a_config(arch):
                "moe_intermediate_size": 8}
     config = _config(arch, **experts)
     assert config.architecture == arch and config.num_layers == 4
-    assert (config.moe is not None) == ("Moe" in arch or "Mixtral" in arch or "GptOss" in arch)
+    assert (config.moe is not None) == ("Moe" in arch or "Mixtral" in arch or "GptOss" in arch
+                                        or "Next" in arch)
 
 
 def test_the_tiny_models_cover_every_supported_architecture():

@@ -235,12 +235,13 @@ class HybridAttention(nn.Module):
 
 class GatedMlp(nn.Module):
     """down(silu(gate(x)) * up(x)), its three weights under the checkpoint's names:
-    Qwen3.5's gate_proj / up_proj / down_proj (the defaults), LFM2's w1 / w3 / w2."""
+    Qwen3.5's gate_proj / up_proj / down_proj (the defaults), LFM2's w1 / w3 / w2; a shared
+    expert's width (hybrid/moe.py) in place of intermediate_size."""
 
     def __init__(self, config: ModelConfig, gate: str = "gate_proj", up: str = "up_proj",
-                 down: str = "down_proj") -> None:
+                 down: str = "down_proj", intermediate_size: int | None = None) -> None:
         super().__init__()
-        size, inter = config.hidden_size, config.intermediate_size
+        size, inter = config.hidden_size, intermediate_size or config.intermediate_size
         self.names = (gate, up, down)
         for name, (inputs, outputs) in zip(self.names, ((size, inter), (size, inter),
                                                         (inter, size))):

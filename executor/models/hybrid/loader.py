@@ -10,6 +10,7 @@ import torch
 from folio.executor.model_config import ModelConfig
 from folio.executor.materialize import materialize
 from folio.executor.models.hybrid.model import HybridCausalLM
+from folio.executor.models.hybrid.moe_weights import checkpoint_pieces
 from folio.executor.ops import KernelOps
 from folio.executor.weights import iterate_weights
 
@@ -25,22 +26,26 @@ def load_hybrid_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps
     with torch.device("meta"):
         model = HybridCausalLM(config, ops, max_positions)
     model = materialize(model, device, dtype)
+    _keep_float32(model)
     params = dict(model.named_parameters())
-    filled: set[str] = set()
+    written: dict[str, int] = {}   # elements copied into each parameter
     for name, tensor in iterate_weights(model_dir):
         if name.endswith("rotary_emb.inv_freq") or name.startswith(_SKIPPED):
             continue
         target = next((name[len(p):] for p in _STRIPPED if name.startswith(p)), name)
-        if target not in params:
-            raise ValueError(f"checkpoint tensor {name!r} has no place in "
-                             f"{config.architecture}")
-        param = params[target]
-        if tuple(param.shape) != tuple(tensor.shape):
-            raise ValueError(f"shape mismatch for {name!r}: checkpoint "
-                             f"{tuple(tensor.shape)} vs model {tuple(param.shape)}")
-        with torch.no_grad():
-            param.copy_(tensor)
-        filled.add(target)
+        pieces = checkpoint_pieces(target, tensor, config) or [(target, None, tensor)]
+        for target, index, piece in pieces:
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in "
+                                 f"{config.architecture}")
+            with torch.no_grad():
+                place = params[target] if index is None else params[target][index]
+                if tuple(place.shape) != tuple(piece.shape):
+                    raise ValueError(f"shape mismatch for {name!r}: checkpoint "
+                                     f"{tuple(piece.shape)} vs model {tuple(place.shape)}")
+                place.copy_(piece)
+            written[target] = written.get(target, 0) + place.numel()
+    filled = {target for target, count in written.items() if count >= params[target].numel()}
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
         filled.add("lm_head.weight")
@@ -49,3 +54,13 @@ def load_hybrid_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
     model.init_rotary()
     return model.eval()
+
+
+def _keep_float32(model: torch.nn.Module) -> None:
+    """Parameters a module names in float32_parameters stay float32 (LFM2-MoE's expert
+    bias, a float32 buffer in transformers too)."""
+    for module in model.modules():
+        for name in getattr(module, "float32_parameters", ()):
+            param = getattr(module, name, None)
+            if param is not None:
+                setattr(module, name, torch.nn.Parameter(param.float(), requires_grad=False))

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from folio.executor.model_config import ModelConfig
-from folio.executor.models.hybrid.layers import (GatedDeltaNet, GatedMlp, HybridAttention,
-                                                 Norm, ShortConv)
+from folio.executor.models.hybrid.layers import GatedDeltaNet, HybridAttention, Norm, ShortConv
+from folio.executor.models.hybrid.moe import feed_forward
 from folio.executor.models.hybrid.spec import ATTENTION
 from folio.executor.models.hybrid.state_pool import StatePool, StepStates
 from folio.executor.ops import AttentionInputs, KernelOps
@@ -31,7 +31,7 @@ class HybridLayer(nn.Module):
                 self.linear_attn = GatedDeltaNet(config, layer)
             self.input_layernorm = Norm(size, eps, zero_centred=True)
             self.post_attention_layernorm = Norm(size, eps, zero_centred=True)
-            self.mlp = GatedMlp(config)
+            self.mlp = feed_forward(config, layer, ops)
             self.mixer = self.self_attn if self.is_attention else self.linear_attn
             self.norms = (self.input_layernorm, self.post_attention_layernorm)
         else:
@@ -41,7 +41,7 @@ class HybridLayer(nn.Module):
                 self.conv = ShortConv(config, layer)
             self.operator_norm = Norm(size, eps, zero_centred=False)
             self.ffn_norm = Norm(size, eps, zero_centred=False)
-            self.feed_forward = GatedMlp(config, "w1", "w3", "w2")
+            self.feed_forward = feed_forward(config, layer, ops, ("w1", "w3", "w2"))
             self.mixer = self.self_attn if self.is_attention else self.conv
             self.norms = (self.operator_norm, self.ffn_norm)
         self.ffn = self.mlp if qwen else self.feed_forward
