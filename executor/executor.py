@@ -305,18 +305,19 @@ class Executor:
         config = self.config
         if not config.enable_lora:
             return None
-        if self.tp is not None:
-            raise ValueError("enable_lora: LoRA adapters run with tensor_parallel_size 1 only")
         if getattr(self.model, "longrope_original", None) is not None:
             raise ValueError("enable_lora: not with a longrope model, whose cached part is "
                              "recomputed in place without the adapters")
         from folio.executor.lora.registry import LoraRegistry
+        from folio.executor.lora.tensor_parallel import shard_adapter
 
-        registry = LoraRegistry(self.model, self.model_config,
+        tp = self.tp
+        registry = LoraRegistry(self.model, tp.full if tp is not None else self.model_config,
                                 ARCHITECTURES[self.model_config.architecture].weights,
                                 self.device, self.dtype, config.max_loras,
                                 config.max_lora_rank, config.lora_capacity,
-                                segmented=self.device.type == "cuda")
+                                segmented=self.device.type == "cuda",
+                                shard=None if tp is None else lambda w: shard_adapter(w, tp))
         for name, path in config.lora_paths.items():
             registry.load(name, path)
         return registry

@@ -140,6 +140,9 @@ class ExecutorService:
         try:
             if registry is None:
                 error = "LoRA adapters are off (start with --enable-lora)"
+            elif self.ranks is not None:
+                error = ("adapters are not loaded or unloaded while serving with tensor "
+                         "parallelism (every rank would have to); list them in --lora-modules")
             elif update.path is None:
                 registry.unload(update.name)
             else:

@@ -117,6 +117,10 @@ def check_lora_names(engine: EngineConfig, http: HttpSettings) -> None:
 
     if http.enable_lora_runtime_updates and not engine.enable_lora:
         raise SettingError("enable_lora_runtime_updates", "needs --enable-lora")
+    if http.enable_lora_runtime_updates and engine.tensor_parallel_size > 1:
+        raise SettingError("enable_lora_runtime_updates", "not with tensor_parallel_size > 1 "
+                           "(every rank would have to load each adapter); list the adapters "
+                           "in --lora-modules")
     names = set(served_names(http.served_model_name, engine.model))
     for name in engine.lora_paths:
         if name in names:

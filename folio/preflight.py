@@ -140,8 +140,6 @@ def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
         if config.lora_modules:
             raise SettingError("lora_modules", "needs --enable-lora")
         return
-    if config.tensor_parallel_size > 1:
-        raise SettingError("enable_lora", "runs with tensor_parallel_size 1 only")
     if model_config.rope.rope_type == "longrope":
         raise SettingError("enable_lora", "is not supported with a longrope model (its "
                            "cached part is recomputed in place without the adapters)")

@@ -4,11 +4,14 @@ dropped there and read from its files again when a request names it), copied to 
 for the steps that use them (at most --max-loras there at once, the least recently used one
 dropped first), and grouped per step for the wrapped layers (executor/lora/layers.py;
 docs/lora.md). With `segmented` (CUDA) the device copies are slots of the kernel's pools
-(executor/lora/slot_pools.py) rather than one tensor pair per module and adapter."""
+(executor/lora/slot_pools.py) rather than one tensor pair per module and adapter. With
+`shard` (a tensor-parallel rank) each adapter is read against the whole model's `config`
+and cut to this rank's share as it is read (executor/lora/tensor_parallel.py)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 
@@ -23,15 +26,17 @@ from folio.executor.models.weight_names import WeightNames
 class LoraRegistry:
     def __init__(self, model: torch.nn.Module, config: ModelConfig, names: WeightNames,
                  device: torch.device, dtype: torch.dtype, max_loras: int, max_rank: int,
-                 capacity: int, segmented: bool = False) -> None:
+                 capacity: int, segmented: bool = False,
+                 shard: Callable[[LoraWeights], LoraWeights] | None = None) -> None:
         self.config, self.names = config, names
         self.device, self.dtype = device, dtype
         self.max_loras, self.max_rank, self.capacity = max_loras, max_rank, capacity
+        self.shard = shard
         self.paths: dict[str, str] = {}   # every registered adapter, in load order
         self.host: OrderedDict[str, LoraWeights] = OrderedDict()   # least recently used first
         # On the device: the weights (grouped path), or the slot they sit in (segmented).
         self.resident: OrderedDict[str, LoraWeights | int] = OrderedDict()
-        self.pools = LoraSlotPools(target_shapes(config), max_loras, max_rank, device,
+        self.pools = LoraSlotPools(target_shapes(model.config), max_loras, max_rank, device,
                                    dtype) if segmented else None
         self.step = LoraStep()
         wrap_lora_targets(model, self.step)
@@ -44,7 +49,7 @@ class LoraRegistry:
             raise LoraError(problem)
         if name in self.paths:
             raise LoraError(f"an adapter named {name!r} is already loaded")
-        weights = read_adapter(name, path, self.config, self.names, self.max_rank, self.dtype)
+        weights = self._read(name, path)
         self.paths[name] = str(path)
         self._hold(weights)
         return weights
@@ -54,6 +59,10 @@ class LoraRegistry:
             raise LoraError(f"no adapter named {name!r} is loaded")
         self.host.pop(name, None)
         self.resident.pop(name, None)
+
+    def _read(self, name: str, path: str) -> LoraWeights:
+        weights = read_adapter(name, path, self.config, self.names, self.max_rank, self.dtype)
+        return weights if self.shard is None else self.shard(weights)
 
     def names_loaded(self) -> list[str]:
         return list(self.paths)
@@ -74,7 +83,7 @@ class LoraRegistry:
         path = self.paths.get(name)
         if path is None:   # the scheduler admits only loaded adapters' requests
             raise LoraError(f"a request names adapter {name!r}, which is not loaded")
-        weights = read_adapter(name, path, self.config, self.names, self.max_rank, self.dtype)
+        weights = self._read(name, path)
         self._hold(weights)
         return weights
 
