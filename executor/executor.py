@@ -246,7 +246,8 @@ class Executor:
             if getattr(self.model, "longrope_original", None) is not None:
                 recompute_crossing(self.model, self.ops, self.model.longrope_original,
                                    [request for request, _ in scheduled], self.batch.rows.tokens,
-                                   inputs.attention, self.kv_caches, self.config.block_size)
+                                   inputs.attention, self.kv_caches, self.config.block_size,
+                                   self.lora)
             attention = self.ops.prepare(inputs.attention, self.config.block_size)
             if self.lora is not None:
                 self.lora.begin_step(scheduled)
@@ -305,9 +306,6 @@ class Executor:
         config = self.config
         if not config.enable_lora:
             return None
-        if getattr(self.model, "longrope_original", None) is not None:
-            raise ValueError("enable_lora: not with a longrope model, whose cached part is "
-                             "recomputed in place without the adapters")
         from folio.executor.lora.registry import LoraRegistry
         from folio.executor.lora.tensor_parallel import shard_adapter
 

@@ -140,9 +140,6 @@ def _check_lora(config: EngineConfig, model_config: ModelConfig) -> None:
         if config.lora_modules:
             raise SettingError("lora_modules", "needs --enable-lora")
         return
-    if model_config.rope.rope_type == "longrope":
-        raise SettingError("enable_lora", "is not supported with a longrope model (its "
-                           "cached part is recomputed in place without the adapters)")
     if config.max_cpu_loras is not None and config.max_cpu_loras < config.max_loras:
         raise SettingError("max_cpu_loras", f"({config.max_cpu_loras}) must be >= max_loras "
                            f"({config.max_loras})")

@@ -8,7 +8,8 @@ same per sequence: a step whose context passes the original length while its cac
 with the long factors, into the same slots; the step then runs as planned.
 
 The recomputed blocks are rewritten in place. Blocks shared with another sequence (a
-prefix-cache hit, a fork's prompt) are rewritten for that sequence too.
+prefix-cache hit, a fork's prompt) are rewritten for that sequence too. With LoRA each
+recomputed sequence runs with its own adapter (`lora`), as its tokens first did.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from folio.executor.ops import AttentionInputs, KernelOps
 def recompute_crossing(model: torch.nn.Module, ops: KernelOps, original: int,
                        requests: list, tokens: np.ndarray, attention: AttentionInputs,
                        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                       block_size: int) -> int:
+                       block_size: int, lora=None) -> int:
     """Recompute, with the long factors, the cached tokens of every sequence of this step
     that crosses `original` now. `requests[i]` is the step's i-th sequence (its `row` in
     `tokens`, its `block_ids`). Returns how many sequences were recomputed."""
@@ -53,8 +54,14 @@ def recompute_crossing(model: torch.nn.Module, ops: KernelOps, original: int,
         block_tables=to_device(np.stack(tables).astype(np.int32), device),
         seq_lens=to_device(np.asarray(lens, dtype=np.int32), device),
         query_start_loc=to_device(starts_out.astype(np.int32), device))
-    model(to_device(np.concatenate(ids).astype(np.int64), device),
-          to_device(np.concatenate(positions), device), kv_caches,
-          ops.prepare(inputs, block_size), long_rope=True)
+    if lora is not None:   # executor/lora/registry.py: the rows grouped by adapter
+        lora.begin_step(picked)
+    try:
+        model(to_device(np.concatenate(ids).astype(np.int64), device),
+              to_device(np.concatenate(positions), device), kv_caches,
+              ops.prepare(inputs, block_size), long_rope=True)
+    finally:
+        if lora is not None:
+            lora.end_step()
     return len(picked)
 

@@ -145,6 +145,30 @@ def test_other_architectures(arch, tmp_path_factory, tokenizer_dir):
     _idle(llm)
 
 
+def test_a_longrope_model_recomputes_each_crossing_sequence_with_its_adapter(
+        tmp_path_factory, tokenizer_dir):
+    """Phi-3's longrope switch recomputes a crossing sequence's cached KV with the long
+    factors (executor/models/longrope.py); with LoRA that pass runs the sequence's adapter,
+    so a prompt that crosses the original 64 tokens while decoding still matches PEFT."""
+    import random
+
+    from tests.conftest import _model_dir
+    from tests.executor.test_models_parity import ARCHS
+
+    model_dir = _model_dir(tmp_path_factory, tokenizer_dir, "lora-phi3-longrope",
+                           **ARCHS["phi3"])
+    path = make_adapter(model_dir, tmp_path_factory.mktemp("adapter") / "longrope", seed=7,
+                        rank=8, targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 1024) for _ in range(n)] for n in (60, 70, 20)]
+    max_tokens = [12, 6, 8]   # 60 + 12 crosses 64 while decoding; 70 starts long
+    want = hf_lora_greedy(model_dir, path, prompts, max_tokens)
+    assert want != hf_lora_greedy(model_dir, None, prompts, max_tokens)
+    llm = _llm(model_dir, {"x": path}, max_model_len=128)
+    assert _run(llm, ["x"], prompts, max_tokens)["x"] == want
+    _idle(llm)
+
+
 # ---- bad adapters ---------------------------------------------------------------------
 
 def _with_extra_pair(source, out, module, in_size, out_size):
