@@ -29,10 +29,10 @@ from folio.kernels.triton_dot import dot_f32
 
 
 @triton.jit
-def _shrink_kernel(x_ptr, a_ptr, t_ptr, rows_ptr, block_start_ptr, block_end_ptr, block_slot_ptr,
-                   K, R, stride_x, stride_a0, stride_a1, stride_t,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   DTYPE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _program_block(rows_ptr, block_start_ptr, block_end_ptr, block_slot_ptr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's block: its positions, which are real, their rows, its slot, and its
+    output columns."""
     block = tl.program_id(0)
     start = tl.load(block_start_ptr + block)
     end = tl.load(block_end_ptr + block)
@@ -41,6 +41,16 @@ def _shrink_kernel(x_ptr, a_ptr, t_ptr, rows_ptr, block_start_ptr, block_end_ptr
     in_block = pos < end
     rows = tl.load(rows_ptr + pos, mask=in_block, other=0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pos, in_block, rows, slot, cols
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, t_ptr, rows_ptr, block_start_ptr, block_end_ptr, block_slot_ptr,
+                   K, R, stride_x, stride_a0, stride_a1, stride_t,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   DTYPE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    pos, in_block, rows, slot, cols = _program_block(
+        rows_ptr, block_start_ptr, block_end_ptr, block_slot_ptr, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -58,14 +68,8 @@ def _expand_kernel(t_ptr, b_ptr, out_ptr, rows_ptr, block_start_ptr, block_end_p
                    block_slot_ptr, N, R, stride_t, stride_b0, stride_b1, stride_out,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    DTYPE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    block = tl.program_id(0)
-    start = tl.load(block_start_ptr + block)
-    end = tl.load(block_end_ptr + block)
-    slot = tl.load(block_slot_ptr + block).to(tl.int64)
-    pos = start + tl.arange(0, BLOCK_M)
-    in_block = pos < end
-    rows = tl.load(rows_ptr + pos, mask=in_block, other=0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pos, in_block, rows, slot, cols = _program_block(
+        rows_ptr, block_start_ptr, block_end_ptr, block_slot_ptr, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, R, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)

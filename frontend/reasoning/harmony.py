@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from folio.frontend.reasoning.held import partial_marker
+from folio.frontend.reasoning.held import HeldText, partial_marker
 
 MESSAGE = "<|message|>"
 _ENDS = ("<|end|>", "<|return|>", "<|call|>", "<|start|>")
@@ -25,7 +25,7 @@ _HEADER, _BODY = "header", "body"
 REASONING_CHANNEL = "analysis"
 
 
-class HarmonyReader:
+class HarmonyReader(HeldText):
     def __init__(self) -> None:
         self.state, self.channel, self.buffer = _HEADER, "", ""
         self.answered = False   # an answer body has begun
@@ -36,13 +36,6 @@ class HarmonyReader:
         if self.state == _BODY:
             return self.channel == REASONING_CHANNEL
         return not self.answered
-
-    def feed(self, text: str) -> tuple[str, str]:
-        self.buffer += text
-        return self._run(final=False)
-
-    def finish(self) -> tuple[str, str]:
-        return self._run(final=True)
 
     def _run(self, final: bool) -> tuple[str, str]:
         reasoning, answer = [], []

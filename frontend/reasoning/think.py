@@ -13,13 +13,13 @@ out to be `</think>` or the whitespace before it, so a stream splits as the whol
 
 from __future__ import annotations
 
-from folio.frontend.reasoning.held import partial_marker, trailing_space
+from folio.frontend.reasoning.held import HeldText, partial_marker, trailing_space
 
 START, END = "<think>", "</think>"
 _OPENING, _REASONING, _ANSWER = "opening", "reasoning", "answer"
 
 
-class ThinkReader:
+class ThinkReader(HeldText):
     def __init__(self, inside: bool) -> None:
         # opening: nothing decided yet (a leading <think> may come). `inside`: the prompt
         # opened it, or the parser reads every answer as reasoning first; a leading
@@ -33,14 +33,6 @@ class ThinkReader:
     @property
     def in_reasoning(self) -> bool:
         return self.state == _REASONING or (self.state == _OPENING and self.inside)
-
-    def feed(self, text: str) -> tuple[str, str]:
-        """(reasoning, answer) to send now."""
-        self.buffer += text
-        return self._run(final=False)
-
-    def finish(self) -> tuple[str, str]:
-        return self._run(final=True)
 
     def _run(self, final: bool) -> tuple[str, str]:
         if self.state == _OPENING:
