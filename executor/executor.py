@@ -115,6 +115,11 @@ class Executor:
         hybrid = self.model_config.hybrid
         if hybrid is not None:
             refuse_unsupported(config, self.model_config, tp is not None)
+        if self.model_config.gemma4 is not None:
+            from folio.executor.models.gemma4.executor_checks import refuse_unsupported \
+                as refuse_for_gemma4
+
+            refuse_for_gemma4(config, self.model_config, tp is not None)
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
                                 self.device, self.max_model_len, tp,
                                 needs_lm_head=self.pooling_task is None

@@ -19,6 +19,7 @@ from folio.executor.quantization.gguf.file import is_gguf, open_gguf
 from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
 from folio.executor.quantization.prequantized_config import read_quantization_config
 from folio.shared.pooling.task import base_model_architecture
+from folio.executor.models.gemma4.spec import parse_gemma4
 from folio.executor.models.hybrid.spec import lfm2_intermediate_size, parse_hybrid
 from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
                                                  Architecture)
@@ -26,11 +27,7 @@ from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHIT
 
 # Families people ask for whose needs Folio does not meet yet (docs/models.md): refused by
 # what is missing rather than as an unknown name.
-_NOT_YET = {
-    "Gemma4ForCausalLM": "per-layer head sizes and KV-head counts (its global layers), keys "
-                         "and values shared across layers (num_kv_shared_layers), per-layer "
-                         "input embeddings and its value norm",
-}
+_NOT_YET: dict[str, str] = {}
 
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -120,7 +117,14 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
         qk_norm_whole=arch.qk_norm_whole,
         attention_sinks=arch.sinks,
     )
+    if arch.gemma4:   # no query scale: q and k are RMS-normed (executor/models/gemma4/)
+        return replace(config, query_scale=1.0, gemma4=parse_gemma4(
+            raw, _layer_types(windows), head_dim, num_kv_heads))
     return _with_hybrid(config, raw, arch) if arch.hybrid else config
+
+
+def _layer_types(windows: tuple[int | None, ...]) -> list[str]:
+    return ["sliding_attention" if w else "full_attention" for w in windows]
 
 
 def _with_hybrid(config: ModelConfig, raw: dict[str, Any], arch: Architecture) -> ModelConfig:
