@@ -28,6 +28,9 @@ from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHIT
 # Families people ask for whose needs Folio does not meet yet (docs/models.md): refused by
 # what is missing rather than as an unknown name.
 _NOT_YET: dict[str, str] = {}
+# Multimodal checkpoints served as their text model: its config is nested under
+# text_config, its weights under model.language_model. (the loader skips the towers).
+_TEXT_PART = {"Gemma4ForConditionalGeneration": "Gemma4ForCausalLM"}
 
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -56,6 +59,12 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
     # A base model class (Qwen3Model) is its decoder without the LM head (shared/pooling/).
     name = base_model_architecture(architectures[0], ARCHITECTURES) if architectures \
         else "<none>"
+    if name in _TEXT_PART and isinstance(raw.get("text_config"), dict):
+        text = raw["text_config"]
+        raw = {**text, "architectures": [_TEXT_PART[name]],   # the outer config ties
+               "tie_word_embeddings": raw.get("tie_word_embeddings",
+                                              text.get("tie_word_embeddings", True))}
+        name = _TEXT_PART[name]
     if name in _NOT_YET:
         raise ValueError(f"{name} is not supported yet: Folio lacks {_NOT_YET[name]}")
     if name not in ARCHITECTURES:

@@ -44,3 +44,27 @@ def make_gemma4_dir(path: Path, tokenizer_dir: Path, variant: str, seed: int = 0
                 tensor.add_(torch.randn_like(tensor) * 0.2)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
+
+
+def make_gemma4_multimodal_dir(path: Path, tokenizer_dir: Path, variant: str,
+                               seed: int = 0) -> Path:
+    """A Gemma4ForConditionalGeneration checkpoint: the text model of `variant` under
+    model.language_model., beside a one-layer vision tower."""
+    import torch
+    import transformers as hf
+
+    for file in TOKENIZER_FILES:
+        if (tokenizer_dir / file).exists():
+            shutil.copy(tokenizer_dir / file, path / file)
+    vision = hf.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+    config = hf.Gemma4Config(text_config=hf.Gemma4TextConfig(**_BASE, **VARIANTS[variant]),
+                             vision_config=vision, audio_config=None)
+    torch.manual_seed(seed)
+    model = hf.Gemma4ForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            if name.endswith(("norm.weight", "layer_scalar")):
+                tensor.add_(torch.randn_like(tensor) * 0.2)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
