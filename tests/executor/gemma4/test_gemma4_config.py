@@ -111,3 +111,19 @@ def test_config_json_without_class_defaults_reads_transformers_defaults(tmp_path
     assert spec.per_layer_input_size == 256 and spec.per_layer_vocab == 262144
     assert config.rope.rope_type == "proportional" and config.rope.proportion == 0.25
     assert config.local_rope.theta == 10000.0 and config.rope.theta == 1e6
+
+
+def test_int4_is_refused_where_a_gemma4_layer_takes_a_partial_group(tmp_path):
+    from folio.executor.quantization.groups import quantization_problem
+
+    _, config = _configs("shared_kv_ple", tmp_path)   # per-layer inputs 8 wide
+    assert "per_layer_projection" in quantization_problem("int4", config)
+    assert quantization_problem("int8", config) is None
+
+
+def test_the_planner_counts_the_blocks_the_executor_would_hold(tmp_path):
+    from folio.planner.simulator.command import blocks_in_memory
+
+    _, config = _configs("k_eq_v", tmp_path)
+    assert blocks_in_memory(config, 1.0, 16, "bfloat16") \
+        == 2**30 // bytes_per_block(config, 16, torch.bfloat16)
