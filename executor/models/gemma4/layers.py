@@ -33,12 +33,12 @@ class Gemma4Norm(nn.Module):
         return hidden.to(x.dtype)
 
 
-def rotate(x: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Rotary in the rotate-half form over the whole head, in x's dtype as transformers does
-    (the global layers' proportional rope has frequency 0 past its share: cos 1, sin 0)."""
+    (the global layers' proportional rope has frequency 0 past its share: cos 1, sin 0);
+    rows: the cos/sin table's rows at the tokens' positions, [T, 1, head], in x's dtype."""
     half = x.shape[-1] // 2
-    table = cos_sin[positions].to(x.dtype)[:, None, :]
-    cos, sin = table[..., :half], table[..., half:]
+    cos, sin = rows[..., :half], rows[..., half:]
     first, second = x[..., :half], x[..., half:]
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
 
@@ -70,18 +70,19 @@ class Gemma4Attention(nn.Module):
         self.scale = config.attention_scale
         self.ops = ops
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor,
+    def forward(self, rows: torch.Tensor, x: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], inputs: AttentionInputs
                 ) -> torch.Tensor:
+        """rows: this layer's rope rows at the step's positions (see `rotate`)."""
         tokens = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(tokens, self.num_heads, self.head_dim))
-        q = rotate(q, cos_sin, positions)
+        q = rotate(self.q_norm(self.q_proj(x).view(tokens, self.num_heads, self.head_dim)),
+                   rows)
         key_cache, value_cache = kv_cache
         if self.owns_cache:
             k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
             v = k if self.v_proj is None else self.v_proj(x).view(
                 tokens, self.num_kv_heads, self.head_dim)
-            k = rotate(self.k_norm(k), cos_sin, positions)
+            k = rotate(self.k_norm(k), rows)
             v = self.v_norm(v)
             self.ops.reshape_and_cache(k.contiguous(), v.contiguous(), key_cache, value_cache,
                                        inputs.slot_mapping)

@@ -37,9 +37,8 @@ class Gemma4Layer(nn.Module):
             self.per_layer_projection = nn.Linear(width, size, bias=False)
             self.post_per_layer_input_norm = Gemma4Norm(size, eps)
 
-    def forward(self, positions, hidden, per_layer_input, cos_sin, kv_cache, inputs):
-        attended = self.self_attn(positions, self.input_layernorm(hidden), cos_sin, kv_cache,
-                                  inputs)
+    def forward(self, rows, hidden, per_layer_input, kv_cache, inputs):
+        attended = self.self_attn(rows, self.input_layernorm(hidden), kv_cache, inputs)
         hidden = hidden + self.post_attention_layernorm(attended)
         fed = self.mlp(self.pre_feedforward_layernorm(hidden))
         hidden = hidden + self.post_feedforward_layernorm(fed)
@@ -108,9 +107,13 @@ class Gemma4CausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids) * torch.tensor(self.config.hidden_size ** 0.5,
                                                              dtype=weight.dtype)
         per_layer = self._per_layer_inputs(input_ids, hidden)
+        # Each distinct table's rows at this step's positions, gathered once for its layers.
+        rows = {id(table): table[positions].to(weight.dtype)[:, None, :]
+                for table in self.tables.values()}
         for i, layer in enumerate(self.layers):
-            hidden = layer(positions, hidden, None if per_layer is None else per_layer[:, i],
-                           self.tables[i], kv_caches[self.kv_index[i]], inputs)
+            hidden = layer(rows[id(self.tables[i])], hidden,
+                           None if per_layer is None else per_layer[:, i],
+                           kv_caches[self.kv_index[i]], inputs)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

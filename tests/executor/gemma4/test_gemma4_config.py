@@ -127,3 +127,35 @@ def test_the_planner_counts_the_blocks_the_executor_would_hold(tmp_path):
     _, config = _configs("k_eq_v", tmp_path)
     assert blocks_in_memory(config, 1.0, 16, "bfloat16") \
         == 2**30 // bytes_per_block(config, 16, torch.bfloat16)
+
+
+def test_checkpoints_keeping_kv_weights_of_shared_layers_load_without_them(tmp_path,
+                                                                            tokenizer_dir):
+    """Released checkpoints may still hold k/v projections and norms for the layers that
+    reuse another's keys and values (transformers ignores them): Folio skips them too and
+    gives the same tokens; a tensor with no place at all is refused naming it."""
+    from safetensors.torch import load_file, save_file
+
+    from folio import LLM, SamplingParams
+    from tests.executor.gemma4.checkpoints import make_gemma4_dir
+
+    model_dir = make_gemma4_dir(tmp_path, tokenizer_dir, "shared_kv_ple")
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    prompts = [[5, 9, 200, 31, 7] * 5, [3]]
+
+    def tokens():
+        llm = LLM(str(model_dir), dtype="float32", device="cpu", num_kv_blocks=32)
+        return [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+
+    before = tokens()
+    path = model_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    for name in ("k_proj", "v_proj"):
+        tensors[f"model.layers.4.self_attn.{name}.weight"] = torch.randn(32, 64)
+    tensors["model.layers.5.self_attn.k_norm.weight"] = torch.randn(32)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    assert tokens() == before
+    tensors["model.layers.1.self_attn.frobnicate.weight"] = torch.randn(4)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="frobnicate.*has no place"):
+        tokens()
