@@ -6,7 +6,6 @@ checks them; executor/models/describe.py writes the start-up line."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from typing import Callable
 
 from folio.executor.models.gemma4.spec import Gemma4Spec

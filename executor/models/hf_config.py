@@ -19,6 +19,7 @@ from folio.executor.quantization.gguf.file import is_gguf, open_gguf
 from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
 from folio.executor.quantization.prequantized_config import read_quantization_config
 from folio.shared.pooling.task import base_model_architecture
+from folio.executor.models.gemma4.spec import layer_types as gemma4_layer_types
 from folio.executor.models.gemma4.spec import parse_gemma4
 from folio.executor.models.hybrid.spec import lfm2_intermediate_size, parse_hybrid
 from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
@@ -126,14 +127,20 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
         qk_norm_whole=arch.qk_norm_whole,
         attention_sinks=arch.sinks,
     )
-    if arch.gemma4:   # no query scale: q and k are RMS-normed (executor/models/gemma4/)
-        return replace(config, query_scale=1.0, gemma4=parse_gemma4(
-            raw, _layer_types(windows), head_dim, num_kv_heads))
+    if arch.gemma4:
+        return _with_gemma4(config, raw, head_dim, num_kv_heads)
     return _with_hybrid(config, raw, arch) if arch.hybrid else config
 
 
-def _layer_types(windows: tuple[int | None, ...]) -> list[str]:
-    return ["sliding_attention" if w else "full_attention" for w in windows]
+def _with_gemma4(config: ModelConfig, raw: dict[str, Any], head_dim: int,
+                 num_kv_heads: int) -> ModelConfig:
+    """Gemma 4's layer table (executor/models/gemma4/spec.py), its windows as transformers
+    sets them (the last layer global), and no query scale (q and k are RMS-normed)."""
+    types = gemma4_layer_types(raw, config.num_layers)
+    window = raw["sliding_window"]
+    windows = tuple(window if kind == "sliding_attention" else None for kind in types)
+    return replace(config, query_scale=1.0, layer_windows=windows, sliding_window=window,
+                   gemma4=parse_gemma4(raw, types, head_dim, num_kv_heads))
 
 
 def _with_hybrid(config: ModelConfig, raw: dict[str, Any], arch: Architecture) -> ModelConfig:

@@ -47,6 +47,17 @@ class Gemma4Spec:
         return self.cache_layers.index(self.kv_source[layer])
 
 
+def layer_types(raw: dict[str, Any], num_layers: int) -> list[str]:
+    """As transformers' Gemma4TextConfig: config.json's layer_types, else five sliding per
+    global layer; the last layer is always global (transformers forces it, warning)."""
+    types = list(raw.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(num_layers)])
+    if len(types) != num_layers:
+        raise ValueError(f"layer_types has {len(types)} entries for {num_layers} layers")
+    types[-1] = "full_attention"
+    return types
+
+
 def parse_gemma4(raw: dict[str, Any], layer_types: list[str], head_dim: int,
                  num_kv_heads: int) -> Gemma4Spec:
     """config.json (with DEFAULTS filled in) -> Gemma4Spec; ValueError names what Folio

@@ -159,3 +159,16 @@ def test_checkpoints_keeping_kv_weights_of_shared_layers_load_without_them(tmp_p
     save_file(tensors, str(path), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="frobnicate.*has no place"):
         tokens()
+
+
+def test_the_last_layer_is_global_as_transformers_forces_it():
+    import transformers as hf
+
+    types = ["sliding_attention"] * 6
+    hf_config = hf.Gemma4TextConfig(**{**_BASE, "layer_types": list(types)})
+    config = parse_model_config({**_BASE, "architectures": ["Gemma4ForCausalLM"],
+                                 "layer_types": types})
+    assert hf_config.layer_types[-1] == "full_attention"
+    assert config.layer_windows == tuple(16 if t == "sliding_attention" else None
+                                         for t in hf_config.layer_types)
+    assert config.gemma4.layer_heads[-1] == (2, 32)
