@@ -43,6 +43,19 @@ def rotate(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
 
 
+def fuse_linears(*parts: nn.Linear) -> nn.Linear:
+    """One Linear computing `parts`' outputs side by side: one matmul instead of several."""
+    first = parts[0]
+    fused = nn.Linear(first.in_features, sum(p.out_features for p in parts),
+                      bias=first.bias is not None, device=first.weight.device,
+                      dtype=first.weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))
+        if first.bias is not None:
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+    return fused
+
+
 class Gemma4Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int, ops: KernelOps,
                  max_positions: int) -> None:
@@ -69,19 +82,33 @@ class Gemma4Attention(nn.Module):
         self.window = window if window is not None and window < max_positions else None
         self.scale = config.attention_scale
         self.ops = ops
+        self.qkv_proj: nn.Linear | None = None   # set by fuse(), after the weights load
+
+    def fuse(self) -> None:
+        """q/k/v (k/v: where it keeps a cache) in one qkv_proj, the parts dropped."""
+        if not self.owns_cache:
+            return
+        parts = [self.q_proj, self.k_proj] + ([self.v_proj] if self.v_proj is not None else [])
+        self.qkv_proj = fuse_linears(*parts)
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, rows: torch.Tensor, x: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], inputs: AttentionInputs
                 ) -> torch.Tensor:
         """rows: this layer's rope rows at the step's positions (see `rotate`)."""
         tokens = x.shape[0]
-        q = rotate(self.q_norm(self.q_proj(x).view(tokens, self.num_heads, self.head_dim)),
-                   rows)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.owns_cache:
+            qkv = self.qkv_proj(x)
+            q, k = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size]
+            v = k if qkv.shape[1] == q_size + kv_size else qkv[:, q_size + kv_size:]
+        else:
+            q = self.q_proj(x)
+        q = rotate(self.q_norm(q.reshape(tokens, self.num_heads, self.head_dim)), rows)
         key_cache, value_cache = kv_cache
         if self.owns_cache:
-            k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-            v = k if self.v_proj is None else self.v_proj(x).view(
-                tokens, self.num_kv_heads, self.head_dim)
+            k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+            v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
             k = rotate(self.k_norm(k), rows)
             v = self.v_norm(v)
             self.ops.reshape_and_cache(k.contiguous(), v.contiguous(), key_cache, value_cache,
@@ -101,5 +128,12 @@ class Gemma4Mlp(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
+        self.gate_up_proj: nn.Linear | None = None   # set by fuse()
+
+    def fuse(self) -> None:
+        self.gate_up_proj = fuse_linears(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)

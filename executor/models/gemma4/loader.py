@@ -58,5 +58,6 @@ def load_gemma4_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps
     missing = sorted(set(params) - filled)
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+    model.fuse_projections()
     model.init_rotary()
     return model.eval()

@@ -75,6 +75,13 @@ class Gemma4CausalLM(nn.Module):
         self.native_step = None   # executor/native_step does not run these layers
         self.longrope_original = None
 
+    def fuse_projections(self) -> None:
+        """After loading: q/k/v and gate/up each in one matmul (executor/models/gemma4/
+        layers.py), as Folio's other models hold them."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
     def init_rotary(self) -> None:
         """One cos/sin table per (rope, head size): sliding and global layers differ."""
         device = self.embed_tokens.weight.device
