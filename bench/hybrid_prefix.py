@@ -75,7 +75,7 @@ def tokens_per_gib(model_dir: Path, context: int, dtype_bytes: int) -> float:
     from folio.executor.models.hf_config import read_model_config
 
     config = read_model_config(model_dir)
-    per_token = config.kv_block_bytes(1, config.head_dim * dtype_bytes)
+    per_token = config.kv_block_bytes(1, lambda dim: dim * dtype_bytes)
     return 2**30 / (per_token + config.state_bytes(dtype_bytes) / context)
 
 

@@ -115,6 +115,11 @@ class Executor:
         hybrid = self.model_config.hybrid
         if hybrid is not None:
             refuse_unsupported(config, self.model_config, tp is not None)
+        if self.model_config.gemma4 is not None:
+            from folio.executor.models.gemma4.executor_checks import refuse_unsupported \
+                as refuse_for_gemma4
+
+            refuse_for_gemma4(config, self.model_config, tp is not None)
         self.model = load_model(config.model, self.model_config, self.ops, self.dtype,
                                 self.device, self.max_model_len, tp,
                                 needs_lm_head=self.pooling_task is None
@@ -140,9 +145,10 @@ class Executor:
             raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype}: the Triton attention "
                              "kernels read float caches in the model's dtype only (int8 and "
                              "fp8_* caches they read in place)")
-        if self.ops.name == "triton" and self.kv_dtype == torch.int8 and self.model_config.head_dim % 2:
+        odd = [dim for _, dim in self.model_config.kv_cache_shapes if dim % 2]
+        if self.ops.name == "triton" and self.kv_dtype == torch.int8 and odd:
             raise ValueError(f"kv_cache_dtype=int8: the Triton kernels need an even head_dim "
-                             f"(this model's is {self.model_config.head_dim})")
+                             f"(this model's is {odd[0]})")
         self.bytes_per_block = bytes_per_block(self.model_config, config.block_size,
                                                self.kv_dtype)
         self.num_kv_blocks = self._num_kv_blocks()

@@ -1,7 +1,11 @@
 """The paged KV cache: per layer, K and V of shape [num_blocks, block_size, kv_heads, width]
 of the storage dtype (kernels/kv_quant.py: width is head_dim, or head_dim + 2 for int8 rows
 ending with their scale); the host swap pool is laid out alike, so every per-block path
-(swap, fork copies) moves rows and scales together."""
+(swap, fork copies) moves rows and scales together.
+
+Each layer's tensors have that layer's own KV heads and head size (Gemma 4's global layers
+differ from its sliding ones), and one block id addresses the same tokens in every layer:
+a block's bytes are the sum over the layers (ModelConfig.kv_block_bytes)."""
 
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, storage: torch.dtype) -> int:
-    row_bytes = row_width(storage, config.head_dim) * storage.itemsize
-    return config.kv_block_bytes(block_size, row_bytes)
+    return config.kv_block_bytes(block_size,
+                                 lambda dim: row_width(storage, dim) * storage.itemsize)
 
 
 def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int,
@@ -34,7 +38,9 @@ def allocate_swap_pool(config: ModelConfig, num_blocks: int, block_size: int,
 
 def _allocate(config: ModelConfig, num_blocks: int, block_size: int, storage: torch.dtype,
               **where) -> KVCaches:
-    shape = (num_blocks, block_size, config.num_kv_heads, row_width(storage, config.head_dim))
-    return [(torch.empty(shape, dtype=storage, **where),
-             torch.empty(shape, dtype=storage, **where))
-            for _ in range(config.num_kv_layers)]   # a hybrid's attention layers only
+    caches = []
+    for heads, dim in config.kv_cache_shapes:   # layers sharing another's cache have none
+        shape = (num_blocks, block_size, heads, row_width(storage, dim))
+        caches.append((torch.empty(shape, dtype=storage, **where),
+                       torch.empty(shape, dtype=storage, **where)))
+    return caches

@@ -6,7 +6,9 @@ checks them; executor/models/describe.py writes the start-up line."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
+from folio.executor.models.gemma4.spec import Gemma4Spec
 from folio.executor.models.hybrid.spec import HybridSpec
 from folio.executor.quantization.prequantized_config import PrequantScheme
 
@@ -92,6 +94,7 @@ class ModelConfig:
     qk_norm_whole: bool = False              # q/k norms over all heads at once (OLMo)
     attention_sinks: bool = False            # a learned logit per head (gpt-oss)
     hybrid: HybridSpec | None = None         # recurrent layers beside attention (hybrid/)
+    gemma4: Gemma4Spec | None = None         # per-layer head sizes, shared KV, PLE (gemma4/)
 
     @property
     def context_limit(self) -> int:
@@ -103,14 +106,32 @@ class ModelConfig:
     def attention_scale(self) -> float:
         return self.query_scale if self.query_scale is not None else self.head_dim ** -0.5
 
-    def kv_block_bytes(self, block_size: int, row_bytes: int) -> int:
-        """One KV block: K and V of every layer, as executor/kv_cache.py lays them out;
-        row_bytes: one (token, KV head) row (shared/kv_cache_dtype.py kv_row_bytes)."""
-        return 2 * self.num_kv_layers * block_size * self.num_kv_heads * row_bytes
+    def kv_block_bytes(self, block_size: int, row_bytes: int | Callable[[int], int]) -> int:
+        """One KV block: K and V of every layer that keeps a cache, as executor/kv_cache.py
+        lays them out, summed over their shapes; row_bytes: the bytes of one (token, KV head)
+        row of a given head size (shared/kv_cache_dtype.py element_row_bytes), or of
+        head_dim's rows where every cache has that size."""
+        if not callable(row_bytes):
+            if any(dim != self.head_dim for _, dim in self.kv_cache_shapes):
+                raise ValueError(f"{self.architecture}: its layers' head sizes differ, so "
+                                 "one row size cannot give a block's bytes")
+            size = row_bytes
+            row_bytes = lambda dim: size   # noqa: E731
+        return sum(2 * block_size * heads * row_bytes(dim) for heads, dim in self.kv_cache_shapes)
+
+    @property
+    def kv_cache_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(KV heads, head size) of each layer's cache, in kv_caches order: one per layer, a
+        hybrid's attention layers, or Gemma 4's layers that do not share another's."""
+        if self.gemma4 is not None:
+            return self.gemma4.cache_shapes
+        return ((self.num_kv_heads, self.head_dim),) * self.num_kv_layers
 
     @property
     def num_kv_layers(self) -> int:
-        """Layers with a paged KV cache: all of them, or a hybrid's attention layers."""
+        """Layers with a paged KV cache of their own."""
+        if self.gemma4 is not None:
+            return len(self.gemma4.cache_layers)
         return len(self.hybrid.attention_layers) if self.hybrid else self.num_layers
 
     def state_bytes(self, dtype_bytes: int) -> int:

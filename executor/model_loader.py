@@ -36,6 +36,12 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
         model = load_hybrid_model(model_dir, config, ops, dtype, device, max_positions)
         log.info("model: %s", describe(config))
         return model
+    if config.gemma4 is not None:   # per-layer head sizes, shared KV (executor/models/gemma4/)
+        from folio.executor.models.gemma4.loader import load_gemma4_model
+
+        model = load_gemma4_model(model_dir, config, ops, dtype, device, max_positions)
+        log.info("model: %s", describe(config))
+        return model
     arch = ARCHITECTURES[config.architecture]
     weight_names = arch.weights
     with torch.device("meta"):

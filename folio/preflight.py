@@ -63,6 +63,12 @@ def check_engine(config: EngineConfig) -> ModelConfig:
         problem = unsupported(config, model_config)
         if problem is not None:
             raise SettingError(*problem)
+    if model_config.gemma4 is not None:   # what its unlike layers cannot run with yet
+        from folio.executor.models.gemma4.executor_checks import unsupported as gemma4_problem
+
+        problem = gemma4_problem(config, model_config)
+        if problem is not None:
+            raise SettingError(*problem)
     if config.tensor_parallel_size > 1:   # heads and MLP must split evenly across the ranks
         from folio.executor.parallel.rules import check_shardable
 

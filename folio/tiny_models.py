@@ -55,7 +55,7 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
 CLASS_PREFIXES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
                   "qwen3_moe": "Qwen3Moe", "mixtral": "Mixtral", "phi3": "Phi3",
                   "gemma2": "Gemma2", "gemma3": "Gemma3", "smollm3": "SmolLM3",
-                  "olmo3": "Olmo3", "gpt_oss": "GptOss",
+                  "olmo3": "Olmo3", "gpt_oss": "GptOss", "gemma4": "Gemma4",
                   # Hybrids (recurrent state beside attention; executor/models/hybrid/).
                   "qwen3_5": "Qwen3_5", "lfm2": "Lfm2",
                   "qwen3_5_moe": "Qwen3_5Moe", "qwen3_next": "Qwen3Next", "lfm2_moe": "Lfm2Moe"}
@@ -63,10 +63,10 @@ ARCHITECTURES = tuple(CLASS_PREFIXES)
 # Architectures newer than the first three: their norm weights are perturbed after init
 # (transformers initialises them to a constant), so a norm loaded into the wrong place shows.
 _PERTURBED = ("qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "gemma3", "smollm3", "olmo3",
-              "gpt_oss")
+              "gpt_oss", "gemma4")
 # Their configs default head_dim to a large constant (128, 256): derive it instead.
 _OWN_HEAD_DIM = ("qwen3", "qwen3_moe", "gemma2", "gemma3", "gpt_oss", "qwen3_5_moe",
-                 "qwen3_next")
+                 "qwen3_next", "gemma4")
 # The hybrid MoE families default to hundreds of wide experts: a few narrow ones instead.
 _SMALL_EXPERTS = ("qwen3_5_moe", "qwen3_next", "lfm2_moe")
 
@@ -77,9 +77,8 @@ def _classes(arch: str):
     names = CLASS_PREFIXES
     if arch not in names:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
-    config = ("Gemma3TextConfig" if arch == "gemma3" else "Qwen3_5TextConfig"
-              if arch == "qwen3_5" else "Qwen3_5MoeTextConfig" if arch == "qwen3_5_moe"
-              else f"{names[arch]}Config")
+    text_only = ("gemma3", "gemma4", "qwen3_5", "qwen3_5_moe")   # multimodal families
+    config = (f"{names[arch]}TextConfig" if arch in text_only else f"{names[arch]}Config")
     return getattr(hf, config), getattr(hf, f"{names[arch]}ForCausalLM")
 
 
@@ -105,6 +104,10 @@ def make_random_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size:
             extra.pop("shared_expert_intermediate_size")
             extra.setdefault("layer_types", ["full_attention" if i % 2 else "conv"
                                              for i in range(num_layers)])
+    if arch == "gemma4":   # its global layers' head, and per-layer inputs, small too
+        extra.setdefault("global_head_dim", 2 * extra["head_dim"])
+        extra.setdefault("hidden_size_per_layer_input", 8)
+        extra.setdefault("vocab_size_per_layer_input", vocab_size)
     eos = 0  # "<|endoftext|>" is the first special token of train_tokenizer
     config = config_cls(vocab_size=vocab_size, hidden_size=hidden_size,
                         num_hidden_layers=num_layers, num_attention_heads=num_heads,
@@ -117,8 +120,8 @@ def make_random_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size:
     model = model_cls(config)
     if arch in _PERTURBED:
         with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
+            for name, param in [*model.named_parameters(), *model.named_buffers()]:
+                if name.endswith(("norm.weight", "layer_scalar")):   # Gemma 4: a buffer
                     param.add_(torch.randn_like(param) * 0.2)
                 elif name.endswith(("sinks", "bias")):   # gpt-oss: zeros after init
                     param.add_(torch.randn_like(param) * 0.5)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from folio.executor.models.hybrid.moe_config import (LFM2_MOE_DEFAULTS, QWEN3_5_MOE_DEFAULTS,
                                                      QWEN3_NEXT_DEFAULTS)
+from folio.executor.models.gemma4.spec import DEFAULTS as GEMMA4_DEFAULTS
 from folio.executor.models.weight_names import WeightNames
 
 
@@ -41,6 +42,7 @@ class Architecture:
     sinks: bool = False                 # gpt-oss: a learned logit per head in the softmax
     scaling_on_full_only: bool = False  # OLMo 3: a flat rope_scaling is the global layers'
     mxfp4_experts: bool = False         # gpt-oss: *_blocks/*_scales experts, dequantized
+    gemma4: bool = False                # executor/models/gemma4/: per-layer heads, shared KV
     # transformers' class defaults that config.json leaves out when they hold.
     defaults: tuple[tuple[str, object], ...] = ()
 
@@ -75,6 +77,9 @@ ARCHITECTURES = {
                                      ("mlp.experts.down_proj", "mlp.w2"))),
         defaults=(("rms_norm_eps", 1e-5), ("rope_theta", 150000.0), ("sliding_window", 128),
                   ("attention_bias", True))),
+    "Gemma4ForCausalLM": Architecture(gemma=True, qk_norm=True, windows="gemma3",
+                                      head_dim=256, window=512, softcaps=(None, None),
+                                      gemma4=True, defaults=GEMMA4_DEFAULTS),
     # Hybrids: recurrent-state layers beside attention (executor/models/hybrid/).
     "Qwen3_5ForCausalLM": Architecture(qkv_bias=False, o_bias=False, qk_norm=True,
                                        windows="none", partial_rotary=True,

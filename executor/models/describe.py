@@ -47,11 +47,27 @@ def describe(config: ModelConfig) -> str:
                      f"{' + a gated shared expert' if moe.shared_expert_size else ''}"
                      + ("" if sparse == config.num_layers else
                         f" on {sparse} of {config.num_layers} layers"))
+    if config.gemma4 is not None:
+        parts.extend(_gemma4(config))
     if config.attn_softcap:
         parts.append(f"attention softcap {config.attn_softcap:g}")
     if config.final_softcap:
         parts.append(f"final softcap {config.final_softcap:g}")
     return f"{config.architecture}: {', '.join(parts)}"
+
+
+def _gemma4(config: ModelConfig) -> list[str]:
+    spec = config.gemma4
+    shapes = dict.fromkeys(spec.layer_heads)
+    parts = ["KV heads/head_dim " + ", ".join(f"{kv}/{dim}" for kv, dim in shapes)]
+    shared = config.num_layers - len(spec.cache_layers)
+    if shared:
+        parts.append(f"{shared} of {config.num_layers} layers reuse an earlier layer's KV")
+    if any(spec.k_eq_v):
+        parts.append(f"values = keys' projection on {sum(spec.k_eq_v)} layers")
+    if spec.per_layer_input_size:
+        parts.append(f"per-layer inputs {spec.per_layer_input_size} wide")
+    return parts
 
 
 def _num(value: float) -> str:

@@ -19,6 +19,8 @@ from folio.executor.quantization.gguf.file import is_gguf, open_gguf
 from folio.executor.model_config import ModelConfig, MoeConfig, RopeConfig
 from folio.executor.quantization.prequantized_config import read_quantization_config
 from folio.shared.pooling.task import base_model_architecture
+from folio.executor.models.gemma4.spec import layer_types as gemma4_layer_types
+from folio.executor.models.gemma4.spec import parse_gemma4
 from folio.executor.models.hybrid.spec import lfm2_intermediate_size, parse_hybrid
 from folio.executor.models.hybrid.moe_config import active_width, hybrid_moe, text_model_raw
 from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHITECTURES,
@@ -27,11 +29,10 @@ from folio.executor.models.architectures import (ARCHITECTURES, SUPPORTED_ARCHIT
 
 # Families people ask for whose needs Folio does not meet yet (docs/models.md): refused by
 # what is missing rather than as an unknown name.
-_NOT_YET = {
-    "Gemma4ForCausalLM": "per-layer head sizes and KV-head counts (its global layers), keys "
-                         "and values shared across layers (num_kv_shared_layers), per-layer "
-                         "input embeddings and its value norm",
-}
+_NOT_YET: dict[str, str] = {}
+# Multimodal checkpoints served as their text model: its config is nested under
+# text_config, its weights under model.language_model. (the loader skips the towers).
+_TEXT_PART = {"Gemma4ForConditionalGeneration": "Gemma4ForCausalLM"}
 
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -61,6 +62,12 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
     # A base model class (Qwen3Model) is its decoder without the LM head (shared/pooling/).
     name = base_model_architecture(architectures[0], ARCHITECTURES) if architectures \
         else "<none>"
+    if name in _TEXT_PART and isinstance(raw.get("text_config"), dict):
+        text = raw["text_config"]
+        raw = {**text, "architectures": [_TEXT_PART[name]],   # the outer config ties
+               "tie_word_embeddings": raw.get("tie_word_embeddings",
+                                              text.get("tie_word_embeddings", True))}
+        name = _TEXT_PART[name]
     if name in _NOT_YET:
         raise ValueError(f"{name} is not supported yet: Folio lacks {_NOT_YET[name]}")
     if name not in ARCHITECTURES:
@@ -124,7 +131,20 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
         qk_norm_whole=arch.qk_norm_whole,
         attention_sinks=arch.sinks,
     )
+    if arch.gemma4:
+        return _with_gemma4(config, raw, head_dim, num_kv_heads)
     return _with_hybrid(config, raw, arch) if arch.hybrid else config
+
+
+def _with_gemma4(config: ModelConfig, raw: dict[str, Any], head_dim: int,
+                 num_kv_heads: int) -> ModelConfig:
+    """Gemma 4's layer table (executor/models/gemma4/spec.py), its windows as transformers
+    sets them (the last layer global), and no query scale (q and k are RMS-normed)."""
+    types = gemma4_layer_types(raw, config.num_layers)
+    window = raw["sliding_window"]
+    windows = tuple(window if kind == "sliding_attention" else None for kind in types)
+    return replace(config, query_scale=1.0, layer_windows=windows, sliding_window=window,
+                   gemma4=parse_gemma4(raw, types, head_dim, num_kv_heads))
 
 
 def _with_hybrid(config: ModelConfig, raw: dict[str, Any], arch: Architecture) -> ModelConfig:

@@ -39,6 +39,8 @@ def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
         return "tensor parallel"
     if lora:
         return "LoRA adapters"
+    if config.gemma4 is not None:
+        return "Gemma 4 layers (per-layer head sizes, shared KV, per-layer embeddings)"
     if config.gemma:
         return "Gemma norms"
     if config.moe is not None:

@@ -19,6 +19,14 @@ def linear_inputs(config: ModelConfig, tensor_parallel_size: int = 1) -> dict[st
               "down_proj": config.intermediate_size // tensor_parallel_size}
     if config.moe is not None:
         inputs["the experts' down_proj"] = config.moe.intermediate_size // tensor_parallel_size
+    spec = config.gemma4
+    if spec is not None:   # Gemma 4: its layers' own head sizes and MLP widths, and PLE
+        for heads, dim in sorted(set(spec.layer_heads)):
+            inputs[f"o_proj (head size {dim})"] = config.num_heads * dim
+        for size in sorted(set(spec.mlp_sizes)):
+            inputs[f"down_proj ({size} wide)"] = size
+        if spec.per_layer_input_size:
+            inputs["per_layer_projection"] = spec.per_layer_input_size
     return inputs
 
 

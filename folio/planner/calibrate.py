@@ -231,7 +231,7 @@ def kv_layout(executor, config) -> KVLayout:
 
     model = executor.model_config
     capacity = executor.capacity
-    sizes = {dtype: model.kv_block_bytes(1, element_row_bytes(dtype, model.head_dim))
+    sizes = {dtype: model.kv_block_bytes(1, lambda dim, d=dtype: element_row_bytes(d, dim))
              for dtype in KV_DTYPES}
     stored = config.kv_cache_dtype   # auto: the model's dtype
     if stored == "auto":

@@ -140,9 +140,11 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
         if isinstance(content, list):
             parts = []
             for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
-                        part.get("text"), str):
-                    raise invalid("only text content parts are supported", "messages")
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    # Multimodal checkpoints (Gemma 4) are served as their text model.
+                    named = f", not {kind!r}" if isinstance(kind, str) and kind != "text" else ""
+                    raise invalid(f"only text content parts are supported{named}", "messages")
                 parts.append(part["text"])
             content = "".join(parts)
         if not isinstance(content, str):

@@ -121,14 +121,6 @@ _BASE = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key
              intermediate_size=128, vocab_size=1024, max_position_embeddings=4096)
 
 
-def test_gemma4_is_refused_naming_what_is_missing():
-    from folio.executor.models.hf_config import parse_model_config
-
-    with pytest.raises(ValueError, match="Gemma4ForCausalLM is not supported yet.*per-layer "
-                                         "head sizes.*shared across layers"):
-        parse_model_config({**_BASE, "architectures": ["Gemma4ForCausalLM"]})
-
-
 def test_olmo3_flat_rope_scaling_scales_only_the_global_layers():
     """An OLMo 3 config.json as released (rope_theta and a flat yarn rope_scaling): the
     sliding layers keep the plain rope, the global ones get yarn, truncate on."""

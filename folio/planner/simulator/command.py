@@ -103,7 +103,7 @@ def blocks_in_memory(model, gib: float, block_size: int, dtype: str | None = Non
     stored = dtype or model.torch_dtype
     if stored not in KV_DTYPES:
         stored = "float32"
-    row_bytes = element_row_bytes(stored, model.head_dim)
+    row_bytes = lambda dim: element_row_bytes(stored, dim)   # noqa: E731 (per layer's head)
     model_bytes = 2 if model.torch_dtype in ("float16", "bfloat16") else 4
     states = state_slots * model.state_bytes(model_bytes)
     return max(0, int((gib * 2**30 - states) // model.kv_block_bytes(block_size, row_bytes)))
