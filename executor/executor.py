@@ -251,10 +251,12 @@ class Executor:
             if self.lora is not None:
                 self.lora.begin_step(scheduled)
             try:
-                extra = {} if begins is None else {"states": self.states.step(
+                step_states = None if begins is None else self.states.step(
                     [request.state_slot for request, _ in scheduled], begins,
                     inputs.attention.query_start_loc.tolist(), _by_handle(plan.checkpoints),
-                    [request.handle for request, _ in scheduled])}
+                    [request.handle for request, _ in scheduled],
+                    [bool(drafts) and request.handle in drafts for request, _ in scheduled])
+                extra = {} if step_states is None else {"states": step_states}
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
                                     attention, **extra)
             finally:
@@ -269,6 +271,11 @@ class Executor:
                     self.sampler, self.batch, inputs, logits, masks,
                     self.grammar.take_failed(inputs.sampled), result)
                 self.grammar.accepted([r for r, _ in pairs], [t for _, t in pairs])
+                if step_states is not None and step_states.held:
+                    # A hybrid's slots take the state after the tokens kept (hybrid.md).
+                    self.states.commit(step_states, [
+                        request.num_computed - begin for (request, _), begin
+                        in zip(scheduled, begins)])
             elif inputs.sampled:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
                 sampled = self.sampler.sample(logits, inputs.sampled, masks)
