@@ -55,6 +55,11 @@ class StatePool:
                                                 device=device)
         self.device = device
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every layer's pool, in one fixed order: a slot is row s of each (swaps move
+        rows between a device pool and a host pool of the same layout)."""
+        return [*self.conv.values(), *self.delta.values()]
+
     def copy(self, pairs: list[tuple[int, int]]) -> None:
         """Start request slots from checkpoints: (source, destination), every layer."""
         if not pairs:

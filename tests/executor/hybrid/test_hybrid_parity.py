@@ -84,7 +84,7 @@ def test_a_shared_prefix_resumes_from_the_deepest_state_checkpoint(hybrid):
 
 
 @pytest.mark.parametrize("setting, value", [
-    ("preemption_mode", "swap"), ("enable_lora", True), ("quantization", "int8")])
+    ("enable_lora", True), ("quantization", "int8")])
 def test_what_a_hybrid_cannot_run_with_is_refused_by_name(hybrid, setting, value):
     from folio.preflight import check_engine
     from folio.shared.config import EngineConfig, SettingError
