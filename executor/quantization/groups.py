@@ -19,6 +19,9 @@ def linear_inputs(config: ModelConfig, tensor_parallel_size: int = 1) -> dict[st
               "down_proj": config.intermediate_size // tensor_parallel_size}
     if config.moe is not None:
         inputs["the experts' down_proj"] = config.moe.intermediate_size // tensor_parallel_size
+    hybrid = config.hybrid
+    if hybrid is not None and hybrid.num_v_heads:   # Gated DeltaNet reads its value heads
+        inputs["the Gated DeltaNet layers' out_proj"] = hybrid.num_v_heads * hybrid.v_head_dim
     return inputs
 
 

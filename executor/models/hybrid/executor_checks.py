@@ -16,7 +16,6 @@ def unsupported(config: EngineConfig, model: ModelConfig, tensor_parallel: bool 
         (tensor_parallel or config.tensor_parallel_size > 1, "tensor_parallel_size",
          "tensor parallelism"),
         (config.enable_lora, "enable_lora", "LoRA adapters"),
-        (config.quantization != "none", "quantization", "quantized weights"),
         (is_gguf(config.model), "model", "a GGUF file"),
         (model.prequantized is not None, "model", "a pre-quantized checkpoint"),
     ]
