@@ -162,3 +162,16 @@ def test_a_request_with_drafts_in_flight_is_recomputed_not_swapped():
     b.draft_steps.clear()
     scheduler._preempt(b, plan)
     assert b in scheduler.swapped and len(scheduler.kv.take_state_swaps()[0]) == 1
+
+
+def test_the_executor_hello_carries_the_host_state_slots():
+    from folio.shared.config import ExecutorCapacity
+
+    capacity = ExecutorCapacity(num_kv_blocks=8, block_size=16, max_model_len=256,
+                                vocab_size=1024, eos_token_ids=(0,), num_state_slots=4,
+                                state_bytes=100, num_swap_state_slots=3)
+    kind, body = unpack(m.encode_hello_executor(capacity, 1))
+    received = m.decode_hello_executor(Body(kind, body)).capacity
+    config = SchedulerConfig.from_engine(SchedulerConfig(num_kv_blocks=8, block_size=16,
+                                                         max_model_len=256), received)
+    assert config.num_swap_state_slots == 3
