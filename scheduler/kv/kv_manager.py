@@ -140,6 +140,12 @@ class KVCacheManager:
         slot = table.state_slot if table is not None else None
         return -1 if slot is None else slot
 
+    def swap_state_slot(self, request: Request) -> int:
+        """The host state slot holding the request's state while swapped out (-1: none)."""
+        table = self._tables.get(request.handle)
+        slot = table.cpu_state_slot if table is not None else None
+        return -1 if slot is None else slot
+
     def swap_block_ids(self, request: Request) -> list[int]:
         """The CPU blocks holding the request's live blocks while swapped out (a copy)."""
         table = self._tables.get(request.handle)

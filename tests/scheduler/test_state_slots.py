@@ -135,6 +135,11 @@ def test_host_state_slots_reach_the_wire_and_prometheus():
     assert (stats["swap_state_slots_total"], stats["swap_state_slots_free"]) == (1, 0)
     decoded = m.decode_stats(Body("stats", unpack(m.encode_stats(stats))[1]))
     assert decoded["swap_state_slots_free"] == 0
+    # The page map names the host slot of the swapped-out request, and of no other.
+    snapshot = m.decode_kv_map(Body("kv_map", unpack(m.encode_kv_map(scheduler.kv_map()))[1]))
+    swapped = [r for r in snapshot["requests"] if r["state"] == "swapped"]
+    assert [r.get("swap_state_slot") for r in swapped] == [0]
+    assert all("swap_state_slot" not in r for r in snapshot["requests"] if r not in swapped)
     assert "folio:swap_state_slots_used 1.0" in Metrics("m").render(decoded).decode()
 
 
