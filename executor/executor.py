@@ -160,12 +160,19 @@ class Executor:
             self.model.attach_states(self.states)
         self.kv_caches = allocate_kv_cache(self.model_config, self.num_kv_blocks,
                                            config.block_size, self.kv_dtype, self.device)
+        # A hybrid's swapped-out states wait in host slots, one per request that may run.
+        self.num_swap_state_slots = (config.max_num_seqs if hybrid is not None
+                                     and config.preemption_mode != "recompute" else 0)
         self.num_swap_blocks = self._num_swap_blocks()
         if tp is not None:
             self.num_swap_blocks = tp.agree(self.num_swap_blocks)
         self.swap_caches = allocate_swap_pool(self.model_config, self.num_swap_blocks,
                                               config.block_size, self.kv_dtype, self.device)
-        self.mover = BlockMover(self.kv_caches, self.swap_caches)
+        swap_states = None if not self.num_swap_state_slots else StatePool(
+            hybrid, self.num_swap_state_slots, self.dtype, torch.device("cpu"))
+        self.mover = BlockMover(self.kv_caches, self.swap_caches,
+                                self.states.tensors() if swap_states else (),
+                                swap_states.tensors() if swap_states else ())
         self.cost_model = self._measure_costs() if config.preemption_mode == "auto" else (0, 0)
         self.batch = self._new_batch()
         self.pooler = Pooler(self.pooling_task)
@@ -210,6 +217,7 @@ class Executor:
             pooling=None if self.pooling_task is None else self.pooling_task.to_wire(),
             num_state_slots=self.num_state_slots,
             state_bytes=self.state_bytes,
+            num_swap_state_slots=self.num_swap_state_slots,
         )
 
     def reset(self) -> None:
@@ -232,7 +240,8 @@ class Executor:
             pooler.forget(plan.dropped_handles)
         if plan.new_requests:
             pooler.admit(plan.new_requests, self.batch.requests)
-        self.mover.apply(plan.copies, plan.swap_out, plan.swap_in)
+        self.mover.apply(plan.copies, plan.swap_out, plan.swap_in, plan.state_swap_out,
+                         plan.state_swap_in)
         if self.states is not None:   # requests resuming from prefix-cache checkpoints
             self.states.copy(plan.state_copies)
         result = StepResult(step_id=plan.step_id)
@@ -258,10 +267,12 @@ class Executor:
             if self.lora is not None:
                 self.lora.begin_step(scheduled)
             try:
-                extra = {} if begins is None else {"states": self.states.step(
+                step_states = None if begins is None else self.states.step(
                     [request.state_slot for request, _ in scheduled], begins,
                     inputs.attention.query_start_loc.tolist(), _by_handle(plan.checkpoints),
-                    [request.handle for request, _ in scheduled])}
+                    [request.handle for request, _ in scheduled],
+                    [bool(drafts) and request.handle in drafts for request, _ in scheduled])
+                extra = {} if step_states is None else {"states": step_states}
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
                                     attention, **extra)
             finally:
@@ -276,6 +287,11 @@ class Executor:
                     self.sampler, self.batch, inputs, logits, masks,
                     self.grammar.take_failed(inputs.sampled), result)
                 self.grammar.accepted([r for r, _ in pairs], [t for _, t in pairs])
+                if step_states is not None and step_states.held:
+                    # A hybrid's slots take the state after the tokens kept (hybrid.md).
+                    self.states.commit(step_states, [
+                        request.num_computed - begin for (request, _), begin
+                        in zip(scheduled, begins)])
             elif inputs.sampled:
                 logits = self.model.compute_logits(hidden[inputs.logits_indices])
                 sampled = self.sampler.sample(logits, inputs.sampled, masks)
@@ -363,9 +379,11 @@ class Executor:
     def _num_swap_blocks(self) -> int:
         if self.config.num_swap_blocks is not None:
             return self.config.num_swap_blocks
-        if self.config.preemption_mode == "recompute" or self.model_config.hybrid:
-            return 0   # a hybrid's requests are recomputed (executor/models/hybrid/)
-        return int(self.config.swap_space * 2**30 // self.bytes_per_block)
+        if self.config.preemption_mode == "recompute":
+            return 0
+        # A hybrid's host state slots come out of the same budget first.
+        budget = self.config.swap_space * 2**30 - self.num_swap_state_slots * self.state_bytes
+        return max(0, int(budget // self.bytes_per_block))
 
     @torch.inference_mode()
     def _measure_costs(self) -> tuple[float, float]:

@@ -97,6 +97,11 @@ def _state_slots(stats: dict[str, Any]):
     yield GaugeMetricFamily("folio:state_slots_used",
                             "Recurrent state slots held by requests (hybrid model)",
                             value=float(stats.get("state_slots_used", 0)))
+    total = stats.get("swap_state_slots_total", 0)
+    yield GaugeMetricFamily("folio:swap_state_slots_used",
+                            "Host state slots holding swapped-out requests' states (hybrid "
+                            "model)", value=float(total - stats.get("swap_state_slots_free",
+                                                                    total)))
 
 
 def _lora(stats: dict[str, Any]):

@@ -634,14 +634,18 @@ class Scheduler:
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         self.running.remove(request)
+        # A hybrid's state swapped out now would hold the drafts its steps in flight accept,
+        # which it would then count as uncomputed and feed again: recompute it.
+        drafts_in_flight = bool(request.num_draft_slots) and self.config.num_state_slots > 0
         if self.drafts is not None:
             self.drafts.preempted(request)
         self._drop_on_executor(request)
         request.num_preemptions += 1
         live = self.kv.num_live_blocks(request)   # freed (null) entries are not copied
         # Mean pooling sums hidden states the executor forgets at a swap: recompute it.
-        if request.sampling.pooling != "mean" and should_swap(
-                self.config, request.num_computed_tokens, live, self.kv.num_free_swap_blocks):
+        if request.sampling.pooling != "mean" and not drafts_in_flight and should_swap(
+                self.config, request.num_computed_tokens, live, self.kv.num_free_swap_blocks,
+                self.kv.num_free_swap_state_slots):
             plan.swap_out.extend(self.kv.swap_out(request))
             request.status = RequestStatus.SWAPPED
             self._enqueue(self.swapped, request)
@@ -693,6 +697,7 @@ class Scheduler:
         plan.dropped_handles, self._dropped_handles = self._dropped_handles, []
         plan.copies = self.kv.take_copies()
         plan.state_copies, plan.checkpoints = self.kv.take_state_work()
+        plan.state_swap_out, plan.state_swap_in = self.kv.take_state_swaps()
         handles, counts, appended = plan.running_handles, plan.running_num_tokens, \
             plan.new_block_ids
         for item in scheduled:

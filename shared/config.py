@@ -281,6 +281,8 @@ class ExecutorCapacity:
     # holds one, and the bytes of one; 0 slots: every layer is attention.
     num_state_slots: int = 0
     state_bytes: int = 0
+    # Host slots a swapped-out request's state waits in (0: hybrids recompute).
+    num_swap_state_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,7 @@ class SchedulerConfig(SchedulingPolicy):
     loras: tuple[str, ...] = ()           # as ExecutorCapacity.loras
     num_state_slots: int = 0              # as ExecutorCapacity.num_state_slots
     state_bytes: int = 0
+    num_swap_state_slots: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -366,6 +369,7 @@ class SchedulerConfig(SchedulingPolicy):
             loras=capacity.loras,
             num_state_slots=capacity.num_state_slots,
             state_bytes=capacity.state_bytes,
+            num_swap_state_slots=capacity.num_swap_state_slots,
         )
 
 

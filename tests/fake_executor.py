@@ -58,12 +58,15 @@ class _Held:
 class FakeExecutor:
     def __init__(self, block_size: int, num_kv_blocks: int, num_swap_blocks: int = 0,
                  vocab_size: int = 1000, sliding_window: int | None = None,
-                 state_slots: int = 0) -> None:
+                 state_slots: int = 0, swap_state_slots: int = 0) -> None:
         """`state_slots`: a hybrid model's recurrent state slots (0: none): each new request
         must name a slot no live request holds, and start its state at position 0 (a
-        recurrent state is never resumed from shared blocks)."""
+        recurrent state is never resumed from shared blocks). `swap_state_slots`: the host
+        slots swapped-out states wait in."""
         self.state_slots = state_slots
         self.states: dict[int, tuple[int, int]] = {}   # slot -> (tokens, prefix digest)
+        self.swap_state_slots = swap_state_slots
+        self.host_states: dict[int, tuple[int, int] | None] = {}   # host slot -> state
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.sliding_window = sliding_window
@@ -105,8 +108,6 @@ class FakeExecutor:
             self._states_before(plan, scheduled)
         drafted = self._propose(plan.drafts, scheduled)
         self._write_and_check(scheduled)
-        if self.state_slots:
-            self._states_after(plan, scheduled)
 
         result = StepResult(plan.step_id)
         for handle, held, _ in scheduled:
@@ -118,6 +119,8 @@ class FakeExecutor:
                 extend_digests(held.digests, held.tokens)
                 result.handles.append(handle)
                 result.token_ids.append(token)
+        if self.state_slots:   # after verification: a state holds the accepted drafts only
+            self._states_after(plan, scheduled)
         return result
 
     # ---- a hybrid's recurrent state slots ---------------------------------------------------
@@ -225,6 +228,14 @@ class FakeExecutor:
             gathered = [list(source[src]) for src, _ in pairs]
             for (_, dst), contents in zip(pairs, gathered):
                 target[dst] = contents
+        # A hybrid's states travel with the blocks: out to a host slot, back to a device one
+        # (a request that ends while swapped out leaves its host slot to be overwritten).
+        for slot, host in plan.state_swap_out:
+            assert 0 <= slot < self.state_slots and 0 <= host < self.swap_state_slots
+            self.host_states[host] = self.states.get(slot)
+        for host, slot in plan.state_swap_in:
+            assert host in self.host_states, f"host state slot {host} swapped in while empty"
+            self.states[slot] = self.host_states.pop(host)
 
     def _write_and_check(self, scheduled: list[tuple[int, _Held, int]]) -> None:
         size = self.block_size

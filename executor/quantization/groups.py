@@ -27,6 +27,9 @@ def linear_inputs(config: ModelConfig, tensor_parallel_size: int = 1) -> dict[st
             inputs[f"down_proj ({size} wide)"] = size
         if spec.per_layer_input_size:
             inputs["per_layer_projection"] = spec.per_layer_input_size
+    hybrid = config.hybrid
+    if hybrid is not None and hybrid.num_v_heads:   # Gated DeltaNet reads its value heads
+        inputs["the Gated DeltaNet layers' out_proj"] = hybrid.num_v_heads * hybrid.v_head_dim
     return inputs
 
 

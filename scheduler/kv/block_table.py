@@ -10,7 +10,7 @@ NEVER = 1 << 62
 
 class BlockTable:
     __slots__ = ("block_ids", "num_freed", "cpu_block_ids", "num_registered", "num_slots",
-                 "register_at", "work_at", "state_slot")
+                 "register_at", "work_at", "state_slot", "cpu_state_slot")
 
     def __init__(self) -> None:
         # Device blocks in reading order. Leading entries freed once they left every
@@ -33,3 +33,4 @@ class BlockTable:
         self.work_at = 0
         # A hybrid model's recurrent state slot while it holds one (scheduler/kv/state_slots.py).
         self.state_slot: int | None = None
+        self.cpu_state_slot: int | None = None   # where that state waits while swapped out

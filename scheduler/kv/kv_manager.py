@@ -23,8 +23,10 @@ ones (num_freed_blocks).
 Hybrid models (config.num_state_slots > 0): besides its blocks (the attention layers' KV),
 each admitted request holds one recurrent state slot (scheduler/kv/state_slots.py) covering
 every linear-attention / convolution layer. Admission needs a free slot as well as blocks;
-free (recompute preemption) and forget give it back. Such a request is never swapped (its
-state would have to travel too: preemption recomputes it) and never forked (the child
+free (recompute preemption) and forget give it back. A swap-out moves the state with the
+blocks into a host state slot (config.num_swap_state_slots; none free: recompute) and gives
+the device slot back; swap-in takes a device slot again (the plan's `state_swap_out` and
+`state_swap_in`, moved in the blocks' order). Such a request is never forked (the child
 would need the state one token before the parent's: it computes its prompt itself), and
 the prefix cache works through state checkpoints: every config.hybrid_checkpoint_blocks
 blocks of a sequence the executor copies its state into a spare slot, keyed by the hash of
@@ -51,7 +53,7 @@ class KVCacheManager:
         window = config.sliding_window
         self.pool = BlockPool(config.num_kv_blocks, reserve_null=window is not None,
                               events=events)
-        self.swap = SwapSpace(config.num_swap_blocks)
+        self.swap = SwapSpace(config.num_swap_blocks, config.num_swap_state_slots)
         self.block_size = config.block_size
         self.sliding_window = window
         self.window_peak_blocks = config.window_peak_blocks
@@ -67,12 +69,17 @@ class KVCacheManager:
         self.states = StateSlots(config.num_state_slots, config.state_bytes)
         self._state_copies: list[tuple[int, int]] = []      # (checkpoint, slot): next plan
         self._checkpoints: list[tuple[int, int, int]] = []  # (handle, tokens, slot): same
+        self._state_swaps: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
 
     # ---- counts -------------------------------------------------------------------------
 
     @property
     def num_free_swap_blocks(self) -> int:
         return self.swap.num_free
+
+    @property
+    def num_free_swap_state_slots(self) -> int:
+        return self.swap.num_free_state_slots
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -89,7 +96,9 @@ class KVCacheManager:
             "swap_blocks_free": swap.num_free,
             **({"state_slots_total": self.states.num_slots,
                 "state_slots_used": self.states.num_used,
-                "state_checkpoints": self.states.num_checkpoints}
+                "state_checkpoints": self.states.num_checkpoints,
+                "swap_state_slots_total": self.swap.num_state_slots,
+                "swap_state_slots_free": self.swap.num_free_state_slots}
                if self.states.enabled else {}),
         }
 
@@ -129,6 +138,12 @@ class KVCacheManager:
         """The request's recurrent state slot (-1: none held, or not a hybrid model)."""
         table = self._tables.get(request.handle)
         slot = table.state_slot if table is not None else None
+        return -1 if slot is None else slot
+
+    def swap_state_slot(self, request: Request) -> int:
+        """The host state slot holding the request's state while swapped out (-1: none)."""
+        table = self._tables.get(request.handle)
+        slot = table.cpu_state_slot if table is not None else None
         return -1 if slot is None else slot
 
     def swap_block_ids(self, request: Request) -> list[int]:
@@ -230,6 +245,9 @@ class KVCacheManager:
         if table.state_slot is not None:
             self.states.give_back(table.state_slot)
             table.state_slot = None
+        if table.cpu_state_slot is not None:
+            self.swap.release_state(table.cpu_state_slot)
+            table.cpu_state_slot = None
         self._retable(table)
 
     def forget(self, request: Request) -> None:
@@ -352,6 +370,12 @@ class KVCacheManager:
                 evict = False
             tokens -= span
 
+    def take_state_swaps(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """A hybrid's state slots swapped out (device, host) and in (host, device) since
+        the last call."""
+        swaps, self._state_swaps = self._state_swaps, ([], [])
+        return swaps
+
     def take_copies(self) -> list[tuple[int, int]]:
         """The (source, destination) block copies forks made since the last call."""
         copies, self._copies = self._copies, []
@@ -363,9 +387,14 @@ class KVCacheManager:
         """Move the request's live blocks to the swap space (the caller checked
         num_free_swap_blocks against num_live_blocks) and release them; returns the
         (device, CPU) pairs to copy. The count of freed entries stays, so swap_in restores
-        them as null entries."""
+        them as null entries. A hybrid's state goes to a host slot (the caller checked
+        num_free_swap_state_slots), its device slot freed."""
         table = self._tables[request.handle]
-        assert table.state_slot is None, "a hybrid model's request is recomputed, never swapped"
+        if table.state_slot is not None:
+            table.cpu_state_slot = self.swap.store_state()
+            self._state_swaps[0].append((table.state_slot, table.cpu_state_slot))
+            self.states.give_back(table.state_slot)
+            table.state_slot = None
         live = table.block_ids[table.num_freed:]
         table.cpu_block_ids = self.swap.store(live)
         self.pool.release(table.block_ids)
@@ -378,13 +407,20 @@ class KVCacheManager:
                 ) -> list[tuple[int, int]] | None:
         """Device blocks for a swapped-out request's computed tokens and `num_new_tokens`
         more, computed by step `step`; returns the (CPU, device) pairs to copy, or None,
-        changing nothing, when the pool is short."""
+        changing nothing, when the pool (or a hybrid's state slots) is short."""
         table = self._tables[request.handle]
         freed = table.num_freed   # entries that left the window stay null
         end = request.num_computed_tokens + num_new_tokens
         needed = self.blocks_for(end) - freed
         if needed > self.pool.num_free:
             return None
+        if table.cpu_state_slot is not None:
+            if self.states.num_free < 1:
+                return None
+            table.state_slot = self.states.take(request.handle)
+            self._state_swaps[1].append((table.cpu_state_slot, table.state_slot))
+            self.swap.release_state(table.cpu_state_slot)
+            table.cpu_state_slot = None
         device_blocks = self.pool.allocate(needed)
         pairs = self.swap.load(table.cpu_block_ids, device_blocks)
         table.cpu_block_ids = []

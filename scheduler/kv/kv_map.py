@@ -134,7 +134,9 @@ def _request(kv: KVCacheManager, request: Request, now: float) -> dict[str, Any]
             "wait_s": round(age if request.queue_s is None else request.queue_s, 4),
             "age_s": round(age, 4),
             **({"lora": request.sampling.lora} if request.sampling.lora is not None else {}),
-            **({"state_slot": kv.state_slot(request)} if kv.state_slot(request) >= 0 else {})}
+            **({"state_slot": kv.state_slot(request)} if kv.state_slot(request) >= 0 else {}),
+            **({"swap_state_slot": kv.swap_state_slot(request)}
+               if kv.swap_state_slot(request) >= 0 else {})}
 
 
 def contiguous(config: SchedulerConfig, listed: list[Request], num_requests: int

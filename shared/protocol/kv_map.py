@@ -36,6 +36,7 @@ REQUEST = Shape("kv_map.requests", (
     Field("age_s", Float()),
     Field("lora", Str(MAX_LORA_NAME_CHARS), default=None),   # absent: the base model
     Field("state_slot", Int(0, MAX_BLOCK_ID), default=None),   # a hybrid's, while it holds one
+    Field("swap_state_slot", Int(0, MAX_BLOCK_ID), default=None),   # its host one, swapped out
 ))
 BLOCKS = Shape("kv_map.blocks", (
     Field("state", Str(MAX_KV_MAP_BLOCKS), rule="one of `F`, `U`, `C` per block"),

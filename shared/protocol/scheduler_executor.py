@@ -74,6 +74,7 @@ EXECUTOR_HELLO = Message("executor_hello", (Link.EXECUTOR_TO_SCHEDULER,), (
     # A hybrid model's recurrent state slots and the bytes of one (0: no recurrent layers).
     Field("num_state_slots", Int(0, MAX_BLOCK_ID), default=0),
     Field("state_bytes", Int(0), default=0),
+    Field("num_swap_state_slots", Int(0, MAX_BLOCK_ID), default=0),   # on the host
 ), build=_hello, table=True)
 
 
@@ -107,6 +108,9 @@ def encode_plan(plan: StepPlan) -> bytes:
         body["sc"] = [x for pair in plan.state_copies for x in pair]
     if plan.checkpoints:
         body["ck"] = [x for triple in plan.checkpoints for x in triple]
+    for key, pairs in (("zo", plan.state_swap_out), ("zi", plan.state_swap_in)):
+        if pairs:
+            body[key] = [x for pair in pairs for x in pair]
     return pack("plan", body)
 
 
@@ -161,6 +165,8 @@ def decode_plan(body: Body) -> StepPlan:
     if len(flat) % 3 or any(tokens < 1 for tokens in flat[1::3]):
         raise ProtocolError("plan: 'ck' is flat (handle, tokens >= 1, slot) triples")
     plan.checkpoints = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
+    plan.state_swap_out = body.pairs("zo", MAX_BLOCK_ID)
+    plan.state_swap_in = body.pairs("zi", MAX_BLOCK_ID)
     return plan
 
 
@@ -305,6 +311,9 @@ PLAN = Message("plan", (Link.SCHEDULER_TO_EXECUTOR, Link.RANK0_TO_RANKS), (
           rule=f"flat (handle, draft cap ≤ {MAX_DRAFTS}) pairs: even length"),
     Field("sc", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
     Field("ck", Ints(0), default=None, rule="flat (handle, tokens ≥ 1, slot) triples"),
+    # A hybrid's state slots swapped out (device, CPU) and in (CPU, device).
+    Field("zo", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
+    Field("zi", _BLOCK_PAIRS, default=None, rule=_PAIRS_RULE),
 ), codec=(encode_plan, decode_plan), table=True)
 
 RESULT = Message("result", (Link.EXECUTOR_TO_SCHEDULER,), (

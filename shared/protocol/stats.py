@@ -20,6 +20,8 @@ _FIELDS = (
     Field("state_slots_total", Int(0), default=None),
     Field("state_slots_used", Int(0), default=None),
     Field("state_checkpoints", Int(0), default=None),
+    Field("swap_state_slots_total", Int(0), default=None),
+    Field("swap_state_slots_free", Int(0), default=None),
     # Speculative decoding (scheduler/spec_decode.py), present when it is on.
     *(Field(key, Int(0), default=None) for key in (
         "spec_decode_num_drafts", "spec_decode_num_draft_tokens",

@@ -50,6 +50,11 @@ class StepPlan:
     # slot), the request's state after its first `tokens` tokens, copied into `slot`.
     state_copies: list[tuple[int, int]] = field(default_factory=list)
     checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
+    # A hybrid's state slots swapped with their request's blocks, in the blocks' order:
+    # out (device slot, CPU slot) after the block swap-out, in (CPU slot, device slot)
+    # after the block swap-in, both before state_copies.
+    state_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    state_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -60,11 +60,12 @@ def configs(draw) -> SchedulerConfig:
     # Every layer windowed (the scheduler frees blocks behind the window), or not.
     sliding_window = draw(st.sampled_from([None, None, 1, 3, 6, 13, 39]))
     # A hybrid model (scheduler/kv/state_slots.py): one recurrent state slot per admitted
-    # request, fewer slots than seats or more; its full-attention layers have no window and
-    # the engine refuses speculation for it.
+    # request, fewer slots than seats or more; its full-attention layers have no window.
+    # Host state slots for swap preemption: none (recompute), fewer than seats, or more.
     state_slots = draw(st.sampled_from([0, 0, 0, 1, 3, 8]))
     hybrid = {"num_state_slots": state_slots, "state_bytes": 7, "sliding_window": None,
-              "speculative_config": None,   # prefix hits resume from state checkpoints
+              "num_swap_state_slots": draw(st.sampled_from([0, 1, 4])),
+              # prefix hits resume from state checkpoints
               "hybrid_checkpoint_blocks": draw(st.sampled_from([0, 1, 2, 4]))
               } if state_slots else {}
     return SchedulerConfig(**{**dict(
@@ -125,7 +126,7 @@ class Driver:
         self.scheduler = Scheduler(config, self.kv_events)
         self.executor = FakeExecutor(config.block_size, config.num_kv_blocks,
                                      config.num_swap_blocks, VOCAB, config.sliding_window,
-                                     config.num_state_slots)
+                                     config.num_state_slots, config.num_swap_state_slots)
         self.expected: dict[str, tuple[list[int], str]] = {}   # by sample id
         self.emitted: dict[str, list[int]] = {}
         self.finished: dict[str, str] = {}
@@ -249,6 +250,7 @@ class Driver:
         assert scheduler.stats()["kv_blocks_free"] == scheduler.stats()["kv_blocks_total"]
         assert scheduler.swap_pool.num_free == scheduler.swap_pool.num_blocks
         assert scheduler.kv.states.num_free == self.config.num_state_slots   # every slot
+        assert scheduler.kv.num_free_swap_state_slots == self.config.num_swap_state_slots
         assert not self.executor.requests, "executor still holds finished requests"
         assert not self.sent and not scheduler.kv.unconfirmed_blocks()
         assert not scheduler.kv.handles(), "the KV manager still holds finished requests"
@@ -326,7 +328,7 @@ def check_fifo_within_priority(driver: Driver) -> None:
 
 def check_state_slots(scheduler, config, statuses) -> None:
     """A hybrid's state slots: each running request holds exactly one of its own, no other
-    request holds any (recompute frees it; never swapped or forked), and the slot pool's
+    request holds any (recompute and swap-out free it; never forked), and the slot pool's
     counts agree."""
     kv = scheduler.kv
     held = {r.handle: kv.state_slot(r) for r in scheduler.requests.values()}
@@ -341,7 +343,9 @@ def check_state_slots(scheduler, config, statuses) -> None:
     checkpoints = kv.states.checkpoint_slots()
     assert len(set(checkpoints)) == len(checkpoints) and not set(checkpoints) & set(slots)
     assert len(slots) + len(checkpoints) <= config.num_state_slots
-    assert not statuses[RequestStatus.SWAPPED], "a hybrid request was swapped"
+    # Each swapped-out request's state waits in a host slot of its own.
+    swapped = len(statuses[RequestStatus.SWAPPED])
+    assert swapped + kv.num_free_swap_state_slots == config.num_swap_state_slots
 
 
 def check_scheduler(driver: Driver) -> None:

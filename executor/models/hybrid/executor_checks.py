@@ -16,11 +16,6 @@ def unsupported(config: EngineConfig, model: ModelConfig, tensor_parallel: bool 
         (tensor_parallel or config.tensor_parallel_size > 1, "tensor_parallel_size",
          "tensor parallelism"),
         (config.enable_lora, "enable_lora", "LoRA adapters"),
-        (config.speculative is not None, "speculative_config", "speculative decoding (the "
-         "recurrent state cannot yet roll back rejected drafts)"),
-        (config.preemption_mode == "swap", "preemption_mode", "swap preemption (a request's "
-         "recurrent state is recomputed, not swapped: use recompute or auto)"),
-        (config.quantization != "none", "quantization", "quantized weights"),
         (is_gguf(config.model), "model", "a GGUF file"),
         (model.prequantized is not None, "model", "a pre-quantized checkpoint"),
     ]

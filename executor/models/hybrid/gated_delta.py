@@ -80,3 +80,18 @@ def chunked(q, k, v, g, beta, state, chunk: int = CHUNK):
         state = state * chunk_decay[:, i] + k_to_end[:, i].transpose(-1, -2) @ fresh
     out = out.reshape(out.shape[0], -1, out.shape[-1])[:, :length]
     return out.transpose(0, 1), state
+
+
+def recurrent_states(q, k, v, g, beta, state):
+    """`recurrent` over L tokens of one request, keeping the state after every token
+    ([L, H, Dk, Dv]): speculative verification commits the one after the last accepted
+    token. Each token is the decode step's own arithmetic, so the outputs and states are
+    those of decoding the tokens one step at a time."""
+    outputs = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    states = torch.empty((q.shape[0], *state.shape), dtype=torch.float32, device=v.device)
+    for t in range(q.shape[0]):
+        out, state = recurrent(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1],
+                               beta[t:t + 1], state.unsqueeze(0))
+        outputs[t], state = out[0], state[0]
+        states[t] = state
+    return outputs, states

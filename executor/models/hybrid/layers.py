@@ -70,6 +70,16 @@ def run_conv(x: torch.Tensor, conv: DepthwiseConv, windows: torch.Tensor,
     out = torch.empty_like(x)
     for i, slot, a, b, ends in _segments(states):
         window = windows[slot:slot + 1]
+        if states.drafted[i]:   # one decode step per token, every window kept
+            after = torch.empty((b - a, *windows.shape[1:]), dtype=windows.dtype,
+                                device=windows.device)
+            for t in range(a, b):
+                y, window = causal_conv(x[t:t + 1].t().unsqueeze(0), window, conv.weight,
+                                        conv.bias)
+                out[t] = y[0, :, 0]
+                after[t - a] = window[0].to(windows.dtype)
+            _hold(windows, i, after, states)
+            continue
         if states.fresh[i]:
             window = torch.zeros_like(window)
         for end, checkpoint in ends:   # up to each checkpoint, then the rest
@@ -80,6 +90,14 @@ def run_conv(x: torch.Tensor, conv: DepthwiseConv, windows: torch.Tensor,
             windows[slot if checkpoint is None else checkpoint] = window[0].to(windows.dtype)
             a = end
     return out
+
+
+def _hold(pool: torch.Tensor, i: int, after: torch.Tensor, states: StepStates) -> None:
+    """A drafted sequence's states after each token: held for the commit after
+    verification; a checkpoint (only ever at its verified token) is written now."""
+    for offset, checkpoint in states.checkpoints[i]:
+        pool[checkpoint] = after[offset - 1]
+    states.held.append((pool, i, after))
 
 
 def _segments(states: StepStates):
@@ -151,6 +169,11 @@ class GatedDeltaNet(nn.Module):
             return out
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
         for i, slot, a, b, ends in _segments(states):
+            if states.drafted[i]:   # one decode step per token, every state kept
+                out[a:b], after = gated_delta.recurrent_states(
+                    q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], matrices[slot])
+                _hold(matrices, i, after, states)
+                continue
             state = torch.zeros_like(matrices[slot]) if states.fresh[i] else matrices[slot]
             # A prompt runs chunked (a one-token prompt too, as transformers does).
             run = gated_delta.recurrent if b - a == 1 and not states.fresh[i] \

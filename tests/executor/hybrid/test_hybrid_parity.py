@@ -83,9 +83,7 @@ def test_a_shared_prefix_resumes_from_the_deepest_state_checkpoint(hybrid):
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
-@pytest.mark.parametrize("setting, value", [
-    ("speculative_config", '{"method": "ngram", "num_speculative_tokens": 2}'),
-    ("preemption_mode", "swap"), ("enable_lora", True), ("quantization", "int8")])
+@pytest.mark.parametrize("setting, value", [("enable_lora", True)])
 def test_what_a_hybrid_cannot_run_with_is_refused_by_name(hybrid, setting, value):
     from folio.preflight import check_engine
     from folio.shared.config import EngineConfig, SettingError
