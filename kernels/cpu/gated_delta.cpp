@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
+#include "state_slots.h"
 #include "vec_math.h"
 
 #include <cmath>
@@ -162,12 +163,7 @@ void gated_delta_step(Tensor out, Tensor q, Tensor k, Tensor v, Tensor g, Tensor
   TORCH_CHECK(static_cast<int64_t>(fresh.size()) == batch, "fresh must have ", batch,
               " entries, got ", fresh.size());
   const int64_t* sl = slots.data_ptr<int64_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(sl[b] >= 0 && sl[b] < pool.size(0), "slot ", sl[b], " outside the pool of ",
-                pool.size(0), " slots");
-    for (int64_t c = 0; c < b; ++c)   // two requests writing one slot would race
-      TORCH_CHECK(sl[c] != sl[b], "slot ", sl[b], " appears twice in one step");
-  }
+  check_slots(sl, batch, pool.size(0));
   std::vector<bool> is_fresh(fresh.begin(), fresh.end());
   if (batch == 0) return;
   if (v.scalar_type() == at::kFloat) run<float>(out, q, k, v, g, beta, pool, sl, is_fresh);

@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
+#include "state_slots.h"
 #include "vec_math.h"
 
 #include <cstdint>
@@ -99,12 +100,7 @@ void causal_conv_step(Tensor out, Tensor x, Tensor windows, Tensor weight,
   TORCH_CHECK(static_cast<int64_t>(fresh.size()) == batch, "fresh must have ", batch,
               " entries, got ", fresh.size());
   const int64_t* sl = slots.data_ptr<int64_t>();
-  for (int64_t i = 0; i < batch; ++i) {
-    TORCH_CHECK(sl[i] >= 0 && sl[i] < windows.size(0), "slot ", sl[i],
-                " outside the pool of ", windows.size(0), " slots");
-    for (int64_t j = 0; j < i; ++j)   // two requests shifting one window would race
-      TORCH_CHECK(sl[j] != sl[i], "slot ", sl[i], " appears twice in one step");
-  }
+  check_slots(sl, batch, windows.size(0));
   std::vector<bool> is_fresh(fresh.begin(), fresh.end());
   if (batch == 0) return;
   if (x.scalar_type() == at::kFloat) {
