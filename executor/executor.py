@@ -19,7 +19,7 @@ from folio.executor.model_loader import load_model
 from folio.executor.quantization.weight_formats import apply_weight_format
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from folio.executor.weight_bytes import weight_bytes_per_step
-from folio.kernels import cpu_attention
+from folio.kernels import cpu_attention, cpu_recurrent
 from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.hybrid.executor_checks import (refuse_unsupported, state_banner,
                                                           tokens_per_gib)
@@ -158,6 +158,7 @@ class Executor:
             hybrid, self.num_state_slots, self.dtype, self.device)
         if self.states is not None:
             self.model.attach_states(self.states)
+            log.info(cpu_recurrent.describe(self.device, self.ops.name))
         self.kv_caches = allocate_kv_cache(self.model_config, self.num_kv_blocks,
                                            config.block_size, self.kv_dtype, self.device)
         # A hybrid's swapped-out states wait in host slots, one per request that may run.

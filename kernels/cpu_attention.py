@@ -1,4 +1,5 @@
-"""The CPU operators (kernels/cpu/: paged attention, fused norm/rotary): build, load, call.
+"""The CPU operators (kernels/cpu/: paged attention, fused norm/rotary, the hybrids' recurrent
+steps): build, load, call.
 
 It is built once at setup time (`python -m folio.kernels.cpu_attention --build`, run by
 scripts/setup.sh) into $FOLIO_CPU_OPS_DIR, else `.folio-cache/cpu-ops/` beside this package.
@@ -27,11 +28,14 @@ SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp",
            Path(__file__).parent / "cpu" / "weight_only_linear.cpp",
            Path(__file__).parent / "cpu" / "vnni_gemm.cpp",
            Path(__file__).parent / "cpu" / "bf16_gemm.cpp",
-           Path(__file__).parent / "cpu" / "decode_step.cpp")
+           Path(__file__).parent / "cpu" / "decode_step.cpp",
+           Path(__file__).parent / "cpu" / "gated_delta.cpp",
+           Path(__file__).parent / "cpu" / "short_conv.cpp")
 HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",
            Path(__file__).parent / "cpu" / "quant_weights.h",
            Path(__file__).parent / "cpu" / "vnni_gemm.h",
-           Path(__file__).parent / "cpu" / "attention_tiles.h")   # hashed with the sources
+           Path(__file__).parent / "cpu" / "attention_tiles.h",
+           Path(__file__).parent / "cpu" / "state_slots.h")   # hashed with the sources
 # -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
 # already loaded). ISO C++ mode turns FMA contraction off; the kernel wants it.
 _FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")

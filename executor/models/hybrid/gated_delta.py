@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from folio.kernels import cpu_recurrent
+
 CHUNK = 64
 
 
@@ -43,6 +45,13 @@ def recurrent(q, k, v, g, beta, state):
                                       beta[t:t + 1], state.unsqueeze(0))
         outputs[t], state = out[0], state[0]
     return outputs, state
+
+
+def recurrent_in_pool(q, k, v, g, beta, pool, slots, fresh: list[bool]):
+    """`recurrent`'s batched decode step in C++ on CPU (kernels/cpu/gated_delta.cpp): each
+    request's state is read and written in its slot of `pool` [S, H, Dk, Dv], none gathered;
+    fresh requests start from zeros. Returns the outputs [B, H, Dv] float32."""
+    return cpu_recurrent.gated_delta_step_cpu(q, k, v, g, beta, pool, slots, fresh)
 
 
 def chunked(q, k, v, g, beta, state, chunk: int = CHUNK):

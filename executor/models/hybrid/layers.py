@@ -10,6 +10,7 @@ from torch import nn
 
 from folio.executor.model_config import ModelConfig
 from folio.executor.models.hybrid import gated_delta
+from folio.executor.models.hybrid import short_conv
 from folio.executor.models.hybrid.short_conv import causal_conv
 from folio.executor.models.hybrid.state_pool import StepStates
 from folio.executor.ops import AttentionInputs, KernelOps
@@ -56,9 +57,13 @@ class DepthwiseConv(nn.Module):
 
 
 def run_conv(x: torch.Tensor, conv: DepthwiseConv, windows: torch.Tensor,
-             states: StepStates) -> torch.Tensor:
+             states: StepStates, native: bool = False) -> torch.Tensor:
     """x [T, C], the step's tokens, through each sequence's causal convolution; each
-    sequence's window (windows[slot], [C, K-1]) is read and written back."""
+    sequence's window (windows[slot], [C, K-1]) is read and written back. `native`: the
+    decode step runs in C++ on the pool in place (kernels/cpu_recurrent.py)."""
+    if states.decode_only and native and x.dtype in short_conv.NATIVE_DTYPES:
+        return short_conv.step_in_pool(x, windows, conv.weight, conv.bias, states.slots,
+                                       states.fresh)
     if states.decode_only:   # one token each: one batched call
         window = windows[states.slots]
         for i, fresh in enumerate(states.fresh):
@@ -112,10 +117,12 @@ def _segments(states: StepStates):
 
 
 class GatedDeltaNet(nn.Module):
-    """Qwen3.5's linear-attention layer (state: a conv window and the delta rule's S)."""
+    """Qwen3.5's linear-attention layer (state: a conv window and the delta rule's S).
+    `native`: its decode steps run in C++ (the CPU kernel set, kernels/cpu_recurrent.py)."""
 
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, native: bool = False) -> None:
         super().__init__()
+        self.native = native
         spec = config.hybrid
         self.layer = layer
         self.k_heads, self.v_heads = spec.num_k_heads, spec.num_v_heads
@@ -136,7 +143,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, pool, states: StepStates) -> torch.Tensor:
         tokens = x.shape[0]
         mixed = F.silu(run_conv(self.in_proj_qkv(x), self.conv1d, pool.conv[self.layer],
-                                states))
+                                states, self.native))
         q, k, v = mixed.split(self.splits, dim=-1)
         repeat = self.v_heads // self.k_heads
         q = q.reshape(tokens, self.k_heads, self.k_dim).repeat_interleave(repeat, dim=1)
@@ -145,13 +152,17 @@ class GatedDeltaNet(nn.Module):
         q, k = gated_delta.prepare_qk(q, k)
         beta = self.in_proj_b(x).sigmoid().float()
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
-        out = self._delta_rule(q, k, v, g, beta, pool.delta[self.layer], states)
+        out = self._delta_rule(q, k, v, g, beta, pool.delta[self.layer], states, self.native)
         out = self.norm(out.to(x.dtype).reshape(-1, self.v_dim),
                         self.in_proj_z(x).reshape(-1, self.v_dim))
         return self.out_proj(out.reshape(tokens, -1))
 
     @staticmethod
-    def _delta_rule(q, k, v, g, beta, matrices: torch.Tensor, states: StepStates):
+    def _delta_rule(q, k, v, g, beta, matrices: torch.Tensor, states: StepStates,
+                    native: bool = False):
+        if states.decode_only and native:   # C++ on the pool in place
+            return gated_delta.recurrent_in_pool(q, k, v, g, beta, matrices, states.slots,
+                                                 states.fresh)
         if states.decode_only and matrices.is_cuda:   # one Triton launch, in place
             from folio.kernels.triton_gated_delta import delta_rule_step
 
@@ -188,10 +199,12 @@ class GatedDeltaNet(nn.Module):
 
 
 class ShortConv(nn.Module):
-    """LFM2's gated short convolution: out(C * conv(B * x)) (state: the conv window)."""
+    """LFM2's gated short convolution: out(C * conv(B * x)) (state: the conv window).
+    `native`: its decode step runs in C++ (the CPU kernel set, kernels/cpu_recurrent.py)."""
 
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, native: bool = False) -> None:
         super().__init__()
+        self.native = native
         spec = config.hybrid
         size = config.hidden_size
         self.layer = layer
@@ -201,7 +214,7 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, pool, states: StepStates) -> torch.Tensor:
         b, c, h = self.in_proj(x).chunk(3, dim=-1)
-        y = run_conv(b * h, self.conv, pool.conv[self.layer], states)
+        y = run_conv(b * h, self.conv, pool.conv[self.layer], states, self.native)
         return self.out_proj(c * y)
 
 

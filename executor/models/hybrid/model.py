@@ -15,6 +15,7 @@ from folio.executor.models.hybrid.spec import ATTENTION
 from folio.executor.models.hybrid.state_pool import StatePool, StepStates
 from folio.executor.ops import AttentionInputs, KernelOps
 from folio.executor.rotary import rotary_cos_sin_cache
+from folio.kernels import cpu_recurrent
 
 
 class HybridLayer(nn.Module):
@@ -23,12 +24,13 @@ class HybridLayer(nn.Module):
         qwen = config.hybrid.family == "qwen3_5"
         kind = config.hybrid.layer_kinds[layer]
         self.is_attention = kind == ATTENTION
+        native = cpu_recurrent.runs_native(ops.name)   # C++ decode steps on CPU
         eps, size = config.rms_norm_eps, config.hidden_size
         if qwen:
             if self.is_attention:
                 self.self_attn = HybridAttention(config, ops, gated=True)
             else:
-                self.linear_attn = GatedDeltaNet(config, layer)
+                self.linear_attn = GatedDeltaNet(config, layer, native)
             self.input_layernorm = Norm(size, eps, zero_centred=True)
             self.post_attention_layernorm = Norm(size, eps, zero_centred=True)
             self.mlp = feed_forward(config, layer, ops)
@@ -38,7 +40,7 @@ class HybridLayer(nn.Module):
             if self.is_attention:
                 self.self_attn = HybridAttention(config, ops, gated=False)
             else:
-                self.conv = ShortConv(config, layer)
+                self.conv = ShortConv(config, layer, native)
             self.operator_norm = Norm(size, eps, zero_centred=False)
             self.ffn_norm = Norm(size, eps, zero_centred=False)
             self.feed_forward = feed_forward(config, layer, ops, ("w1", "w3", "w2"))
