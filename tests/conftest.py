@@ -7,7 +7,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
+
+# triton decides when it is first imported whether its own @jit functions (tl.zeros, ...)
+# compile or run in its CPU interpreter: without CUDA, the interpreter, set before any test
+# module imports triton (AutoAWQ and PEFT do at import). tests/kernels/conftest.py says more.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Property tests: the suite runs the `ci` profile (its examples fit the ten-minute budget);
 # FOLIO_HYPOTHESIS_PROFILE=thorough searches ten times as long, before a release or after

@@ -91,6 +91,20 @@ def chunked(q, k, v, g, beta, state, chunk: int = CHUNK):
     return out.transpose(0, 1), state
 
 
+def recurrent_states_in_cpp(q, k, v, g, beta, state):
+    """`recurrent_states` with each token through the C++ decode step (on a one-slot copy
+    of `state`), so a drafted sequence computes exactly what decoding it would."""
+    scratch = state.unsqueeze(0).clone()
+    slot = torch.zeros(1, dtype=torch.int64, device=state.device)
+    outputs = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    states = torch.empty((q.shape[0], *state.shape), dtype=torch.float32, device=v.device)
+    for t in range(q.shape[0]):
+        outputs[t] = recurrent_in_pool(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1],
+                                       beta[t:t + 1], scratch, slot, [False])[0]
+        states[t] = scratch[0]
+    return outputs, states
+
+
 def recurrent_states(q, k, v, g, beta, state):
     """`recurrent` over L tokens of one request, keeping the state after every token
     ([L, H, Dk, Dv]): speculative verification commits the one after the last accepted

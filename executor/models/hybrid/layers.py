@@ -78,10 +78,17 @@ def run_conv(x: torch.Tensor, conv: DepthwiseConv, windows: torch.Tensor,
         if states.drafted[i]:   # one decode step per token, every window kept
             after = torch.empty((b - a, *windows.shape[1:]), dtype=windows.dtype,
                                 device=windows.device)
+            in_cpp = native and x.dtype in short_conv.NATIVE_DTYPES   # as decode steps run
+            window = window.clone() if in_cpp else window
+            first = torch.zeros(1, dtype=torch.int64, device=windows.device)
             for t in range(a, b):
-                y, window = causal_conv(x[t:t + 1].t().unsqueeze(0), window, conv.weight,
-                                        conv.bias)
-                out[t] = y[0, :, 0]
+                if in_cpp:
+                    out[t] = short_conv.step_in_pool(x[t:t + 1], window, conv.weight,
+                                                     conv.bias, first, [False])[0]
+                else:
+                    y, window = causal_conv(x[t:t + 1].t().unsqueeze(0), window,
+                                            conv.weight, conv.bias)
+                    out[t] = y[0, :, 0]
                 after[t - a] = window[0].to(windows.dtype)
             _hold(windows, i, after, states)
             continue
@@ -181,8 +188,10 @@ class GatedDeltaNet(nn.Module):
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
         for i, slot, a, b, ends in _segments(states):
             if states.drafted[i]:   # one decode step per token, every state kept
-                out[a:b], after = gated_delta.recurrent_states(
-                    q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], matrices[slot])
+                step = gated_delta.recurrent_states_in_cpp if native \
+                    else gated_delta.recurrent_states   # the decode steps' own arithmetic
+                out[a:b], after = step(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b],
+                                       matrices[slot])
                 _hold(matrices, i, after, states)
                 continue
             state = torch.zeros_like(matrices[slot]) if states.fresh[i] else matrices[slot]

@@ -147,7 +147,7 @@ def test_what_the_moe_hybrids_cannot_run_with_is_refused_by_name(saved):
     from folio.shared.config import EngineConfig, SettingError
 
     path = saved["lfm2_moe"][1]
-    for setting, value in (("quantization", "int8"), ("tensor_parallel_size", 2)):
+    for setting, value in (("enable_lora", True), ("tensor_parallel_size", 2)):
         with pytest.raises(SettingError) as info:
             check_engine(EngineConfig(model=str(path), device="cpu", **{setting: value}))
         assert setting in str(info.value)
