@@ -1,5 +1,5 @@
 """Gemma 4 on the Triton kernels (interpreted on CPU): each layer's cache has its own head
-size and KV heads (16/2 sliding, 32/1 global with values = keys), and kv-shared layers read
+size and KV heads, and kv-shared layers read
 an earlier layer's blocks; the same greedy tokens as transformers, and on an int8 cache the
 same as the torch backend on that cache."""
 
@@ -18,10 +18,10 @@ PROMPTS = [[5, 9, 200, 31, 7, 7, 64, 8, 19, 44] * 2, [100] * 21, [3]]
 MAX_TOKENS = [6, 4, 5]
 
 
-@pytest.mark.parametrize("variant", ["shared_kv_ple", "k_eq_v"])
-def test_triton_backend_runs_gemma4_layers_of_their_own_shapes(variant, tmp_path,
-                                                               tokenizer_dir):
-    model_dir = make_gemma4_dir(tmp_path, tokenizer_dir, variant)
+def test_triton_backend_runs_gemma4_layers_of_their_own_shapes(tmp_path, tokenizer_dir):
+    # One variant (the interpreter is slow): kv-shared layers and per-layer shapes are what
+    # the kernels see; values = keys (k_eq_v) is the same cache write (tests/executor/gemma4).
+    model_dir = make_gemma4_dir(tmp_path, tokenizer_dir, "shared_kv_ple")
     params = [SamplingParams(temperature=0, max_tokens=n) for n in MAX_TOKENS]
     # Small blocks and budget: decodes and prompt chunks with earlier context share launches.
     llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, attention_backend="triton",
