@@ -12,7 +12,7 @@ from torch import nn
 
 from folio.executor.model_config import ModelConfig
 from folio.executor.models.gpt_oss.moe import GptOssMoe
-from folio.executor.models.layers import Attention, GatedMLP, make_norm
+from folio.executor.models.layers import Attention, GatedMLP, final_logits, make_norm
 from folio.executor.models.moe import SparseMoe
 from folio.executor.ops import AttentionInputs, KernelOps
 from folio.executor.rotary import longrope_positions, rotary_cos_sin_cache
@@ -133,8 +133,4 @@ class CausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
-        cap = self.config.final_softcap
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits.float()
+        return final_logits(self.lm_head, hidden, self.config.final_softcap)

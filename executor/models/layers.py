@@ -135,3 +135,12 @@ class GatedMLP(nn.Module):
             return self.down_proj(self.ops.silu_and_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+def final_logits(lm_head: nn.Module, hidden: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """The LM head's logits in float32, soft-capped (Gemma 2/3/4's final_logit_softcapping)
+    when the model has a cap."""
+    logits = lm_head(hidden)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits.float()

@@ -15,6 +15,7 @@ from torch import nn
 
 from folio.executor.model_config import ModelConfig
 from folio.executor.models.gemma4.layers import Gemma4Attention, Gemma4Mlp, Gemma4Norm
+from folio.executor.models.layers import final_logits
 from folio.executor.ops import AttentionInputs, KernelOps
 from folio.executor.rotary import rotary_cos_sin_cache
 
@@ -124,8 +125,4 @@ class Gemma4CausalLM(nn.Module):
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
-        cap = self.config.final_softcap
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits.float()
+        return final_logits(self.lm_head, hidden, self.config.final_softcap)

@@ -43,3 +43,10 @@ def make_hybrid_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0)
                 param.add_(torch.randn_like(param) * 0.2)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
+
+
+def assert_idle(stats: dict) -> None:
+    """Nothing running or waiting, and every block and state slot free."""
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert stats["state_slots_used"] == 0 and stats["state_slots_total"] > 0
+    assert stats["num_running"] == stats["num_waiting"] == 0

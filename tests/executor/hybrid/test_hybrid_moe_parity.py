@@ -11,6 +11,7 @@ import pytest
 
 from folio import LLM, SamplingParams
 from tests.conftest import TEST_DEVICE
+from tests.executor.hybrid.checkpoints import assert_idle
 from tests.executor.hybrid.moe_checkpoints import make_moe_dir
 from tests.hf_oracle import hf_greedy, random_prompts
 
@@ -31,11 +32,6 @@ def moe_model(request, tmp_path_factory, tokenizer_dir):
     return path, expected[:len(PROMPTS)], expected[len(PROMPTS):]
 
 
-def _assert_idle(stats):
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
-    assert stats["state_slots_used"] == 0 and stats["state_slots_total"] > 0
-
-
 def test_greedy_matches_transformers_alone_batched_and_preempted(moe_model):
     model_dir, expected, _ = moe_model
     assert len({t for answer in expected for t in answer}) > 15   # not one repeated token
@@ -45,7 +41,7 @@ def test_greedy_matches_transformers_alone_batched_and_preempted(moe_model):
     # Alone: the longest prompt by itself.
     (alone,) = llm.generate([PROMPTS[1]], [params[1]])
     assert alone.outputs[0].token_ids == expected[1]
-    _assert_idle(llm.stats())
+    assert_idle(llm.stats())
     # Batched: every prompt at once, 64 tokens a step splitting the long ones, beside a
     # sampled request and a greedy one with n = 2 (each sibling in its own state slot).
     sampled = SamplingParams(temperature=1.0, seed=7, max_tokens=12)
@@ -54,7 +50,7 @@ def test_greedy_matches_transformers_alone_batched_and_preempted(moe_model):
     assert [r.outputs[0].token_ids for r in results[:len(PROMPTS)]] == expected
     assert 0 < len(results[-2].outputs[0].token_ids) <= 12
     assert [o.token_ids for o in results[-1].outputs] == [expected[2]] * 2
-    _assert_idle(llm.stats())
+    assert_idle(llm.stats())
     # 32 blocks of 4 tokens (the longest request needs 28), 16 tokens a step: a running
     # request is preempted, its state dropped and recomputed from position 0.
     small = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=32,
@@ -62,7 +58,7 @@ def test_greedy_matches_transformers_alone_batched_and_preempted(moe_model):
     assert [r.outputs[0].token_ids for r in small.generate(PROMPTS, params)] == expected
     stats = small.stats()
     assert stats["preemptions_recompute"] > 0
-    _assert_idle(stats)
+    assert_idle(stats)
 
 
 def test_a_shared_prefix_resumes_from_a_state_checkpoint(moe_model):

@@ -9,7 +9,7 @@ import pytest
 
 from folio import LLM, SamplingParams
 from tests.conftest import TEST_DEVICE
-from tests.executor.hybrid.checkpoints import make_hybrid_dir
+from tests.executor.hybrid.checkpoints import assert_idle, make_hybrid_dir
 from tests.hf_oracle import hf_greedy, random_prompts
 
 pytestmark = pytest.mark.parity
@@ -33,11 +33,6 @@ def hybrid(request, tmp_path_factory, tokenizer_dir):
     return path, expected[:len(PROMPTS)], expected[len(PROMPTS):]
 
 
-def _assert_idle(stats):
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
-    assert stats["state_slots_used"] == 0 and stats["state_slots_total"] > 0
-
-
 def test_greedy_matches_transformers_batched_and_preempted(hybrid):
     model_dir, expected, _ = hybrid
     assert len({t for answer in expected for t in answer}) > 20   # not one repeated token
@@ -48,7 +43,7 @@ def test_greedy_matches_transformers_batched_and_preempted(hybrid):
     assert [r.outputs[0].token_ids for r in llm.generate(PROMPTS, params)] == expected
     stats = llm.stats()
     assert stats["preemptions_recompute"] == 0
-    _assert_idle(stats)
+    assert_idle(stats)
     # 33 blocks of 4 tokens, as many as the longest request needs, 16 tokens a step:
     # requests queue and running ones are preempted, their state dropped and recomputed
     # from position 0.
@@ -57,13 +52,13 @@ def test_greedy_matches_transformers_batched_and_preempted(hybrid):
     assert [r.outputs[0].token_ids for r in small.generate(PROMPTS, params)] == expected
     stats = small.stats()
     assert stats["preemptions_recompute"] > 0 and stats["preemptions_swap"] == 0
-    _assert_idle(stats)
+    assert_idle(stats)
     # n > 1, greedy: every sample is the single answer (the siblings compute their prompt
     # in their own state slot).
     n_params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[2], n=3)
     (result,) = llm.generate([PROMPTS[2]], [n_params])
     assert [o.token_ids for o in result.outputs] == [expected[2]] * 3
-    _assert_idle(llm.stats())
+    assert_idle(llm.stats())
 
 
 def test_a_shared_prefix_resumes_from_the_deepest_state_checkpoint(hybrid):

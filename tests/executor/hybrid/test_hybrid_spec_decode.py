@@ -18,7 +18,7 @@ import pytest
 
 from folio import LLM, SamplingParams
 from tests.conftest import TEST_DEVICE
-from tests.executor.hybrid.checkpoints import make_hybrid_dir
+from tests.executor.hybrid.checkpoints import assert_idle, make_hybrid_dir
 from tests.hf_oracle import hf_greedy
 
 pytestmark = pytest.mark.parity
@@ -61,12 +61,6 @@ def _drafts(stats):
             stats["spec_decode_num_accepted_tokens_per_pos"])
 
 
-def _assert_idle(stats):
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
-    assert stats["state_slots_used"] == 0 and stats["state_slots_total"] > 0
-    assert stats["num_running"] == stats["num_waiting"] == 0
-
-
 def test_drafts_accepted_in_part_leave_the_state_exact(hybrid):
     model_dir, expected = hybrid
     assert _tokens(_llm(model_dir), PROMPTS, GREEDY) == expected[:len(PROMPTS)]   # spec off
@@ -83,13 +77,13 @@ def test_drafts_accepted_in_part_leave_the_state_exact(hybrid):
     assert 0 < accepted < drafted
     # Some step accepted its first draft and rejected a later one.
     assert per_position[0] > per_position[-1]
-    _assert_idle(stats)
+    assert_idle(stats)
     # Alone: a request's steps carry only its own drafts.
     llm = _llm(model_dir, speculative_config=SUFFIX)
     _tokens(llm, PROMPTS[:1], NEAR_GREEDY)
     assert _tokens(llm, PROMPTS[:1], GREEDY) == expected[:1]
     assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
-    _assert_idle(llm.stats())
+    assert_idle(llm.stats())
 
 
 def test_ngram_drafts_from_copying_prompts(hybrid):
@@ -97,7 +91,7 @@ def test_ngram_drafts_from_copying_prompts(hybrid):
     llm = _llm(model_dir, speculative_config=NGRAM)
     assert _tokens(llm, PROMPTS + COPYING, GREEDY) == expected
     assert llm.stats()["spec_decode_num_draft_tokens"] > 0
-    _assert_idle(llm.stats())
+    assert_idle(llm.stats())
 
 
 def test_drafts_with_state_checkpoints_and_recompute_preemption(hybrid):
@@ -115,4 +109,4 @@ def test_drafts_with_state_checkpoints_and_recompute_preemption(hybrid):
         stats = llm.stats()
         assert stats["spec_decode_num_accepted_tokens"] > 0
         assert stats[counter] > (before if counter == "preemptions_recompute" else 0)
-        _assert_idle(stats)
+        assert_idle(stats)
