@@ -50,3 +50,32 @@ def assert_idle(stats: dict) -> None:
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     assert stats["state_slots_used"] == 0 and stats["state_slots_total"] > 0
     assert stats["num_running"] == stats["num_waiting"] == 0
+
+
+def two_turns(seed: int) -> list[list[int]]:
+    """Two turns of one conversation: the second shares the first's 140 leading tokens."""
+    from tests.hf_oracle import random_prompts
+
+    shared = random_prompts(2, 140, 140, vocab=1024, seed=seed)[0][0]
+    return [shared + [11, 12, 13], shared + [21, 22, 23, 24, 25]]
+
+
+def assert_resumes_from_a_checkpoint(model_dir: Path, turns: list[list[int]],
+                                     expected: list[list[int]]) -> None:
+    """Checkpoints every 4 blocks of 16 tokens: the second turn shares 140 tokens, so it
+    takes 128 from the cache (the blocks and the state after them) and computes the rest,
+    with transformers' tokens (`expected`, 8 per turn)."""
+    from folio import LLM, SamplingParams
+    from tests.conftest import TEST_DEVICE
+
+    llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=64,
+              hybrid_checkpoint_blocks=4)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    first = llm.generate([turns[0]], [params])[0].outputs[0].token_ids
+    assert llm.stats()["prefix_cache_hits"] == 0
+    second = llm.generate([turns[1]], [params])[0].outputs[0].token_ids
+    assert [first, second] == expected
+    stats = llm.stats()
+    assert stats["prefix_cache_hits"] == 128
+    assert stats["state_checkpoints"] >= 2 and stats["state_slots_used"] == 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]

@@ -11,7 +11,8 @@ import pytest
 
 from folio import LLM, SamplingParams
 from tests.conftest import TEST_DEVICE
-from tests.executor.hybrid.checkpoints import assert_idle
+from tests.executor.hybrid.checkpoints import (assert_idle, assert_resumes_from_a_checkpoint,
+                                              two_turns)
 from tests.executor.hybrid.moe_checkpoints import make_moe_dir
 from tests.hf_oracle import hf_greedy, random_prompts
 
@@ -19,9 +20,7 @@ pytestmark = pytest.mark.parity
 
 PROMPTS, _LONGER = random_prompts(5, 1, 100, vocab=1024, seed=41)
 MAX_TOKENS = [min(n, 10) for n in _LONGER]
-# Two turns of one conversation: the second shares the first's 140 leading tokens.
-_SHARED = random_prompts(2, 140, 140, vocab=1024, seed=42)[0][0]
-TURNS = [_SHARED + [11, 12, 13], _SHARED + [21, 22, 23, 24, 25]]
+TURNS = two_turns(seed=42)
 
 
 @pytest.fixture(scope="module", params=["qwen3_5_moe", "qwen3_next", "lfm2_moe"])
@@ -62,17 +61,5 @@ def test_greedy_matches_transformers_alone_batched_and_preempted(moe_model):
 
 
 def test_a_shared_prefix_resumes_from_a_state_checkpoint(moe_model):
-    """Checkpoints every 4 blocks of 16 tokens: the second turn shares 140 tokens, so it
-    takes 128 from the cache (the blocks and the state after them) and computes the rest."""
     model_dir, _, expected = moe_model
-    llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=64,
-              hybrid_checkpoint_blocks=4)
-    params = SamplingParams(temperature=0.0, max_tokens=8)
-    first = llm.generate([TURNS[0]], [params])[0].outputs[0].token_ids
-    assert llm.stats()["prefix_cache_hits"] == 0
-    second = llm.generate([TURNS[1]], [params])[0].outputs[0].token_ids
-    assert [first, second] == expected
-    stats = llm.stats()
-    assert stats["prefix_cache_hits"] == 128
-    assert stats["state_checkpoints"] >= 2 and stats["state_slots_used"] == 0
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert_resumes_from_a_checkpoint(model_dir, TURNS, expected)

@@ -9,7 +9,8 @@ import pytest
 
 from folio import LLM, SamplingParams
 from tests.conftest import TEST_DEVICE
-from tests.executor.hybrid.checkpoints import assert_idle, make_hybrid_dir
+from tests.executor.hybrid.checkpoints import (assert_idle, assert_resumes_from_a_checkpoint,
+                                              make_hybrid_dir, two_turns)
 from tests.hf_oracle import hf_greedy, random_prompts
 
 pytestmark = pytest.mark.parity
@@ -20,9 +21,7 @@ PROMPTS, _LONGER = random_prompts(6, 1, 120, vocab=1024, seed=39)
 MAX_TOKENS = [min(n, 12) for n in _LONGER]
 
 
-# Two turns of one conversation: the second shares the first's 140 leading tokens.
-_SHARED = random_prompts(2, 140, 140, vocab=1024, seed=40)[0][0]
-TURNS = [_SHARED + [11, 12, 13], _SHARED + [21, 22, 23, 24, 25]]
+TURNS = two_turns(seed=40)
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "lfm2"])
@@ -62,20 +61,8 @@ def test_greedy_matches_transformers_batched_and_preempted(hybrid):
 
 
 def test_a_shared_prefix_resumes_from_the_deepest_state_checkpoint(hybrid):
-    """Checkpoints every 4 blocks of 16 tokens: the second turn shares 140 tokens, so it
-    takes 128 from the cache (the blocks and the state after them) and computes the rest."""
     model_dir, _, expected = hybrid
-    llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=64,
-              hybrid_checkpoint_blocks=4)
-    params = SamplingParams(temperature=0.0, max_tokens=8)
-    first = llm.generate([TURNS[0]], [params])[0].outputs[0].token_ids
-    assert llm.stats()["prefix_cache_hits"] == 0
-    second = llm.generate([TURNS[1]], [params])[0].outputs[0].token_ids
-    assert [first, second] == expected
-    stats = llm.stats()
-    assert stats["prefix_cache_hits"] == 128
-    assert stats["state_checkpoints"] >= 2 and stats["state_slots_used"] == 0
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert_resumes_from_a_checkpoint(model_dir, TURNS, expected)
 
 
 @pytest.mark.parametrize("setting, value", [("enable_lora", True)])
