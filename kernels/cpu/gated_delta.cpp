@@ -157,13 +157,7 @@ void gated_delta_step(Tensor out, Tensor q, Tensor k, Tensor v, Tensor g, Tensor
                   pool.size(3) == v_dim,
               "pool must be [slots, ", heads, ", ", k_dim, ", ", v_dim, "], got ", pool.sizes());
   TORCH_CHECK(v_dim <= kMaxVDim, "v_dim ", v_dim, " is over the ", kMaxVDim, " supported");
-  TORCH_CHECK(slots.device().is_cpu() && slots.scalar_type() == at::kLong &&
-                  slots.dim() == 1 && slots.size(0) == batch && slots.is_contiguous(),
-              "slots must be a contiguous int64 CPU tensor of ", batch, " entries");
-  TORCH_CHECK(static_cast<int64_t>(fresh.size()) == batch, "fresh must have ", batch,
-              " entries, got ", fresh.size());
-  const int64_t* sl = slots.data_ptr<int64_t>();
-  check_slots(sl, batch, pool.size(0));
+  const int64_t* sl = checked_step_slots(slots, fresh, batch, pool.size(0));
   std::vector<bool> is_fresh(fresh.begin(), fresh.end());
   if (batch == 0) return;
   if (v.scalar_type() == at::kFloat) run<float>(out, q, k, v, g, beta, pool, sl, is_fresh);

@@ -94,13 +94,7 @@ void causal_conv_step(Tensor out, Tensor x, Tensor windows, Tensor weight,
     TORCH_CHECK(b->dim() == 1 && b->size(0) == channels && b->is_contiguous(),
                 "bias must be a contiguous [", channels, "] tensor");
   }
-  TORCH_CHECK(slots.device().is_cpu() && slots.scalar_type() == at::kLong &&
-                  slots.dim() == 1 && slots.size(0) == batch && slots.is_contiguous(),
-              "slots must be a contiguous int64 CPU tensor of ", batch, " entries");
-  TORCH_CHECK(static_cast<int64_t>(fresh.size()) == batch, "fresh must have ", batch,
-              " entries, got ", fresh.size());
-  const int64_t* sl = slots.data_ptr<int64_t>();
-  check_slots(sl, batch, windows.size(0));
+  const int64_t* sl = checked_step_slots(slots, fresh, batch, windows.size(0));
   std::vector<bool> is_fresh(fresh.begin(), fresh.end());
   if (batch == 0) return;
   if (x.scalar_type() == at::kFloat) {
