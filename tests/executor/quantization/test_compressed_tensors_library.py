@@ -12,28 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from folio.shared.sampling_params import SamplingParams
 from tests.executor.quantization.compressed_tensors_checkpoints import (SCHEMES,
                                                                         library_decompressed,
                                                                         make_checkpoint,
                                                                         widen_scales)
+from tests.executor.quantization.library_checks import (FUSED, assert_answers_like,
+                                                        kept_layers, library_weight)
 
-PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [300, 12, 999, 4, 77, 1]]
-MAX_TOKENS = 4
-# Folio's fused layers and the checkpoint's layers they hold, in order
-FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-         "self_attn.o_proj": ("self_attn.o_proj",),
-         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-         "mlp.down_proj": ("mlp.down_proj",)}
 SERVED = [name for name in SCHEMES if name != "w4a16_asym"]
-
-
-@pytest.fixture(scope="module")
-def cpu_ops_built():
-    from folio.kernels import cpu_attention
-
-    if not cpu_attention.load().ok:
-        cpu_attention.build()
 
 
 @pytest.fixture(scope="module")
@@ -49,26 +35,10 @@ def made(llama_dir, tmp_path_factory):
     return get
 
 
-def _hf_reference(model) -> tuple[list[torch.Tensor], list[list[int]]]:
-    """Per prompt: log-softmax over the vocabulary at each position after the first, and
-    the greedy continuation."""
-    logprobs, tokens = [], []
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            logits = model(ids).logits[0, :-1].float()
-            logprobs.append(torch.log_softmax(logits, dim=-1))
-            out = model.generate(ids, attention_mask=torch.ones_like(ids),
-                                 max_new_tokens=MAX_TOKENS, do_sample=False)
-            tokens.append(out[0, len(prompt):].tolist())
-    return logprobs, tokens
-
-
 @pytest.mark.usefixtures("cpu_ops_built")
 @pytest.mark.parametrize("name", SERVED)
 def test_library_checkpoint_serves_the_library_decompression(name, made, tmp_path):
     from folio import LLM
-    from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 
     path = made(name)
     fmt, weights, _ = SCHEMES[name]
@@ -77,8 +47,7 @@ def test_library_checkpoint_serves_the_library_decompression(name, made, tmp_pat
 
     llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64,
               quantized_activations="float")
-    kept = {n: m for n, m in llm.engine.executor.model.named_modules()
-            if isinstance(m, WeightOnlyLinear)}
+    kept = kept_layers(llm)
     assert "lm_head" not in kept and len(kept) == 8       # ignored by the config: stays float
     reference = library_decompressed(widen_scales(path, tmp_path / "widened"))
     library = dict(reference.named_parameters())
@@ -89,21 +58,11 @@ def test_library_checkpoint_serves_the_library_decompression(name, made, tmp_pat
             assert module.bits == weights.num_bits
             got = module.quantized_weight().dequantize()
             for params, rounded in ((library, got), (as_written, got.bfloat16().float())):
-                expected = torch.cat([params[f"model.layers.{layer}.{part}.weight"]
-                                      for part in parts])
+                expected = library_weight(params, layer, parts)
                 assert expected.dtype == torch.float32
                 assert torch.equal(rounded, expected), fused
 
-    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
-                                                prompt_logprobs=5))
-    hf_logprobs, hf_tokens = _hf_reference(reference)
-    assert [out.outputs[0].token_ids for out in outs] == hf_tokens
-    for out, want in zip(outs, hf_logprobs):
-        positions = out.prompt_logprobs[1:]
-        assert len(positions) == want.shape[0]
-        for position, row in zip(positions, want):
-            for token, entry in position.items():
-                assert abs(entry.logprob - row[token].item()) < 1e-3, (name, token)
+    assert_answers_like(llm, reference, name)
 
 
 def test_library_asymmetric_checkpoint_is_refused_by_name(made):

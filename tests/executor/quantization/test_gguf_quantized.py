@@ -16,17 +16,8 @@ from folio.shared.sampling_params import SamplingParams
 from tests.executor.quantization.gguf_files import random_k_quant
 from tests.executor.quantization.test_gguf import gguf_dir, k_quant_dir  # noqa: F401 (fixtures)
 
-
+pytestmark = pytest.mark.usefixtures("cpu_ops_built")   # conftest.py
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [300, 12, 999, 4, 77, 1]]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cpu_ops_built():
-    """The kept layers run on the built operators (without them, on a float fallback)."""
-    from folio.kernels import cpu_attention
-
-    if not cpu_attention.load().ok:
-        cpu_attention.build()
 
 
 @pytest.mark.parametrize("type_name", KEPT_TYPES)

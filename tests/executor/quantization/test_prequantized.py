@@ -57,15 +57,6 @@ FORMATS = {
 }
 
 
-@pytest.fixture(scope="module")
-def cpu_ops_built():
-    """The kept layers run on the built operators (without them, on a float fallback)."""
-    from folio.kernels import cpu_attention
-
-    if not cpu_attention.load().ok:
-        cpu_attention.build()
-
-
 # -- the test's own quantizers and packers ---------------------------------------------------
 
 def to_int32(words: np.ndarray) -> torch.Tensor:

@@ -13,13 +13,7 @@ from folio.executor.linear import PackedLinear, pack_linears
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from tests.hf_oracle import random_prompts
 
-@pytest.fixture(scope="module", autouse=True)
-def cpu_ops_built():
-    """The weight-only layers run on the built operators (without, on a float fallback)."""
-    from folio.kernels import cpu_attention
-
-    if not cpu_attention.load().ok:
-        cpu_attention.build()
+pytestmark = pytest.mark.usefixtures("cpu_ops_built")   # conftest.py
 
 
 @pytest.mark.parametrize("bits", [8, 4])
