@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from folio.executor.lora.adapter import LoraWeights
-
-_FUSED_SLICES = {"qkv_proj": 3, "gate_up_proj": 2}
+from folio.executor.models.weight_names import FUSED_SLICES
 
 
 class LoraSlotPools:
@@ -22,7 +21,8 @@ class LoraSlotPools:
         self.a: dict[str, torch.Tensor] = {}
         self.b: dict[str, torch.Tensor] = {}
         for path, (size_in, size_out) in shapes.items():
-            rank = max_rank * _FUSED_SLICES.get(path.rsplit(".", 1)[-1], 1)
+            module = path.split(".", 2)[2]   # "layers.3.self_attn.qkv_proj" -> its module
+            rank = max_rank * FUSED_SLICES.get(module, 1)
             self.a[path] = torch.zeros(slots, rank, size_in, device=device, dtype=dtype)
             self.b[path] = torch.zeros(slots, size_out, rank, device=device, dtype=dtype)
 

@@ -10,16 +10,15 @@ its module's weight is (executor/parallel/sharding.py).
 from __future__ import annotations
 
 from folio.executor.lora.adapter import LoraWeights
-
-_COLUMN_PARALLEL = ("qkv_proj", "gate_up_proj")
+from folio.executor.parallel.sharding import row_parallel
 
 
 def shard_adapter(weights: LoraWeights, tp) -> LoraWeights:
     pairs = {}
     for path, (a, b) in weights.pairs.items():
         name = f"{path}.weight"
-        if path.rsplit(".", 1)[-1] in _COLUMN_PARALLEL:
-            pairs[path] = (a, tp.shard(name, None, b).contiguous())
-        else:
+        if row_parallel(name):
             pairs[path] = (tp.shard(name, None, a).contiguous(), b)
+        else:
+            pairs[path] = (a, tp.shard(name, None, b).contiguous())
     return LoraWeights(weights.name, weights.path, weights.rank, pairs)

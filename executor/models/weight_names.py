@@ -19,6 +19,9 @@ _FUSED = {
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
 }
+# Slices of each fused module (q, k, v; gate, up).
+FUSED_SLICES = {fused: sum(1 for f, _ in _FUSED.values() if f == fused)
+                for fused, _ in _FUSED.values()}
 # One expert's module -> (stacked parameter, half of w13 or None). Qwen3-MoE names, then
 # Mixtral's (w1 gate, w3 up, w2 down).
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(\w+)\.weight$")

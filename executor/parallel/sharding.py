@@ -33,6 +33,12 @@ IDLE_TIMEOUT = datetime.timedelta(days=365)
 _ROW_PARALLEL = (".self_attn.o_proj.", ".mlp.down_proj.")
 
 
+def row_parallel(param_name: str) -> bool:
+    """Whether the parameter is split by input columns (o and down; the rest of the
+    attention and MLP by output rows)."""
+    return any(key in param_name for key in _ROW_PARALLEL)
+
+
 @dataclass(frozen=True)
 class TPConfig:
     size: int
@@ -91,7 +97,7 @@ class TensorParallel:
             if part is None:
                 return torch.cat([self._rows(p, self.size) for p in tensor.chunk(2)])
             return self._rows(tensor, self.size)
-        if any(key in param_name for key in _ROW_PARALLEL):
+        if row_parallel(param_name):
             if param_name.endswith(".bias"):
                 return tensor if self.rank == 0 else torch.zeros_like(tensor)
             share = tensor.shape[1] // self.size
