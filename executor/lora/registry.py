@@ -143,13 +143,12 @@ class LoraRegistry:
             self.resident.move_to_end(name)
             return resident
         host = self._in_host(name)
-        free = set(range(self.max_loras))
         while len(self.resident) >= self.max_loras:
             self.resident.popitem(last=False)
         if self.pools is None:
             resident = self.resident[name] = host.to(self.device)
             return resident
-        slot = min(free - set(self.resident.values()))
+        slot = min(set(range(self.max_loras)) - set(self.resident.values()))   # a free one
         self.pools.put(slot, host)
         self.resident[name] = slot
         return slot
