@@ -55,6 +55,12 @@ def _blocks(driver) -> list[tuple[str, str, str]]:
         ".map(b => [b.dataset.state, b.dataset.ref, b.dataset.fill]);")
 
 
+def _text(driver, element_id: str) -> str:
+    """An element's shown text, read in one script call: the page redraws every 100 ms, so
+    an element found in one call may be replaced before a second call reads it."""
+    return driver.execute_script(f"return document.getElementById('{element_id}').innerText;")
+
+
 def test_grid_follows_a_running_request(server, browser, tmp_path):  # noqa: F811
     browser.get(server + "/kv?every=100")   # a fast machine ends the answers in ~1 s
     _wait(browser, lambda d: len(_blocks(d)) == 256, "the grid of 256 blocks", timeout=15)
@@ -85,8 +91,7 @@ def test_grid_follows_a_running_request(server, browser, tmp_path):  # noqa: F81
     assert shared_label == "2"
     lanes = browser.execute_script("return document.querySelectorAll('#lanes .lane').length;")
     # 1024 slots hold one reservation of max_model_len = 1024: the other request waits.
-    assert lanes == 1 and "1 request(s) would wait" in browser.find_element(
-        "id", "lanes").text
+    assert lanes == 1 and "1 request(s) would wait" in _text(browser, "lanes")
     artifacts = Path(os.environ.get("FOLIO_TEST_ARTIFACTS", tmp_path))
     artifacts.mkdir(parents=True, exist_ok=True)
     # Drafts carried: a request's row shows its mean accepted length, the pool's the overall.
@@ -95,7 +100,7 @@ def test_grid_follows_a_running_request(server, browser, tmp_path):  # noqa: F81
     _wait(browser, lambda d: any(re.fullmatch(r"\d+\.\d\d", c)
                                  for c in d.execute_script(spec_cells)),
           "a request's mean accepted length")
-    overall = browser.find_element("id", "spec-mean").text
+    overall = _text(browser, "spec-mean")
     assert re.fullmatch(r"mean accepted length \d+\.\d\d", overall), overall
     assert float(overall.split()[-1]) >= 1.0
     assert browser.save_screenshot(str(artifacts / "kv_page.png"))
