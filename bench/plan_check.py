@@ -1,20 +1,24 @@
-"""The capacity planner against reality: `folio serve` under bench/serve.py's client at
-three loads, and `folio plan`'s prediction of the same requests at the same arrival times.
+"""The capacity planner against reality: `folio serve` under bench/serve.py's client on three
+workloads, and `folio plan`'s prediction of the same requests at the same arrival times.
 
     python bench/plan_check.py                                  # the bench model
-    python bench/plan_check.py --model /tmp/smol/f32 --rates 0.5,1,2 --num-prompts 16
+    python bench/plan_check.py --model /tmp/smol/f32 --workloads steady --num-prompts 16
     python bench/plan_check.py --cost plan-cost.json            # skip the calibration
 
 The bench model is bench/throughput.py's checkpoint with a tokenizer trained beside it
 (bench/serve_race.py's serving_model_dir).
 
 It calibrates the model first (`folio plan calibrate`, the same engine flags as the
-server) unless --cost names a file. For each rate the client sends --num-prompts prompts of
---input-len random ids, --output-len tokens each, at Poisson arrivals drawn as the client
-draws them (seed + 1), so the plan replays the very arrival times as a trace; each rate gets
-its own seed (no prefix is shared across runs); 8 requests warm the server up first. It
-prints measured against predicted output throughput and p50/p99 TTFT and TPOT, with the
-error of each, and writes the JSON.
+server, the served part included unless --in-process-only) unless --cost names a file.
+The workloads (--workloads, each at its own rates):
+  steady  Poisson arrivals at 1, 2, 4 req/s, 128 prompt and 32 output tokens;
+  bursty  gamma arrivals of shape 0.25 (vLLM's --burstiness 0.25) at 2 and 4 req/s;
+  long    1024-token prompts, 32 output tokens, Poisson at 0.5 and 1 req/s.
+Each run sends --num-prompts requests of random ids at arrivals drawn as the client draws
+them (seed + 1), so the plan replays the very arrival times as a trace; each run gets its
+own seed (no prefix is shared across runs); 8 requests warm the server up first. It prints
+measured against predicted output throughput and p50/p99 TTFT and TPOT, with the error of
+each, and writes the JSON.
 Targets (docs/planner.md): within 10% at p50 and for throughput, 25% at p99. Those are
 benchmarks, not tests: the machine is shared and its load is written beside each figure.
 """
@@ -39,12 +43,17 @@ METRICS = (("output_throughput", None), ("ttft", "p50"), ("ttft", "p99"), ("tpot
            ("tpot", "p99"))
 
 
-def arrivals(num: int, rate: float, seed: int) -> list[float]:
-    """The client's Poisson arrival times (bench/serve_client.py run_benchmark)."""
+# name: (rates, prompt tokens, burstiness)
+WORKLOADS = {"steady": ((1.0, 2.0, 4.0), 128, 1.0), "bursty": ((2.0, 4.0), 128, 0.25),
+             "long": ((0.5, 1.0), 1024, 1.0)}
+
+
+def arrivals(num: int, rate: float, seed: int, burstiness: float = 1.0) -> list[float]:
+    """The client's arrival times (bench/serve_client.py run_benchmark)."""
     rng, clock, times = random.Random(seed + 1), 0.0, []
     for index in range(num):
         if index:
-            clock += rng.expovariate(rate)
+            clock += serve_client.arrival_gap(rng, rate, burstiness)
         times.append(clock)
     return times
 
@@ -72,9 +81,11 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="default: the bench model with a "
                         "tokenizer (bench/serve_race.py builds it)")
     parser.add_argument("--cost", type=Path, default=None)
-    parser.add_argument("--rates", default="1,2,4", help="requests/s, comma-separated")
+    parser.add_argument("--workloads", default="steady,bursty,long",
+                        help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    parser.add_argument("--in-process-only", action="store_true",
+                        help="calibrate without the served part (--no-served)")
     parser.add_argument("--num-prompts", type=int, default=24)
-    parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--engine-args", default="--num-kv-blocks 1024",
                         help="flags for both the calibration and the server")
@@ -91,42 +102,48 @@ def main() -> None:
     if cost is None:
         cost = Path(tempfile.mkdtemp(prefix="plan-check-")) / "cost.json"
         subprocess.run([sys.executable, "-m", "folio", "--log-level", "WARNING", "plan",
-                        "calibrate", "--model", model, "--cost", str(cost), *engine_args],
+                        "calibrate", "--model", model, "--cost", str(cost), *engine_args,
+                        *(["--no-served"] if args.in_process_only else [])],
                        check=True)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     rows = []
     server = serve_process.start(model, engine_args)
     try:
         # Warm-up, not measured: a fresh server's first steps of each shape are slow.
-        warm = serve_client.make_prompts(8, args.input_len, vocab, args.seed + 1000)
+        warm = serve_client.make_prompts(8, 128, vocab, args.seed + 1000)
         asyncio.run(serve_client.run_benchmark(
             server.base_url, warm, args.output_len, model=None, max_concurrency=None,
             request_rate=float("inf"), seed=args.seed + 1000, request_timeout=600,
             deadline=600))
-        for number, rate in enumerate(float(r) for r in args.rates.split(",")):
+        runs = [(name, rate) for name in args.workloads.split(",")
+                for rate in WORKLOADS[name][0]]
+        for number, (name, rate) in enumerate(runs):
+            _, input_len, burstiness = WORKLOADS[name]
             seed = args.seed + number
-            prompts = serve_client.make_prompts(args.num_prompts, args.input_len, vocab, seed)
+            prompts = serve_client.make_prompts(args.num_prompts, input_len, vocab, seed)
             report = asyncio.run(serve_client.run_benchmark(
                 server.base_url, prompts, args.output_len, model=None, max_concurrency=None,
-                request_rate=rate, seed=seed, request_timeout=600, deadline=1800))
-            plan = predicted(cost, arrivals(args.num_prompts, rate, seed), args.input_len,
-                             args.output_len)
-            row = {"rate": rate, "loadavg_1m": report["loadavg_1m_after"],
+                request_rate=rate, seed=seed, request_timeout=600, deadline=1800,
+                burstiness=burstiness))
+            plan = predicted(cost, arrivals(args.num_prompts, rate, seed, burstiness),
+                             input_len, args.output_len)
+            row = {"workload": name, "rate": rate, "input_len": input_len,
+                   "burstiness": burstiness, "loadavg_1m": report["loadavg_1m_after"],
                    "failed": report["failed"]}
             for metric, quantile in METRICS:
-                name = metric if quantile is None else f"{metric}_{quantile}"
+                key = metric if quantile is None else f"{metric}_{quantile}"
                 real = measured_value(report, metric, quantile)
                 guess = predicted_value(plan, metric, quantile)
-                row[name] = {"measured": real, "predicted": guess,
-                             "error_pct": (guess - real) / real * 100 if real else None}
+                row[key] = {"measured": real, "predicted": guess,
+                            "error_pct": (guess - real) / real * 100 if real else None}
             rows.append(row)
-            print(f"rate {rate:g} req/s (load {row['loadavg_1m']:.1f}): " + ", ".join(
+            print(f"{name} {rate:g} req/s (load {row['loadavg_1m']:.1f}): " + ", ".join(
                 f"{k} {v['measured']:.1f} vs {v['predicted']:.1f} ({v['error_pct']:+.0f}%)"
                 for k, v in row.items() if isinstance(v, dict)), flush=True)
     finally:
         server.stop()
     result = {"model": model, "engine_args": engine_args, "cost": str(cost),
-              "cost_model": json.loads(cost.read_text()), "input_len": args.input_len,
+              "cost_model": json.loads(cost.read_text()),
               "output_len": args.output_len, "num_prompts": args.num_prompts,
               "cores": len(os.sched_getaffinity(0)), "rates": rows}
     args.out.write_text(json.dumps(result, indent=2))

@@ -114,10 +114,20 @@ async def _models(session, base_url: str) -> str:
         return (await response.json())["data"][0]["id"]
 
 
+def arrival_gap(rng: random.Random, rate: float, burstiness: float = 1.0) -> float:
+    """Seconds to the next arrival: Poisson (exponential gaps) at burstiness 1, gamma gaps
+    of the same mean otherwise."""
+    if burstiness == 1.0:
+        return rng.expovariate(rate)
+    return rng.gammavariate(burstiness, 1 / (rate * burstiness))
+
+
 async def run_benchmark(base_url: str, prompts: list, output_len: int, *, model: str | None,
                         max_concurrency: int | None, request_rate: float, seed: int,
-                        request_timeout: float, deadline: float, api_key: str | None = None
-                        ) -> dict:
+                        request_timeout: float, deadline: float, api_key: str | None = None,
+                        burstiness: float = 1.0) -> dict:
+    """burstiness: the gaps between arrivals are gamma-distributed with this shape and the
+    rate's mean (vLLM's bench serve --burstiness): 1 is Poisson, below 1 burstier."""
     import aiohttp   # its C HTTP parser: the client takes less of the cores it shares
 
     check_loopback(base_url)
@@ -146,8 +156,8 @@ async def run_benchmark(base_url: str, prompts: list, output_len: int, *, model:
         try:
             async with asyncio.timeout(deadline):
                 for index, prompt in enumerate(prompts):
-                    if index and request_rate != float("inf"):   # Poisson arrivals
-                        await asyncio.sleep(rng.expovariate(request_rate))
+                    if index and request_rate != float("inf"):
+                        await asyncio.sleep(arrival_gap(rng, request_rate, burstiness))
                     tasks.append(asyncio.create_task(limited(prompt)))
                 results = await asyncio.gather(*tasks)
         except TimeoutError:

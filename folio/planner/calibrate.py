@@ -279,6 +279,6 @@ def calibrate(config, grid: Grid, flags: dict[str, Any], hop_ms: float | None = 
                      "load_average": [round(x, 2) for x in os.getloadavg()],
                      "calibration_s": round(time.perf_counter() - started, 1)},
             date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            fit_error=error)
+            fit_error=error, vocab_size=capacity.vocab_size)
     finally:
         engine.close()

@@ -51,6 +51,9 @@ class PlanSettings(Checked):
     quick: bool = setting(False, "calibrate: a small grid (seconds; for tests, not sizing)")
     hop_ms: float | None = setting(None, "calibrate: the scheduler-executor hop per step "
                                    "instead of measuring it", check=optional(at_least(0, " ms")))
+    served: bool = setting(True, "calibrate: then serve the model (`folio serve`, the same "
+                           "flags, a free loopback port) and measure what serving adds to a "
+                           "step and a request")
     # both: the scheduling policy (plan: default the calibrated engine's)
     block_size: int | None = setting(None, "tokens per KV block", check=optional(positive_int))
     max_num_batched_tokens: int | None = setting(None, "tokens computed per step",
@@ -148,6 +151,8 @@ def _calibrate(settings: PlanSettings) -> int:
         if isinstance(error, SettingError):
             raise
         raise SettingError("model", f"cannot calibrate: {error}") from None
+    if settings.served:
+        cost = _calibrate_served(settings, model, flags, cost)
     Path(settings.cost).write_text(cost.to_json() + "\n")
     error = cost.fit_error
     terms = ", ".join(f"{name} {value:.4g}" for name, value in cost.executor_ms.items())
@@ -157,8 +162,24 @@ def _calibrate(settings: PlanSettings) -> int:
     print(f"fit error over {error['steps']} step shapes: median {error['median_pct']}%, "
           f"p90 {error['p90_pct']}%, R^2 {error['r2']} "
           f"(in {cost.machine['calibration_s']} s)")
+    if cost.served is not None:
+        served = cost.served
+        print(f"served: + {served.step_ms:.3g} ms + {served.per_row_ms:.3g} ms per request a "
+              f"step, + {served.request_ms:.3g} ms to reach the scheduler")
     print(f"wrote {settings.cost}")
     return 0
+
+
+def _calibrate_served(settings: PlanSettings, model: str, flags: dict[str, Any], cost):
+    from folio.planner.served import FULL_ROUNDS, QUICK_ROUNDS, calibrate_served
+    from folio.shared.config import SettingError
+
+    try:
+        return calibrate_served(model, flags, cost.vocab_size, cost,
+                                QUICK_ROUNDS if settings.quick else FULL_ROUNDS)
+    except (OSError, RuntimeError, ValueError) as error:
+        raise SettingError("served", f"cannot measure the served step: {error} "
+                           "(--no-served calibrates in-process only)") from None
 
 
 def _options(settings: PlanSettings):

@@ -6,7 +6,10 @@ tokens (prefill), its decode rows, the context those rows attend to, and the pro
 times the context they attend to (attention's quadratic part). The scheduler's own time is
 a base plus a cost per scheduled request; the hop (plan out to the executor process and its
 result back) is a fixed cost per step; a swapped block costs its bytes at the executor's
-measured copy rate.
+measured copy rate. Served (`folio plan calibrate` measures it against `folio serve`:
+folio/planner/served.py), a step also pays a fixed and a per-row overhead (the control
+processes' wake-ups on the executor's cores, the frontend streaming each token) and a request
+reaches the scheduler a fixed time after it arrives (read, checked, tokenized).
 """
 
 from __future__ import annotations
@@ -63,6 +66,16 @@ class KVLayout:
 
 
 @dataclass(frozen=True)
+class ServedOverhead:
+    """What `folio serve` adds to the in-process costs (folio/planner/served.py)."""
+
+    step_ms: float          # every step
+    per_row_ms: float       # every step, per scheduled request
+    request_ms: float       # arrival to the scheduler, per request
+    rounds: list[dict[str, Any]] = field(default_factory=list)   # the measurements
+
+
+@dataclass(frozen=True)
 class CostModel:
     executor_ms: dict[str, float]           # FEATURES -> coefficient
     scheduler_ms: dict[str, float]          # base, per_row
@@ -75,6 +88,8 @@ class CostModel:
     machine: dict[str, Any] = field(default_factory=dict)
     date: str = ""
     fit_error: dict[str, float] = field(default_factory=dict)
+    served: ServedOverhead | None = None    # None: calibrated in-process only
+    vocab_size: int = 0     # the model's (served calibration draws prompt ids from it)
 
     def step_ms(self, rows: list[tuple[int, int]], swapped_blocks: int = 0,
                 overlapped: bool = False) -> float:
@@ -85,6 +100,8 @@ class CostModel:
         executor += swapped_blocks * self.swap_ms_per_block
         control = self.scheduler_ms["base"] + self.scheduler_ms["per_row"] * len(rows) \
             + self.hop_ms
+        if self.served is not None:   # the wake-ups share the executor's cores
+            executor += self.served.step_ms + self.served.per_row_ms * len(rows)
         return max(executor, control) if overlapped else executor + control
 
     def to_json(self) -> str:
@@ -127,6 +144,15 @@ def _scheduling(data: dict) -> dict[str, Any]:
     return scheduling
 
 
+def _served(data: dict) -> ServedOverhead | None:
+    if data.get("served") is None:   # a file calibrated in-process only
+        return None
+    rounds = data["served"].get("rounds", []) if isinstance(data["served"], dict) else []
+    return ServedOverhead(*(_number(data, f"served.{name}")
+                            for name in ("step_ms", "per_row_ms", "request_ms")),
+                          list(rounds) if isinstance(rounds, list) else [])
+
+
 def load_cost(path: str | Path) -> CostModel:
     """The cost model in `path`; a ValueError naming the first problem."""
     try:
@@ -157,10 +183,12 @@ def load_cost(path: str | Path) -> CostModel:
             raise ValueError(f"kv.num_kv_blocks ({layout.num_kv_blocks}) is more than a "
                              f"plan simulates ({MAX_KV_BLOCKS:,})")
         scheduling = _scheduling(data)
+        served = _served(data)
         return CostModel(executor, scheduler, _number(data, "hop_ms"),
                          _number(data, "swap_ms_per_block"), layout, scheduling,
                          str(data.get("model", "")), dict(data.get("flags") or {}),
                          dict(data.get("machine") or {}), str(data.get("date", "")),
-                         dict(data.get("fit_error") or {}))
+                         dict(data.get("fit_error") or {}), served,
+                         int(data.get("vocab_size") or 0))
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None

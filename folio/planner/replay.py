@@ -9,7 +9,7 @@ tokens of a request. Percentiles are nearest-rank over requests (TTFT, TPOT) or 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from folio.planner.cost import CostModel
@@ -112,8 +112,13 @@ def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Optio
         return cost.step_ms(rows, len(plan.swap_out) + len(plan.swap_in),
                             options.one_ahead) / 1000
 
+    # Served, a request reaches the scheduler request_ms after it arrives (TTFT still
+    # counts from its arrival).
+    delay = cost.served.request_ms / 1000 if cost.served is not None else 0.0
+    reaching = [replace(r, arrival=r.arrival + delay) for r in trace] if delay else trace
     end = 0.0
-    for step in replay(trace, config, step_seconds, scheduler, one_ahead=options.one_ahead):
+    for step in replay(reaching, config, step_seconds, scheduler,
+                       one_ahead=options.one_ahead):
         swapped += len(step.plan.swap_out) + len(step.plan.swap_in)
         peak_blocks = max(peak_blocks, step.stats["kv_blocks_used"])
         peak_running = max(peak_running, step.stats["num_running"])

@@ -28,6 +28,13 @@ def test_calibrate_quick_writes_a_cost_file(cost_file, llama_dir):
     assert cost.fit_error["steps"] >= 5 and cost.date and cost.machine["cores"] >= 1
     # Some step costs something: the fit is of real, non-zero times.
     assert sum(cost.executor_ms.values()) > 0 and cost.hop_ms > 0
+    # The served part: `folio serve` really streamed each round, measured beside the
+    # in-process prediction of the same requests.
+    assert cost.served is not None and cost.vocab_size > 0
+    assert [r["concurrency"] for r in cost.served.rounds] == [1, 4]
+    for measured in cost.served.rounds:
+        assert measured["ttft_ms"] > 0 and measured["tpot_ms"] > 0
+        assert measured["predicted_tpot_ms"] > 0
 
 
 def test_plan_prints_saves_and_plots(cost_file, tmp_path, capsys):
@@ -78,6 +85,8 @@ def test_bad_cost_files_are_refused(cost_file, tmp_path, capsys):
                   {**good, "executor_ms": {k: v for k, v in good["executor_ms"].items()
                                            if k != "per_decode_row"}}),
               "hop_ms is negative": json.dumps({**good, "hop_ms": -1}),
+              "served.request_ms is negative": json.dumps(
+                  {**good, "served": {**good["served"], "request_ms": -2}}),
               "kv.num_kv_blocks is not a number": json.dumps(
                   {**good, "kv": {**good["kv"], "num_kv_blocks": "many"}}),
               "cannot read it": None}

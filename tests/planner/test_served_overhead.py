@@ -1,0 +1,77 @@
+"""The served part of a cost model (folio/planner/served.py): fitted from measured rounds
+against the in-process prediction, added to every step and to each request's way to the
+scheduler, and clamped at zero."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from folio.planner.cost import ServedOverhead, load_cost
+from folio.planner.replay import Options, predict
+from folio.planner.served import Rounds, RoundResult, fit_overhead, serve_flags
+from folio.planner.simulator.inputs import TraceRequest
+from tests.planner.hand_cost import hand_cost
+
+ROUNDS = Rounds((1, 4, 16), 8, 6, 1)
+
+
+def _rounds(cost, step_ms: float, per_row_ms: float, request_ms: float) -> list[RoundResult]:
+    """What a server whose steps cost `step_ms + per_row_ms * rows` more than `cost` says,
+    and whose requests reach the scheduler `request_ms` late, would measure."""
+    served = replace(cost, served=ServedOverhead(step_ms, per_row_ms, request_ms))
+    results = []
+    for concurrency in ROUNDS.concurrency:
+        trace = [TraceRequest(0.0, ROUNDS.prompt, ROUNDS.output)] * concurrency
+        bare, real = (predict(trace, c).summary for c in (cost, served))
+        results.append(RoundResult(concurrency, real["ttft_p50_ms"], real["tpot_p50_ms"],
+                                   bare["ttft_p50_ms"], bare["tpot_p50_ms"]))
+    return results
+
+
+def test_the_fit_recovers_a_known_served_overhead():
+    cost = hand_cost(base_ms=10, per_prefill_token=0.1)
+    fitted = fit_overhead(_rounds(cost, 3.0, 0.25, 7.0), cost, ROUNDS)
+    assert fitted.step_ms == pytest.approx(3.0, abs=1e-6)
+    assert fitted.per_row_ms == pytest.approx(0.25, abs=1e-6)
+    assert fitted.request_ms == pytest.approx(7.0, abs=1e-3)
+    assert [r["concurrency"] for r in fitted.rounds] == [1, 4, 16]
+
+
+def test_a_server_faster_than_predicted_adds_nothing():
+    cost = hand_cost(base_ms=10, per_prefill_token=0.1)
+    faster = [replace(r, tpot_ms=r.predicted_tpot_ms * 0.8, ttft_ms=r.predicted_ttft_ms * 0.5)
+              for r in _rounds(cost, 0, 0, 0)]
+    fitted = fit_overhead(faster, cost, ROUNDS)
+    assert (fitted.step_ms, fitted.per_row_ms, fitted.request_ms) == (0.0, 0.0, 0.0)
+
+
+def test_the_served_part_lengthens_steps_and_delays_arrivals():
+    """One request, 10 ms steps in-process, + 2 ms a step + 1 ms a row served: 13 ms
+    steps; it reaches the scheduler 5 ms after it arrives, so TTFT grows by 5 + 3 ms."""
+    cost = hand_cost(base_ms=10)
+    trace = [TraceRequest(0.0, 8, 4)]
+    bare = predict(trace, cost, Options(one_ahead=False)).summary
+    served = predict(trace, replace(cost, served=ServedOverhead(2.0, 1.0, 5.0)),
+                     Options(one_ahead=False)).summary
+    assert bare["tpot_p50_ms"] == pytest.approx(10) and served["tpot_p50_ms"] == pytest.approx(13)
+    assert served["ttft_p50_ms"] == pytest.approx(bare["ttft_p50_ms"] + 8)
+
+
+def test_the_served_part_round_trips_through_the_cost_file(tmp_path):
+    cost = replace(hand_cost(), served=ServedOverhead(1.5, 0.1, 4.0, [{"concurrency": 1}]),
+                   vocab_size=99)
+    path = tmp_path / "cost.json"
+    path.write_text(cost.to_json())
+    assert load_cost(path) == cost
+    data = json.loads(path.read_text())
+    del data["served"], data["vocab_size"]   # a file calibrated in-process only
+    path.write_text(json.dumps(data))
+    assert load_cost(path).served is None
+
+
+def test_serve_flags_spell_the_calibrated_engine_flags():
+    assert serve_flags({"num_kv_blocks": 128, "dtype": "bfloat16", "cpu_threads": None}) == [
+        "--num-kv-blocks", "128", "--dtype", "bfloat16"]
