@@ -9,7 +9,7 @@ The Triton launchers are loaded on first use, so importing `kernels` never impor
     rms_norm(x, weight, eps, residual=None) -> normed | (normed, x + residual)
     fused_add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)
     rotary_embedding(positions, query, key, cos_sin_cache, *, inplace=False) -> (query, key)
-    fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, config=None) -> out  (MoE experts)
+    fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation="silu", *, config=None) -> out
     AttentionConfig, MoEConfig: optional launch parameters of paged_attention, fused_moe
 
 They run on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before triton was

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from folio.kernels import reference
 from folio.kernels.onednn_packing import onednn_packs
-from folio.kernels.moe_reference import check_moe_args, grouped_moe, sort_by_expert
+from folio.kernels.moe_reference import (check_activation, check_moe_args, gated_activation,
+                                         grouped_moe, sort_by_expert)
 
 _PACKABLE = (torch.float32, torch.bfloat16)
 DEFAULT_MIN_PACK_ELEMENTS = 1 << 17     # w13[e] of 128K weights, e.g. H 256 x 2I 512
@@ -95,10 +95,13 @@ class CpuFusedMoe:
         return entry
 
     def __call__(self, hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                 topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+                 topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                 activation: str = "silu") -> torch.Tensor:
         experts, _, top_k = check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
+        check_activation(activation)
         if not self.uses_onednn(w13, hidden.shape[0]):
-            return grouped_moe(hidden, w13, w2, topk_weights, topk_ids, experts, top_k)
+            return grouped_moe(hidden, w13, w2, topk_weights, topk_ids, experts, top_k,
+                               activation)
         out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         if hidden.shape[0] == 0:
             return out.to(hidden.dtype)
@@ -114,7 +117,7 @@ class CpuFusedMoe:
                 continue
             end = start + count
             gate_up = linear(rows[start:end], packed[expert][0], None, "none", [], "")
-            act = reference.silu_and_mul_ref(gate_up)
+            act = gated_activation(gate_up, activation)
             downs.append(linear(act, packed[expert][1], None, "none", [], ""))
             start = end
         down = torch.cat(downs) if len(downs) > 1 else downs[0]

@@ -1,11 +1,12 @@
 """Mixture-of-experts feed-forward in plain torch: the meaning of `fused_moe` and its CPU path.
 
     fused_moe_ref(hidden [T, H], w13 [E, 2*I, H], w2 [E, H, I],
-                  topk_weights [T, k] float32, topk_ids [T, k] int) -> [T, H]
+                  topk_weights [T, k] float32, topk_ids [T, k] int, activation="silu") -> [T, H]
 
 For each token t: sum over j < k of topk_weights[t, j] * expert(topk_ids[t, j], hidden[t]), where
-expert(e, x) = w2[e] @ (silu(w13[e][:I] @ x) * (w13[e][I:] @ x)), the gated MLP of each
-Mixtral / Qwen3-MoE expert with gate and up stacked in w13.
+expert(e, x) = w2[e] @ (act(w13[e][:I] @ x) * (w13[e][I:] @ x)), the gated MLP of each
+Mixtral / Qwen3-MoE expert with gate and up stacked in w13; act is SiLU, or GELU's tanh
+form for Gemma 4's experts (activation="gelu_tanh").
 
 Grouped, not per token: the T*k (token, expert) pairs are sorted by expert, so each expert that
 has tokens runs one [n_e, H] x [H, 2I] and one [n_e, I] x [I, H] matmul over all its tokens; the
@@ -21,6 +22,22 @@ import torch
 from folio.kernels._checks import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_shape, \
     check_tensor
 from folio.kernels.reference import silu_and_mul_ref
+
+ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+def check_activation(activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got "
+                         f"{activation!r}")
+
+
+def gated_activation(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """act(gate) * up of [.., 2I] rows, gate first, in their dtype."""
+    if activation == "silu":
+        return silu_and_mul_ref(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
 
 
 def check_moe_args(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
@@ -68,21 +85,23 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int
 
 
 def fused_moe_ref(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                  topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                  activation: str = "silu") -> torch.Tensor:
     """The MoE feed-forward of the module docstring, grouped by expert."""
     experts, _, top_k = check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
-    return grouped_moe(hidden, w13, w2, topk_weights, topk_ids, experts, top_k)
+    check_activation(activation)
+    return grouped_moe(hidden, w13, w2, topk_weights, topk_ids, experts, top_k, activation)
 
 
 def grouped_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: int, top_k: int
-                ) -> torch.Tensor:
+                topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: int, top_k: int,
+                activation: str = "silu") -> torch.Tensor:
     """fused_moe_ref after its argument checks (for callers that made them)."""
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     if hidden.shape[0] == 0:
         return out.to(hidden.dtype)
     if hidden.shape[0] == 1:
-        return _one_token(hidden, w13, w2, topk_weights, topk_ids, experts)
+        return _one_token(hidden, w13, w2, topk_weights, topk_ids, experts, activation)
     order, counts = sort_by_expert(topk_ids, experts)
     token_of_pair = order // top_k
     rows = hidden[token_of_pair]                     # every pair's input, grouped by expert
@@ -93,14 +112,16 @@ def grouped_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             continue
         end = start + count
         gate_up = torch.mm(rows[start:end], w13[expert].t())
-        torch.mm(silu_and_mul_ref(gate_up), w2[expert].t(), out=down[start:end])
+        torch.mm(gated_activation(gate_up, activation), w2[expert].t(),
+                 out=down[start:end])
         start = end
     weight_of_pair = topk_weights.reshape(-1).to(torch.float32)[order]
     out.index_add_(0, token_of_pair, down.to(torch.float32) * weight_of_pair[:, None])
     return out.to(hidden.dtype)
 
 
-def _one_token(hidden, w13, w2, topk_weights, topk_ids, experts: int) -> torch.Tensor:
+def _one_token(hidden, w13, w2, topk_weights, topk_ids, experts: int,
+               activation: str = "silu") -> torch.Tensor:
     """A decode of one sequence: its k experts directly, without the sort, gather and scatter
     (a third of the time at small expert sizes), rounding as the grouped path does and summing
     in its order (by expert id)."""
@@ -112,6 +133,7 @@ def _one_token(hidden, w13, w2, topk_weights, topk_ids, experts: int) -> torch.T
     out = None
     for j in sorted(range(len(ids)), key=ids.__getitem__):
         gate_up = torch.mm(hidden, w13[ids[j]].t())
-        term = torch.mm(silu_and_mul_ref(gate_up), w2[ids[j]].t()).to(torch.float32) * weights[j]
+        term = torch.mm(gated_activation(gate_up, activation),
+                        w2[ids[j]].t()).to(torch.float32) * weights[j]
         out = term if out is None else out.add_(term)
     return out.to(hidden.dtype)

@@ -9,7 +9,7 @@ routing weight multiplies it, the sum over k in float32, rounded once).
    BLOCK_M with a sentinel pair id (T*k), so every BLOCK_M-row block belongs to one expert.
    `block_expert[b]` names it; blocks past the padded total exit at once.
 2. Gate/up kernel: a program computes a [BLOCK_M, BLOCK_N] tile of silu(x W_gate^T) * (x W_up^T)
-   for its block's pairs, with gate and up in two accumulators over the same x tile (one read
+   (GELU's tanh form instead of silu for activation="gelu_tanh") for its block's pairs, with gate and up in two accumulators over the same x tile (one read
    of x for both), and writes the activation row of each pair to a [T*k, I] buffer.
 3. Down kernel: a [BLOCK_M, BLOCK_N] tile of act W_2^T, times each pair's routing weight, into
    a float32 [T*k, H] buffer; the sum over the k slots of each token is one torch reduction.
@@ -26,7 +26,7 @@ import triton.language as tl
 from folio.kernels._checks import check_inner_contiguous
 from folio.kernels._launch import check_launch_device, is_interpreted, next_power_of_2, on_device, \
     round_to
-from folio.kernels.moe_reference import check_moe_args
+from folio.kernels.moe_reference import check_activation, check_moe_args
 from folio.kernels.triton_dot import dot_f32
 
 
@@ -52,7 +52,7 @@ def _gate_up_kernel(
     num_pairs, top_k, hidden_size, inter,
     stride_h_token, stride_w_expert, stride_w_row, stride_act,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, GELU: tl.constexpr,
 ):
     block = tl.program_id(0)
     if block * BLOCK_M >= tl.load(padded_total_ptr):
@@ -81,8 +81,12 @@ def _gate_up_kernel(
         up_acc += dot_f32(x, w_up, PRECISION, UPCAST)
     gate = round_to(gate_acc, dtype)
     up = round_to(up_acc, dtype)
-    silu = round_to(gate / (1.0 + tl.exp(-gate)), dtype)
-    act = round_to(silu * up, dtype)
+    if GELU:   # GELU's tanh form; tanh(u) = 1 - 2 / (exp(2u) + 1)
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        gated = round_to(0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)), dtype)
+    else:
+        gated = round_to(gate / (1.0 + tl.exp(-gate)), dtype)
+    act = round_to(gated * up, dtype)
     tl.store(act_ptr + pairs[:, None] * stride_act + cols[None, :], act.to(dtype),
              mask=row_ok[:, None] & col_ok[None, :])
 
@@ -174,14 +178,15 @@ def _pick(config: MoEConfig, pairs_per_expert: float, n: int, k: int, interprete
 
 
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-              topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-              config: MoEConfig | None = None) -> torch.Tensor:
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: str = "silu",
+              *, config: MoEConfig | None = None) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden[t]) for every token t -> [T, H].
 
     hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I]; topk_weights [T, k]
     (float; used as float32); topk_ids [T, k] int32/int64 in [0, E) (not checked: device values).
     """
     experts, inter, top_k = check_moe_args(hidden, w13, w2, topk_weights, topk_ids)
+    check_activation(activation)
     for name, tensor in (("hidden", hidden), ("w13", w13), ("w2", w2)):
         check_inner_contiguous(name, tensor)
     check_launch_device("hidden", hidden, _gate_up_kernel)
@@ -208,7 +213,7 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             num_pairs, top_k, hidden_size, inter,
             hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
             BLOCK_M=block_m, BLOCK_N=bn1, BLOCK_K=bk1, PRECISION=precision, UPCAST=upcast,
-            num_warps=warps, num_stages=stages,
+            GELU=activation == "gelu_tanh", num_warps=warps, num_stages=stages,
         )
         _down_kernel[(num_blocks, triton.cdiv(hidden_size, bn2))](
             act, w2, weights, down, sorted_pairs, block_expert, padded_total,

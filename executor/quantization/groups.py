@@ -50,7 +50,7 @@ def prequantized_problem(config: ModelConfig, tensor_parallel_size: int = 1) -> 
     scheme = config.prequantized
     if scheme is None:
         return None
-    if config.moe is not None:
+    if config.moe is not None or (config.gemma4 is not None and config.gemma4.moe is not None):
         return (f"{scheme.describe()}: pre-quantized mixture-of-experts checkpoints are not "
                 "supported")
     if tensor_parallel_size > 1:

@@ -17,8 +17,9 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 ULP = {torch.float32: 2 ** -20, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}
 
 
-def oracle(hidden, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+def oracle(hidden, w13, w2, topk_weights, topk_ids, activation="silu") -> torch.Tensor:
     """Token by token, expert by expert, in float64."""
+    act_fn = F.silu if activation == "silu" else (lambda g: F.gelu(g, approximate="tanh"))
     inter = w13.shape[1] // 2
     out = torch.zeros(hidden.shape, dtype=torch.float64)
     for t in range(hidden.shape[0]):
@@ -26,7 +27,7 @@ def oracle(hidden, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
         for j in range(topk_ids.shape[1]):
             e = int(topk_ids[t, j])
             gate_up = w13[e].double() @ x
-            act = F.silu(gate_up[:inter]) * gate_up[inter:]
+            act = act_fn(gate_up[:inter]) * gate_up[inter:]
             out[t] += float(topk_weights[t, j]) * (w2[e].double() @ act)
     return out
 
@@ -75,6 +76,21 @@ def test_triton_and_reference_match_oracle(device, case, dtype):
     unit = ULP[dtype]
     torch.testing.assert_close(actual.cpu(), reference, rtol=2 * unit,
                                atol=unit * reference.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [(1, 32, 16, 8, 2), (20, 32, 24, 3, 2)],
+                         ids=lambda c: "T{}-H{}-I{}-E{}-k{}".format(*c))
+def test_gelu_tanh_experts_match_oracle(device, case, dtype):
+    """Gemma 4's experts gate with GELU's tanh form; silu's answer is far from it."""
+    args = make_case(*case, dtype, seed=sum(case) + 7)
+    expected = oracle(*args, activation="gelu_tanh")
+    assert (oracle(*args) - expected).abs().max() > 2 * TOLERANCE[dtype] * expected.abs().max()
+    assert_matches(fused_moe_ref(*args, activation="gelu_tanh"), expected, dtype)
+    actual = fused_moe(*(a.to(device) for a in args), activation="gelu_tanh")
+    assert_matches(actual, expected, dtype)
+    with pytest.raises(ValueError, match="activation must be one of silu, gelu_tanh"):
+        fused_moe_ref(*args, activation="relu")
 
 
 def test_experts_without_tokens_and_int32_ids(device):

@@ -30,6 +30,15 @@ def test_packed_path_matches_oracle(case, dtype):
     assert moe.num_packed == int(packs)
 
 
+@needs_onednn
+def test_packed_path_gates_with_gelu_tanh():
+    args = make_case(24, 64, 48, 6, 2, torch.float32, seed=3)
+    moe = CpuFusedMoe(min_pack_elements=0)
+    assert moe.uses_onednn(args[1], 24)
+    assert_matches(moe(*args, activation="gelu_tanh"), oracle(*args, activation="gelu_tanh"),
+                   torch.float32)
+
+
 def test_small_experts_single_tokens_and_fp16_take_the_grouped_path():
     moe = CpuFusedMoe()                       # default threshold: these weights are tiny
     for dtype in (torch.float32, torch.float16):

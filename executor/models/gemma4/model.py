@@ -4,7 +4,8 @@ executor/models/decoder.py; residuals added in the model dtype, as transformers 
 kv_caches holds one entry per layer that keeps a cache (ModelConfig.kv_cache_shapes); a
 layer sharing keys and values reads its source's entry. Per-layer input embeddings (PLE):
 each token's own slice of a packed [vocab, layers * width] table, mixed with a projection
-of the embedded token, feeds a gated residual at the end of every layer.
+of the embedded token, feeds a gated residual at the end of every layer. With the MoE block
+(gemma4/moe.py) each layer's feed-forward is the dense MLP plus routed experts, each normed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from folio.executor.model_config import ModelConfig
 from folio.executor.models.gemma4.layers import Gemma4Attention, Gemma4Mlp, Gemma4Norm
+from folio.executor.models.gemma4.moe import Gemma4Experts, Gemma4Router
 from folio.executor.models.layers import final_logits
 from folio.executor.ops import AttentionInputs, KernelOps
 from folio.executor.rotary import rotary_cos_sin_cache
@@ -32,6 +34,14 @@ class Gemma4Layer(nn.Module):
         self.pre_feedforward_layernorm = Gemma4Norm(size, eps)
         self.post_feedforward_layernorm = Gemma4Norm(size, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1))   # a buffer in the checkpoint
+        moe = config.gemma4.moe
+        self.has_moe = moe is not None
+        if moe is not None:   # routed experts beside the dense MLP
+            self.router = Gemma4Router(size, moe, eps)
+            self.experts = Gemma4Experts(size, moe, ops)
+            self.post_feedforward_layernorm_1 = Gemma4Norm(size, eps)
+            self.pre_feedforward_layernorm_2 = Gemma4Norm(size, eps)
+            self.post_feedforward_layernorm_2 = Gemma4Norm(size, eps)
         width = config.gemma4.per_layer_input_size
         if width:
             self.per_layer_input_gate = nn.Linear(size, width, bias=False)
@@ -42,6 +52,11 @@ class Gemma4Layer(nn.Module):
         attended = self.self_attn(rows, self.input_layernorm(hidden), kv_cache, inputs)
         hidden = hidden + self.post_attention_layernorm(attended)
         fed = self.mlp(self.pre_feedforward_layernorm(hidden))
+        if self.has_moe:   # the router and the experts read the layer's input to the MLP
+            weights, ids = self.router(hidden)
+            routed = self.experts(self.pre_feedforward_layernorm_2(hidden), weights, ids)
+            fed = self.post_feedforward_layernorm_1(fed) \
+                + self.post_feedforward_layernorm_2(routed)
         hidden = hidden + self.post_feedforward_layernorm(fed)
         if per_layer_input is not None:
             gate = F.gelu(self.per_layer_input_gate(hidden), approximate="tanh")

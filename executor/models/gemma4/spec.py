@@ -4,6 +4,8 @@ import here: the command line's checks and the planner read it before any proces
 Gemma 4's layers are not alike: its global (full-attention) layers have their own head size
 and KV-head count, the last num_kv_shared_layers layers read the cache of the last earlier
 layer of their type instead of keeping one, and kv-shared layers may have a double-wide MLP.
+Its MoE variant (enable_moe_block, e.g. 26B-A4B) runs routed experts beside every layer's
+dense MLP.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ DEFAULTS = (("head_dim", 256), ("global_head_dim", 512), ("sliding_window", 512)
 
 
 @dataclass(frozen=True)
+class Gemma4Moe:
+    """The MoE block every layer runs beside its dense MLP (enable_moe_block)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+
+
+@dataclass(frozen=True)
 class Gemma4Spec:
     layer_heads: tuple[tuple[int, int], ...]   # per layer: (KV heads, head size)
     kv_source: tuple[int, ...]       # per layer: the layer whose cache it reads (itself: owns one)
@@ -32,6 +43,7 @@ class Gemma4Spec:
     mlp_sizes: tuple[int, ...]       # per layer: the MLP's intermediate size
     per_layer_input_size: int = 0    # per-layer input embeddings (PLE) width; 0: none
     per_layer_vocab: int = 0
+    moe: Gemma4Moe | None = None   # enable_moe_block: experts beside every layer's MLP
 
     @property
     def cache_layers(self) -> tuple[int, ...]:
@@ -45,6 +57,22 @@ class Gemma4Spec:
     def cache_index(self, layer: int) -> int:
         """Which kv_caches entry `layer` reads (a shared layer: its source's)."""
         return self.cache_layers.index(self.kv_source[layer])
+
+
+def _moe(raw: dict[str, Any]) -> Gemma4Moe | None:
+    if not raw.get("enable_moe_block"):
+        return None
+    values = {}
+    for key in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+        value = raw.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"Gemma4 enable_moe_block needs {key} >= 1, got {value!r}")
+        values[key] = value
+    if values["top_k_experts"] > values["num_experts"]:
+        raise ValueError(f"Gemma4 top_k_experts ({values['top_k_experts']}) is more than "
+                         f"num_experts ({values['num_experts']})")
+    return Gemma4Moe(values["num_experts"], values["top_k_experts"],
+                     values["moe_intermediate_size"])
 
 
 def layer_types(raw: dict[str, Any], num_layers: int) -> list[str]:
@@ -62,9 +90,6 @@ def parse_gemma4(raw: dict[str, Any], layer_types: list[str], head_dim: int,
                  num_kv_heads: int) -> Gemma4Spec:
     """config.json (with DEFAULTS filled in) -> Gemma4Spec; ValueError names what Folio
     cannot serve."""
-    if raw.get("enable_moe_block"):
-        raise ValueError("Gemma4 enable_moe_block is not supported: its experts gate with "
-                         "GELU-tanh and Folio's fused MoE runs SiLU experts only")
     if raw.get("use_bidirectional_attention") == "all":
         raise ValueError("Gemma4 use_bidirectional_attention='all' (an encoder) is not "
                          "supported: Folio serves causal decoders")
@@ -88,7 +113,8 @@ def parse_gemma4(raw: dict[str, Any], layer_types: list[str], head_dim: int,
         mlp_sizes=tuple(inter * (2 if double and sources[i] != i else 1)
                         for i in range(num_layers)),
         per_layer_input_size=ple,
-        per_layer_vocab=int(raw.get("vocab_size_per_layer_input") or 0) if ple else 0)
+        per_layer_vocab=int(raw.get("vocab_size_per_layer_input") or 0) if ple else 0,
+        moe=_moe(raw))
 
 
 def _per_layer_overrides(raw: dict[str, Any], layer_types: list[str], k_eq_v: bool

@@ -1,6 +1,7 @@
 """Tiny random Gemma 4 text checkpoints, made by transformers itself, with the shared test
 tokenizer: six layers, two of them global (their own head size and KV heads), in the
-variants Folio must tell apart (KV sharing, values = keys, per-layer inputs)."""
+variants Folio must tell apart (KV sharing, values = keys, per-layer inputs, the MoE
+block)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,16 @@ VARIANTS = {
     # The last two layers read layers 3 and 2's caches; double-wide MLPs there; PLE.
     "shared_kv_ple": dict(num_kv_shared_layers=2, use_double_wide_mlp=True,
                           hidden_size_per_layer_input=8, vocab_size_per_layer_input=1024),
-    # Global layers: values = keys' projection, one KV head; final logit softcap.
+    # Global layers: values = keys' projection, one KV head; final logit softcap; the MoE
+    # block (26B-A4B's routed experts beside each dense MLP).
     "k_eq_v": dict(attention_k_eq_v=True, num_global_key_value_heads=1,
                    hidden_size_per_layer_input=8, vocab_size_per_layer_input=1024,
-                   final_logit_softcapping=30.0),
+                   final_logit_softcapping=30.0, enable_moe_block=True, num_experts=4,
+                   top_k_experts=2, moe_intermediate_size=32),
 }
+
+
+_ONES = ("norm.weight", "layer_scalar", "router.scale", "router.per_expert_scale")
 
 
 def make_gemma4_dir(path: Path, tokenizer_dir: Path, variant: str, seed: int = 0) -> Path:
@@ -38,9 +44,9 @@ def make_gemma4_dir(path: Path, tokenizer_dir: Path, variant: str, seed: int = 0
     config = hf.Gemma4TextConfig(**_BASE, **VARIANTS[variant])
     torch.manual_seed(seed)
     model = hf.Gemma4ForCausalLM(config)
-    with torch.no_grad():   # norms and layer scalars start at one: perturbed, so a
+    with torch.no_grad():   # norms, scales and layer scalars start at one: perturbed, so a
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-            if name.endswith(("norm.weight", "layer_scalar")):   # misplaced one shows
+            if name.endswith(_ONES):   # misplaced one shows
                 tensor.add_(torch.randn_like(tensor) * 0.2)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
@@ -64,7 +70,7 @@ def make_gemma4_multimodal_dir(path: Path, tokenizer_dir: Path, variant: str,
     model = hf.Gemma4ForConditionalGeneration(config)
     with torch.no_grad():
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-            if name.endswith(("norm.weight", "layer_scalar")):
+            if name.endswith(_ONES):
                 tensor.add_(torch.randn_like(tensor) * 0.2)
     model.save_pretrained(str(path), safe_serialization=True)
     return path

@@ -70,8 +70,9 @@ def test_kv_sharing_makes_a_block_cheaper():
 
 
 @pytest.mark.parametrize("extra, named", [
-    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
-     "enable_moe_block"),
+    (dict(enable_moe_block=True, num_experts=4, top_k_experts=5, moe_intermediate_size=32),
+     "top_k_experts"),
+    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2), "moe_intermediate_size"),
     (dict(use_bidirectional_attention="all"), "use_bidirectional_attention"),
     (dict(num_kv_shared_layers=6), "num_kv_shared_layers"),
 ])
