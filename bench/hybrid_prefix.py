@@ -3,6 +3,7 @@ full-attention model, on the same multi-turn chat trace; and the two models' tok
 of cache at a long context.
 
     python bench/hybrid_prefix.py                                   # tiny random models
+    python bench/hybrid_prefix.py --default-shapes --dtype bfloat16 # tokens/GiB, real widths
     python bench/hybrid_prefix.py --hybrid /models/qwen3.5 --full /models/qwen3 \
         --conversations 32 --turns 6 --checkpoint-blocks 1,2,4,8
 
@@ -74,9 +75,32 @@ def conversation_trace(llm, args) -> dict:
 def tokens_per_gib(model_dir: Path, context: int, dtype_bytes: int) -> float:
     from folio.executor.models.hf_config import read_model_config
 
-    config = read_model_config(model_dir)
+    return _per_gib(read_model_config(model_dir), context, dtype_bytes)
+
+
+def _per_gib(config, context: int, dtype_bytes: int) -> float:
     per_token = config.kv_block_bytes(1, lambda dim: dim * dtype_bytes)
     return 2**30 / (per_token + config.state_bytes(dtype_bytes) / context)
+
+
+def default_shapes(context: int, dtype_bytes: int) -> list[dict]:
+    """Tokens per GiB at transformers' Qwen3_5TextConfig defaults (a full-size Qwen3.5: 32
+    layers of width 4096, every 4th full attention with 4 KV heads of 256) against Qwen3 of
+    the very same widths with every layer full attention: the memory a real-size hybrid
+    saves, from the configs alone (no weights)."""
+    import transformers as hf
+
+    from folio.executor.models.hf_config import parse_model_config
+
+    hybrid = {**hf.Qwen3_5TextConfig().to_dict(), "architectures": ["Qwen3_5ForCausalLM"]}
+    full = {key: value for key, value in hybrid.items() if key != "layer_types"}
+    full.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+                rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0})
+    rows = [{"model": f"{name} (Qwen3.5 default widths)",
+             "tokens_per_gib": round(_per_gib(parse_model_config(raw), context, dtype_bytes))}
+            for name, raw in (("full", full), ("hybrid", hybrid))]
+    rows[1]["vs_full"] = round(rows[1]["tokens_per_gib"] / rows[0]["tokens_per_gib"], 2)
+    return rows
 
 
 def run_model(model_dir: Path, args, **engine) -> dict:
@@ -105,7 +129,14 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--default-shapes", action="store_true",
+                        help="only tokens per GiB at a full-size Qwen3.5's widths against "
+                             "Qwen3 of the same widths (transformers' config defaults)")
     args = parser.parse_args()
+    if args.default_shapes:
+        for row in default_shapes(args.context, 4 if args.dtype == "float32" else 2):
+            print("  ".join(f"{key}={value}" for key, value in row.items()))
+        return 0
     with tempfile.TemporaryDirectory() as scratch:
         hybrid, full = args.hybrid, args.full
         if hybrid is None or full is None:
