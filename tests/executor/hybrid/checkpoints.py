@@ -52,6 +52,16 @@ def assert_idle(stats: dict) -> None:
     assert stats["num_running"] == stats["num_waiting"] == 0
 
 
+def assert_native_decode_step(llm) -> None:
+    """On the CPU with the C++ kernel set built, the engine's decode-only steps run the
+    native hybrid step (executor/native_step/hybrid.py), so the parity tests check it."""
+    from folio.kernels import cpu_attention
+    from tests.conftest import TEST_DEVICE
+
+    if TEST_DEVICE == "cpu" and cpu_attention.load().ok:
+        assert llm.engine.executor.model.native_step is not None
+
+
 def two_turns(seed: int) -> list[list[int]]:
     """Two turns of one conversation: the second shares the first's 140 leading tokens."""
     from tests.hf_oracle import random_prompts
