@@ -3,9 +3,9 @@ kernels/cpu/hybrid_step.cpp) against the Python layers it replaces: for tiny Qwe
 checkpoints made by transformers, float32 and bfloat16, several decode steps on 1-3 sequences
 with fresh and continuing state slots give the same hidden states, the same state pool and
 the same KV cache bytes (torch.equal), with every linear kind the engine makes (oneDNN / BF16
-tiles, torch, int8) and KV cache types; steps it does not take keep the layers; the engine
-runs it by default with tokens equal to decode_step="python"'s, and logs why not for a MoE
-hybrid."""
+tiles, torch, int8, int4) and KV cache types; steps it does not take keep the layers; the
+engine runs it by default with tokens equal to decode_step="python"'s, and logs why not for
+a MoE hybrid."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def test_decode_steps_match_the_python_layers(family, dtype, checkpoints):
 
 # Linear kinds beside the default packed ones, and KV cache types.
 LINEARS_AND_CACHES = [("torch", "auto"), ("int8", "auto"), ("int8", "int8"),
-                      ("auto", "fp8_e4m3")]
+                      ("int4", "bfloat16"), ("auto", "fp8_e4m3")]
 
 
 @pytest.mark.parametrize("linear,kv_cache_dtype", LINEARS_AND_CACHES)
@@ -169,7 +169,7 @@ LINEARS_AND_CACHES = [("torch", "auto"), ("int8", "auto"), ("int8", "int8"),
 def test_every_linear_kind_and_cache_type_matches(family, linear, kv_cache_dtype,
                                                   checkpoints):
     model, step = _model(checkpoints(family), torch.float32, linear)
-    if linear == "int8":   # the recurrent layers' linears quantized too
+    if linear in ("int8", "int4"):   # the recurrent layers' linears quantized too
         assert type(model.layers[0].mixer.out_proj).__name__ == "WeightOnlyLinear"
     _check_decode_steps(model, step, torch.float32, kv_cache_dtype, seed=2)
 
