@@ -4,8 +4,8 @@ checkpoints made by transformers, float32 and bfloat16, several decode steps on 
 with fresh and continuing state slots give the same hidden states, the same state pool and
 the same KV cache bytes (torch.equal), with every linear kind the engine makes (oneDNN / BF16
 tiles, torch, int8, int4) and KV cache types; steps it does not take keep the layers; the
-engine runs it by default with tokens equal to decode_step="python"'s, and logs why not for
-a MoE hybrid."""
+engine runs it by default with tokens equal to decode_step="python"'s, and the log names
+what keeps the layers (a MoE hybrid, LoRA, tensor parallel, the torch kernels, hooks)."""
 
 from __future__ import annotations
 
@@ -225,3 +225,30 @@ def test_a_moe_hybrid_keeps_the_python_layers_and_says_why(tmp_path, tokenizer_d
     llm, lines = _llm(path, caplog)
     assert lines == ["decode step: Python layers (MoE layers)"]
     assert llm.engine.executor.model.native_step is None
+
+
+def test_what_keeps_the_python_layers_is_named(checkpoints, caplog):
+    model, _ = _model(checkpoints("lfm2"), torch.float32, "auto")
+    cpu, torch_ops = select_ops("cpu", CPU), select_ops("torch", CPU)
+
+    def select(ops=cpu, setting="auto", **options):
+        return select_decode_step(model, setting, ops, CPU, torch.float32, **options)
+
+    with caplog.at_level(logging.INFO, logger="folio.executor"):
+        caplog.clear()
+        assert select(setting="python") is None
+        assert select(torch_ops) is None
+        assert select(lora=True) is None
+        assert select(tensor_parallel=True) is None
+        model.layers[0].mixer.native = False   # the torch recurrent steps compute otherwise
+        assert select() is None
+        model.layers[0].mixer.native = True
+        handle = model.layers[1].ffn.register_forward_hook(lambda *_: None)
+        assert select() is None
+        handle.remove()
+        assert select() is not None
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decode step")]
+    assert lines[:-1] == [f"decode step: Python layers ({why})" for why in (
+        "decode_step='python'", "torch attention kernels", "LoRA adapters", "tensor parallel",
+        "the recurrent layers' torch decode steps", "forward hooks on a layer")]
+    assert lines[-1].startswith("decode step: native")
