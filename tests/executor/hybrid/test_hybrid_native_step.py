@@ -47,11 +47,15 @@ STEPS = [[0, 1, 2], [2, 0], [1], [1, 2, 0]]
 def checkpoints(tmp_path_factory, tokenizer_dir):
     made = {}
 
-    def get(family: str):
-        if family not in made:
-            made[family] = make_hybrid_dir(tmp_path_factory.mktemp(family), tokenizer_dir,
-                                           family)
-        return made[family]
+    def get(name: str):
+        """A family's checkpoint; "lfm2_bias": LFM2 with biases on its convolutions and
+        their projections."""
+        if name not in made:
+            family, overrides = ("lfm2", {"conv_bias": True}) if name == "lfm2_bias" \
+                else (name, {})
+            made[name] = make_hybrid_dir(tmp_path_factory.mktemp(name), tokenizer_dir,
+                                         family, **overrides)
+        return made[name]
     return get
 
 
@@ -153,9 +157,11 @@ def _check_decode_steps(model, step, dtype: torch.dtype, kv_cache_dtype: str, se
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("family", ["qwen3_5", "lfm2"])
+@pytest.mark.parametrize("family", ["qwen3_5", "lfm2", "lfm2_bias"])
 def test_decode_steps_match_the_python_layers(family, dtype, checkpoints):
     model, step = _model(checkpoints(family), dtype, "auto")
+    if family == "lfm2_bias":
+        assert model.layers[0].mixer.conv.bias is not None
     _check_decode_steps(model, step, dtype, "auto", seed=1)
 
 
