@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from folio import LLM, SamplingParams
-from folio.executor.linear import pack_linears
+from folio.executor.linear import onednn_unavailable_reason, pack_linears
 from folio.executor.model_loader import load_model
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.models.hybrid.state_pool import StatePool
@@ -64,8 +64,8 @@ def _model(path, dtype: torch.dtype, linear: str):
     ops = select_ops("cpu", CPU)
     model = load_model(path, read_model_config(path), ops, dtype, CPU, MAX_POSITIONS)
     quantization = linear if linear in ("int8", "int4") else "none"
-    pack_linears(model, CPU, dtype, "torch" if linear == "torch" else "auto", quantization,
-                 int8_activations=True)
+    backend = linear if linear in ("torch", "onednn") else "auto"
+    pack_linears(model, CPU, dtype, backend, quantization, int8_activations=True)
     step = select_decode_step(model, "auto", ops, CPU, dtype)
     assert step is not None
     return model, step
@@ -165,19 +165,25 @@ def test_decode_steps_match_the_python_layers(family, dtype, checkpoints):
     _check_decode_steps(model, step, dtype, "auto", seed=1)
 
 
-# Linear kinds beside the default packed ones, and KV cache types.
-LINEARS_AND_CACHES = [("torch", "auto"), ("int8", "auto"), ("int8", "int8"),
-                      ("int4", "bfloat16"), ("auto", "fp8_e4m3")]
+# Linear kinds beside the default packed ones (oneDNN in bfloat16 where Folio's BF16 tiles
+# would serve), and KV cache types.
+LINEARS_AND_CACHES = [("torch", "auto", torch.float32), ("int8", "auto", torch.float32),
+                      ("int8", "int8", torch.float32), ("int4", "bfloat16", torch.float32),
+                      ("auto", "fp8_e4m3", torch.float32), ("onednn", "auto", torch.bfloat16)]
 
 
-@pytest.mark.parametrize("linear,kv_cache_dtype", LINEARS_AND_CACHES)
+@pytest.mark.parametrize("linear,kv_cache_dtype,dtype", LINEARS_AND_CACHES)
 @pytest.mark.parametrize("family", ["qwen3_5", "lfm2"])
-def test_every_linear_kind_and_cache_type_matches(family, linear, kv_cache_dtype,
+def test_every_linear_kind_and_cache_type_matches(family, linear, kv_cache_dtype, dtype,
                                                   checkpoints):
-    model, step = _model(checkpoints(family), torch.float32, linear)
+    if linear == "onednn" and onednn_unavailable_reason(CPU, dtype) is not None:
+        pytest.skip(onednn_unavailable_reason(CPU, dtype))
+    model, step = _model(checkpoints(family), dtype, linear)
     if linear in ("int8", "int4"):   # the recurrent layers' linears quantized too
         assert type(model.layers[0].mixer.out_proj).__name__ == "WeightOnlyLinear"
-    _check_decode_steps(model, step, torch.float32, kv_cache_dtype, seed=2)
+    if linear == "onednn":
+        assert type(model.layers[0].mixer.out_proj).__name__ == "PackedLinear"
+    _check_decode_steps(model, step, dtype, kv_cache_dtype, seed=2)
 
 
 @torch.inference_mode()
