@@ -1,7 +1,8 @@
 """Decode step time of a hybrid model (Qwen3.5-style: 3 Gated DeltaNet layers per gated
 attention layer) against a full-attention model (Llama) of about the same parameter count,
 for one user and many, with the recurrent layers' decode steps in torch and in C++
-(kernels/cpu/gated_delta.cpp, short_conv.cpp). Target (issue 39): hybrid <= 1.2x full.
+(kernels/cpu/gated_delta.cpp, short_conv.cpp), and every layer in one C++ call (the native
+step, kernels/cpu/hybrid_step.cpp). Target (issue 39): hybrid <= 1.2x full.
 
     python bench/hybrid_step.py                         # SmolLM2-135M-like widths, CPU
     python bench/hybrid_step.py --users 1,64 --context 1024 --dtype bfloat16 --steps 30
@@ -13,12 +14,14 @@ embeddings; the hybrid: the same widths, 28 layers, every 4th full attention, li
 attention with 2 key / 4 value heads of 128, which gives about the same parameters; both
 counts are printed). Each is loaded by Folio's own loader with the C++ CPU kernel set
 (executor/ops.py's "cpu") and runs as the executor runs it: its default linear layers, and
-the full-attention model's native decode step where it applies (the hybrid's layers always
-run in Python: docs/hybrid.md); every user has --context tokens of KV cache (random values) and a
-random recurrent state, and one step is the forward pass of one new token per user plus its
-logits, timed --steps times after --warmup steps: the median is printed. "torch" rows run
-the hybrid's recurrent decode steps in torch (the path taken when the C++ library is not
-built), "C++" rows the C++ operators; the full-attention model is the same in both.
+the full-attention model's native decode step where it applies (steps of up to 16 tokens);
+every user has --context tokens of KV cache (random values) and a random recurrent state,
+and one step is the forward pass of one new token per user plus its logits, timed --steps
+times after --warmup steps: the median is printed. "torch" rows run the hybrid's layers in
+Python with the recurrent decode steps in torch (the path taken when the C++ library is not
+built), "C++" rows the layers in Python with the C++ recurrent operators, "native" rows
+(up to 16 users) the hybrid's native decode step (what the executor runs there); the
+full-attention model is the same in all.
 The figures that count come from a quiet machine; on a shared one they only show it runs.
 """
 
@@ -84,14 +87,13 @@ class DecodeStep:
         self.ops = cpu_ops()
         self.model = load_model(model_dir, config, self.ops, dtype, device, context + 64)
         self.num_params = sum(p.numel() for p in self.model.parameters())
-        # As the executor runs it: the default linear layers, and for the full-attention
-        # model the native decode step where it applies (steps of up to 16 tokens).
+        # As the executor runs it: the default linear layers, and the native decode step
+        # where it applies (steps of up to 16 tokens).
         self.linear = apply_weight_format(self.model, EngineConfig(model=str(model_dir)),
                                           config, device, dtype).linear_backend
-        if config.hybrid is None:
-            self.model.native_step = select_decode_step(self.model, "auto", self.ops, device,
-                                                        dtype)
-        self.native = getattr(self.model, "native_step", None) is not None and users <= MAX_TOKENS
+        self.step = select_decode_step(self.model, "auto", self.ops, device, dtype)
+        self.model.native_step = self.step
+        self.native = self.step is not None and users <= MAX_TOKENS
         blocks = -(-(context + 1) // BLOCK_SIZE)
         self.kv = allocate_kv_cache(config, users * blocks, BLOCK_SIZE, dtype, device)
         for key, value in self.kv:
@@ -114,11 +116,14 @@ class DecodeStep:
             self.extra["states"] = pool.step(list(range(users)), [context] * users,
                                              list(range(users + 1)))
 
-    def recurrent_in_cpp(self, on: bool) -> None:
-        """The hybrid's recurrent decode steps in C++ (on) or torch (off)."""
+    def use(self, label: str) -> None:
+        """The hybrid's decode step: "torch" (the layers in Python, the recurrent steps in
+        torch), "C++" (the layers in Python, the recurrent steps in C++) or "native" (every
+        layer in one C++ call)."""
         for module in self.model.modules():
             if hasattr(module, "native"):
-                module.native = on
+                module.native = label != "torch"
+        self.model.native_step = self.step if label == "native" else None
 
     @torch.inference_mode()
     def run(self) -> None:
@@ -163,8 +168,9 @@ def main(argv: list[str] | None = None) -> None:
             full = DecodeStep(full_dir, n, args.context, dtype)
             full_ms = median_ms(full, args.warmup, args.steps)
             hybrid = DecodeStep(hybrid_dir, n, args.context, dtype)
-            for label, on in (("torch", False), ("C++", True)):
-                hybrid.recurrent_in_cpp(on)
+            labels = ("torch", "C++") + (("native",) if hybrid.native else ())
+            for label in labels:
+                hybrid.use(label)
                 hybrid_ms = median_ms(hybrid, args.warmup, args.steps)
                 rows.append((n, label, full_ms, hybrid_ms))
             params = (full.num_params, hybrid.num_params)

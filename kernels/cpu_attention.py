@@ -30,12 +30,14 @@ SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp",
            Path(__file__).parent / "cpu" / "bf16_gemm.cpp",
            Path(__file__).parent / "cpu" / "decode_step.cpp",
            Path(__file__).parent / "cpu" / "gated_delta.cpp",
-           Path(__file__).parent / "cpu" / "short_conv.cpp")
+           Path(__file__).parent / "cpu" / "short_conv.cpp",
+           Path(__file__).parent / "cpu" / "hybrid_step.cpp")
 HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",
            Path(__file__).parent / "cpu" / "quant_weights.h",
            Path(__file__).parent / "cpu" / "vnni_gemm.h",
            Path(__file__).parent / "cpu" / "attention_tiles.h",
-           Path(__file__).parent / "cpu" / "state_slots.h")   # hashed with the sources
+           Path(__file__).parent / "cpu" / "state_slots.h",
+           Path(__file__).parent / "cpu" / "step_linear.h")   # hashed with the sources
 # -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
 # already loaded). ISO C++ mode turns FMA contraction off; the kernel wants it.
 _FLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")

@@ -175,8 +175,9 @@ class EngineConfig(SchedulingPolicy):
     decode_step: str = setting(
         "auto", "how steps of up to 16 tokens (decodes) run the transformer layers on the "
         "CPU: auto in one C++ call per step where the model allows it (llama-style layers, "
-        "float32 or bfloat16, one rank, no LoRA; the start-up log says), python module by "
-        "module, as larger steps always do", choices=DECODE_STEPS)
+        "and the dense Qwen3.5 / LFM2 hybrids' decode-only steps; float32 or bfloat16, one "
+        "rank, no LoRA; the start-up log says), python module by module, as larger steps "
+        "always do", choices=DECODE_STEPS)
     cpu_threads: int | None = setting(None, "executor's torch threads on CPU (default: "
                                       "one per core it may use, fewer while other busy "
                                       "processes hold those cores)",

@@ -40,18 +40,35 @@ def unsupported_module(model: CausalLM) -> str | None:
             if type(module) is not expected:
                 return f"a {type(module).__name__} layer"
         for module in _linears(layer):
-            if type(module) not in _LINEARS:
-                return f"a {type(module).__name__} linear layer"
-            if isinstance(module, WeightOnlyLinear) and not module.native:
-                return "quantized linears without the C++ operator"
-        for module in layer.modules():
-            if module._forward_hooks or module._forward_pre_hooks:
-                return "forward hooks on a layer"
-            if "forward" in module.__dict__:   # executor/lora/layers.py sets one
-                return "a replaced forward (LoRA)"
+            reason = linear_reason(module)
+            if reason is not None:
+                return reason
+        reason = changed_forward_reason(layer)
+        if reason is not None:
+            return reason
         eps.update(norm.eps for norm in _norms(layer))
     if len(eps) > 1:
         return "norms with different eps"
+    return None
+
+
+def linear_reason(module: nn.Module) -> str | None:
+    """Why `module` is not a linear the native steps call (step_linear.h's kinds), or None."""
+    if type(module) not in _LINEARS:
+        return f"a {type(module).__name__} linear layer"
+    if isinstance(module, WeightOnlyLinear) and not module.native:
+        return "quantized linears without the C++ operator"
+    return None
+
+
+def changed_forward_reason(layer: nn.Module) -> str | None:
+    """Why some module of `layer` computes other than its class says (a hook, a forward
+    replaced), or None."""
+    for module in layer.modules():
+        if module._forward_hooks or module._forward_pre_hooks:
+            return "forward hooks on a layer"
+        if "forward" in module.__dict__:   # executor/lora/layers.py sets one
+            return "a replaced forward (LoRA)"
     return None
 
 

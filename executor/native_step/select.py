@@ -1,5 +1,6 @@
 """Whether a model's small steps run the native step (decided once, at load) and the log line
-that says so, or which model feature keeps the Python layers."""
+that says so, or which model feature keeps the Python layers: decoders' (native_step/step.py)
+and hybrids' (native_step/hybrid.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import logging
 import torch
 
 from folio.executor.models.decoder import CausalLM
+from folio.executor.models.hybrid.model import HybridCausalLM
+from folio.executor.native_step.hybrid import HybridNativeStep, hybrid_layers_reason
 from folio.executor.native_step.layers import unsupported_module
 from folio.executor.native_step.step import NativeStep
 from folio.executor.ops import KernelOps
@@ -21,11 +24,9 @@ log = logging.getLogger("folio.executor")
 MAX_TOKENS = 16
 
 
-def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
-                         dtype: torch.dtype, tensor_parallel: bool = False,
-                         lora: bool = False) -> str | None:
-    """Why `model` keeps the Python layers, or None when the native step can run it."""
-    config = model.config
+def setup_reason(ops: KernelOps, device: torch.device, dtype: torch.dtype,
+                 tensor_parallel: bool = False, lora: bool = False) -> str | None:
+    """Why no native step can run here whatever the model (decoder or hybrid), or None."""
     if device.type != "cpu":
         return f"the device is {device.type}"
     status = cpu_attention.load()
@@ -39,6 +40,17 @@ def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
         return "tensor parallel"
     if lora:
         return "LoRA adapters"
+    return None
+
+
+def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
+                         dtype: torch.dtype, tensor_parallel: bool = False,
+                         lora: bool = False) -> str | None:
+    """Why `model` keeps the Python layers, or None when the native step can run it."""
+    reason = setup_reason(ops, device, dtype, tensor_parallel, lora)
+    if reason is not None:
+        return reason
+    config = model.config
     if config.gemma4 is not None:
         return "Gemma 4 layers (per-layer head sizes, shared KV, per-layer embeddings)"
     if config.gemma:
@@ -63,19 +75,31 @@ def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
     return unsupported_module(model)
 
 
-def select_decode_step(model: CausalLM, setting: str, ops: KernelOps, device: torch.device,
-                       dtype: torch.dtype, tensor_parallel: bool = False,
-                       lora: bool = False) -> NativeStep | None:
-    """The NativeStep for `model` (engine setting decode_step: "auto" where it can run,
-    "python" never), or None: the layer loop runs every step."""
+def select_decode_step(model: CausalLM | HybridCausalLM, setting: str, ops: KernelOps,
+                       device: torch.device, dtype: torch.dtype, tensor_parallel: bool = False,
+                       lora: bool = False) -> NativeStep | HybridNativeStep | None:
+    """The native step for `model` (engine setting decode_step: "auto" where it can run,
+    "python" never): a NativeStep for a decoder, a HybridNativeStep for a hybrid; or None:
+    the layer loop runs every step."""
     if setting not in DECODE_STEPS:
         raise ValueError(f"decode_step must be one of {', '.join(DECODE_STEPS)}, got "
                          f"{setting!r}")
-    reason = "decode_step='python'" if setting == "python" else python_layers_reason(
-        model, ops, device, dtype, tensor_parallel, lora)
+    hybrid = isinstance(model, HybridCausalLM)
+    if setting == "python":
+        reason = "decode_step='python'"
+    elif hybrid:
+        reason = (setup_reason(ops, device, dtype, tensor_parallel, lora)
+                  or hybrid_layers_reason(model))
+    else:
+        reason = python_layers_reason(model, ops, device, dtype, tensor_parallel, lora)
     if reason is not None:
         log.info("decode step: Python layers (%s)", reason)
         return None
+    if hybrid:
+        step = HybridNativeStep(model, MAX_TOKENS)
+        log.info("decode step: native, one C++ call for the layers of decode-only steps of "
+                 "up to %d sequences (hybrid: %s)", MAX_TOKENS, model.config.hybrid.family)
+        return step
     step = NativeStep(model, MAX_TOKENS)
     log.info("decode step: native, one C++ call for the layers of steps of up to %d tokens",
              MAX_TOKENS)

@@ -13,39 +13,24 @@
 // results are bit-identical to theirs; what it saves is the Python between them (module
 // calls, views, the kernel set's dispatch: ~3.5 ms of a SmolLM2-135M step).
 //
-// A linear is one of four kinds, chosen per layer in Python once:
-//   0 torch:   at::linear(x, weight, bias)                              tensors [weight, (bias)]
-//   1 oneDNN:  mkldnn::_linear_pointwise(x, packed, bias, "none", [], None)  [packed, (bias)]
-//   2 int8/4:  folio::weight_only_linear(x as float32, operands, config), back to x's dtype
-//              tensors, config = WeightOnlyLinear.native_operands()
-//   3 bf16:    folio::bf16_linear(x, packed, bias, n)       [packed, (bias float32)], config [n]
-//
-// The operators are reached through typed dispatcher handles looked up once, at construction
-// (findSchemaOrThrow returns its handle by value: each is kept here, in this object).
+// The linear kinds, the dispatcher handles and the KV cache write are step_linear.h's,
+// shared with hybrid_step.cpp.
 #include <torch/custom_class.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "step_linear.h"
+
 #include <optional>
-#include <string_view>
 #include <tuple>
 #include <vector>
 
 namespace {
 
 using at::Tensor;
-
-enum LinearKind : int64_t { kTorch = 0, kOneDnn = 1, kWeightOnly = 2, kBf16Tiles = 3 };
-
-struct Linear {
-  int64_t kind = kTorch;
-  Tensor weight;                  // torch: [N, K]; oneDNN / bf16: the packed weight
-  std::optional<Tensor> bias;     // torch, oneDNN, bf16 (float32)
-  int64_t n = 0;                  // bf16: output features
-  std::vector<Tensor> operands;   // weight-only: data, scales, (mins), (bias)
-  std::vector<int64_t> config;    // weight-only: WeightOnlyLinear.native_operands()
-};
+using folio_step::handle;
+using folio_step::Linear;
 
 struct Layer {
   Tensor input_norm, post_norm;
@@ -56,31 +41,11 @@ struct Layer {
   std::vector<Linear> linears;   // qkv, o, gate_up, down
 };
 
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
-
 using NormSig = void(Tensor, Tensor, Tensor, double);
 using RotarySig = void(Tensor, Tensor, Tensor, Tensor);
 using SiluSig = void(Tensor, Tensor);
-using CacheSig = void(Tensor, Tensor, Tensor, Tensor, Tensor);
 using AttentionSig = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           const Tensor&, const Tensor&, const Tensor&, double, int64_t, double);
-using WeightOnlySig = Tensor(const Tensor&, std::vector<Tensor>, at::IntArrayRef);
-using OneDnnSig = Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&,
-                         std::string_view, c10::List<std::optional<at::Scalar>>,
-                         std::optional<std::string_view>);
-using Bf16Sig = Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&, int64_t);
-
-bool heads_packed(const Tensor& rows) {   // kernels/cpu_fused.py _heads_packed
-  return rows.dim() == 3 && rows.stride(2) == 1 && rows.stride(1) == rows.size(2);
-}
-
-bool stored_cache_type(at::ScalarType t) {   // kernels/cpu_fused.py _STORED
-  return t == at::kChar || t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2 ||
-         t == at::kBFloat16;
-}
 
 class DecodeStep : public torch::CustomClassHolder {
  public:
@@ -92,10 +57,7 @@ class DecodeStep : public torch::CustomClassHolder {
         fused_add_rms_norm_(handle<NormSig>("folio::fused_add_rms_norm")),
         rotary_(handle<RotarySig>("folio::rotary")),
         silu_and_mul_(handle<SiluSig>("folio::silu_and_mul")),
-        reshape_and_cache_(handle<CacheSig>("folio::reshape_and_cache")),
-        quantize_and_cache_(handle<CacheSig>("folio::quantize_and_cache")),
-        paged_attention_(handle<AttentionSig>("folio::paged_attention")),
-        weight_only_linear_(handle<WeightOnlySig>("folio::weight_only_linear")) {
+        paged_attention_(handle<AttentionSig>("folio::paged_attention")) {
     TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && head_dim > 0, "bad attention shape");
     TORCH_CHECK(rotary_dim > 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0,
                 "rotary_dim must be even and at most head_dim, got ", rotary_dim);
@@ -129,28 +91,7 @@ class DecodeStep : public torch::CustomClassHolder {
   void add_linear(int64_t kind, std::vector<Tensor> tensors, std::vector<int64_t> config) {
     TORCH_CHECK(!layers_.empty() && layers_.back().linears.size() < 4,
                 "add_linear: add a layer first; each takes four (qkv, o, gate_up, down)");
-    Linear linear;
-    linear.kind = kind;
-    if (kind == kWeightOnly) {
-      linear.operands = std::move(tensors);
-      linear.config = std::move(config);
-    } else {
-      TORCH_CHECK(kind == kTorch || kind == kOneDnn || kind == kBf16Tiles,
-                  "linear kind must be 0, 1, 2 or 3, got ", kind);
-      TORCH_CHECK(kind != kBf16Tiles || config.size() == 1, "a bf16 linear's config is [n]");
-      TORCH_CHECK(tensors.size() == 1 || tensors.size() == 2,
-                  "a float linear's tensors are [weight, (bias)]");
-      linear.weight = tensors[0];
-      if (tensors.size() == 2) linear.bias = tensors[1];
-      if (kind == kBf16Tiles) {
-        linear.n = config[0];
-        if (!bf16_linear_) bf16_linear_ = handle<Bf16Sig>("folio::bf16_linear");
-      }
-      if (kind == kOneDnn && !linear_pointwise_) {   // only models that use it look it up
-        linear_pointwise_ = handle<OneDnnSig>("mkldnn::_linear_pointwise");
-      }
-    }
-    layers_.back().linears.push_back(std::move(linear));
+    layers_.back().linears.push_back(linear_.make(kind, std::move(tensors), std::move(config)));
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -229,56 +170,14 @@ class DecodeStep : public torch::CustomClassHolder {
       q = at::cat({q_rot, q.narrow(2, rotary_dim_, rest)}, -1);
       k = at::cat({k_rot, k.narrow(2, rotary_dim_, rest)}, -1);
     }
-    write_cache(k, v, key_cache, value_cache, slots);
+    write_cache_(k, v, key_cache, value_cache, slots);
     Tensor out = at::empty_like(q);
     paged_attention_.call(out, q, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, scale_, layer.window, layer.softcap);
     return out.reshape({tokens, q_size});
   }
 
-  // kernels/cpu_fused.py reshape_and_cache_cpu's choice; its torch-reference case (layouts
-  // the step never makes) is an error here.
-  void write_cache(const Tensor& k, const Tensor& v, const Tensor& key_cache,
-                   const Tensor& value_cache, const Tensor& slots) {
-    const auto dtype = k.scalar_type(), cache_dtype = key_cache.scalar_type();
-    const bool layouts = heads_packed(k) && heads_packed(v) && key_cache.is_contiguous() &&
-                         value_cache.is_contiguous();
-    if (stored_cache_type(cache_dtype) && (dtype == at::kFloat || dtype == at::kBFloat16) &&
-        v.scalar_type() == dtype && dtype != cache_dtype &&
-        value_cache.scalar_type() == cache_dtype && layouts) {
-      quantize_and_cache_.call(k, v, key_cache, value_cache, slots);
-      return;
-    }
-    TORCH_CHECK(dtype == cache_dtype && v.scalar_type() == dtype &&
-                    value_cache.scalar_type() == cache_dtype && layouts,
-                "the native decode step writes ", dtype, " keys into a contiguous cache of "
-                "that dtype or of bfloat16, int8 or float8, not ", cache_dtype);
-    reshape_and_cache_.call(k, v, key_cache, value_cache, slots);
-  }
-
-  Tensor linear(const Linear& l, const Tensor& x) {
-    // One float32 row goes in twice, as executor/linear.py's PackedLinear does: oneDNN's
-    // one-row kernel sums in another order than its batch kernel.
-    if (l.kind == kOneDnn && x.size(0) == 1 && x.scalar_type() == at::kFloat)
-      return float_linear(l, x.expand({2, x.size(1)})).narrow(0, 0, 1);
-    if (l.kind != kWeightOnly) return float_linear(l, x);
-    // As WeightOnlyLinear.forward: float32 in, the model's dtype out.
-    Tensor flat = x.reshape({-1, x.size(-1)}).to(at::kFloat).contiguous();
-    return weight_only_linear_.call(flat, l.operands, l.config).to(x.scalar_type());
-  }
-
-  Tensor float_linear(const Linear& l, const Tensor& x) {
-    switch (l.kind) {
-      case kTorch:
-        return at::linear(x, l.weight, l.bias);
-      case kOneDnn:
-        return linear_pointwise_->call(x, l.weight, l.bias, "none", no_scalars_, std::nullopt);
-      case kBf16Tiles:
-        return bf16_linear_->call(x.contiguous(), l.weight, l.bias, l.n);
-      default:
-        TORCH_CHECK(false, "not a float linear");
-    }
-  }
+  Tensor linear(const Linear& l, const Tensor& x) { return linear_(l, x); }
 
   int64_t heads_, kv_heads_, head_dim_, rotary_dim_;
   double eps_, scale_;
@@ -287,12 +186,9 @@ class DecodeStep : public torch::CustomClassHolder {
   c10::TypedOperatorHandle<NormSig> rms_norm_, fused_add_rms_norm_;
   c10::TypedOperatorHandle<RotarySig> rotary_;
   c10::TypedOperatorHandle<SiluSig> silu_and_mul_;
-  c10::TypedOperatorHandle<CacheSig> reshape_and_cache_, quantize_and_cache_;
   c10::TypedOperatorHandle<AttentionSig> paged_attention_;
-  c10::TypedOperatorHandle<WeightOnlySig> weight_only_linear_;
-  std::optional<c10::TypedOperatorHandle<OneDnnSig>> linear_pointwise_;
-  std::optional<c10::TypedOperatorHandle<Bf16Sig>> bf16_linear_;
-  c10::List<std::optional<at::Scalar>> no_scalars_;
+  folio_step::Linears linear_;
+  folio_step::CacheWriter write_cache_;
 };
 
 }  // namespace

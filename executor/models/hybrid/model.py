@@ -80,7 +80,9 @@ class HybridCausalLM(nn.Module):
         # Which kv_caches entry each attention layer reads.
         self.kv_index = {layer: i for i, layer in enumerate(config.hybrid.attention_layers)}
         self.cos_sin = torch.empty(0)
-        self.native_step = None        # no native decode step for hybrids
+        # executor/native_step's HybridNativeStep, set at load where it can run this model:
+        # decode-only steps of up to its max_tokens run every layer in one C++ call.
+        self.native_step = None
         self.longrope_original = None
         self.states: StatePool | None = None   # set by the executor (attach_states)
 
@@ -98,6 +100,13 @@ class HybridCausalLM(nn.Module):
         if states is None:
             raise ValueError("a hybrid model's step needs its requests' state slots")
         hidden = self.embed_tokens(input_ids)
+        native = self.native_step
+        # One token per sequence and no drafts: what the C++ step runs (a drafted or
+        # checkpointed sequence keeps per-position states, the layers' own business).
+        if (native is not None and states.decode_only and len(input_ids) <= native.max_tokens
+                and not any(states.drafted)):
+            return self.final_norm(native(positions, hidden, kv_caches, inputs, self.states,
+                                          states))
         kv_index = self.kv_index
         for index, layer in enumerate(self.layers):
             kv = kv_caches[kv_index[index]] if layer.is_attention else None

@@ -21,7 +21,9 @@ LFM2 = dict(
     layer_types=["conv", "full_attention", "conv"])
 
 
-def make_hybrid_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0) -> Path:
+def make_hybrid_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0,
+                    **overrides) -> Path:
+    """`overrides`: config fields over the family's (LFM2's conv_bias, say)."""
     import torch
     import transformers as hf
 
@@ -34,7 +36,7 @@ def make_hybrid_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0)
     config = config_cls(vocab_size=1024, num_hidden_layers=len(fields["layer_types"]),
                         max_position_embeddings=1024, tie_word_embeddings=False,
                         initializer_range=0.1, bos_token_id=None, eos_token_id=0,
-                        pad_token_id=0, **fields)
+                        pad_token_id=0, **{**fields, **overrides})
     torch.manual_seed(seed)
     model = model_cls(config)
     with torch.no_grad():   # norms start constant: perturbed, so a misplaced one shows
@@ -50,6 +52,16 @@ def assert_idle(stats: dict) -> None:
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     assert stats["state_slots_used"] == 0 and stats["state_slots_total"] > 0
     assert stats["num_running"] == stats["num_waiting"] == 0
+
+
+def assert_native_decode_step(llm) -> None:
+    """On the CPU with the C++ kernel set built, the engine's decode-only steps run the
+    native hybrid step (executor/native_step/hybrid.py), so the parity tests check it."""
+    from folio.kernels import cpu_attention
+    from tests.conftest import TEST_DEVICE
+
+    if TEST_DEVICE == "cpu" and cpu_attention.load().ok:
+        assert llm.engine.executor.model.native_step is not None
 
 
 def two_turns(seed: int) -> list[list[int]]:

@@ -9,7 +9,8 @@ import pytest
 
 from folio import LLM, SamplingParams
 from tests.conftest import TEST_DEVICE
-from tests.executor.hybrid.checkpoints import (assert_idle, assert_resumes_from_a_checkpoint,
+from tests.executor.hybrid.checkpoints import (assert_idle, assert_native_decode_step,
+                                              assert_resumes_from_a_checkpoint,
                                               make_hybrid_dir, two_turns)
 from tests.hf_oracle import hf_greedy, random_prompts
 
@@ -39,6 +40,7 @@ def test_greedy_matches_transformers_batched_and_preempted(hybrid):
     # Roomy: all eight in one batch, long prompts chunked at 64 tokens.
     llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=256,
               max_num_batched_tokens=64)
+    assert_native_decode_step(llm)
     assert [r.outputs[0].token_ids for r in llm.generate(PROMPTS, params)] == expected
     stats = llm.stats()
     assert stats["preemptions_recompute"] == 0
