@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from folio.executor.quantization.gguf.file import field, float32_decimal
-from folio.executor.quantization.gguf.names import GGUF_ARCHITECTURES, GgufArchitecture
+from folio.executor.quantization.gguf.names import (GGUF_ARCHITECTURES, GGUF_NOT_YET,
+                                                   GgufArchitecture)
 from folio.executor.quantization.gguf.rope import llama3_rope_parameters
 
 
@@ -20,6 +21,10 @@ _TORCH_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 
 def gguf_architecture(reader: Any) -> tuple[str, GgufArchitecture]:
     name = field(reader, "general.architecture")
+    if name in GGUF_NOT_YET:
+        raise ValueError(f"unsupported GGUF architecture {name!r} ({GGUF_NOT_YET[name]}): "
+                         "Folio serves it from its Hugging Face checkpoint, not yet from a "
+                         "GGUF file")
     if name not in GGUF_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {name!r}; Folio serves GGUF "
                          f"{', '.join(GGUF_ARCHITECTURES)}")
@@ -59,9 +64,14 @@ def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "torch_dtype": _TORCH_DTYPES.get(embed.tensor_type.name, "float32"),
     }
-    rope = _rope_parameters(reader, arch, tensors, raw["rope_theta"], raw["head_dim"])
-    if rope:
-        raw["rope_scaling"] = rope
+    if spec.hybrid is not None:   # executor/quantization/gguf/hybrid/config.py
+        from folio.executor.quantization.gguf.hybrid.config import hybrid_config
+
+        raw.update(hybrid_config(reader, arch, spec.hybrid, raw))
+    else:
+        rope = _rope_parameters(reader, arch, tensors, raw["rope_theta"], raw["head_dim"])
+        if rope:
+            raw["rope_scaling"] = rope
     # llama.cpp stops on every end-of-generation token: eos and, for chat models, eot.
     eos = [field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]
     generation = {"eos_token_id": list(dict.fromkeys(int(t) for t in eos if t is not None))}

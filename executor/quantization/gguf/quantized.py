@@ -103,6 +103,9 @@ def iterate_kept_weights(path: str | Path) -> Iterator[tuple[str, QuantizedWeigh
     Hugging Face's order."""
     reader = open_gguf(path)
     arch, spec = gguf_architecture(reader)
+    if spec.hybrid is not None:
+        yield from _hybrid_kept_weights(reader, arch, spec.hybrid)
+        return
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     for tensor in reader.tensors:
@@ -118,6 +121,31 @@ def iterate_kept_weights(path: str | Path) -> Iterator[tuple[str, QuantizedWeigh
             weight = QuantizedWeight(weight.bits, *(
                 None if part is None else torch.from_numpy(
                     np.ascontiguousarray(unpermute_rows(part.numpy(), count)))
+                for part in (weight.data, weight.scales, weight.mins)))
+        yield name, weight
+
+
+def _hybrid_kept_weights(reader, arch: str, family: str
+                         ) -> Iterator[tuple[str, QuantizedWeight]]:
+    """A hybrid file's kept tensors, rows put back in Hugging Face's order
+    (gguf/hybrid/weights.py); out_proj with its value-head columns reordered stays float
+    (its blocks run along the columns)."""
+    from folio.executor.quantization.gguf.hybrid.weights import (column_order, hybrid_layout,
+                                                                  row_order, trunk_name)
+
+    layout = hybrid_layout(reader, arch, family)
+    for tensor in reader.tensors:
+        type_name = tensor.tensor_type.name
+        if type_name not in KEPT_TYPES or len(tensor.shape) != 2:
+            continue
+        name = trunk_name(layout, tensor.name)
+        if name is None or column_order(layout, name) is not None:
+            continue
+        weight = quantized_weight(tensor.data.reshape(int(tensor.shape[1]), -1), type_name)
+        rows = row_order(layout, name)
+        if rows is not None:
+            weight = QuantizedWeight(weight.bits, *(
+                None if part is None else part[torch.from_numpy(rows)].contiguous()
                 for part in (weight.data, weight.scales, weight.mins)))
         yield name, weight
 

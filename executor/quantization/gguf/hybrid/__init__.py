@@ -1,0 +1,2 @@
+"""GGUF files of the hybrid families (LFM2, Qwen3.5): llama.cpp's converter renames and
+transforms their tensors; this undoes it onto executor/models/hybrid/'s parameters."""
