@@ -23,9 +23,12 @@ RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
 
 
 def write_hybrid_gguf(model_dir: Path, out: Path, quant: str = "F32",
-                      mtp_block: bool = False) -> Path:
+                      mtp_block: bool = False, metadata: dict | None = None,
+                      drop: tuple[str, ...] = ()) -> Path:
     """`mtp_block`: a Qwen3.5 file also carries a multi-token-prediction block after the
-    trunk layers (blk.N, nextn_predict_layers 1), as the converter writes by default."""
+    trunk layers (blk.N, nextn_predict_layers 1), as the converter writes by default.
+    `metadata` ({key: (GGUFWriter add_* kind, value)}) replaces keys; `drop` leaves tensors
+    (GGUF names) out: the malformed files the tests refuse."""
     import gguf
     from safetensors.torch import load_file
 
@@ -37,6 +40,8 @@ def write_hybrid_gguf(model_dir: Path, out: Path, quant: str = "F32",
     writer = gguf.GGUFWriter(str(out), arch)
     (_lfm2_metadata if lfm2 else _qwen35_metadata)(writer, config, mtp_block)
     _add_tokenizer(writer, model_dir)
+    for key, (kind, value) in (metadata or {}).items():
+        getattr(writer, f"add_{kind}")(key.format(arch=arch), value)
     names = gguf.get_tensor_name_map(model_arch, layers + 1)
     tensors = load_file(str(model_dir / "model.safetensors"))
     if mtp_block:   # an attention layer's tensors again, and the block's own projection
@@ -48,7 +53,8 @@ def write_hybrid_gguf(model_dir: Path, out: Path, quant: str = "F32",
         eh_proj = torch.randn(config["hidden_size"], 2 * config["hidden_size"])
     for name, values in sorted(tensors.items()):
         for new_name, data in _converted(name, values.float(), config, lfm2):
-            _add(writer, _gguf_name(names, new_name), data.numpy(), quant)
+            if _gguf_name(names, new_name) not in drop:
+                _add(writer, _gguf_name(names, new_name), data.numpy(), quant)
     if mtp_block:
         _add(writer, f"blk.{layers}.nextn.eh_proj.weight", eh_proj.numpy(), quant)
     writer.write_header_to_file()

@@ -98,12 +98,13 @@ def _check_layers(tensors: dict[str, GgufTensorInfo], arch: str, family: str,
         for need in needs["every"]:
             if need not in names:
                 raise GgufFormatError(f"the GGUF file has no blk.{layer}.{need}")
-        kinds = [kind for kind, wanted in needs.items()
-                 if kind != "every" and set(wanted) <= names]
-        if len(kinds) != 1:
-            raise GgufFormatError(f"blk.{layer} holds no whole mixer: it needs either "
-                                  + " or ".join(", ".join(wanted) for kind, wanted in
-                                                needs.items() if kind != "every"))
+        # the mixer kind it holds most of, and what that kind lacks
+        lacking = min((([need for need in wanted if need not in names], kind)
+                       for kind, wanted in needs.items() if kind != "every"),
+                      key=lambda entry: len(entry[0]))
+        if lacking[0]:
+            raise GgufFormatError(f"blk.{layer} holds no whole mixer: its {lacking[1]} "
+                                  f"layer lacks blk.{layer}.{lacking[0][0]}")
 
 
 def _check_shapes(tensors: dict[str, GgufTensorInfo], family: str, dims: dict[str, int],
