@@ -22,10 +22,12 @@ GGUF_ARCHITECTURES = {
     "qwen3": GgufArchitecture("Qwen3ForCausalLM", permuted_qk=False),
     "lfm2": GgufArchitecture("Lfm2ForCausalLM", permuted_qk=False, hybrid="lfm2"),
     "qwen35": GgufArchitecture("Qwen3_5ForCausalLM", permuted_qk=False, hybrid="qwen35"),
+    "qwen35moe": GgufArchitecture("Qwen3_5MoeForCausalLM", permuted_qk=False,
+                                  hybrid="qwen35moe"),
 }
 # Hybrid architectures llama.cpp writes that Folio serves from checkpoints but not yet from
 # GGUF files: refused with their own line.
-GGUF_NOT_YET = {"lfm2moe": "LFM2-MoE", "qwen35moe": "Qwen3.5-MoE", "qwen3next": "Qwen3-Next"}
+GGUF_NOT_YET = {"lfm2moe": "LFM2-MoE", "qwen3next": "Qwen3-Next"}
 
 # Tensors that are configuration, read by executor/quantization/gguf/config.py, not weights.
 CONFIG_TENSORS = frozenset({"rope_freqs.weight"})

@@ -1,13 +1,14 @@
-"""Writes a GGUF file from a tiny LFM2 or Qwen3.5 checkpoint (checkpoints.py) as llama.cpp's
-converter (convert_hf_to_gguf.py, conversion/lfm2.py and qwen.py) writes one: its metadata
-keys, gguf-py's tensor names, and its transforms. Qwen3.5: the value heads reordered from
-grouped by key head to tiled where the key heads are fewer, A_log stored as -exp(A_log),
-dt_bias as ssm_dt.bias, the convolution squeezed, the zero-centred norms (all but the
-Gated DeltaNet's output norm) stored as 1 + weight; the layer kinds as
-attention.recurrent_layers (newer converters than gguf-py 0.19.0 write it) beside
-full_attention_interval. LFM2: one KV head count per layer (0 on the convolution layers),
-the adjusted feed-forward width, the convolution squeezed. 1-D tensors, norms and the
-convolutions in F32; 2-D ones in `quant`, F16 where a row is not whole blocks."""
+"""Writes a GGUF file from a tiny LFM2, Qwen3.5 or Qwen3.5-MoE checkpoint (checkpoints.py,
+moe_checkpoints.py) as llama.cpp's converter (convert_hf_to_gguf.py, conversion/lfm2.py
+and qwen.py) writes one: its metadata keys, gguf-py's tensor names, and its transforms.
+Qwen3.5: the value heads reordered from grouped by key head to tiled where the key heads
+are fewer, A_log stored as -exp(A_log), dt_bias as ssm_dt.bias, the convolution squeezed,
+the zero-centred norms (all but the Gated DeltaNet's output norm) stored as 1 + weight; the
+layer kinds as attention.recurrent_layers (newer converters than gguf-py 0.19.0 write it)
+beside full_attention_interval; Qwen3.5-MoE's experts stacked one tensor a projection.
+LFM2: one KV head count per layer (0 on the convolution layers), the adjusted feed-forward
+width, the convolution squeezed. 1-D tensors, norms, routers and the convolutions in F32;
+2-D ones in `quant`, F16 where a row is not whole blocks."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def write_hybrid_gguf(model_dir: Path, out: Path, quant: str = "F32",
 
     config = json.loads((model_dir / "config.json").read_text())
     lfm2 = config["model_type"] == "lfm2"
-    model_arch = gguf.MODEL_ARCH.LFM2 if lfm2 else gguf.MODEL_ARCH.QWEN35
+    moe = config["model_type"] == "qwen3_5_moe_text"
+    model_arch = gguf.MODEL_ARCH.LFM2 if lfm2 else (
+        gguf.MODEL_ARCH.QWEN35MOE if moe else gguf.MODEL_ARCH.QWEN35)
     arch = gguf.MODEL_ARCH_NAMES[model_arch]
     layers = config["num_hidden_layers"]
     writer = gguf.GGUFWriter(str(out), arch)
@@ -51,6 +54,8 @@ def write_hybrid_gguf(model_dir: Path, out: Path, quant: str = "F32",
             if name.startswith(prefix):
                 tensors[f"model.layers.{layers}." + name[len(prefix):]] = values.clone()
         eh_proj = torch.randn(config["hidden_size"], 2 * config["hidden_size"])
+    if moe:
+        tensors = _stacked_experts(tensors, config)
     for name, values in sorted(tensors.items()):
         for new_name, data in _converted(name, values.float(), config, lfm2):
             if _gguf_name(names, new_name) not in drop:
@@ -76,12 +81,34 @@ def _lfm2_metadata(writer, config: dict, mtp_block: bool) -> None:
     writer.add_shortconv_l_cache(config["conv_L_cache"])
 
 
+def _stacked_experts(tensors: dict, config: dict) -> dict:
+    """The converter stacks one module per expert into one tensor a projection [E, out, in]."""
+    stacked = {}
+    for name, values in tensors.items():
+        parts = name.split(".")
+        if "experts" not in parts:
+            stacked[name] = values
+        elif parts[parts.index("experts") + 1] == "0":
+            at = parts.index("experts")
+            stacked[".".join(parts[:at + 1] + parts[at + 2:])] = torch.stack([
+                tensors[".".join(parts[:at + 1] + [str(e)] + parts[at + 2:])]
+                for e in range(config["num_experts"])])
+    return stacked
+
+
 def _qwen35_metadata(writer, config: dict, mtp_block: bool) -> None:
     rope = config["rope_parameters"]
     head_dim = config["head_dim"]
     _common_metadata(writer, config, extra_layers=int(mtp_block))
     writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_feed_forward_length(config["intermediate_size"])
+    if config.get("intermediate_size"):   # none in Qwen3.5-MoE
+        writer.add_feed_forward_length(config["intermediate_size"])
+    if config.get("num_experts"):
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        writer.add_expert_shared_feed_forward_length(
+            config["shared_expert_intermediate_size"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
@@ -163,7 +190,7 @@ def _add(writer, name: str, values: np.ndarray, quant: str) -> None:
 
     float_only = (values.ndim <= 1 or name.endswith("_norm.weight")
                   or not name.endswith(".weight") or ".ssm_conv1d." in name
-                  or ".shortconv.conv." in name)
+                  or ".shortconv.conv." in name or ".ffn_gate_inp" in name)
     qtype = gguf.GGMLQuantizationType.F32 if float_only else gguf.GGMLQuantizationType[quant]
     values = np.ascontiguousarray(values, dtype=np.float32)
     if qtype == gguf.GGMLQuantizationType.F32:

@@ -1,12 +1,12 @@
-"""GGUF files of LFM2 and Qwen3.5 (executor/quantization/gguf/hybrid/), written here from
-tiny random transformers checkpoints the way llama.cpp's converter writes them
+"""GGUF files of LFM2, Qwen3.5 and Qwen3.5-MoE (executor/quantization/gguf/hybrid/), written
+here from tiny random transformers checkpoints the way llama.cpp's converter writes them
 (gguf_writer.py: its names, metadata and transforms; the Qwen3.5 file with fewer key heads
 than value heads, so the value heads are reordered, and with a multi-token-prediction
 block): the F32 file reads as the checkpoint's config, its tensors come back as the
 checkpoint's (bit for bit, a zero-centred norm as its stored 1 + weight), and Folio's greedy
 output is token-identical to transformers on the source checkpoint; a Q8_0 file runs its
-linears kept quantized and gives the logits of the same file dequantized; malformed files
-and the MoE hybrids' files are refused by name before anything starts."""
+linears kept quantized (Qwen3.5-MoE's experts dequantized) and gives the logits of the
+same file dequantized; malformed files are refused by name before anything starts."""
 
 from __future__ import annotations
 
@@ -18,18 +18,20 @@ from folio import LLM, SamplingParams
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from tests.executor.hybrid.checkpoints import assert_idle, make_hybrid_dir
 from tests.executor.hybrid.gguf_writer import RECURRENT_LAYERS, write_hybrid_gguf
+from tests.executor.hybrid.moe_checkpoints import make_moe_dir
 from tests.hf_oracle import hf_greedy, random_prompts
 
 PROMPTS, _ = random_prompts(4, 1, 70, vocab=1024, seed=41)
 MAX_TOKENS = 10
 # GGUF names of the file each family's F32 test writes
-ARCH = {"qwen3_5": "qwen35", "lfm2": "lfm2"}
+ARCH = {"qwen3_5": "qwen35", "lfm2": "lfm2", "qwen3_5_moe": "qwen35moe"}
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "lfm2"])
+@pytest.fixture(scope="module", params=["qwen3_5", "lfm2", "qwen3_5_moe"])
 def hybrid(request, tmp_path_factory, tokenizer_dir):
     family = request.param
-    model_dir = make_hybrid_dir(tmp_path_factory.mktemp(family), tokenizer_dir, family)
+    make = make_moe_dir if family == "qwen3_5_moe" else make_hybrid_dir
+    model_dir = make(tmp_path_factory.mktemp(family), tokenizer_dir, family)
     files = tmp_path_factory.mktemp(f"{family}_gguf")
     f32 = write_hybrid_gguf(model_dir, files / "model-F32.gguf",
                             mtp_block=family == "qwen3_5")
@@ -49,7 +51,7 @@ def test_the_file_reads_as_its_checkpoint(hybrid):
     loaded = dict(iterate_weights(f32))
     assert loaded.keys() == checkpoint.keys()   # the MTP block skipped
     for name, tensor in checkpoint.items():
-        if family == "qwen3_5" and name.endswith("norm.weight") \
+        if family.startswith("qwen") and name.endswith("norm.weight") \
                 and not name.endswith("linear_attn.norm.weight"):
             tensor = tensor + 1   # kept as the file's scale (hybrid/layers.py's Norm.offset)
         if name.endswith("A_log"):   # the decay Folio computes, bit for bit
@@ -91,10 +93,13 @@ def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(hybrid, mon
     kept_values, kept = _prompt_logprobs(q8, monkeypatch, keep=True)
     float_values, none = _prompt_logprobs(q8, monkeypatch, keep=False)
     assert none == set()
-    if family == "qwen3_5":
-        # out_proj's value-head columns were reordered across its blocks: it stays float
+    if family.startswith("qwen"):
+        # out_proj's value-head columns were reordered across its blocks: it stays float;
+        # Qwen3.5-MoE's MLP is its shared expert's (whose down_proj rows of 48 are F16
+        # in the file) and its experts (dequantized)
+        mlp = {"gate_proj", "up_proj"} | ({"down_proj"} if family == "qwen3_5" else set())
         assert {"in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "q_proj", "o_proj",
-                "gate_proj", "down_proj", "lm_head"} <= kept and "out_proj" not in kept
+                "lm_head"} | mlp <= kept and "out_proj" not in kept
     else:
         assert {"in_proj", "out_proj", "q_proj", "w1", "w2", "w3", "lm_head"} <= kept
     for kept_position, float_position in zip(
@@ -118,19 +123,20 @@ def _refusal(path) -> str:
 def test_malformed_files_are_refused_by_name(tmp_path, hybrid):
     family, model_dir, _, _ = hybrid
     arch = ARCH[family]
-    recurrent = "ssm_a" if family == "qwen3_5" else "shortconv.conv.weight"
+    qwen = family.startswith("qwen")
+    recurrent = "ssm_a" if qwen else "shortconv.conv.weight"
     missing = write_hybrid_gguf(model_dir, tmp_path / "missing.gguf", drop=(f"blk.2.{recurrent}",))
-    kind = "linear" if family == "qwen3_5" else "conv"
+    kind = "linear" if qwen else "conv"
     assert f"blk.2 holds no whole mixer: its {kind} layer lacks blk.2.{recurrent}" \
         in _refusal(missing)
     # the metadata makes layer 0 attention; its tensors are a recurrent layer's
-    if family == "qwen3_5":
+    if qwen:
         kinds = {RECURRENT_LAYERS: ("array", [False, False, True])}
     else:
         kinds = {"{arch}.attention.head_count_kv": ("array", [2, 2, 0])}
     swapped = write_hybrid_gguf(model_dir, tmp_path / "kinds.gguf", metadata=kinds)
     assert "blk.0 holds a recurrent layer but the metadata" in _refusal(swapped)
-    if family == "qwen3_5":
+    if qwen:
         odd = write_hybrid_gguf(model_dir, tmp_path / "odd.gguf",
                                 metadata={"{arch}.ssm.inner_size": ("uint32", 30)})
         assert f"{arch}.ssm.inner_size (30) is not a multiple of" in _refusal(odd)

@@ -32,6 +32,12 @@ def hybrid_config(reader: Any, arch: str, family: str, common: dict[str, Any]
     if scaling not in (None, "none"):
         raise ValueError(f"GGUF rope scaling {scaling!r} is not supported for {arch}")
     fields = (_lfm2 if family == "lfm2" else _qwen35)(reader, arch, need, common)
+    if family == "qwen35moe":   # the routing is Qwen3.5-MoE's: always renormalised
+        fields.update({"num_experts": need("expert_count"),
+                       "num_experts_per_tok": need("expert_used_count"),
+                       "moe_intermediate_size": need("expert_feed_forward_length"),
+                       "shared_expert_intermediate_size":
+                           need("expert_shared_feed_forward_length")})
     _check_kinds(reader, arch, fields["layer_types"])
     return fields
 

@@ -37,13 +37,27 @@ _QWEN35_LAYER = {
     "ssm_out.weight": "linear_attn.out_proj.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight"}
-LAYER_NAMES = {"lfm2": _LFM2_LAYER, "qwen35": _QWEN35_LAYER}
+# Qwen3.5-MoE: Qwen3.5's mixers; experts stacked one tensor per projection ([E, out, in],
+# "*" the expert: gguf/hybrid/weights.py yields one tensor per expert, as transformers
+# saves them), a router, a shared expert and its gate.
+_QWEN35MOE_LAYER = {
+    **{key: value for key, value in _QWEN35_LAYER.items() if not key.startswith("ffn_")},
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.*.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.*.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.*.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"}
+LAYER_NAMES = {"lfm2": _LFM2_LAYER, "qwen35": _QWEN35_LAYER, "qwen35moe": _QWEN35MOE_LAYER}
 GLOBAL_NAMES = {
     "lfm2": {"token_embd.weight": "model.embed_tokens.weight",
              "token_embd_norm.weight": "model.embedding_norm.weight",   # LFM2's final norm
              "output.weight": "lm_head.weight"},
     "qwen35": {"token_embd.weight": "model.embed_tokens.weight",
                "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}}
+GLOBAL_NAMES["qwen35moe"] = GLOBAL_NAMES["qwen35"]
 # The tensors each kind of layer must hold (besides its feed-forward's and norms').
 LAYER_NEEDS = {
     "lfm2": {"attention": ("attn_q.weight", "attn_k.weight", "attn_v.weight",
@@ -60,6 +74,12 @@ LAYER_NEEDS = {
                           "ssm_norm.weight", "ssm_out.weight"),
                "every": ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate.weight",
                          "ffn_up.weight", "ffn_down.weight")}}
+LAYER_NEEDS["qwen35moe"] = {
+    **LAYER_NEEDS["qwen35"],
+    "every": ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate_inp.weight",
+              "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+              "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+              "ffn_down_shexp.weight")}
 LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 

@@ -14,13 +14,25 @@ from folio.executor.quantization.gguf.hybrid.names import LAYER_NEEDS, hybrid_hf
 from folio.executor.quantization.gguf.validate import (
     MAX_CONTEXT, _check_embedding, _check_floats, _check_tokenizer, _count, _entry, _span)
 
-_COUNTS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count")
+_COUNTS = ("block_count", "embedding_length", "attention.head_count")
 _QWEN35_COUNTS = ("attention.key_length", "attention.head_count_kv", "ssm.conv_kernel",
                   "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size")
+_MOE_COUNTS = ("expert_count", "expert_used_count", "expert_feed_forward_length",
+               "expert_shared_feed_forward_length")
 
 
 def check_hybrid_header(header: GgufHeader, arch: str, family: str) -> None:
     dims = {key: _count(header, f"{arch}.{key}", required=True) for key in _COUNTS}
+    # Qwen3.5-MoE has no dense feed-forward to give a width
+    dims["feed_forward_length"] = _count(header, f"{arch}.feed_forward_length",
+                                         required=family != "qwen35moe") or 0
+    if family == "qwen35moe":
+        dims.update({key: _count(header, f"{arch}.{key}", required=True)
+                     for key in _MOE_COUNTS})
+        if dims["expert_used_count"] > dims["expert_count"]:
+            raise GgufFormatError(f"metadata {arch}.expert_used_count "
+                                  f"({dims['expert_used_count']}) is more than "
+                                  f"{arch}.expert_count ({dims['expert_count']})")
     _count(header, f"{arch}.context_length", required=True, limit=MAX_CONTEXT)
     if family == "lfm2":
         dims["shortconv.l_cache"] = _count(header, f"{arch}.shortconv.l_cache", True)
@@ -139,6 +151,16 @@ def _check_shapes(tensors: dict[str, GgufTensorInfo], family: str, dims: dict[st
                        "ssm_norm.weight": (inner // v_heads,),
                        "ssm_out.weight": (inner, hidden)})
         global_shapes = {"output_norm.weight": (hidden,)}
+    if family == "qwen35moe":
+        experts, inter = dims["expert_count"], dims["expert_feed_forward_length"]
+        shared = dims["expert_shared_feed_forward_length"]
+        shapes.update({"ffn_gate_inp.weight": (hidden, experts),
+                       "ffn_gate_exps.weight": (hidden, inter, experts),
+                       "ffn_up_exps.weight": (hidden, inter, experts),
+                       "ffn_down_exps.weight": (inter, hidden, experts),
+                       "ffn_gate_shexp.weight": (hidden, shared),
+                       "ffn_up_shexp.weight": (hidden, shared),
+                       "ffn_down_shexp.weight": (shared, hidden)})
     global_shapes["output.weight"] = (hidden, vocab)
     for name, shape in global_shapes.items():
         if name != "output.weight" and name not in tensors:
@@ -151,6 +173,8 @@ def _check_shapes(tensors: dict[str, GgufTensorInfo], family: str, dims: dict[st
         expected = (global_shapes if layer is None else shapes).get(leaf)
         if leaf.endswith(".bias") and leaf.startswith("shortconv."):
             expected = (hidden * (3 if "in_proj" in leaf else 1),)
+        if leaf == "ffn_gate_inp_shexp.weight" and tensor.dims in ((hidden,), (hidden, 1)):
+            continue   # [H] or [H, 1]: one gate logit
         if expected is not None and tensor.dims != expected:
             raise GgufFormatError(f"tensor {name} has shape {list(tensor.dims)}; the "
                                   f"metadata gives {list(expected)}")

@@ -46,6 +46,7 @@ class HybridLayout:
 def hybrid_layout(reader: Any, arch: str, family: str) -> HybridLayout:
     if family == "lfm2":
         return HybridLayout(family, field(reader, f"{arch}.block_count"))
+    # Qwen3.5 and Qwen3.5-MoE
     v_heads = field(reader, f"{arch}.ssm.time_step_rank")
     return HybridLayout(
         family, field(reader, f"{arch}.block_count")
@@ -107,6 +108,8 @@ def hybrid_tensor(layout: HybridLayout, name: str, values: np.ndarray) -> np.nda
         values = a_log_from_a(values, name)
     if name.endswith(("conv1d.weight", "conv.conv.weight")):
         values = values[:, None, :]   # [C, K] -> the checkpoint's [C, 1, K]
+    if name.endswith("shared_expert_gate.weight"):
+        values = values.reshape(1, -1)   # llama.cpp reads it as [H]
     return values
 
 
@@ -140,7 +143,12 @@ def iterate_hybrid_weights(reader: Any, arch: str, family: str
         if name is None:
             continue
         values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        values = np.ascontiguousarray(hybrid_tensor(layout, name, values))
+        values = hybrid_tensor(layout, name, values)
+        if "*" in name:   # stacked experts: one tensor each, as transformers saves them
+            for expert, part in enumerate(values):
+                yield name.replace("*", str(expert)), torch.from_numpy(part.copy())
+            continue
+        values = np.ascontiguousarray(values)
         if not values.flags.writeable:   # an F32 tensor is a view of the read-only map
             values = values.copy()
         yield name, torch.from_numpy(values)
