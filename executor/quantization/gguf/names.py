@@ -24,10 +24,11 @@ GGUF_ARCHITECTURES = {
     "qwen35": GgufArchitecture("Qwen3_5ForCausalLM", permuted_qk=False, hybrid="qwen35"),
     "qwen35moe": GgufArchitecture("Qwen3_5MoeForCausalLM", permuted_qk=False,
                                   hybrid="qwen35moe"),
+    "lfm2moe": GgufArchitecture("Lfm2MoeForCausalLM", permuted_qk=False, hybrid="lfm2moe"),
 }
 # Hybrid architectures llama.cpp writes that Folio serves from checkpoints but not yet from
 # GGUF files: refused with their own line.
-GGUF_NOT_YET = {"lfm2moe": "LFM2-MoE", "qwen3next": "Qwen3-Next"}
+GGUF_NOT_YET = {"qwen3next": "Qwen3-Next"}
 
 # Tensors that are configuration, read by executor/quantization/gguf/config.py, not weights.
 CONFIG_TENSORS = frozenset({"rope_freqs.weight"})

@@ -1,14 +1,16 @@
-"""Writes a GGUF file from a tiny LFM2, Qwen3.5 or Qwen3.5-MoE checkpoint (checkpoints.py,
-moe_checkpoints.py) as llama.cpp's converter (convert_hf_to_gguf.py, conversion/lfm2.py
-and qwen.py) writes one: its metadata keys, gguf-py's tensor names, and its transforms.
-Qwen3.5: the value heads reordered from grouped by key head to tiled where the key heads
-are fewer, A_log stored as -exp(A_log), dt_bias as ssm_dt.bias, the convolution squeezed,
-the zero-centred norms (all but the Gated DeltaNet's output norm) stored as 1 + weight; the
-layer kinds as attention.recurrent_layers (newer converters than gguf-py 0.19.0 write it)
-beside full_attention_interval; Qwen3.5-MoE's experts stacked one tensor a projection.
-LFM2: one KV head count per layer (0 on the convolution layers), the adjusted feed-forward
-width, the convolution squeezed. 1-D tensors, norms, routers and the convolutions in F32;
-2-D ones in `quant`, F16 where a row is not whole blocks."""
+"""Writes a GGUF file from a tiny LFM2, Qwen3.5, Qwen3.5-MoE or LFM2-MoE checkpoint
+(checkpoints.py, moe_checkpoints.py) as llama.cpp's converter (convert_hf_to_gguf.py,
+conversion/lfm2.py and qwen.py) writes one: its metadata keys, gguf-py's tensor names, and
+its transforms. Qwen3.5: the value heads reordered from grouped by key head to tiled where
+the key heads are fewer, A_log stored as -exp(A_log), dt_bias as ssm_dt.bias, the
+convolution squeezed, the zero-centred norms (all but the Gated DeltaNet's output norm)
+stored as 1 + weight; the layer kinds as attention.recurrent_layers (newer converters than
+gguf-py 0.19.0 write it) beside full_attention_interval; the MoE variants' experts stacked
+one tensor a projection. LFM2: one KV head count per layer (0 on the convolution layers),
+the adjusted feed-forward width (LFM2-MoE: the dense layers' width as given), the
+convolution squeezed, LFM2-MoE's expert bias as exp_probs_b.bias and no routed scaling or
+top-k normalisation (the converter writes none). 1-D tensors, norms, routers and the
+convolutions in F32; 2-D ones in `quant`, F16 where a row is not whole blocks."""
 
 from __future__ import annotations
 
@@ -34,10 +36,11 @@ def write_hybrid_gguf(model_dir: Path, out: Path, quant: str = "F32",
     from safetensors.torch import load_file
 
     config = json.loads((model_dir / "config.json").read_text())
-    lfm2 = config["model_type"] == "lfm2"
-    moe = config["model_type"] == "qwen3_5_moe_text"
-    model_arch = gguf.MODEL_ARCH.LFM2 if lfm2 else (
-        gguf.MODEL_ARCH.QWEN35MOE if moe else gguf.MODEL_ARCH.QWEN35)
+    model_arch = {"lfm2": gguf.MODEL_ARCH.LFM2, "lfm2_moe": gguf.MODEL_ARCH.LFM2MOE,
+                  "qwen3_5_text": gguf.MODEL_ARCH.QWEN35,
+                  "qwen3_5_moe_text": gguf.MODEL_ARCH.QWEN35MOE}[config["model_type"]]
+    lfm2 = config["model_type"].startswith("lfm2")
+    moe = config["model_type"].endswith(("moe", "moe_text"))
     arch = gguf.MODEL_ARCH_NAMES[model_arch]
     layers = config["num_hidden_layers"]
     writer = gguf.GGUFWriter(str(out), arch)
@@ -70,12 +73,22 @@ def write_hybrid_gguf(model_dir: Path, out: Path, quant: str = "F32",
 
 
 def _lfm2_metadata(writer, config: dict, mtp_block: bool) -> None:
+    import gguf
+
     from folio.executor.models.hybrid.spec import lfm2_intermediate_size
 
     _common_metadata(writer, config)
-    writer.add_head_count_kv([config["num_key_value_heads"] if kind != "conv" else 0
-                              for kind in config["layer_types"]])
-    writer.add_feed_forward_length(lfm2_intermediate_size(config))
+    writer.add_head_count_kv([config["num_key_value_heads"] if kind == "full_attention"
+                              else 0 for kind in config["layer_types"]])
+    if config.get("num_experts"):   # the dense layers' width as given
+        writer.add_feed_forward_length(config["intermediate_size"])
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        writer.add_leading_dense_block_count(config["num_dense_layers"])
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    else:
+        writer.add_feed_forward_length(lfm2_intermediate_size(config))
     writer.add_layer_norm_rms_eps(config["norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
     writer.add_shortconv_l_cache(config["conv_L_cache"])
@@ -150,6 +163,8 @@ def _converted(name: str, values: torch.Tensor, config: dict, lfm2: bool):
     if lfm2:
         if "conv.conv" in name:
             values = values.squeeze(1)
+        if name.endswith(".expert_bias"):
+            name += ".bias"
         yield name, values
         return
     if ("linear_attn." in name
@@ -180,6 +195,9 @@ def _converted(name: str, values: torch.Tensor, config: dict, lfm2: bool):
 
 def _gguf_name(names, name: str) -> str:
     new_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+    if new_name is None:   # LFM2-MoE's converter names its stacked experts layers.N.*
+        new_name = names.get_name(name.removeprefix("model."),
+                                  try_suffixes=(".weight", ".bias"))
     if new_name is None:
         raise ValueError(f"gguf-py has no name for {name}")
     return new_name

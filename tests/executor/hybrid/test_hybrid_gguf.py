@@ -1,11 +1,11 @@
-"""GGUF files of LFM2, Qwen3.5 and Qwen3.5-MoE (executor/quantization/gguf/hybrid/), written
-here from tiny random transformers checkpoints the way llama.cpp's converter writes them
+"""GGUF files of LFM2, Qwen3.5, Qwen3.5-MoE and LFM2-MoE (executor/quantization/gguf/hybrid/),
+written here from tiny random transformers checkpoints the way llama.cpp's converter writes them
 (gguf_writer.py: its names, metadata and transforms; the Qwen3.5 file with fewer key heads
 than value heads, so the value heads are reordered, and with a multi-token-prediction
 block): the F32 file reads as the checkpoint's config, its tensors come back as the
 checkpoint's (bit for bit, a zero-centred norm as its stored 1 + weight), and Folio's greedy
 output is token-identical to transformers on the source checkpoint; a Q8_0 file runs its
-linears kept quantized (Qwen3.5-MoE's experts dequantized) and gives the logits of the
+linears kept quantized (the experts dequantized) and gives the logits of the
 same file dequantized; malformed files are refused by name before anything starts."""
 
 from __future__ import annotations
@@ -24,14 +24,22 @@ from tests.hf_oracle import hf_greedy, random_prompts
 PROMPTS, _ = random_prompts(4, 1, 70, vocab=1024, seed=41)
 MAX_TOKENS = 10
 # GGUF names of the file each family's F32 test writes
-ARCH = {"qwen3_5": "qwen35", "lfm2": "lfm2", "qwen3_5_moe": "qwen35moe"}
+ARCH = {"qwen3_5": "qwen35", "lfm2": "lfm2", "qwen3_5_moe": "qwen35moe", "lfm2_moe": "lfm2moe"}
+# llama.cpp's converter writes no routed scaling for LFM2-MoE (nor an untied lm_head): a
+# checkpoint of the released kind
+LFM2_MOE_AS_RELEASED = {"routed_scaling_factor": 1.0, "tie_word_embeddings": True}
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "lfm2", "qwen3_5_moe"])
+@pytest.fixture(scope="module", params=["qwen3_5", "lfm2", "qwen3_5_moe", "lfm2_moe"])
 def hybrid(request, tmp_path_factory, tokenizer_dir):
     family = request.param
-    make = make_moe_dir if family == "qwen3_5_moe" else make_hybrid_dir
-    model_dir = make(tmp_path_factory.mktemp(family), tokenizer_dir, family)
+    path = tmp_path_factory.mktemp(family)
+    if family == "qwen3_5_moe":
+        model_dir = make_moe_dir(path, tokenizer_dir, family)
+    elif family == "lfm2_moe":
+        model_dir = make_moe_dir(path, tokenizer_dir, family, **LFM2_MOE_AS_RELEASED)
+    else:
+        model_dir = make_hybrid_dir(path, tokenizer_dir, family)
     files = tmp_path_factory.mktemp(f"{family}_gguf")
     f32 = write_hybrid_gguf(model_dir, files / "model-F32.gguf",
                             mtp_block=family == "qwen3_5")
@@ -127,8 +135,13 @@ def test_malformed_files_are_refused_by_name(tmp_path, hybrid):
     recurrent = "ssm_a" if qwen else "shortconv.conv.weight"
     missing = write_hybrid_gguf(model_dir, tmp_path / "missing.gguf", drop=(f"blk.2.{recurrent}",))
     kind = "linear" if qwen else "conv"
-    assert f"blk.2 holds no whole mixer: its {kind} layer lacks blk.2.{recurrent}" \
+    assert f"blk.2 holds no whole mixer: its {kind} mixer lacks blk.2.{recurrent}" \
         in _refusal(missing)
+    if family.endswith("moe"):
+        missing = write_hybrid_gguf(model_dir, tmp_path / "expert.gguf",
+                                    drop=("blk.2.ffn_up_exps.weight",))
+        assert ("blk.2 holds no whole feed-forward: its experts feed-forward lacks "
+                "blk.2.ffn_up_exps.weight") in _refusal(missing)
     # the metadata makes layer 0 attention; its tensors are a recurrent layer's
     if qwen:
         kinds = {RECURRENT_LAYERS: ("array", [False, False, True])}
@@ -145,6 +158,19 @@ def test_malformed_files_are_refused_by_name(tmp_path, hybrid):
                                   metadata={"{arch}.attention.head_count_kv":
                                             ("array", [0, 2])})
         assert f"{arch}.attention.head_count_kv must list 3 integers" in _refusal(short)
+
+
+def test_lfm2_moe_routed_scaling_from_expert_weights_scale(tmp_path, tokenizer_dir):
+    """A file that states expert_weights_scale (llama.cpp reads it; its converter writes
+    none for LFM2-MoE) runs with it: transformers' tokens for a checkpoint scaled 2.5."""
+    model_dir = make_moe_dir(tmp_path, tokenizer_dir, "lfm2_moe", tie_word_embeddings=True)
+    path = write_hybrid_gguf(model_dir, tmp_path / "scaled.gguf",
+                             metadata={"{arch}.expert_weights_scale": ("float32", 2.5)})
+    prompts = PROMPTS[:2]
+    expected = hf_greedy(model_dir, prompts, [MAX_TOKENS] * 2, "cpu")
+    llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64)
+    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)] * 2
+    assert [r.outputs[0].token_ids for r in llm.generate(prompts, params)] == expected
 
 
 def test_a_positive_ssm_a_is_refused(tmp_path):

@@ -128,8 +128,8 @@ def test_the_dense_qwen3_5_wrapper_is_read_as_its_text_model(tmp_path):
         read_model_config(tmp_path)
 
 
-# (qwen35moe files are served: test_hybrid_gguf.py)
-@pytest.mark.parametrize("architecture", ["qwen3next", "lfm2moe"])
+# (qwen35moe and lfm2moe files are served: test_hybrid_gguf.py)
+@pytest.mark.parametrize("architecture", ["qwen3next"])
 def test_a_gguf_of_them_is_refused_by_name(tmp_path, architecture):
     from folio.preflight import check_model_dir
     from folio.shared.config import SettingError

@@ -7,13 +7,15 @@ adjusted, and the convolution's window as shortconv.l_cache. Qwen3.5: the Gated 
 sizes as ssm.* keys (state_size the key head size, group_count the key heads,
 time_step_rank the value heads, inner_size all value heads' width), the attention layers as
 attention.recurrent_layers (newer converters) or full_attention_interval, the rotary width
-in dimensions, and the multi-token-prediction block as extra layers (nextn_predict_layers)."""
+in dimensions, and the multi-token-prediction block as extra layers (nextn_predict_layers).
+The MoE variants add expert_* keys (LFM2-MoE: leading_dense_block_count dense layers
+first)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from folio.executor.quantization.gguf.file import field
+from folio.executor.quantization.gguf.file import field, float32_decimal
 
 # Newer converters than gguf-py 0.19.0 write this key (one bool per layer).
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
@@ -31,19 +33,23 @@ def hybrid_config(reader: Any, arch: str, family: str, common: dict[str, Any]
     scaling = field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"GGUF rope scaling {scaling!r} is not supported for {arch}")
-    fields = (_lfm2 if family == "lfm2" else _qwen35)(reader, arch, need, common)
+    lfm2 = family in ("lfm2", "lfm2moe")
+    fields = (_lfm2 if lfm2 else _qwen35)(reader, arch, need, common)
+    if family == "lfm2moe":
+        fields.update(_lfm2moe(reader, arch, need))
     if family == "qwen35moe":   # the routing is Qwen3.5-MoE's: always renormalised
         fields.update({"num_experts": need("expert_count"),
                        "num_experts_per_tok": need("expert_used_count"),
                        "moe_intermediate_size": need("expert_feed_forward_length"),
                        "shared_expert_intermediate_size":
                            need("expert_shared_feed_forward_length")})
-    _check_kinds(reader, arch, fields["layer_types"])
+    _check_kinds(reader, arch, fields["layer_types"], fields.get("num_dense_layers"))
     return fields
 
 
-def _check_kinds(reader: Any, arch: str, types: list[str]) -> None:
-    """Each layer's tensors are those of the kind the metadata gives it."""
+def _check_kinds(reader: Any, arch: str, types: list[str], dense: int | None) -> None:
+    """Each layer's tensors are those of the kind the metadata gives it; with `dense` (the
+    MoE's leading dense layers), its feed-forward too."""
     names = {tensor.name for tensor in reader.tensors}
     for layer, kind in enumerate(types):
         attention = f"blk.{layer}.attn_q.weight" in names
@@ -51,6 +57,28 @@ def _check_kinds(reader: Any, arch: str, types: list[str]) -> None:
             held = "attention" if attention else "a recurrent layer"
             raise ValueError(f"blk.{layer} holds {held} but the metadata ({arch}'s layer "
                              f"kinds) makes it {kind}")
+        experts = f"blk.{layer}.ffn_gate_inp.weight" in names
+        if dense is not None and experts != (layer >= dense):
+            held = "experts" if experts else "a dense MLP"
+            raise ValueError(f"blk.{layer} holds {held} but metadata "
+                             f"{arch}.leading_dense_block_count is {dense}")
+
+
+def _lfm2moe(reader: Any, arch: str, need) -> dict[str, Any]:
+    """llama.cpp's converter writes no top-k normalisation and no routed scaling for
+    LFM2-MoE; llama.cpp renormalises and scales by expert_weights_scale where a file has it
+    (1 otherwise), as the released LFM2-MoE configs do: so does Folio."""
+    gating = field(reader, f"{arch}.expert_gating_func")
+    if gating not in (None, 2):   # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+        raise ValueError(f"metadata {arch}.expert_gating_func is {gating}: LFM2-MoE's "
+                         "router is a sigmoid (2)")
+    scale = field(reader, f"{arch}.expert_weights_scale", 1.0)
+    return {"num_experts": need("expert_count"), "num_experts_per_tok": need("expert_used_count"),
+            "moe_intermediate_size": need("expert_feed_forward_length"),
+            "num_dense_layers": field(reader, f"{arch}.leading_dense_block_count", 0),
+            "norm_topk_prob": True, "routed_scaling_factor": float32_decimal(scale),
+            "use_expert_bias": any(t.name.endswith("exp_probs_b.bias")
+                                   for t in reader.tensors)}
 
 
 def _lfm2(reader: Any, arch: str, need, common: dict[str, Any]) -> dict[str, Any]:

@@ -50,7 +50,17 @@ _QWEN35MOE_LAYER = {
     "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
     "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"}
-LAYER_NAMES = {"lfm2": _LFM2_LAYER, "qwen35": _QWEN35_LAYER, "qwen35moe": _QWEN35MOE_LAYER}
+# LFM2-MoE: LFM2's layers; the first leading_dense_block_count keep the dense MLP, the
+# rest have a router, stacked experts and the expert bias (float32 in the checkpoint).
+_LFM2MOE_LAYER = {
+    **_LFM2_LAYER,
+    "ffn_gate_inp.weight": "feed_forward.gate.weight",
+    "ffn_gate_exps.weight": "feed_forward.experts.*.w1.weight",
+    "ffn_up_exps.weight": "feed_forward.experts.*.w3.weight",
+    "ffn_down_exps.weight": "feed_forward.experts.*.w2.weight",
+    "exp_probs_b.bias": "feed_forward.expert_bias"}
+LAYER_NAMES = {"lfm2": _LFM2_LAYER, "qwen35": _QWEN35_LAYER, "qwen35moe": _QWEN35MOE_LAYER,
+               "lfm2moe": _LFM2MOE_LAYER}
 GLOBAL_NAMES = {
     "lfm2": {"token_embd.weight": "model.embed_tokens.weight",
              "token_embd_norm.weight": "model.embedding_norm.weight",   # LFM2's final norm
@@ -58,28 +68,34 @@ GLOBAL_NAMES = {
     "qwen35": {"token_embd.weight": "model.embed_tokens.weight",
                "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}}
 GLOBAL_NAMES["qwen35moe"] = GLOBAL_NAMES["qwen35"]
-# The tensors each kind of layer must hold (besides its feed-forward's and norms').
-LAYER_NEEDS = {
+GLOBAL_NAMES["lfm2moe"] = GLOBAL_NAMES["lfm2"]
+# The tensors each kind of layer's mixer must hold (a layer holds one kind whole).
+MIXER_NEEDS = {
     "lfm2": {"attention": ("attn_q.weight", "attn_k.weight", "attn_v.weight",
                            "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight"),
              "conv": ("shortconv.conv.weight", "shortconv.in_proj.weight",
-                      "shortconv.out_proj.weight"),
-             "every": ("attn_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
-                       "ffn_up.weight", "ffn_down.weight")},
+                      "shortconv.out_proj.weight")},
     "qwen35": {"attention": ("attn_q.weight", "attn_k.weight", "attn_v.weight",
                              "attn_output.weight", "attn_q_norm.weight",
                              "attn_k_norm.weight"),
                "linear": ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight",
                           "ssm_alpha.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a",
-                          "ssm_norm.weight", "ssm_out.weight"),
-               "every": ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate.weight",
-                         "ffn_up.weight", "ffn_down.weight")}}
-LAYER_NEEDS["qwen35moe"] = {
-    **LAYER_NEEDS["qwen35"],
-    "every": ("attn_norm.weight", "post_attention_norm.weight", "ffn_gate_inp.weight",
-              "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
-              "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
-              "ffn_down_shexp.weight")}
+                          "ssm_norm.weight", "ssm_out.weight")}}
+MIXER_NEEDS["qwen35moe"] = MIXER_NEEDS["qwen35"]
+MIXER_NEEDS["lfm2moe"] = MIXER_NEEDS["lfm2"]
+_DENSE = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+_EXPERTS = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+            "ffn_down_exps.weight")
+# Likewise each kind of feed-forward, and what every layer holds besides.
+FFN_NEEDS = {"lfm2": {"dense": _DENSE}, "qwen35": {"dense": _DENSE},
+             "qwen35moe": {"experts": _EXPERTS + (
+                 "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                 "ffn_down_shexp.weight")},
+             "lfm2moe": {"dense": _DENSE, "experts": _EXPERTS}}
+NORM_NEEDS = {"lfm2": ("attn_norm.weight", "ffn_norm.weight"),
+              "qwen35": ("attn_norm.weight", "post_attention_norm.weight")}
+NORM_NEEDS["qwen35moe"] = NORM_NEEDS["qwen35"]
+NORM_NEEDS["lfm2moe"] = NORM_NEEDS["lfm2"]
 LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 

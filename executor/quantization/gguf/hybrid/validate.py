@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from folio.executor.quantization.gguf.header import (
     ARRAY, INTEGERS, GgufFormatError, GgufHeader, GgufTensorInfo)
-from folio.executor.quantization.gguf.hybrid.names import LAYER_NEEDS, hybrid_hf_name, layer_index
+from folio.executor.quantization.gguf.hybrid.names import (
+    FFN_NEEDS, MIXER_NEEDS, NORM_NEEDS, hybrid_hf_name, layer_index)
 from folio.executor.quantization.gguf.validate import (
     MAX_CONTEXT, _check_embedding, _check_floats, _check_tokenizer, _count, _entry, _span)
 
@@ -26,15 +27,15 @@ def check_hybrid_header(header: GgufHeader, arch: str, family: str) -> None:
     # Qwen3.5-MoE has no dense feed-forward to give a width
     dims["feed_forward_length"] = _count(header, f"{arch}.feed_forward_length",
                                          required=family != "qwen35moe") or 0
-    if family == "qwen35moe":
+    if family in ("qwen35moe", "lfm2moe"):
         dims.update({key: _count(header, f"{arch}.{key}", required=True)
-                     for key in _MOE_COUNTS})
+                     for key in _MOE_COUNTS[:3 if family == "lfm2moe" else 4]})
         if dims["expert_used_count"] > dims["expert_count"]:
             raise GgufFormatError(f"metadata {arch}.expert_used_count "
                                   f"({dims['expert_used_count']}) is more than "
                                   f"{arch}.expert_count ({dims['expert_count']})")
     _count(header, f"{arch}.context_length", required=True, limit=MAX_CONTEXT)
-    if family == "lfm2":
+    if family in ("lfm2", "lfm2moe"):
         dims["shortconv.l_cache"] = _count(header, f"{arch}.shortconv.l_cache", True)
         _lfm2_kv_heads(header, arch, dims["block_count"])
         dims["head_dim"] = _head_dim(dims, arch)
@@ -105,18 +106,19 @@ def _check_layers(tensors: dict[str, GgufTensorInfo], arch: str, family: str,
     if sorted(layers) != list(range(trunk)):
         raise GgufFormatError(f"metadata {arch}.block_count gives {trunk} layers but the "
                               f"tensors hold layers {_span(sorted(layers))}")
-    needs = LAYER_NEEDS[family]
     for layer, names in sorted(layers.items()):
-        for need in needs["every"]:
+        for need in NORM_NEEDS[family]:
             if need not in names:
                 raise GgufFormatError(f"the GGUF file has no blk.{layer}.{need}")
-        # the mixer kind it holds most of, and what that kind lacks
-        lacking = min((([need for need in wanted if need not in names], kind)
-                       for kind, wanted in needs.items() if kind != "every"),
-                      key=lambda entry: len(entry[0]))
-        if lacking[0]:
-            raise GgufFormatError(f"blk.{layer} holds no whole mixer: its {lacking[1]} "
-                                  f"layer lacks blk.{layer}.{lacking[0][0]}")
+        for part, needs in (("mixer", MIXER_NEEDS[family]), ("feed-forward",
+                                                              FFN_NEEDS[family])):
+            # the kind it holds most of, and what that kind lacks
+            lacking, kind = min((([need for need in wanted if need not in names], kind)
+                                 for kind, wanted in needs.items()),
+                                key=lambda entry: len(entry[0]))
+            if lacking:
+                raise GgufFormatError(f"blk.{layer} holds no whole {part}: its {kind} "
+                                      f"{part} lacks blk.{layer}.{lacking[0]}")
 
 
 def _check_shapes(tensors: dict[str, GgufTensorInfo], family: str, dims: dict[str, int],
@@ -130,7 +132,7 @@ def _check_shapes(tensors: dict[str, GgufTensorInfo], family: str, dims: dict[st
               "ffn_up.weight": (hidden, ffn), "ffn_down.weight": (ffn, hidden),
               "attn_q_norm.weight": (head,), "attn_k_norm.weight": (head,),
               "attn_output.weight": (q_rows, hidden)}
-    if family == "lfm2":
+    if family in ("lfm2", "lfm2moe"):
         shapes.update({"attn_q.weight": (hidden, q_rows),
                        "shortconv.conv.weight": (dims["shortconv.l_cache"], hidden),
                        "shortconv.in_proj.weight": (hidden, 3 * hidden),
@@ -151,14 +153,16 @@ def _check_shapes(tensors: dict[str, GgufTensorInfo], family: str, dims: dict[st
                        "ssm_norm.weight": (inner // v_heads,),
                        "ssm_out.weight": (inner, hidden)})
         global_shapes = {"output_norm.weight": (hidden,)}
-    if family == "qwen35moe":
+    if family in ("qwen35moe", "lfm2moe"):
         experts, inter = dims["expert_count"], dims["expert_feed_forward_length"]
-        shared = dims["expert_shared_feed_forward_length"]
         shapes.update({"ffn_gate_inp.weight": (hidden, experts),
                        "ffn_gate_exps.weight": (hidden, inter, experts),
                        "ffn_up_exps.weight": (hidden, inter, experts),
                        "ffn_down_exps.weight": (inter, hidden, experts),
-                       "ffn_gate_shexp.weight": (hidden, shared),
+                       "exp_probs_b.bias": (experts,)})
+    if family == "qwen35moe":
+        shared = dims["expert_shared_feed_forward_length"]
+        shapes.update({"ffn_gate_shexp.weight": (hidden, shared),
                        "ffn_up_shexp.weight": (hidden, shared),
                        "ffn_down_shexp.weight": (shared, hidden)})
     global_shapes["output.weight"] = (hidden, vocab)
@@ -178,7 +182,7 @@ def _check_shapes(tensors: dict[str, GgufTensorInfo], family: str, dims: dict[st
         if expected is not None and tensor.dims != expected:
             raise GgufFormatError(f"tensor {name} has shape {list(tensor.dims)}; the "
                                   f"metadata gives {list(expected)}")
-        if family == "lfm2" and leaf in ("attn_k.weight", "attn_v.weight"):
+        if family in ("lfm2", "lfm2moe") and leaf in ("attn_k.weight", "attn_v.weight"):
             other = tensors.get(name.replace(leaf[:6], "attn_v" if leaf[5] == "k" else "attn_k"))
             if (len(tensor.dims) != 2 or tensor.dims[0] != hidden or tensor.dims[1] % head
                     or other is None or other.dims != tensor.dims):

@@ -44,7 +44,7 @@ class HybridLayout:
 
 
 def hybrid_layout(reader: Any, arch: str, family: str) -> HybridLayout:
-    if family == "lfm2":
+    if family in ("lfm2", "lfm2moe"):
         return HybridLayout(family, field(reader, f"{arch}.block_count"))
     # Qwen3.5 and Qwen3.5-MoE
     v_heads = field(reader, f"{arch}.ssm.time_step_rank")
