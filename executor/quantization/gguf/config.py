@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from folio.executor.quantization.gguf.file import field, float32_decimal
-from folio.executor.quantization.gguf.names import (GGUF_ARCHITECTURES, GGUF_NOT_YET,
-                                                   GgufArchitecture)
+from folio.executor.quantization.gguf.names import GGUF_ARCHITECTURES, GgufArchitecture
 from folio.executor.quantization.gguf.rope import llama3_rope_parameters
 
 
@@ -21,10 +20,6 @@ _TORCH_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 
 def gguf_architecture(reader: Any) -> tuple[str, GgufArchitecture]:
     name = field(reader, "general.architecture")
-    if name in GGUF_NOT_YET:
-        raise ValueError(f"unsupported GGUF architecture {name!r} ({GGUF_NOT_YET[name]}): "
-                         "Folio serves it from its Hugging Face checkpoint, not yet from a "
-                         "GGUF file")
     if name not in GGUF_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {name!r}; Folio serves GGUF "
                          f"{', '.join(GGUF_ARCHITECTURES)}")

@@ -25,10 +25,9 @@ GGUF_ARCHITECTURES = {
     "qwen35moe": GgufArchitecture("Qwen3_5MoeForCausalLM", permuted_qk=False,
                                   hybrid="qwen35moe"),
     "lfm2moe": GgufArchitecture("Lfm2MoeForCausalLM", permuted_qk=False, hybrid="lfm2moe"),
+    "qwen3next": GgufArchitecture("Qwen3NextForCausalLM", permuted_qk=False,
+                                  hybrid="qwen3next"),
 }
-# Hybrid architectures llama.cpp writes that Folio serves from checkpoints but not yet from
-# GGUF files: refused with their own line.
-GGUF_NOT_YET = {"qwen3next": "Qwen3-Next"}
 
 # Tensors that are configuration, read by executor/quantization/gguf/config.py, not weights.
 CONFIG_TENSORS = frozenset({"rope_freqs.weight"})

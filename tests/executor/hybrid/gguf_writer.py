@@ -35,12 +35,13 @@ def write_hybrid_gguf(model_dir: Path, out: Path, quant: str = "F32",
     import gguf
     from safetensors.torch import load_file
 
-    config = json.loads((model_dir / "config.json").read_text())
+    config = read_config(model_dir)
     model_arch = {"lfm2": gguf.MODEL_ARCH.LFM2, "lfm2_moe": gguf.MODEL_ARCH.LFM2MOE,
                   "qwen3_5_text": gguf.MODEL_ARCH.QWEN35,
-                  "qwen3_5_moe_text": gguf.MODEL_ARCH.QWEN35MOE}[config["model_type"]]
+                  "qwen3_5_moe_text": gguf.MODEL_ARCH.QWEN35MOE,
+                  "qwen3_next": gguf.MODEL_ARCH.QWEN3NEXT}[config["model_type"]]
     lfm2 = config["model_type"].startswith("lfm2")
-    moe = config["model_type"].endswith(("moe", "moe_text"))
+    moe = config["model_type"].endswith(("moe", "moe_text", "next"))
     arch = gguf.MODEL_ARCH_NAMES[model_arch]
     layers = config["num_hidden_layers"]
     writer = gguf.GGUFWriter(str(out), arch)
@@ -125,7 +126,8 @@ def _qwen35_metadata(writer, config: dict, mtp_block: bool) -> None:
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_sections((rope["mrope_section"] + [0] * 4)[:4])
+    if "mrope_section" in rope:   # Qwen3.5's (Qwen3-Next has none)
+        writer.add_rope_dimension_sections((rope["mrope_section"] + [0] * 4)[:4])
     writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
     writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
     writer.add_ssm_state_size(config["linear_key_head_dim"])
@@ -167,7 +169,10 @@ def _converted(name: str, values: torch.Tensor, config: dict, lfm2: bool):
             name += ".bias"
         yield name, values
         return
-    if ("linear_attn." in name
+    if name.endswith("in_proj_qkvz.weight"):   # Qwen3-Next: per key head q, k, v, z
+        yield from split_qkvz(name, values, config)
+        return
+    if ("linear_attn." in name and config["model_type"].startswith("qwen3_5")
             and config["linear_num_key_heads"] != config["linear_num_value_heads"]):
         v_dim = config["linear_value_head_dim"]
         keys = 2 * config["linear_num_key_heads"] * config["linear_key_head_dim"]
@@ -191,6 +196,24 @@ def _converted(name: str, values: torch.Tensor, config: dict, lfm2: bool):
     elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
         values = values + 1
     yield name, values
+
+
+def read_config(model_dir: Path) -> dict:
+    return json.loads((model_dir / "config.json").read_text())
+
+
+def split_qkvz(name: str, values: torch.Tensor, config: dict):
+    """Qwen3-Next's converter: in_proj_qkvz's rows grouped per key head (its q, k, then the
+    v and z of the value heads it serves) -> attn_qkv (all q, all k, all v) and attn_gate."""
+    k_heads = config["linear_num_key_heads"]
+    k_dim = config["linear_key_head_dim"]
+    v_width = config["linear_num_value_heads"] // k_heads * config["linear_value_head_dim"]
+    grouped = values.reshape(k_heads, 2 * k_dim + 2 * v_width, -1)
+    q, k, v, z = grouped.split([k_dim, k_dim, v_width, v_width], dim=1)
+    hidden = values.shape[-1]
+    prefix = name.removesuffix("in_proj_qkvz.weight")
+    yield prefix + "in_proj_qkv.weight", torch.cat([p.reshape(-1, hidden) for p in (q, k, v)])
+    yield prefix + "in_proj_z.weight", z.reshape(-1, hidden)
 
 
 def _gguf_name(names, name: str) -> str:

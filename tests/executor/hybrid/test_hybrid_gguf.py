@@ -17,27 +17,41 @@ import torch
 from folio import LLM, SamplingParams
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from tests.executor.hybrid.checkpoints import assert_idle, make_hybrid_dir
-from tests.executor.hybrid.gguf_writer import RECURRENT_LAYERS, write_hybrid_gguf
+from tests.executor.hybrid.gguf_writer import (RECURRENT_LAYERS, read_config, split_qkvz,
+                                               write_hybrid_gguf)
 from tests.executor.hybrid.moe_checkpoints import make_moe_dir
 from tests.hf_oracle import hf_greedy, random_prompts
 
 PROMPTS, _ = random_prompts(4, 1, 70, vocab=1024, seed=41)
 MAX_TOKENS = 10
 # GGUF names of the file each family's F32 test writes
-ARCH = {"qwen3_5": "qwen35", "lfm2": "lfm2", "qwen3_5_moe": "qwen35moe", "lfm2_moe": "lfm2moe"}
-# llama.cpp's converter writes no routed scaling for LFM2-MoE (nor an untied lm_head): a
-# checkpoint of the released kind
-LFM2_MOE_AS_RELEASED = {"routed_scaling_factor": 1.0, "tie_word_embeddings": True}
+ARCH = {"qwen3_5": "qwen35", "lfm2": "lfm2", "qwen3_5_moe": "qwen35moe", "lfm2_moe": "lfm2moe",
+        "qwen3_next": "qwen3next"}
+# What llama.cpp's converter cannot write, left out of the MoE checkpoints (the released
+# ones have none of it): LFM2-MoE's routed scaling and an untied lm_head; Qwen3-Next's
+# dense layers and unnormalised top-k.
+AS_RELEASED = {"qwen3_5_moe": {},
+               "lfm2_moe": {"routed_scaling_factor": 1.0, "tie_word_embeddings": True},
+               "qwen3_next": {"mlp_only_layers": [], "norm_topk_prob": True}}
+# The linears a Q8_0 file keeps quantized (by module name): Qwen3.5's out_proj has its
+# value-head columns reordered across its blocks (float); the MoE MLPs are the shared
+# expert's (its down_proj rows of 48 are F16 in the file) and the experts (dequantized);
+# Qwen3-Next's fused in_proj_ba is split at load (float).
+_QWEN = {"in_proj_qkv", "in_proj_z", "q_proj", "k_proj", "v_proj", "o_proj", "lm_head",
+         "gate_proj", "up_proj"}
+_LFM2 = {"in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "w1", "w2", "w3", "lm_head"}
+KEPT = {"qwen3_5": _QWEN | {"in_proj_a", "in_proj_b", "down_proj"},
+        "qwen3_5_moe": _QWEN | {"in_proj_a", "in_proj_b"},
+        "qwen3_next": _QWEN | {"out_proj"},
+        "lfm2": _LFM2, "lfm2_moe": _LFM2}
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "lfm2", "qwen3_5_moe", "lfm2_moe"])
+@pytest.fixture(scope="module", params=list(ARCH))
 def hybrid(request, tmp_path_factory, tokenizer_dir):
     family = request.param
     path = tmp_path_factory.mktemp(family)
-    if family == "qwen3_5_moe":
-        model_dir = make_moe_dir(path, tokenizer_dir, family)
-    elif family == "lfm2_moe":
-        model_dir = make_moe_dir(path, tokenizer_dir, family, **LFM2_MOE_AS_RELEASED)
+    if family in AS_RELEASED:
+        model_dir = make_moe_dir(path, tokenizer_dir, family, **AS_RELEASED[family])
     else:
         model_dir = make_hybrid_dir(path, tokenizer_dir, family)
     files = tmp_path_factory.mktemp(f"{family}_gguf")
@@ -56,6 +70,9 @@ def test_the_file_reads_as_its_checkpoint(hybrid):
     family, model_dir, f32, _ = hybrid
     assert read_model_config(f32) == read_model_config(model_dir)
     checkpoint = load_file(str(model_dir / "model.safetensors"))
+    for name in [name for name in checkpoint if name.endswith("in_proj_qkvz.weight")]:
+        # Qwen3-Next's: the file holds it split (the loader splits the checkpoint's alike)
+        checkpoint.update(split_qkvz(name, checkpoint.pop(name), read_config(model_dir)))
     loaded = dict(iterate_weights(f32))
     assert loaded.keys() == checkpoint.keys()   # the MTP block skipped
     for name, tensor in checkpoint.items():
@@ -101,15 +118,7 @@ def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(hybrid, mon
     kept_values, kept = _prompt_logprobs(q8, monkeypatch, keep=True)
     float_values, none = _prompt_logprobs(q8, monkeypatch, keep=False)
     assert none == set()
-    if family.startswith("qwen"):
-        # out_proj's value-head columns were reordered across its blocks: it stays float;
-        # Qwen3.5-MoE's MLP is its shared expert's (whose down_proj rows of 48 are F16
-        # in the file) and its experts (dequantized)
-        mlp = {"gate_proj", "up_proj"} | ({"down_proj"} if family == "qwen3_5" else set())
-        assert {"in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "q_proj", "o_proj",
-                "lm_head"} | mlp <= kept and "out_proj" not in kept
-    else:
-        assert {"in_proj", "out_proj", "q_proj", "w1", "w2", "w3", "lm_head"} <= kept
+    assert kept == KEPT[family]
     for kept_position, float_position in zip(
             [p for prompt in kept_values for p in prompt],
             [p for prompt in float_values for p in prompt]):

@@ -37,7 +37,13 @@ def hybrid_config(reader: Any, arch: str, family: str, common: dict[str, Any]
     fields = (_lfm2 if lfm2 else _qwen35)(reader, arch, need, common)
     if family == "lfm2moe":
         fields.update(_lfm2moe(reader, arch, need))
-    if family == "qwen35moe":   # the routing is Qwen3.5-MoE's: always renormalised
+    if family == "qwen3next":
+        # llama.cpp's converter writes no top-k normalisation (llama.cpp renormalises) and
+        # has no name for a dense MLP layer (every layer has experts)
+        fields.update({"norm_topk_prob": bool(field(reader, f"{arch}.expert_weights_norm",
+                                                    True)),
+                       "decoder_sparse_step": 1, "mlp_only_layers": []})
+    if family in ("qwen35moe", "qwen3next"):   # Qwen3.5-MoE's: always renormalised
         fields.update({"num_experts": need("expert_count"),
                        "num_experts_per_tok": need("expert_used_count"),
                        "moe_intermediate_size": need("expert_feed_forward_length"),

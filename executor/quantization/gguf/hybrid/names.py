@@ -59,8 +59,14 @@ _LFM2MOE_LAYER = {
     "ffn_up_exps.weight": "feed_forward.experts.*.w3.weight",
     "ffn_down_exps.weight": "feed_forward.experts.*.w2.weight",
     "exp_probs_b.bias": "feed_forward.expert_bias"}
+# Qwen3-Next: Qwen3.5-MoE's, but b and a stay fused as the checkpoint's in_proj_ba (the
+# model loader splits it); q/k/v and z arrive already split from in_proj_qkvz.
+_QWEN3NEXT_LAYER = {
+    **{key: value for key, value in _QWEN35MOE_LAYER.items()
+       if key not in ("ssm_beta.weight", "ssm_alpha.weight")},
+    "ssm_ba.weight": "linear_attn.in_proj_ba.weight"}
 LAYER_NAMES = {"lfm2": _LFM2_LAYER, "qwen35": _QWEN35_LAYER, "qwen35moe": _QWEN35MOE_LAYER,
-               "lfm2moe": _LFM2MOE_LAYER}
+               "lfm2moe": _LFM2MOE_LAYER, "qwen3next": _QWEN3NEXT_LAYER}
 GLOBAL_NAMES = {
     "lfm2": {"token_embd.weight": "model.embed_tokens.weight",
              "token_embd_norm.weight": "model.embedding_norm.weight",   # LFM2's final norm
@@ -69,6 +75,7 @@ GLOBAL_NAMES = {
                "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}}
 GLOBAL_NAMES["qwen35moe"] = GLOBAL_NAMES["qwen35"]
 GLOBAL_NAMES["lfm2moe"] = GLOBAL_NAMES["lfm2"]
+GLOBAL_NAMES["qwen3next"] = GLOBAL_NAMES["qwen35"]
 # The tensors each kind of layer's mixer must hold (a layer holds one kind whole).
 MIXER_NEEDS = {
     "lfm2": {"attention": ("attn_q.weight", "attn_k.weight", "attn_v.weight",
@@ -83,6 +90,10 @@ MIXER_NEEDS = {
                           "ssm_norm.weight", "ssm_out.weight")}}
 MIXER_NEEDS["qwen35moe"] = MIXER_NEEDS["qwen35"]
 MIXER_NEEDS["lfm2moe"] = MIXER_NEEDS["lfm2"]
+MIXER_NEEDS["qwen3next"] = {
+    "attention": MIXER_NEEDS["qwen35"]["attention"],
+    "linear": ("attn_qkv.weight", "attn_gate.weight", "ssm_ba.weight", "ssm_conv1d.weight",
+               "ssm_dt.bias", "ssm_a", "ssm_norm.weight", "ssm_out.weight")}
 _DENSE = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 _EXPERTS = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
             "ffn_down_exps.weight")
@@ -92,10 +103,12 @@ FFN_NEEDS = {"lfm2": {"dense": _DENSE}, "qwen35": {"dense": _DENSE},
                  "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
                  "ffn_down_shexp.weight")},
              "lfm2moe": {"dense": _DENSE, "experts": _EXPERTS}}
+FFN_NEEDS["qwen3next"] = FFN_NEEDS["qwen35moe"]   # llama.cpp's has experts on every layer
 NORM_NEEDS = {"lfm2": ("attn_norm.weight", "ffn_norm.weight"),
               "qwen35": ("attn_norm.weight", "post_attention_norm.weight")}
 NORM_NEEDS["qwen35moe"] = NORM_NEEDS["qwen35"]
 NORM_NEEDS["lfm2moe"] = NORM_NEEDS["lfm2"]
+NORM_NEEDS["qwen3next"] = NORM_NEEDS["qwen35"]
 LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 

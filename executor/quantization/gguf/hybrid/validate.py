@@ -27,7 +27,7 @@ def check_hybrid_header(header: GgufHeader, arch: str, family: str) -> None:
     # Qwen3.5-MoE has no dense feed-forward to give a width
     dims["feed_forward_length"] = _count(header, f"{arch}.feed_forward_length",
                                          required=family != "qwen35moe") or 0
-    if family in ("qwen35moe", "lfm2moe"):
+    if family in ("qwen35moe", "lfm2moe", "qwen3next"):
         dims.update({key: _count(header, f"{arch}.{key}", required=True)
                      for key in _MOE_COUNTS[:3 if family == "lfm2moe" else 4]})
         if dims["expert_used_count"] > dims["expert_count"]:
@@ -148,19 +148,20 @@ def _check_shapes(tensors: dict[str, GgufTensorInfo], family: str, dims: dict[st
                        "attn_gate.weight": (hidden, inner),
                        "ssm_beta.weight": (hidden, v_heads),
                        "ssm_alpha.weight": (hidden, v_heads),
+                       "ssm_ba.weight": (hidden, 2 * v_heads),
                        "ssm_conv1d.weight": (dims["ssm.conv_kernel"], 2 * keys + inner),
                        "ssm_dt.bias": (v_heads,), "ssm_a": (v_heads,),
                        "ssm_norm.weight": (inner // v_heads,),
                        "ssm_out.weight": (inner, hidden)})
         global_shapes = {"output_norm.weight": (hidden,)}
-    if family in ("qwen35moe", "lfm2moe"):
+    if family in ("qwen35moe", "lfm2moe", "qwen3next"):
         experts, inter = dims["expert_count"], dims["expert_feed_forward_length"]
         shapes.update({"ffn_gate_inp.weight": (hidden, experts),
                        "ffn_gate_exps.weight": (hidden, inter, experts),
                        "ffn_up_exps.weight": (hidden, inter, experts),
                        "ffn_down_exps.weight": (inter, hidden, experts),
                        "exp_probs_b.bias": (experts,)})
-    if family == "qwen35moe":
+    if family in ("qwen35moe", "qwen3next"):
         shared = dims["expert_shared_feed_forward_length"]
         shapes.update({"ffn_gate_shexp.weight": (hidden, shared),
                        "ffn_up_shexp.weight": (hidden, shared),

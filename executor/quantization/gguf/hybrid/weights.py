@@ -36,24 +36,25 @@ class HybridLayout:
     v_heads: int = 0
     k_dim: int = 0
     v_dim: int = 0
+    reorders_v_heads: bool = True   # Qwen3.5's converter does, Qwen3-Next's does not
 
     @property
     def tiled(self) -> bool:
         """Whether the converter reordered the value heads."""
-        return 0 < self.k_heads != self.v_heads
+        return self.reorders_v_heads and 0 < self.k_heads != self.v_heads
 
 
 def hybrid_layout(reader: Any, arch: str, family: str) -> HybridLayout:
     if family in ("lfm2", "lfm2moe"):
         return HybridLayout(family, field(reader, f"{arch}.block_count"))
-    # Qwen3.5 and Qwen3.5-MoE
+    # Qwen3.5, Qwen3.5-MoE and Qwen3-Next
     v_heads = field(reader, f"{arch}.ssm.time_step_rank")
     return HybridLayout(
         family, field(reader, f"{arch}.block_count")
         - field(reader, f"{arch}.nextn_predict_layers", 0),
         field(reader, f"{arch}.ssm.group_count"), v_heads,
         field(reader, f"{arch}.ssm.state_size"),
-        field(reader, f"{arch}.ssm.inner_size") // v_heads)
+        field(reader, f"{arch}.ssm.inner_size") // v_heads, family != "qwen3next")
 
 
 def trunk_name(layout: HybridLayout, gguf_name: str) -> str | None:
