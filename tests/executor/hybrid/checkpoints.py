@@ -21,14 +21,16 @@ LFM2 = dict(
     layer_types=["conv", "full_attention", "conv"])
 
 
-def make_hybrid_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0) -> Path:
+def make_hybrid_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0,
+                    **overrides) -> Path:
+    """`overrides` replace config fields."""
     import torch
     import transformers as hf
 
     for file in TOKENIZER_FILES:
         if (tokenizer_dir / file).exists():
             shutil.copy(tokenizer_dir / file, path / file)
-    fields = QWEN3_5 if family == "qwen3_5" else LFM2
+    fields = {**(QWEN3_5 if family == "qwen3_5" else LFM2), **overrides}
     config_cls, model_cls = ((hf.Qwen3_5TextConfig, hf.Qwen3_5ForCausalLM)
                              if family == "qwen3_5" else (hf.Lfm2Config, hf.Lfm2ForCausalLM))
     config = config_cls(vocab_size=1024, num_hidden_layers=len(fields["layer_types"]),

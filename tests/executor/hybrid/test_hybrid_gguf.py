@@ -127,6 +127,24 @@ def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(hybrid, mon
             assert abs(kept_position[token] - logprob) < 1e-3   # test_gguf_quantized.py's
 
 
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"])
+def test_a_reordered_out_proj_of_whole_blocks_stays_quantized(quant, tmp_path, tokenizer_dir,
+                                                              monkeypatch):
+    """Value heads of 32 (whole blocks): out_proj's reordered columns move block by block,
+    kept quantized, with the dequantized file's logits."""
+    model_dir = make_hybrid_dir(tmp_path, tokenizer_dir, "qwen3_5", linear_value_head_dim=32)
+    path = write_hybrid_gguf(model_dir, tmp_path / f"model-{quant}.gguf", quant)
+    kept_values, kept = _prompt_logprobs(path, monkeypatch, keep=True)
+    float_values, _ = _prompt_logprobs(path, monkeypatch, keep=False)
+    assert "out_proj" in kept
+    for kept_position, float_position in zip(
+            [p for prompt in kept_values for p in prompt],
+            [p for prompt in float_values for p in prompt]):
+        assert kept_position.keys() == float_position.keys()
+        for token, logprob in float_position.items():
+            assert abs(kept_position[token] - logprob) < 1e-3
+
+
 def _refusal(path) -> str:
     from folio.preflight import check_model_dir
     from folio.shared.config import SettingError
