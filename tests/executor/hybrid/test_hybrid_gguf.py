@@ -169,6 +169,14 @@ def test_malformed_files_are_refused_by_name(tmp_path, hybrid):
                                     drop=("blk.2.ffn_up_exps.weight",))
         assert ("blk.2 holds no whole feed-forward: its experts feed-forward lacks "
                 "blk.2.ffn_up_exps.weight") in _refusal(missing)
+    if family == "lfm2_moe":
+        dense = write_hybrid_gguf(model_dir, tmp_path / "dense.gguf", metadata={
+            "{arch}.leading_dense_block_count": ("uint32", 2)})
+        assert (f"blk.1 holds experts but metadata {arch}.leading_dense_block_count is 2"
+                in _refusal(dense))
+        softmax = write_hybrid_gguf(model_dir, tmp_path / "softmax.gguf", metadata={
+            "{arch}.expert_gating_func": ("uint32", 1)})
+        assert f"metadata {arch}.expert_gating_func is 1" in _refusal(softmax)
     # the metadata makes layer 0 attention; its tensors are a recurrent layer's
     if qwen:
         kinds = {RECURRENT_LAYERS: ("array", [False, False, True])}

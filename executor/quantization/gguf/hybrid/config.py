@@ -43,7 +43,7 @@ def hybrid_config(reader: Any, arch: str, family: str, common: dict[str, Any]
         fields.update({"norm_topk_prob": bool(field(reader, f"{arch}.expert_weights_norm",
                                                     True)),
                        "decoder_sparse_step": 1, "mlp_only_layers": []})
-    if family in ("qwen35moe", "qwen3next"):   # Qwen3.5-MoE's: always renormalised
+    if family in ("qwen35moe", "qwen3next"):   # the experts' and the shared expert's sizes
         fields.update({"num_experts": need("expert_count"),
                        "num_experts_per_tok": need("expert_used_count"),
                        "moe_intermediate_size": need("expert_feed_forward_length"),
