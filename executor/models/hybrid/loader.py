@@ -30,6 +30,8 @@ def load_hybrid_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps
         model = HybridCausalLM(config, ops, max_positions)
     model = materialize(model, device, dtype)
     _keep_float32(model)
+    if is_gguf(model_dir):
+        _hold_stored_scales(model)
     params = dict(model.named_parameters())
     written: dict[str, int] = {}   # elements copied into each parameter
     for name, tensor in iterate_weights(model_dir):
@@ -55,10 +57,6 @@ def load_hybrid_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps
     missing = sorted(set(params) - filled)
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
-    if is_gguf(model_dir):   # a zero-centred norm's weight arrives as 1 + weight
-        for module in model.modules():
-            if isinstance(module, Norm) and module.zero_centred:
-                module.offset = 0.0
     model.init_rotary()
     return model.eval()
 
@@ -72,6 +70,16 @@ class HybridWeightNames:
         if name.startswith(_SKIPPED):
             return None
         return next((name[len(p):] for p in _STRIPPED if name.startswith(p)), name), None, None
+
+
+def _hold_stored_scales(model: torch.nn.Module) -> None:
+    """A GGUF file stores a zero-centred norm's weight as its scale 1 + weight (in float32):
+    the norm multiplies by it as it is (offset 0), kept in float32 (in bfloat16 the scale
+    would lose the weight's low bits, which 1 + weight computed in float32 keeps)."""
+    for module in model.modules():
+        if isinstance(module, Norm) and module.zero_centred:
+            module.offset = 0.0
+            module.weight = torch.nn.Parameter(module.weight.float(), requires_grad=False)
 
 
 def _keep_float32(model: torch.nn.Module) -> None:
