@@ -160,7 +160,8 @@ def test_malformed_files_are_refused_by_name(tmp_path, hybrid):
     arch = ARCH[family]
     qwen = family.startswith("qwen")
     recurrent = "ssm_a" if qwen else "shortconv.conv.weight"
-    missing = write_hybrid_gguf(model_dir, tmp_path / "missing.gguf", drop=(f"blk.2.{recurrent}",))
+    missing = write_hybrid_gguf(model_dir, tmp_path / "missing.gguf",
+                                drop=(f"blk.2.{recurrent}",))
     kind = "linear" if qwen else "conv"
     assert f"blk.2 holds no whole mixer: its {kind} mixer lacks blk.2.{recurrent}" \
         in _refusal(missing)

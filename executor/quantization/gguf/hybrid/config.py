@@ -79,7 +79,8 @@ def _lfm2moe(reader: Any, arch: str, need) -> dict[str, Any]:
         raise ValueError(f"metadata {arch}.expert_gating_func is {gating}: LFM2-MoE's "
                          "router is a sigmoid (2)")
     scale = field(reader, f"{arch}.expert_weights_scale", 1.0)
-    return {"num_experts": need("expert_count"), "num_experts_per_tok": need("expert_used_count"),
+    return {"num_experts": need("expert_count"),
+            "num_experts_per_tok": need("expert_used_count"),
             "moe_intermediate_size": need("expert_feed_forward_length"),
             "num_dense_layers": field(reader, f"{arch}.leading_dense_block_count", 0),
             "norm_topk_prob": True, "routed_scaling_factor": float32_decimal(scale),

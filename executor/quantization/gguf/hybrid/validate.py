@@ -184,7 +184,8 @@ def _check_shapes(tensors: dict[str, GgufTensorInfo], family: str, dims: dict[st
             raise GgufFormatError(f"tensor {name} has shape {list(tensor.dims)}; the "
                                   f"metadata gives {list(expected)}")
         if family in ("lfm2", "lfm2moe") and leaf in ("attn_k.weight", "attn_v.weight"):
-            other = tensors.get(name.replace(leaf[:6], "attn_v" if leaf[5] == "k" else "attn_k"))
+            pair = "attn_v" if leaf.startswith("attn_k") else "attn_k"
+            other = tensors.get(name.replace(leaf[:6], pair))
             if (len(tensor.dims) != 2 or tensor.dims[0] != hidden or tensor.dims[1] % head
                     or other is None or other.dims != tensor.dims):
                 raise GgufFormatError(f"tensor {name} has shape {list(tensor.dims)}: it "
