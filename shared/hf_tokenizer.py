@@ -30,8 +30,18 @@ def load_tokenizer(path: str | Path) -> Any:
 
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
-                                             local_files_only=True)
+        try:
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 local_files_only=True)
+        except ValueError as error:
+            if "is not supported yet" not in str(error):
+                raise
+        # transformers reads no config from this architecture's files (LFM2-MoE's): its
+        # generic class converts the tokenizer.ggml.* metadata all the same
+        from transformers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 local_files_only=True)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory {path} does not exist")
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):

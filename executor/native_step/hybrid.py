@@ -54,7 +54,7 @@ def hybrid_layers_reason(model: HybridCausalLM) -> str | None:
     subclass or a wrapper may compute something else."""
     if model.config.moe is not None:
         return "MoE layers"
-    eps = set()
+    eps, offsets = set(), set()
     for layer in model.layers:
         mixer = layer.mixer
         if type(mixer) not in _MIXERS:
@@ -78,8 +78,12 @@ def hybrid_layers_reason(model: HybridCausalLM) -> str | None:
         if reason is not None:
             return reason
         eps.update(norm.eps for norm in _norms(layer))
+        offsets.update(norm.offset for norm in _norms(layer)
+                       if type(norm) is Norm and norm.zero_centred)
     if len(eps) > 1:
         return "norms with different eps"
+    if len(offsets) > 1:
+        return "zero-centred norms with different offsets"
     return None
 
 
@@ -106,7 +110,8 @@ def build_hybrid_step(model: HybridCausalLM) -> torch.ScriptObject:
     native = torch.classes.folio.HybridStep(
         qwen, config.num_heads, config.num_kv_heads, config.head_dim,
         config.rotary_dim or config.head_dim, float(model.layers[0].norms[0].eps),
-        float(config.head_dim ** -0.5), model.cos_sin, delta)
+        float(model.layers[0].norms[0].offset), float(config.head_dim ** -0.5),
+        model.cos_sin, delta)
     for layer in model.layers:
         native.add_layer(_MIXERS[type(layer.mixer)],
                          [norm.weight.detach() for norm in layer.norms],

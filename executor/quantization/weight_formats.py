@@ -37,6 +37,10 @@ def apply_weight_format(model: nn.Module, config: EngineConfig, model_config: Mo
     num_params = sum(p.numel() for p in model.parameters())
     int8_activations = config.quantized_activations == "int8"
     weight_names = ARCHITECTURES[model_config.architecture].weights
+    if model_config.hybrid is not None:   # its modules carry the checkpoint's names
+        from folio.executor.models.hybrid.loader import HybridWeightNames
+
+        weight_names = HybridWeightNames
     if model_config.prequantized is not None:
         if device.type != "cpu" or tp is not None:
             raise ValueError("a pre-quantized checkpoint runs on the CPU executor only, "

@@ -3,8 +3,10 @@
 // decode-only step (one token per sequence) in one call from Python:
 //
 //   torch.classes.folio.HybridStep(qwen, num_heads, num_kv_heads, head_dim, rotary_dim,
-//                                  eps, scale, cos_sin, delta_shape)
+//                                  eps, norm_offset, scale, cos_sin, delta_shape)
 //     qwen: Qwen3.5's zero-centred norms and sigmoid-gated attention (else LFM2's);
+//     norm_offset: what the zero-centred norms add to their weight (layers.py Norm.offset:
+//     1, or 0 where a GGUF file gave the scale 1 + w itself);
 //     delta_shape: [k_heads, v_heads, k_dim, v_dim] of the Gated DeltaNet layers ([] LFM2)
 //     .add_layer(kind, norms, tensors)   kind 0 attention, 1 gated delta, 2 short conv;
 //         norms = [before the mixer, before the MLP]; tensors: attention [q_norm, k_norm],
@@ -67,10 +69,11 @@ using ConvSig = void(Tensor, Tensor, Tensor, Tensor, std::optional<Tensor>, Tens
 class HybridStep : public torch::CustomClassHolder {
  public:
   HybridStep(bool qwen, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-             int64_t rotary_dim, double eps, double scale, Tensor cos_sin,
-             std::vector<int64_t> delta_shape)
+             int64_t rotary_dim, double eps, double norm_offset, double scale,
+             Tensor cos_sin, std::vector<int64_t> delta_shape)
       : qwen_(qwen), heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim),
-        rotary_dim_(rotary_dim), eps_(eps), scale_(scale), cos_sin_(std::move(cos_sin)),
+        rotary_dim_(rotary_dim), eps_(eps), norm_offset_(norm_offset), scale_(scale),
+        cos_sin_(std::move(cos_sin)),
         rotary_(handle<RotarySig>("folio::rotary")),
         paged_attention_(handle<AttentionSig>("folio::paged_attention")),
         gated_delta_step_(handle<DeltaSig>("folio::gated_delta_step")),
@@ -166,12 +169,12 @@ class HybridStep : public torch::CustomClassHolder {
            static_cast<int64_t>(layers_.back().linears.size()) == linears_of(layers_.back().kind);
   }
 
-  // layers.py Norm: RMSNorm in float32; Qwen3.5's (1 + w) rounded once at the end, LFM2's
+  // layers.py Norm: RMSNorm in float32; Qwen3.5's (offset + w) rounded once at the end, LFM2's
   // w times the normed value rounded to the dtype.
   Tensor norm(const Tensor& x, const Tensor& weight) const {
     Tensor xf = x.to(at::kFloat);
     Tensor normed = xf * at::rsqrt(xf.pow(2).mean({-1}, true) + eps_);
-    if (qwen_) return (normed * (weight.to(at::kFloat) + 1.0)).to(x.scalar_type());
+    if (qwen_) return (normed * (weight.to(at::kFloat) + norm_offset_)).to(x.scalar_type());
     return weight * normed.to(x.scalar_type());
   }
 
@@ -270,7 +273,7 @@ class HybridStep : public torch::CustomClassHolder {
   bool qwen_;
   int64_t heads_, kv_heads_, head_dim_, rotary_dim_;
   int64_t k_heads_ = 0, v_heads_ = 0, k_dim_ = 0, v_dim_ = 0;
-  double eps_, scale_;
+  double eps_, norm_offset_, scale_;
   Tensor cos_sin_;
   std::vector<Layer> layers_;
   int64_t attention_layers_ = 0, recurrent_layers_ = 0, delta_layers_ = 0;
@@ -286,8 +289,8 @@ class HybridStep : public torch::CustomClassHolder {
 
 TORCH_LIBRARY_FRAGMENT(folio, m) {
   m.class_<HybridStep>("HybridStep")
-      .def(torch::init<bool, int64_t, int64_t, int64_t, int64_t, double, double, Tensor,
-                       std::vector<int64_t>>())
+      .def(torch::init<bool, int64_t, int64_t, int64_t, int64_t, double, double, double,
+                       Tensor, std::vector<int64_t>>())
       .def("add_layer", &HybridStep::add_layer)
       .def("add_linear", &HybridStep::add_linear)
       .def("num_layers", &HybridStep::num_layers)

@@ -5,7 +5,6 @@ the state in its tokens per GiB."""
 from __future__ import annotations
 
 from folio.executor.model_config import ModelConfig
-from folio.executor.quantization.gguf.file import is_gguf
 from folio.shared.config import EngineConfig
 
 
@@ -16,7 +15,6 @@ def unsupported(config: EngineConfig, model: ModelConfig, tensor_parallel: bool 
         (tensor_parallel or config.tensor_parallel_size > 1, "tensor_parallel_size",
          "tensor parallelism"),
         (config.enable_lora, "enable_lora", "LoRA adapters"),
-        (is_gguf(config.model), "model", "a GGUF file"),
         (model.prequantized is not None, "model", "a pre-quantized checkpoint"),
     ]
     for hit, setting, what in refused:

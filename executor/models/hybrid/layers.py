@@ -18,18 +18,21 @@ from folio.executor.ops import AttentionInputs, KernelOps
 
 class Norm(nn.Module):
     """RMSNorm in float32: weight * x (LFM2, rounded to the dtype first) or (1 + weight) * x
-    (Qwen3.5, zero-centred, rounded once at the end)."""
+    (Qwen3.5, zero-centred, rounded once at the end). `offset` is the 1 of a zero-centred
+    norm: 0 where the weight was loaded as the scale itself (a GGUF file stores 1 + weight,
+    and weight = scale - 1 is not exact in float32 for every scale)."""
 
     def __init__(self, size: int, eps: float, zero_centred: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(size) if zero_centred else torch.ones(size))
         self.eps = eps
         self.zero_centred = zero_centred
+        self.offset = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
         if self.zero_centred:
-            return (normed * (1.0 + self.weight.float())).to(x.dtype)
+            return (normed * (self.offset + self.weight.float())).to(x.dtype)
         return self.weight * normed.to(x.dtype)
 
 

@@ -51,7 +51,6 @@ def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         "num_attention_heads": heads,
         "num_key_value_heads": field(reader, f"{arch}.attention.head_count_kv", heads),
         "head_dim": field(reader, f"{arch}.attention.key_length") or hidden // heads,
-        "intermediate_size": need("feed_forward_length"),
         "rms_norm_eps": float32_decimal(need("attention.layer_norm_rms_epsilon")),
         "max_position_embeddings": need("context_length"),
         "rope_theta": float32_decimal(field(reader, f"{arch}.rope.freq_base", 10000.0)),
@@ -59,9 +58,17 @@ def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "torch_dtype": _TORCH_DTYPES.get(embed.tensor_type.name, "float32"),
     }
-    rope = _rope_parameters(reader, arch, tensors, raw["rope_theta"], raw["head_dim"])
-    if rope:
-        raw["rope_scaling"] = rope
+    # Qwen3.5-MoE has no dense MLP (hf_config.py takes the width one token runs through).
+    if spec.hybrid != "qwen35moe" or field(reader, f"{arch}.feed_forward_length") is not None:
+        raw["intermediate_size"] = need("feed_forward_length")
+    if spec.hybrid is not None:   # executor/quantization/gguf/hybrid/config.py
+        from folio.executor.quantization.gguf.hybrid.config import hybrid_config
+
+        raw.update(hybrid_config(reader, arch, spec.hybrid, raw))
+    else:
+        rope = _rope_parameters(reader, arch, tensors, raw["rope_theta"], raw["head_dim"])
+        if rope:
+            raw["rope_scaling"] = rope
     # llama.cpp stops on every end-of-generation token: eos and, for chat models, eot.
     eos = [field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]
     generation = {"eos_token_id": list(dict.fromkeys(int(t) for t in eos if t is not None))}

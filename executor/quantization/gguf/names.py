@@ -10,14 +10,23 @@ from dataclasses import dataclass
 class GgufArchitecture:
     hf_name: str            # the config.json architecture it reads as
     permuted_qk: bool       # llama.cpp's converter reorders q and k rows for its rope
+    hybrid: str | None = None   # a hybrid family, read by executor/quantization/gguf/hybrid/
 
 
 # The architectures whose GGUF tensors map one to one onto Folio's parameters; llama.cpp's
-# converter changes others (Gemma's norms carry +1, Phi-3 fuses q/k/v).
+# converter changes others (Gemma's norms carry +1, Phi-3 fuses q/k/v). The two hybrid
+# families are the exception: their converter's changes are undone (gguf/hybrid/).
 GGUF_ARCHITECTURES = {
     "llama": GgufArchitecture("LlamaForCausalLM", permuted_qk=True),
     "qwen2": GgufArchitecture("Qwen2ForCausalLM", permuted_qk=False),
     "qwen3": GgufArchitecture("Qwen3ForCausalLM", permuted_qk=False),
+    "lfm2": GgufArchitecture("Lfm2ForCausalLM", permuted_qk=False, hybrid="lfm2"),
+    "qwen35": GgufArchitecture("Qwen3_5ForCausalLM", permuted_qk=False, hybrid="qwen35"),
+    "qwen35moe": GgufArchitecture("Qwen3_5MoeForCausalLM", permuted_qk=False,
+                                  hybrid="qwen35moe"),
+    "lfm2moe": GgufArchitecture("Lfm2MoeForCausalLM", permuted_qk=False, hybrid="lfm2moe"),
+    "qwen3next": GgufArchitecture("Qwen3NextForCausalLM", permuted_qk=False,
+                                  hybrid="qwen3next"),
 }
 
 # Tensors that are configuration, read by executor/quantization/gguf/config.py, not weights.

@@ -103,6 +103,9 @@ def iterate_kept_weights(path: str | Path) -> Iterator[tuple[str, QuantizedWeigh
     Hugging Face's order."""
     reader = open_gguf(path)
     arch, spec = gguf_architecture(reader)
+    if spec.hybrid is not None:
+        yield from _hybrid_kept_weights(reader, arch, spec.hybrid)
+        return
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     for tensor in reader.tensors:
@@ -120,6 +123,51 @@ def iterate_kept_weights(path: str | Path) -> Iterator[tuple[str, QuantizedWeigh
                     np.ascontiguousarray(unpermute_rows(part.numpy(), count)))
                 for part in (weight.data, weight.scales, weight.mins)))
         yield name, weight
+
+
+def _hybrid_kept_weights(reader, arch: str, family: str
+                         ) -> Iterator[tuple[str, QuantizedWeight]]:
+    """A hybrid file's kept tensors, rows put back in Hugging Face's order
+    (gguf/hybrid/weights.py); out_proj's value-head columns too where each head is whole
+    blocks (its blocks run along the columns), else it stays float."""
+    from folio.executor.quantization.gguf.hybrid.weights import (column_order, hybrid_layout,
+                                                                  row_order, trunk_name)
+
+    layout = hybrid_layout(reader, arch, family)
+    for tensor in reader.tensors:
+        type_name = tensor.tensor_type.name
+        if type_name not in KEPT_TYPES or len(tensor.shape) != 2:
+            continue
+        name = trunk_name(layout, tensor.name)
+        reordered = name is not None and column_order(layout, name) is not None
+        if name is None or (reordered and layout.v_dim % 32):
+            continue
+        weight = quantized_weight(tensor.data.reshape(int(tensor.shape[1]), -1), type_name)
+        if reordered:
+            weight = _grouped_columns(weight, layout)
+        rows = row_order(layout, name)
+        if rows is not None:
+            weight = QuantizedWeight(weight.bits, *(
+                None if part is None else part[torch.from_numpy(rows)].contiguous()
+                for part in (weight.data, weight.scales, weight.mins)))
+        yield name, weight
+
+
+def _grouped_columns(weight: QuantizedWeight, layout) -> QuantizedWeight:
+    """out_proj's columns, one value head of whole 32-value blocks each, back in grouped
+    order: the int8 values (or packed int4 bytes, 16 a block) and each block's scale and
+    min move with their head."""
+    from folio.executor.quantization.gguf.hybrid.weights import grouped_order
+
+    def moved(part: torch.Tensor | None, unit: int) -> torch.Tensor | None:
+        if part is None:
+            return None
+        return part[:, torch.from_numpy(grouped_order(layout, unit))].contiguous()
+
+    data_unit = layout.v_dim // 2 if weight.bits == 4 else layout.v_dim
+    block_unit = layout.v_dim // weight.group
+    return QuantizedWeight(weight.bits, moved(weight.data, data_unit),
+                           moved(weight.scales, block_unit), moved(weight.mins, block_unit))
 
 
 def keep_gguf_quantized(model: nn.Module, path: str | Path, weight_names, native: bool,

@@ -29,6 +29,11 @@ def check_gguf_header(header: GgufHeader, architectures) -> None:
     arch = _string(header, "general.architecture", required=True)
     if arch not in architectures:
         return
+    if architectures[arch].hybrid is not None:   # its own layers (gguf/hybrid/validate.py)
+        from folio.executor.quantization.gguf.hybrid.validate import check_hybrid_header
+
+        check_hybrid_header(header, arch, architectures[arch].hybrid)
+        return
     dims = _model_dims(header, arch)
     tensors = {tensor.name: tensor for tensor in header.tensors}
     _check_names(tensors, arch)

@@ -20,6 +20,11 @@ def iterate_gguf_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]
 
     reader = open_gguf(path)
     arch, spec = gguf_architecture(reader)
+    if spec.hybrid is not None:   # the converter's transforms undone (gguf/hybrid/)
+        from folio.executor.quantization.gguf.hybrid.weights import iterate_hybrid_weights
+
+        yield from iterate_hybrid_weights(reader, arch, spec.hybrid)
+        return
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     for tensor in reader.tensors:

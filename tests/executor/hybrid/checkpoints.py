@@ -30,13 +30,13 @@ def make_hybrid_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0,
     for file in TOKENIZER_FILES:
         if (tokenizer_dir / file).exists():
             shutil.copy(tokenizer_dir / file, path / file)
-    fields = QWEN3_5 if family == "qwen3_5" else LFM2
+    fields = {**(QWEN3_5 if family == "qwen3_5" else LFM2), **overrides}
     config_cls, model_cls = ((hf.Qwen3_5TextConfig, hf.Qwen3_5ForCausalLM)
                              if family == "qwen3_5" else (hf.Lfm2Config, hf.Lfm2ForCausalLM))
     config = config_cls(vocab_size=1024, num_hidden_layers=len(fields["layer_types"]),
                         max_position_embeddings=1024, tie_word_embeddings=False,
                         initializer_range=0.1, bos_token_id=None, eos_token_id=0,
-                        pad_token_id=0, **{**fields, **overrides})
+                        pad_token_id=0, **fields)
     torch.manual_seed(seed)
     model = model_cls(config)
     with torch.no_grad():   # norms start constant: perturbed, so a misplaced one shows

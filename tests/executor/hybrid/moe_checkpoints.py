@@ -34,16 +34,19 @@ FAMILIES = {
 }
 
 
-def make_moe_model(family: str, seed: int = 0):
-    """The transformers model itself, its weights random (norms and expert biases too)."""
+def make_moe_model(family: str, seed: int = 0, **overrides):
+    """The transformers model itself, its weights random (norms and expert biases too);
+    `overrides` replace config fields."""
     import torch
     import transformers as hf
 
     config_name, model_name, fields = FAMILIES[family]
-    config = getattr(hf, config_name)(
-        vocab_size=1024, num_hidden_layers=len(fields["layer_types"]),
-        max_position_embeddings=1024, tie_word_embeddings=False, initializer_range=0.1,
-        bos_token_id=None, eos_token_id=0, pad_token_id=0, **fields)
+    fields = {**fields, **overrides}
+    config = getattr(hf, config_name)(**{
+        "vocab_size": 1024, "num_hidden_layers": len(fields["layer_types"]),
+        "max_position_embeddings": 1024, "tie_word_embeddings": False,
+        "initializer_range": 0.1, "bos_token_id": None, "eos_token_id": 0,
+        "pad_token_id": 0, **fields})
     torch.manual_seed(seed)
     model = getattr(hf, model_name)(config)
     with torch.no_grad():   # constant at start: perturbed, so a misplaced one shows
@@ -61,7 +64,9 @@ def copy_tokenizer(path: Path, tokenizer_dir: Path) -> None:
             shutil.copy(tokenizer_dir / file, path / file)
 
 
-def make_moe_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0) -> Path:
+def make_moe_dir(path: Path, tokenizer_dir: Path, family: str, seed: int = 0,
+                 **overrides) -> Path:
     copy_tokenizer(path, tokenizer_dir)
-    make_moe_model(family, seed).save_pretrained(str(path), safe_serialization=True)
+    make_moe_model(family, seed, **overrides).save_pretrained(str(path),
+                                                               safe_serialization=True)
     return path

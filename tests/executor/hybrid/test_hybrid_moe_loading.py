@@ -128,20 +128,6 @@ def test_the_dense_qwen3_5_wrapper_is_read_as_its_text_model(tmp_path):
         read_model_config(tmp_path)
 
 
-@pytest.mark.parametrize("architecture", ["qwen3next", "qwen35moe", "lfm2moe"])
-def test_a_gguf_of_them_is_refused_by_name(tmp_path, architecture):
-    from folio.preflight import check_model_dir
-    from folio.shared.config import SettingError
-    from tests.executor.quantization.gguf_files import tiny_metadata, tiny_tensors, write_gguf
-
-    metadata = {key.replace("llama.", f"{architecture}."): value
-                for key, value in tiny_metadata().items()}
-    path = write_gguf(tmp_path / "model.gguf", metadata, tiny_tensors(), architecture)
-    with pytest.raises(SettingError) as info:
-        check_model_dir(str(path))
-    assert f"unsupported GGUF architecture {architecture!r}" in str(info.value)
-
-
 def test_what_the_moe_hybrids_cannot_run_with_is_refused_by_name(saved):
     from folio.preflight import check_engine
     from folio.shared.config import EngineConfig, SettingError

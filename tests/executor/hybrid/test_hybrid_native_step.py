@@ -165,6 +165,29 @@ def test_decode_steps_match_the_python_layers(family, dtype, checkpoints):
     _check_decode_steps(model, step, dtype, "auto", seed=1)
 
 
+def test_norms_holding_their_scale_match_the_python_layers(checkpoints):
+    """A Qwen3.5 GGUF file stores each zero-centred norm's scale 1 + w, and the model keeps
+    it with Norm.offset 0 (executor/quantization/gguf/hybrid/): the native step adds the
+    same offset. The norms are made so here, then the step is built."""
+    from folio.executor.models.hybrid.layers import Norm
+
+    path = checkpoints("qwen3_5")
+    ops = select_ops("cpu", CPU)
+    model = load_model(path, read_model_config(path), ops, torch.float32, CPU, MAX_POSITIONS)
+    pack_linears(model, CPU, torch.float32, "auto", "none", int8_activations=True)
+    scaled = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module) is Norm and module.zero_centred:
+                module.weight.add_(1.0)
+                module.offset = 0.0
+                scaled += 1
+    assert scaled > 2 * len(model.layers)
+    step = select_decode_step(model, "auto", ops, CPU, torch.float32)
+    assert step is not None
+    _check_decode_steps(model, step, torch.float32, "auto", seed=3)
+
+
 # Linear kinds beside the default packed ones (oneDNN in bfloat16 where Folio's BF16 tiles
 # would serve), and KV cache types.
 LINEARS_AND_CACHES = [("torch", "auto", torch.float32), ("int8", "auto", torch.float32),
