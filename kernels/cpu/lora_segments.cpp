@@ -9,7 +9,9 @@
 // span rows are (0, 0, 0, 0).
 // Two passes, each parallel over groups x blocks of 8 rows (the second also over blocks of
 // 256 output columns): t = A_s x for the ranks the spans read (float32, a scratch buffer),
-// then out += t B_s^T, each B row read once per row block and added to the block's rows.
+// then out += t B_s^T, a register of columns at a time with the block's rows' sums held in
+// registers across the ranks (each B register loaded once per row block). A small call (a
+// decode step's) runs on the calling thread alone.
 // float32 or bfloat16 (one dtype for x, out, a and bt), summed in float32, rounded once.
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -29,6 +31,7 @@ using namespace folio_cpu;
 
 constexpr int64_t kRowBlock = 8;
 constexpr int64_t kColBlock = 256;
+constexpr int64_t kSerialWork = int64_t{1} << 23;   // rows x rank x (in + out)
 
 struct Block {
   int64_t slot, begin, end;   // positions in `rows`
@@ -65,6 +68,59 @@ inline void widen(float* to, const T* from, int64_t n) {
 }
 
 template <typename T>
+inline Vec load_row(const T* p) { return load_vec(p); }   // float32 or bfloat16, widened
+
+template <typename T>
+inline void store_row(T* p, const Vec& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(p, &v, sizeof v);
+  } else {
+    for (int l = 0; l < kLanes; ++l) p[l] = static_cast<T>(v[l]);   // round to nearest even
+  }
+}
+
+// dst[m][lo:hi] += sum_{k0 <= k < k1} t[m * rank + k] * bt[k * size_out + lo:hi] for N rows:
+// a register of columns at a time, the N rows' sums held in registers across the ranks, so
+// each B register is loaded once for the N rows.
+template <int N, typename T>
+void add_span(T* const* dst, const float* t, int64_t rank, const T* bt, int64_t size_out,
+              int64_t k0, int64_t k1, int64_t lo, int64_t hi) {
+  int64_t o = lo;
+  for (; o + kLanes <= hi; o += kLanes) {
+    Vec acc[N];
+    for (int m = 0; m < N; ++m) acc[m] = load_row(dst[m] + o);
+    for (int64_t k = k0; k < k1; ++k) {
+      const Vec bv = load_row(bt + k * size_out + o);
+      for (int m = 0; m < N; ++m) acc[m] += t[m * rank + k] * bv;
+    }
+    for (int m = 0; m < N; ++m) store_row(dst[m] + o, acc[m]);
+  }
+  for (; o < hi; ++o) {
+    for (int m = 0; m < N; ++m) {
+      float sum = load(dst[m][o]);
+      for (int64_t k = k0; k < k1; ++k) sum += t[m * rank + k] * load(bt[k * size_out + o]);
+      dst[m][o] = static_cast<T>(sum);
+    }
+  }
+}
+
+template <typename T>
+void add_span_rows(int64_t n, T* const* dst, const float* t, int64_t rank, const T* bt,
+                   int64_t size_out, int64_t k0, int64_t k1, int64_t lo, int64_t hi) {
+  static_assert(kRowBlock == 8, "one case per row count of a block");
+  switch (n) {
+    case 1: return add_span<1>(dst, t, rank, bt, size_out, k0, k1, lo, hi);
+    case 2: return add_span<2>(dst, t, rank, bt, size_out, k0, k1, lo, hi);
+    case 3: return add_span<3>(dst, t, rank, bt, size_out, k0, k1, lo, hi);
+    case 4: return add_span<4>(dst, t, rank, bt, size_out, k0, k1, lo, hi);
+    case 5: return add_span<5>(dst, t, rank, bt, size_out, k0, k1, lo, hi);
+    case 6: return add_span<6>(dst, t, rank, bt, size_out, k0, k1, lo, hi);
+    case 7: return add_span<7>(dst, t, rank, bt, size_out, k0, k1, lo, hi);
+    default: return add_span<8>(dst, t, rank, bt, size_out, k0, k1, lo, hi);
+  }
+}
+
+template <typename T>
 void run(Tensor& out, const Tensor& x, const Tensor& a, const Tensor& bt, const int64_t* spans,
          int64_t num_spans, const int64_t* rows, const std::vector<Block>& blocks,
          int64_t num_rows) {
@@ -84,8 +140,13 @@ void run(Tensor& out, const Tensor& x, const Tensor& a, const Tensor& bt, const 
   };
   std::vector<float> t(num_rows * rank);
   const int64_t count = static_cast<int64_t>(blocks.size());
+  // A decode step's call is a few million multiply-adds (well under a millisecond on one
+  // core): run inline, since a parallel region per pass waits for its slowest thread, and a
+  // loaded machine deschedules one often (240 regions a step for a 30-layer model).
+  const bool inline_only = num_rows * rank * (size_in + size_out) < kSerialWork;
+  auto grain = [&](int64_t items) { return inline_only ? std::max<int64_t>(items, 1) : 1; };
   // Pass 1: t[m, k] = A_s[k] . x[rows[m]].
-  at::parallel_for(0, count, 1, [&](int64_t first, int64_t last) {
+  at::parallel_for(0, count, grain(count), [&](int64_t first, int64_t last) {
     std::vector<float> xb(kRowBlock * size_in), ak(size_in);
     for (int64_t i = first; i < last; ++i) {
       const Block& b = blocks[i];
@@ -112,39 +173,21 @@ void run(Tensor& out, const Tensor& x, const Tensor& a, const Tensor& bt, const 
   });
   // Pass 2: out[rows[m], o] += sum_k t[m, k] bt_s[k, o], per block of output columns.
   const int64_t col_blocks = (size_out + kColBlock - 1) / kColBlock;
-  at::parallel_for(0, count * col_blocks, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> acc(kRowBlock * kColBlock), bk(kColBlock);
+  at::parallel_for(0, count * col_blocks, grain(count * col_blocks), [&](int64_t first,
+                                                                        int64_t last) {
+    T* dst[kRowBlock];
     for (int64_t i = first; i < last; ++i) {
       const Block& b = blocks[i / col_blocks];
       const int64_t c0 = (i % col_blocks) * kColBlock;
       const int64_t c1 = std::min(size_out, c0 + kColBlock);
+      const int64_t n = b.end - b.begin;
+      for (int64_t m = 0; m < n; ++m) dst[m] = op + rows[b.begin + m] * os;
       for (int64_t j = 0; j < num_spans; ++j) {
         const int64_t* s = span(b.slot, j);
-        const int64_t lo = std::max(c0, s[0]), hi = std::min(c1, s[1]), width = hi - lo;
-        if (width <= 0 || s[2] >= s[3]) continue;
-        for (int64_t m = b.begin; m < b.end; ++m)
-          widen(acc.data() + (m - b.begin) * kColBlock, op + rows[m] * os + lo, width);
-        for (int64_t k = s[2]; k < s[3]; ++k) {
-          const T* row = bp + (b.slot * rank + k) * size_out + lo;
-          const float* bv;
-          if constexpr (std::is_same_v<T, float>) {
-            bv = row;
-          } else {
-            widen(bk.data(), row, width);
-            bv = bk.data();
-          }
-          for (int64_t m = b.begin; m < b.end; ++m) {
-            const float tk = t[m * rank + k];
-            float* am = acc.data() + (m - b.begin) * kColBlock;
-#pragma omp simd
-            for (int64_t o = 0; o < width; ++o) am[o] += tk * bv[o];
-          }
-        }
-        for (int64_t m = b.begin; m < b.end; ++m) {
-          const float* am = acc.data() + (m - b.begin) * kColBlock;
-          T* dst = op + rows[m] * os + lo;
-          for (int64_t o = 0; o < width; ++o) dst[o] = static_cast<T>(am[o]);
-        }
+        const int64_t lo = std::max(c0, s[0]), hi = std::min(c1, s[1]);
+        if (hi <= lo || s[2] >= s[3]) continue;
+        add_span_rows(n, dst, t.data() + b.begin * rank, rank, bp + b.slot * rank * size_out,
+                      size_out, s[2], s[3], lo, hi);
       }
     }
   });

@@ -84,6 +84,16 @@ def test_matches_float64_with_base_rows_and_any_order(dtype, size_in, slices, ad
     assert base and torch.equal(got[base].double(), want[base])   # untouched, exactly
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prefill_sized_call_runs_parallel_and_matches(dtype):
+    # Over 2^23 rows x R x (in + out): the passes run parallel over row and column blocks.
+    adapters = {"a": [16, 16, 16], "b": [9, 0, 16], "c": [2, 2, 2]}
+    assignment = [["a", "b", "c", None][(i * 3) % 4] for i in range(800)]
+    got, want = _run(dtype, 100, [100, 50, 50], adapters, assignment, 16, slots=3)
+    assert 600 * 48 * 300 > 1 << 23
+    torch.testing.assert_close(got.double(), want, **TOLERANCE[dtype])
+
+
 def test_empty_groups_and_no_rows_change_nothing():
     adapters = {"a": [4], "b": [2]}
     got, want = _run(torch.float32, 19, [23], adapters, [None, "b", None], 4, slots=2)
