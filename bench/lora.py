@@ -1,7 +1,8 @@
-"""LoRA on CPU (docs/lora.md): the grouped low-rank matmuls against the gathered batched
-form, and an engine's output tokens/s with adapters mixed in against the base model.
+"""LoRA on CPU (docs/lora.md): the C++ segmented operator and the grouped low-rank matmuls
+against the gathered batched form, and an engine's output tokens/s with adapters mixed in
+against the base model.
 
-    python -m bench.lora kernel                     # grouped vs torch.bmm, one projection
+    python -m bench.lora kernel                     # C++, grouped, bmm: one projection
     python -m bench.lora engine --model /tmp/smol/f32 --adapters 8 --rank 16 --requests 32
 
 The machine is shared: run briefly, and write `uptime`'s load beside each figure.
@@ -48,6 +49,29 @@ def gathered(x, out, a_stack, b_stack, ids):
     return out + torch.bmm(b_tok, low).squeeze(2)
 
 
+def cpp_segments(pairs, groups, max_rank):
+    """The C++ operator's call (kernels/cpu/lora_segments.cpp) on slots holding `pairs`, or
+    None when the CPU operators are not built."""
+    from folio.executor.lora.adapter import LoraWeights
+    from folio.executor.lora.cpu_pools import LoraCpuPools
+    from folio.kernels import cpu_attention
+    from folio.kernels.cpu_lora import lora_segments_cpu
+
+    if not cpu_attention.load().ok:
+        return None
+    pools = LoraCpuPools(len(pairs), max_rank, pairs[0][0].dtype)
+    for slot, pair in enumerate(pairs):
+        pools.put(slot, LoraWeights(f"a{slot}", "", max_rank, {"m.0.m": pair}))
+    pool = pools.modules["m.0.m"]
+    rows = torch.cat(groups)
+    table, at = [], 0
+    for slot, g in enumerate(groups):
+        table.append((slot, at, len(g)))
+        at += len(g)
+    table = torch.tensor(table, dtype=torch.int64)
+    return lambda x, out: lora_segments_cpu(x, out, pool.a, pool.bt, pool.spans, rows, table)
+
+
 def _time(fn, repeat: int) -> float:
     """The fastest of `repeat` calls, in ms: the least disturbed by a shared machine."""
     fn()
@@ -75,16 +99,21 @@ def kernel(args) -> None:
             groups = [torch.nonzero(ids == i).flatten() for i in range(count)]
             pairs = [(a_stack[i], b_stack[i]) for i in range(count)]
             step = folio_step(pairs, groups)
+            cpp = cpp_segments(pairs, groups, rank)
             base = _time(lambda: x @ weight.t(), args.repeat)
             g = _time(lambda: add_lora(x, x @ weight.t(), "m", step), args.repeat)
             p = _time(lambda: per_adapter(x, x @ weight.t(), pairs, groups), args.repeat)
             b = _time(lambda: gathered(x, x @ weight.t(), a_stack, b_stack, ids), args.repeat)
+            c = None if cpp is None else _time(lambda: cpp(x, x @ weight.t()), args.repeat)
             want = gathered(x, x @ weight.t(), a_stack, b_stack, ids)
             for got in (add_lora(x, x @ weight.t(), "m", step),
-                        per_adapter(x, x @ weight.t(), pairs, groups)):
+                        per_adapter(x, x @ weight.t(), pairs, groups),
+                        *([] if cpp is None else [cpp(x, x @ weight.t())])):
                 assert torch.allclose(got, want, atol=1e-4)
             print(json.dumps({"tokens": tokens, "adapters": count, "rank": rank,
-                              "base_ms": round(base, 3), "grouped_ms": round(g, 3),
+                              "base_ms": round(base, 3),
+                              "cpp_ms": None if c is None else round(c, 3),
+                              "grouped_ms": round(g, 3),
                               "per_adapter_ms": round(p, 3), "bmm_ms": round(b, 3)}))
 
 

@@ -329,15 +329,21 @@ class Executor:
         config = self.config
         if not config.enable_lora:
             return None
+        from folio.executor.lora.cpu_pools import native_lora_unavailable
         from folio.executor.lora.registry import LoraRegistry
         from folio.executor.lora.tensor_parallel import shard_adapter
 
         tp = self.tp
+        why_not = native_lora_unavailable(self.device, self.dtype)
+        if self.device.type == "cpu":
+            log.info("LoRA: %s", "the C++ segmented operator, one call per projection"
+                     if why_not is None else f"torch matmuls per adapter ({why_not})")
         registry = LoraRegistry(self.model, tp.full if tp is not None else self.model_config,
                                 ARCHITECTURES[self.model_config.architecture].weights,
                                 self.device, self.dtype, config.max_loras,
                                 config.max_lora_rank, config.lora_capacity,
                                 segmented=self.device.type == "cuda",
+                                native=why_not is None,
                                 shard=None if tp is None else lambda w: shard_adapter(w, tp))
         for name, path in config.lora_paths.items():
             registry.load(name, path)

@@ -9,7 +9,9 @@ gathered batched form (every token's A and B gathered, then torch.bmm), the grou
 faster at every mix tried (bench/lora.py, docs/benchmarks.md). A step with no adapter row
 leaves `groups` empty and each layer runs its base linear alone. On CUDA the adapters sit in
 device slot pools (executor/lora/slot_pools.py) and each projection runs the segmented
-kernel (kernels/triton_lora.py): two launches whatever the number of adapters.
+kernel (kernels/triton_lora.py): two launches whatever the number of adapters. On CPU with
+the C++ operators built, they sit in host slots (executor/lora/cpu_pools.py) and each
+projection makes one call of the C++ segmented operator (kernels/cpu/lora_segments.cpp).
 """
 
 from __future__ import annotations
@@ -27,18 +29,29 @@ class LoraStep:
     slices are of the batch itself (each adapter's rows contiguous); else the slices are of
     the batch's rows gathered in this order (each adapter's rows together), so each layer
     gathers once and scatters once whatever the number of adapters. `segments`: on the
-    segmented kernel's path, (rows, blocks, pools) for kernels/triton_lora.py, else None."""
+    segmented kernel's path, (rows, blocks, pools) for kernels/triton_lora.py, else None.
+    `cpu_segments`: on the C++ operator's path, (rows, groups, pools) for
+    kernels/cpu_lora.py, else None."""
 
-    __slots__ = ("groups", "rows", "segments")
+    __slots__ = ("groups", "rows", "segments", "cpu_segments")
 
     def __init__(self) -> None:
         self.groups: list[tuple[LoraWeights | None, slice]] = []
         self.rows: torch.Tensor | None = None
         self.segments: tuple | None = None
+        self.cpu_segments: tuple | None = None
 
 
 def add_lora(x: torch.Tensor, out: torch.Tensor, path: str, step: LoraStep) -> torch.Tensor:
     """out += B (A x) on each adapter's rows, for the module at `path` (in place)."""
+    if step.cpu_segments is not None:
+        from folio.kernels.cpu_lora import lora_segments_cpu
+
+        rows, groups, pools = step.cpu_segments
+        pool = pools.modules.get(path)
+        if pool is None:   # no adapter loaded so far changes this module
+            return out
+        return lora_segments_cpu(x, out, pool.a, pool.bt, pool.spans, rows, groups)
     if step.segments is not None:
         from folio.kernels.triton_lora import lora_segments
 

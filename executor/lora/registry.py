@@ -4,7 +4,9 @@ dropped there and read from its files again when a request names it), copied to 
 for the steps that use them (at most --max-loras there at once, the least recently used one
 dropped first), and grouped per step for the wrapped layers (executor/lora/layers.py;
 docs/lora.md). With `segmented` (CUDA) the device copies are slots of the kernel's pools
-(executor/lora/slot_pools.py) rather than one tensor pair per module and adapter. With
+(executor/lora/slot_pools.py) rather than one tensor pair per module and adapter; with
+`native` (CPU, the C++ operators built) they are slots of host pools for the C++ segmented
+operator (executor/lora/cpu_pools.py). With
 `shard` (a tensor-parallel rank) each adapter is read against the whole model's `config`
 and cut to this rank's share as it is read (executor/lora/tensor_parallel.py)."""
 
@@ -16,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from folio.executor.lora.adapter import LoraWeights, read_adapter
+from folio.executor.lora.cpu_pools import LoraCpuPools
 from folio.executor.lora.files import LoraError, lora_name_problem, target_shapes
 from folio.executor.lora.layers import LoraStep, wrap_lora_targets
 from folio.executor.lora.slot_pools import LoraSlotPools
@@ -26,7 +29,7 @@ from folio.executor.models.weight_names import WeightNames
 class LoraRegistry:
     def __init__(self, model: torch.nn.Module, config: ModelConfig, names: WeightNames,
                  device: torch.device, dtype: torch.dtype, max_loras: int, max_rank: int,
-                 capacity: int, segmented: bool = False,
+                 capacity: int, segmented: bool = False, native: bool = False,
                  shard: Callable[[LoraWeights], LoraWeights] | None = None) -> None:
         self.config, self.names = config, names
         self.device, self.dtype = device, dtype
@@ -38,6 +41,7 @@ class LoraRegistry:
         self.resident: OrderedDict[str, LoraWeights | int] = OrderedDict()
         self.pools = LoraSlotPools(target_shapes(model.config), max_loras, max_rank, device,
                                    dtype) if segmented else None
+        self.cpu_pools = LoraCpuPools(max_loras, max_rank, dtype) if native else None
         self.step = LoraStep()
         wrap_lora_targets(model, self.step)
 
@@ -105,6 +109,9 @@ class LoraRegistry:
         if self.pools is not None and groups:
             self._segments(groups, adapters)
             return
+        if self.cpu_pools is not None and groups:
+            self._cpu_segments(groups, adapters)
+            return
         if all(len(ranges) == 1 for ranges in groups.values()):
             self.step.rows = None
             self.step.groups = [(w, slice(*ranges[0]))
@@ -130,10 +137,24 @@ class LoraRegistry:
                               segment_blocks(counts, BLOCK_M, self.device), self.pools)
         self.step.groups = [(None, slice(0, len(rows)))]   # the layers' "any adapter row"
 
+    def _cpu_segments(self, groups: dict[str, list[tuple[int, int]]], slots: list[int]) -> None:
+        """The C++ operator's view of the step: rows grouped by slot, one group per slot."""
+        rows: list[int] = []
+        table: list[tuple[int, int, int]] = []
+        for slot, ranges in zip(slots, groups.values()):
+            start = len(rows)
+            for a, b in ranges:
+                rows.extend(range(a, b))
+            table.append((slot, start, len(rows) - start))
+        self.step.cpu_segments = (torch.tensor(rows, dtype=torch.int64),
+                                  torch.tensor(table, dtype=torch.int64), self.cpu_pools)
+        self.step.groups = [(None, slice(0, len(rows)))]   # the layers' "any adapter row"
+
     def end_step(self) -> None:
         self.step.groups = []
         self.step.rows = None
         self.step.segments = None
+        self.step.cpu_segments = None
 
     def _on_device(self, name: str) -> LoraWeights | int:
         """The adapter on the device (read in if need be, the least recently used one
@@ -145,10 +166,11 @@ class LoraRegistry:
         host = self._in_host(name)
         while len(self.resident) >= self.max_loras:
             self.resident.popitem(last=False)
-        if self.pools is None:
+        pools = self.pools if self.pools is not None else self.cpu_pools
+        if pools is None:
             resident = self.resident[name] = host.to(self.device)
             return resident
         slot = min(set(range(self.max_loras)) - set(self.resident.values()))   # a free one
-        self.pools.put(slot, host)
+        pools.put(slot, host)
         self.resident[name] = slot
         return slot
