@@ -3,7 +3,8 @@ against the Python layers it replaces: for tiny Gemma 4 checkpoints made by tran
 (every layer its own cache; kv-shared layers with double-wide MLPs and per-layer inputs;
 values = keys with one global KV head), float32 and bfloat16, decode steps on 1-3 sequences
 and a mixed step (a prompt chunk beside decodes) give the same hidden states and the same
-KV cache bytes (torch.equal), with int8 weights and an int8 KV cache too; the engine runs it
+KV cache bytes (torch.equal), with every linear kind (oneDNN / BF16 tiles, torch, int8)
+and an int8 KV cache too; the engine runs it
 by default with tokens equal to decode_step="python"'s, and the log names what keeps the
 layers (the MoE block, hooks, the torch kernels)."""
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from folio import LLM, SamplingParams
-from folio.executor.linear import pack_linears
+from folio.executor.linear import onednn_unavailable_reason, pack_linears
 from folio.executor.model_loader import load_model
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.native_step import MAX_TOKENS, select_decode_step
@@ -55,11 +56,11 @@ def checkpoints(tmp_path_factory, tokenizer_dir):
     return get
 
 
-def _model(path, dtype: torch.dtype, quantization: str = "none"):
+def _model(path, dtype: torch.dtype, quantization: str = "none", backend: str = "auto"):
     """The model as the executor builds it: C++ kernels, linears packed or quantized."""
     ops = select_ops("cpu", CPU)
     model = load_model(path, read_model_config(path), ops, dtype, CPU, MAX_POSITIONS)
-    pack_linears(model, CPU, dtype, "auto", quantization, int8_activations=True)
+    pack_linears(model, CPU, dtype, backend, quantization, int8_activations=True)
     step = select_decode_step(model, "auto", ops, CPU, dtype)
     assert step is not None
     return model, step
@@ -145,6 +146,18 @@ def test_int8_weights_and_cache_match(variant, quantization, kv_cache_dtype, che
     if quantization == "int8":
         assert type(model.layers[0].mlp.down_proj).__name__ == "WeightOnlyLinear"
     _check_steps(model, step, torch.float32, kv_cache_dtype, seed=2)
+
+
+@pytest.mark.parametrize("backend,dtype", [("torch", torch.float32),
+                                           ("onednn", torch.bfloat16)])
+def test_other_linear_kinds_match(backend, dtype, checkpoints):
+    """at::linear, and oneDNN in bfloat16 where Folio's BF16 tiles would serve."""
+    if backend == "onednn" and onednn_unavailable_reason(CPU, dtype) is not None:
+        pytest.skip(onednn_unavailable_reason(CPU, dtype))
+    model, step = _model(checkpoints("shared_kv_ple"), dtype, backend=backend)
+    expected = "Linear" if backend == "torch" else "PackedLinear"
+    assert type(model.layers[0].mlp.down_proj).__name__ == expected
+    _check_steps(model, step, dtype, "auto", seed=3)
 
 
 @torch.inference_mode()
