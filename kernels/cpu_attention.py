@@ -32,6 +32,7 @@ SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp",
            Path(__file__).parent / "cpu" / "gated_delta.cpp",
            Path(__file__).parent / "cpu" / "short_conv.cpp",
            Path(__file__).parent / "cpu" / "hybrid_step.cpp",
+           Path(__file__).parent / "cpu" / "gemma4_step.cpp",
            Path(__file__).parent / "cpu" / "lora_segments.cpp")
 HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",
            Path(__file__).parent / "cpu" / "quant_weights.h",

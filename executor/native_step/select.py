@@ -1,6 +1,6 @@
 """Whether a model's small steps run the native step (decided once, at load) and the log line
-that says so, or which model feature keeps the Python layers: decoders' (native_step/step.py)
-and hybrids' (native_step/hybrid.py)."""
+that says so, or which model feature keeps the Python layers: decoders' (native_step/step.py),
+hybrids' (native_step/hybrid.py) and Gemma 4's (native_step/gemma4.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import logging
 import torch
 
 from folio.executor.models.decoder import CausalLM
+from folio.executor.models.gemma4.model import Gemma4CausalLM
 from folio.executor.models.hybrid.model import HybridCausalLM
+from folio.executor.native_step.gemma4 import Gemma4NativeStep, gemma4_layers_reason
 from folio.executor.native_step.hybrid import HybridNativeStep, hybrid_layers_reason
 from folio.executor.native_step.layers import unsupported_module
 from folio.executor.native_step.step import NativeStep
@@ -51,8 +53,6 @@ def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
     if reason is not None:
         return reason
     config = model.config
-    if config.gemma4 is not None:
-        return "Gemma 4 layers (per-layer head sizes, shared KV, per-layer embeddings)"
     if config.gemma:
         return "Gemma norms"
     if config.moe is not None:
@@ -75,21 +75,27 @@ def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
     return unsupported_module(model)
 
 
-def select_decode_step(model: CausalLM | HybridCausalLM, setting: str, ops: KernelOps,
-                       device: torch.device, dtype: torch.dtype, tensor_parallel: bool = False,
-                       lora: bool = False) -> NativeStep | HybridNativeStep | None:
+def select_decode_step(model: CausalLM | HybridCausalLM | Gemma4CausalLM, setting: str,
+                       ops: KernelOps, device: torch.device, dtype: torch.dtype,
+                       tensor_parallel: bool = False, lora: bool = False
+                       ) -> NativeStep | HybridNativeStep | Gemma4NativeStep | None:
     """The native step for `model` (engine setting decode_step: "auto" where it can run,
-    "python" never): a NativeStep for a decoder, a HybridNativeStep for a hybrid; or None:
+    "python" never): a NativeStep for a decoder, a HybridNativeStep for a hybrid, a
+    Gemma4NativeStep for Gemma 4; or None:
     the layer loop runs every step."""
     if setting not in DECODE_STEPS:
         raise ValueError(f"decode_step must be one of {', '.join(DECODE_STEPS)}, got "
                          f"{setting!r}")
     hybrid = isinstance(model, HybridCausalLM)
+    gemma4 = isinstance(model, Gemma4CausalLM)
     if setting == "python":
         reason = "decode_step='python'"
     elif hybrid:
         reason = (setup_reason(ops, device, dtype, tensor_parallel, lora)
                   or hybrid_layers_reason(model))
+    elif gemma4:
+        reason = (setup_reason(ops, device, dtype, tensor_parallel, lora)
+                  or gemma4_layers_reason(model))
     else:
         reason = python_layers_reason(model, ops, device, dtype, tensor_parallel, lora)
     if reason is not None:
@@ -99,6 +105,11 @@ def select_decode_step(model: CausalLM | HybridCausalLM, setting: str, ops: Kern
         step = HybridNativeStep(model, MAX_TOKENS)
         log.info("decode step: native, one C++ call for the layers of decode-only steps of "
                  "up to %d sequences (hybrid: %s)", MAX_TOKENS, model.config.hybrid.family)
+        return step
+    if gemma4:
+        step = Gemma4NativeStep(model, MAX_TOKENS)
+        log.info("decode step: native, one C++ call for the layers of steps of up to %d "
+                 "tokens (Gemma 4)", MAX_TOKENS)
         return step
     step = NativeStep(model, MAX_TOKENS)
     log.info("decode step: native, one C++ call for the layers of steps of up to %d tokens",

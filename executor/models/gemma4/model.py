@@ -88,7 +88,9 @@ class Gemma4CausalLM(nn.Module):
         self.max_positions = max_positions
         self.kv_index = [spec.cache_index(i) for i in range(config.num_layers)]
         self.tables: dict[int, torch.Tensor] = {}   # per layer: its rope's cos/sin table
-        self.native_step = None   # executor/native_step does not run these layers
+        # executor/native_step/gemma4.py's Gemma4NativeStep, set at load where it can run
+        # this model: steps of up to its max_tokens run every layer in one C++ call.
+        self.native_step = None
         self.longrope_original = None
 
     def fuse_projections(self) -> None:
@@ -133,6 +135,9 @@ class Gemma4CausalLM(nn.Module):
         # Each distinct table's rows at this step's positions, gathered once for its layers.
         rows = {id(table): table[positions].to(weight.dtype)[:, None, :]
                 for table in self.tables.values()}
+        native = self.native_step
+        if native is not None and len(input_ids) <= native.max_tokens:
+            return self.norm(native(rows, hidden, per_layer, kv_caches, inputs))
         for i, layer in enumerate(self.layers):
             hidden = layer(rows[id(self.tables[i])], hidden,
                            None if per_layer is None else per_layer[:, i],

@@ -31,6 +31,13 @@ VARIANTS = {
 }
 
 
+# Beside VARIANTS (not in the parity tests' sweep): k_eq_v without the MoE block, whose
+# values = keys layers the native step runs (it leaves the MoE block to the Python layers).
+EXTRA_VARIANTS = {
+    "k_eq_v_dense": {**VARIANTS["k_eq_v"], "enable_moe_block": False},
+}
+
+
 _ONES = ("norm.weight", "layer_scalar", "router.scale", "router.per_expert_scale")
 
 
@@ -41,7 +48,7 @@ def make_gemma4_dir(path: Path, tokenizer_dir: Path, variant: str, seed: int = 0
     for file in TOKENIZER_FILES:
         if (tokenizer_dir / file).exists():
             shutil.copy(tokenizer_dir / file, path / file)
-    config = hf.Gemma4TextConfig(**_BASE, **VARIANTS[variant])
+    config = hf.Gemma4TextConfig(**_BASE, **{**VARIANTS, **EXTRA_VARIANTS}[variant])
     torch.manual_seed(seed)
     model = hf.Gemma4ForCausalLM(config)
     with torch.no_grad():   # norms, scales and layer scalars start at one: perturbed, so a
