@@ -20,6 +20,9 @@ GGUF_ARCHITECTURES = {
     "llama": GgufArchitecture("LlamaForCausalLM", permuted_qk=True),
     "qwen2": GgufArchitecture("Qwen2ForCausalLM", permuted_qk=False),
     "qwen3": GgufArchitecture("Qwen3ForCausalLM", permuted_qk=False),
+    # SmolLM3: a llama whose every 4th layer skips rotary; the file says nothing of it
+    # (llama.cpp hard-codes it), which is transformers' default without no_rope_layers.
+    "smollm3": GgufArchitecture("SmolLM3ForCausalLM", permuted_qk=True),
     "lfm2": GgufArchitecture("Lfm2ForCausalLM", permuted_qk=False, hybrid="lfm2"),
     "qwen35": GgufArchitecture("Qwen3_5ForCausalLM", permuted_qk=False, hybrid="qwen35"),
     "qwen35moe": GgufArchitecture("Qwen3_5MoeForCausalLM", permuted_qk=False,

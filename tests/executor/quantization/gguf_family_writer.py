@@ -1,0 +1,72 @@
+"""Writes a GGUF file from a tiny SmolLM3 or OLMo 3 checkpoint (folio.tiny_models) as
+llama.cpp's converter (convert_hf_to_gguf.py, conversion/llama.py and olmo.py) writes one:
+its metadata keys, gguf-py's tensor names for the architecture, and its transforms.
+SmolLM3 (`smollm3`): q and k rows permuted for llama.cpp's rope, as a llama's; no key says
+which layers skip rotary (llama.cpp hard-codes every 4th). OLMo 3 (`olmo2`): the sliding
+window and one bool per layer (sliding_window_pattern). 1-D tensors and norms in F32,
+2-D ones in `quant` (F16 where a row is not whole blocks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tests.executor.hybrid.gguf_writer import _add
+from tests.executor.quantization.gguf_files import _add_tokenizer, permute_rows
+
+
+def write_family_gguf(model_dir: Path, out: Path, quant: str = "F32",
+                      metadata: dict | None = None, drop: tuple[str, ...] = ()) -> Path:
+    """`metadata` ({key: (GGUFWriter add_* kind, value)}, `{arch}` filled in) replaces
+    keys; `drop` leaves tensors (GGUF names) out: the malformed files the tests refuse."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    model_arch = {"smollm3": gguf.MODEL_ARCH.SMOLLM3,
+                  "olmo3": gguf.MODEL_ARCH.OLMO2}[config["model_type"]]
+    arch = gguf.MODEL_ARCH_NAMES[model_arch]
+    layers = config["num_hidden_layers"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    writer = gguf.GGUFWriter(str(out), arch)
+    writer.add_block_count(layers)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    rope = config.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    writer.add_rope_freq_base(rope.get("rope_theta") or config.get("rope_theta", 10000.0))
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_vocab_size(config["vocab_size"])
+    if config["model_type"] == "olmo3":
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_sliding_window_pattern([kind == "sliding_attention"
+                                           for kind in config["layer_types"]])
+    _add_tokenizer(writer, model_dir)
+    for key, (kind, value) in (metadata or {}).items():
+        getattr(writer, f"add_{kind}")(key.format(arch=arch), value)
+    names = gguf.get_tensor_name_map(model_arch, layers)
+    for name, values in sorted(load_file(str(model_dir / "model.safetensors")).items()):
+        values = values.astype(np.float32)
+        if model_arch == gguf.MODEL_ARCH.SMOLLM3 and name.endswith("q_proj.weight"):
+            values = permute_rows(values, heads)
+        elif model_arch == gguf.MODEL_ARCH.SMOLLM3 and name.endswith("k_proj.weight"):
+            values = permute_rows(values, kv_heads)
+        new_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if new_name is None:
+            raise ValueError(f"gguf-py has no {arch} name for {name}")
+        if new_name not in drop:
+            _add(writer, new_name, values, quant)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

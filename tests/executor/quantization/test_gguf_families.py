@@ -1,0 +1,95 @@
+"""GGUF files of SmolLM3 and OLMo 3 (executor/quantization/gguf/), written here from tiny
+random transformers checkpoints the way llama.cpp's converter writes them
+(gguf_family_writer.py): the F32 file gives transformers' greedy tokens on the source
+checkpoint exactly; a Q8_0 file runs its linears kept quantized with the logits of the same
+file dequantized; malformed files are refused by name before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from folio import LLM, SamplingParams
+from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
+from tests.conftest import _model_dir
+from tests.executor.quantization.gguf_family_writer import write_family_gguf
+from tests.hf_oracle import hf_greedy, random_prompts
+
+pytestmark = pytest.mark.usefixtures("cpu_ops_built")   # conftest.py
+PROMPTS, _ = random_prompts(4, 1, 70, vocab=1024, seed=43)
+MAX_TOKENS = 10
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+# Each family's tiny checkpoint, as llama.cpp's converter can write it: SmolLM3 with four
+# layers, the 4th without rotary (transformers' default, llama.cpp's only pattern).
+CHECKPOINTS = {
+    "smollm3": dict(arch="smollm3", num_layers=4, tie_word_embeddings=True),
+}
+# The linears a Q8_0 file keeps quantized (module names; q/k/v and gate/up fused): rows
+# of 64 and 128 are whole blocks of 32.
+_ALL = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}
+KEPT = {"smollm3": _ALL}
+
+
+@pytest.fixture(scope="module", params=list(CHECKPOINTS))
+def family(request, tmp_path_factory, tokenizer_dir):
+    name = request.param
+    model_dir = _model_dir(tmp_path_factory, tokenizer_dir, name, **CHECKPOINTS[name])
+    out = tmp_path_factory.mktemp(f"{name}_gguf")
+    return (name, model_dir, write_family_gguf(model_dir, out / "f32.gguf"),
+            write_family_gguf(model_dir, out / "q8.gguf", "Q8_0"))
+
+
+def test_greedy_output_matches_transformers_on_the_checkpoint(family):
+    _, model_dir, f32, _ = family
+    expected = hf_greedy(model_dir, PROMPTS, [MAX_TOKENS] * len(PROMPTS), "cpu")
+    assert len({t for answer in expected for t in answer}) > 10   # not one repeated token
+    llm = LLM(str(f32), dtype="float32", device="cpu", num_kv_blocks=64,
+              max_num_batched_tokens=32)   # the longer prompts chunked
+    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)] * len(PROMPTS)
+    assert [r.outputs[0].token_ids for r in llm.generate(PROMPTS, params)] == expected
+
+
+def _prompt_logprobs(path, monkeypatch, keep: bool):
+    from folio.executor.quantization import weight_formats
+
+    if not keep:
+        monkeypatch.setattr(weight_formats, "keep_gguf_quantized", lambda *args: 0)
+    llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64,
+              quantized_activations="float")
+    outs = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=1, temperature=0,
+                                                    prompt_logprobs=5))
+    kept = {name.rsplit(".", 1)[-1] for name, module in
+            llm.engine.executor.model.named_modules() if isinstance(module, WeightOnlyLinear)}
+    monkeypatch.undo()
+    return [p for out in outs for p in out.prompt_logprobs[1:]], kept
+
+
+def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(family, monkeypatch):
+    name, _, _, q8 = family
+    kept_values, kept = _prompt_logprobs(q8, monkeypatch, keep=True)
+    float_values, none = _prompt_logprobs(q8, monkeypatch, keep=False)
+    assert none == set()
+    assert kept == KEPT[name]
+    for kept_position, float_position in zip(kept_values, float_values):
+        assert kept_position.keys() == float_position.keys()   # the same top tokens
+        for token, entry in float_position.items():
+            assert abs(kept_position[token].logprob - entry.logprob) < 1e-3
+
+
+def _refusal(path) -> str:
+    from folio.preflight import check_model_dir
+    from folio.shared.config import SettingError
+
+    with pytest.raises(SettingError) as info:
+        check_model_dir(str(path))
+    assert str(info.value).startswith("model ")
+    return str(info.value)
+
+
+def test_malformed_files_are_refused_by_name(tmp_path, family):
+    _, model_dir, _, _ = family
+    missing = write_family_gguf(model_dir, tmp_path / "missing.gguf",
+                                drop=("blk.1.attn_k.weight",))
+    assert "blk.1 and blk.0 differ in attn_k.weight" in _refusal(missing)
+    odd = write_family_gguf(model_dir, tmp_path / "odd.gguf",
+                            metadata={"{arch}.attention.head_count_kv": ("uint32", 3)})
+    assert "attention.head_count (4) is not a multiple of" in _refusal(odd)
