@@ -11,6 +11,8 @@ class GgufArchitecture:
     hf_name: str            # the config.json architecture it reads as
     permuted_qk: bool       # llama.cpp's converter reorders q and k rows for its rope
     hybrid: str | None = None   # a hybrid family, read by executor/quantization/gguf/hybrid/
+    layout: str = "llama"   # the layer's tensors: "llama", or "olmo2" (a norm after each
+                            # sublayer, none before; q/k norms over all heads at once)
 
 
 # The architectures whose GGUF tensors map one to one onto Folio's parameters; llama.cpp's
@@ -23,6 +25,9 @@ GGUF_ARCHITECTURES = {
     # SmolLM3: a llama whose every 4th layer skips rotary; the file says nothing of it
     # (llama.cpp hard-codes it), which is transformers' default without no_rope_layers.
     "smollm3": GgufArchitecture("SmolLM3ForCausalLM", permuted_qk=True),
+    # OLMo 2 and 3 (the converter writes both as olmo2): OLMo 3's sliding layers from
+    # attention.sliding_window_pattern; a file without a window is OLMo 2 (all global).
+    "olmo2": GgufArchitecture("Olmo3ForCausalLM", permuted_qk=False, layout="olmo2"),
     "lfm2": GgufArchitecture("Lfm2ForCausalLM", permuted_qk=False, hybrid="lfm2"),
     "qwen35": GgufArchitecture("Qwen3_5ForCausalLM", permuted_qk=False, hybrid="qwen35"),
     "qwen35moe": GgufArchitecture("Qwen3_5MoeForCausalLM", permuted_qk=False,
@@ -44,14 +49,20 @@ _LAYER_MODULES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_la
                   "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
                   "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                   "ffn_down": "mlp.down_proj"}
+_OLMO2_MODULES = {**{key: value for key, value in _LAYER_MODULES.items()
+                     if key not in ("attn_norm", "ffn_norm")},
+                  "post_attention_norm": "post_attention_layernorm",
+                  "post_ffw_norm": "post_feedforward_layernorm"}
+LAYER_MODULES = {"llama": _LAYER_MODULES, "olmo2": _OLMO2_MODULES}
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, layout: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor; None for one Folio has no place for."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
+    modules = LAYER_MODULES[layout]
     match = _LAYER.match(gguf_name)
-    if match is None or match.group(2) not in _LAYER_MODULES:
+    if match is None or match.group(2) not in modules:
         return None
     layer, module, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_MODULES[module]}.{kind}"
+    return f"model.layers.{layer}.{modules[module]}.{kind}"

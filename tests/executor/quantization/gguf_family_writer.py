@@ -3,7 +3,8 @@ llama.cpp's converter (convert_hf_to_gguf.py, conversion/llama.py and olmo.py) w
 its metadata keys, gguf-py's tensor names for the architecture, and its transforms.
 SmolLM3 (`smollm3`): q and k rows permuted for llama.cpp's rope, as a llama's; no key says
 which layers skip rotary (llama.cpp hard-codes every 4th). OLMo 3 (`olmo2`): the sliding
-window and one bool per layer (sliding_window_pattern). 1-D tensors and norms in F32,
+window and one bool per layer (sliding_window_pattern); OLMo 2's (a checkpoint with no
+sliding layer here) neither. 1-D tensors and norms in F32,
 2-D ones in `quant` (F16 where a row is not whole blocks)."""
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def write_family_gguf(model_dir: Path, out: Path, quant: str = "F32",
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(config["vocab_size"])
-    if config["model_type"] == "olmo3":
+    if "sliding_attention" in config.get("layer_types", []):
         writer.add_sliding_window(config["sliding_window"])
         writer.add_sliding_window_pattern([kind == "sliding_attention"
                                            for kind in config["layer_types"]])

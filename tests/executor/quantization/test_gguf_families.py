@@ -1,4 +1,4 @@
-"""GGUF files of SmolLM3 and OLMo 3 (executor/quantization/gguf/), written here from tiny
+"""GGUF files of SmolLM3 and OLMo 2/3 (executor/quantization/gguf/), written here from tiny
 random transformers checkpoints the way llama.cpp's converter writes them
 (gguf_family_writer.py): the F32 file gives transformers' greedy tokens on the source
 checkpoint exactly; a Q8_0 file runs its linears kept quantized with the logits of the same
@@ -22,11 +22,15 @@ _SLIDING, _FULL = "sliding_attention", "full_attention"
 # layers, the 4th without rotary (transformers' default, llama.cpp's only pattern).
 CHECKPOINTS = {
     "smollm3": dict(arch="smollm3", num_layers=4, tie_word_embeddings=True),
+    # OLMo 3: a sliding layer (window 48, shorter than most prompts) then a global one.
+    "olmo3": dict(arch="olmo3", sliding_window=48, layer_types=[_SLIDING, _FULL]),
+    # OLMo 2's file (no window): an OLMo 3 checkpoint whose layers are all global.
+    "olmo2": dict(arch="olmo3", layer_types=[_FULL, _FULL]),
 }
 # The linears a Q8_0 file keeps quantized (module names; q/k/v and gate/up fused): rows
 # of 64 and 128 are whole blocks of 32.
 _ALL = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}
-KEPT = {"smollm3": _ALL}
+KEPT = {"smollm3": _ALL, "olmo3": _ALL, "olmo2": _ALL}
 
 
 @pytest.fixture(scope="module", params=list(CHECKPOINTS))
@@ -86,10 +90,17 @@ def _refusal(path) -> str:
 
 
 def test_malformed_files_are_refused_by_name(tmp_path, family):
-    _, model_dir, _, _ = family
+    name, model_dir, _, _ = family
     missing = write_family_gguf(model_dir, tmp_path / "missing.gguf",
                                 drop=("blk.1.attn_k.weight",))
     assert "blk.1 and blk.0 differ in attn_k.weight" in _refusal(missing)
     odd = write_family_gguf(model_dir, tmp_path / "odd.gguf",
                             metadata={"{arch}.attention.head_count_kv": ("uint32", 3)})
     assert "attention.head_count (4) is not a multiple of" in _refusal(odd)
+    if name.startswith("olmo"):   # its norms after the sublayers; one bool a layer
+        norm = write_family_gguf(model_dir, tmp_path / "norm.gguf",
+                                 drop=("blk.0.post_ffw_norm.weight",))
+        assert "the GGUF file has no blk.0.post_ffw_norm.weight" in _refusal(norm)
+        short = write_family_gguf(model_dir, tmp_path / "short.gguf", metadata={
+            "{arch}.attention.sliding_window_pattern": ("array", [True])})
+        assert "olmo2.attention.sliding_window_pattern must list 2 bools" in _refusal(short)
