@@ -2,8 +2,8 @@
 checkpoint takes (executor/models/hf_config.py). No torch import (read before any process
 starts).
 
-Only the architectures whose GGUF tensors map one to one onto Folio's parameters are
-served; llama.cpp's converter changes others (Gemma's norms carry +1, Phi-3 fuses q/k/v).
+The architectures whose converter changes Folio undoes (or, Gemma's norms stored as
+1 + w, serves as stored) are served; others are refused (Phi-3 fuses q/k/v).
 """
 
 from __future__ import annotations
@@ -66,33 +66,17 @@ def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
         raw.update(hybrid_config(reader, arch, spec.hybrid, raw))
     else:
-        if spec.layout == "olmo2":
-            raw.update(_olmo2_windows(reader, arch, raw["num_hidden_layers"], raw["rope_theta"]))
         rope = _rope_parameters(reader, arch, tensors, raw["rope_theta"], raw["head_dim"])
-        if rope:
+        if spec.layout != "llama":   # OLMo 2/3, Gemma 2/3: sliding layers (gguf/windows.py)
+            from folio.executor.quantization.gguf.windows import windowed_config
+
+            raw.update(windowed_config(reader, arch, raw, rope))
+        elif rope:
             raw["rope_scaling"] = rope
     # llama.cpp stops on every end-of-generation token: eos and, for chat models, eot.
     eos = [field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]
     generation = {"eos_token_id": list(dict.fromkeys(int(t) for t in eos if t is not None))}
     return raw, generation
-
-
-def _olmo2_windows(reader: Any, arch: str, layers: int, theta: float) -> dict[str, Any]:
-    """OLMo 3's sliding layers: one bool a layer, or (llama.cpp's default when a window has
-    no pattern) 3 of every 4; a file without a window is OLMo 2's, every layer global."""
-    window = field(reader, f"{arch}.attention.sliding_window")
-    if not window:
-        return {"layer_types": ["full_attention"] * layers}
-    swa_theta = field(reader, f"{arch}.rope.freq_base_swa")
-    if swa_theta is not None and float32_decimal(swa_theta) != theta:
-        raise ValueError(f"metadata {arch}.rope.freq_base_swa differs from "
-                         f"{arch}.rope.freq_base; Folio's OLMo 3 has one rope base")
-    pattern = field(reader, f"{arch}.attention.sliding_window_pattern")
-    if pattern is None:
-        pattern = [(layer + 1) % 4 != 0 for layer in range(layers)]
-    return {"sliding_window": window,
-            "layer_types": ["sliding_attention" if slides else "full_attention"
-                            for slides in pattern]}
 
 
 def _rope_parameters(reader: Any, arch: str, tensors: dict[str, Any], theta: float,

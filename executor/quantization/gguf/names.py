@@ -11,13 +11,14 @@ class GgufArchitecture:
     hf_name: str            # the config.json architecture it reads as
     permuted_qk: bool       # llama.cpp's converter reorders q and k rows for its rope
     hybrid: str | None = None   # a hybrid family, read by executor/quantization/gguf/hybrid/
-    layout: str = "llama"   # the layer's tensors: "llama", or "olmo2" (a norm after each
-                            # sublayer, none before; q/k norms over all heads at once)
+    layout: str = "llama"   # the layer's tensors: "llama", "olmo2" (a norm after each
+                            # sublayer, none before; q/k norms over all heads at once) or
+                            # "gemma" (norms before and after each sublayer)
 
 
-# The architectures whose GGUF tensors map one to one onto Folio's parameters; llama.cpp's
-# converter changes others (Gemma's norms carry +1, Phi-3 fuses q/k/v). The two hybrid
-# families are the exception: their converter's changes are undone (gguf/hybrid/).
+# The architectures whose GGUF tensors Folio reads: renamed (by layout), q/k rows put back
+# where the converter permuted them, the hybrids' transforms undone (gguf/hybrid/), Gemma's
+# norms served as stored. Others are refused (Phi-3's q/k/v are fused).
 GGUF_ARCHITECTURES = {
     "llama": GgufArchitecture("LlamaForCausalLM", permuted_qk=True),
     "qwen2": GgufArchitecture("Qwen2ForCausalLM", permuted_qk=False),
@@ -28,6 +29,10 @@ GGUF_ARCHITECTURES = {
     # OLMo 2 and 3 (the converter writes both as olmo2): OLMo 3's sliding layers from
     # attention.sliding_window_pattern; a file without a window is OLMo 2 (all global).
     "olmo2": GgufArchitecture("Olmo3ForCausalLM", permuted_qk=False, layout="olmo2"),
+    # Gemma 2 and 3: every norm stored as its scale 1 + w (the model multiplies by it as
+    # stored: executor/models/layers.py hold_stored_scales).
+    "gemma2": GgufArchitecture("Gemma2ForCausalLM", permuted_qk=False, layout="gemma"),
+    "gemma3": GgufArchitecture("Gemma3ForCausalLM", permuted_qk=False, layout="gemma"),
     "lfm2": GgufArchitecture("Lfm2ForCausalLM", permuted_qk=False, hybrid="lfm2"),
     "qwen35": GgufArchitecture("Qwen3_5ForCausalLM", permuted_qk=False, hybrid="qwen35"),
     "qwen35moe": GgufArchitecture("Qwen3_5MoeForCausalLM", permuted_qk=False,
@@ -53,7 +58,10 @@ _OLMO2_MODULES = {**{key: value for key, value in _LAYER_MODULES.items()
                      if key not in ("attn_norm", "ffn_norm")},
                   "post_attention_norm": "post_attention_layernorm",
                   "post_ffw_norm": "post_feedforward_layernorm"}
-LAYER_MODULES = {"llama": _LAYER_MODULES, "olmo2": _OLMO2_MODULES}
+_GEMMA_MODULES = {**_LAYER_MODULES, "ffn_norm": "pre_feedforward_layernorm",
+                  "post_attention_norm": "post_attention_layernorm",
+                  "post_ffw_norm": "post_feedforward_layernorm"}
+LAYER_MODULES = {"llama": _LAYER_MODULES, "olmo2": _OLMO2_MODULES, "gemma": _GEMMA_MODULES}
 
 
 def hf_name(gguf_name: str, layout: str = "llama") -> str | None:

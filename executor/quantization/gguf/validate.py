@@ -21,7 +21,9 @@ _ATTENTION_MLP = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_outpu
                   "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 _LAYER_NEEDS = {"llama": ("attn_norm.weight", "ffn_norm.weight", *_ATTENTION_MLP),
                 "olmo2": ("post_attention_norm.weight", "post_ffw_norm.weight",
-                          "attn_q_norm.weight", "attn_k_norm.weight", *_ATTENTION_MLP)}
+                          "attn_q_norm.weight", "attn_k_norm.weight", *_ATTENTION_MLP),
+                "gemma": ("attn_norm.weight", "post_attention_norm.weight", "ffn_norm.weight",
+                          "post_ffw_norm.weight", *_ATTENTION_MLP)}
 _BOOL = 7
 _TOKENIZER_ARRAYS = ("tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 
@@ -107,6 +109,9 @@ def _check_floats(header: GgufHeader, arch: str) -> None:
     _positive_float(header, f"{arch}.attention.layer_norm_rms_epsilon", required=True)
     _positive_float(header, f"{arch}.rope.freq_base")
     _positive_float(header, f"{arch}.rope.scaling.factor")
+    _positive_float(header, f"{arch}.rope.freq_base_swa")
+    _positive_float(header, f"{arch}.attn_logit_softcapping")
+    _positive_float(header, f"{arch}.final_logit_softcapping")
     _string(header, f"{arch}.rope.scaling.type")
 
 

@@ -1,4 +1,4 @@
-"""GGUF files of SmolLM3 and OLMo 2/3 (executor/quantization/gguf/), written here from tiny
+"""GGUF files of SmolLM3, OLMo 2/3 and Gemma 2/3 (executor/quantization/gguf/), written here from tiny
 random transformers checkpoints the way llama.cpp's converter writes them
 (gguf_family_writer.py): the F32 file gives transformers' greedy tokens on the source
 checkpoint exactly; a Q8_0 file runs its linears kept quantized with the logits of the same
@@ -26,11 +26,24 @@ CHECKPOINTS = {
     "olmo3": dict(arch="olmo3", sliding_window=48, layer_types=[_SLIDING, _FULL]),
     # OLMo 2's file (no window): an OLMo 3 checkpoint whose layers are all global.
     "olmo2": dict(arch="olmo3", layer_types=[_FULL, _FULL]),
+    # Gemma 2: sliding (window 48) and global layers alternating, soft-capping, the query
+    # scale llama.cpp takes (head_dim). Tied, with a small init (test_models_parity.py).
+    "gemma2": dict(arch="gemma2", sliding_window=48, attn_logit_softcapping=5.0,
+                   final_logit_softcapping=3.0, query_pre_attn_scalar=16,
+                   tie_word_embeddings=True, initializer_range=0.02),
+    # Gemma 3: five sliding layers per global one (llama.cpp's period), the global rope
+    # linearly scaled, the local base 10000.
+    "gemma3": dict(arch="gemma3", num_layers=6, sliding_window=48, query_pre_attn_scalar=16,
+                   layer_types=[_SLIDING] * 5 + [_FULL], tie_word_embeddings=True,
+                   initializer_range=0.02,
+                   rope_parameters={_FULL: {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 1e6},
+                                    _SLIDING: {"rope_type": "default", "rope_theta": 1e4}}),
 }
 # The linears a Q8_0 file keeps quantized (module names; q/k/v and gate/up fused): rows
 # of 64 and 128 are whole blocks of 32.
 _ALL = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}
-KEPT = {"smollm3": _ALL, "olmo3": _ALL, "olmo2": _ALL}
+KEPT = {name: _ALL for name in CHECKPOINTS}
 
 
 @pytest.fixture(scope="module", params=list(CHECKPOINTS))
@@ -97,10 +110,16 @@ def test_malformed_files_are_refused_by_name(tmp_path, family):
     odd = write_family_gguf(model_dir, tmp_path / "odd.gguf",
                             metadata={"{arch}.attention.head_count_kv": ("uint32", 3)})
     assert "attention.head_count (4) is not a multiple of" in _refusal(odd)
-    if name.startswith("olmo"):   # its norms after the sublayers; one bool a layer
+    if name.startswith(("olmo", "gemma")):   # their norms after the sublayers
         norm = write_family_gguf(model_dir, tmp_path / "norm.gguf",
                                  drop=("blk.0.post_ffw_norm.weight",))
         assert "the GGUF file has no blk.0.post_ffw_norm.weight" in _refusal(norm)
+    if name.startswith("gemma"):
+        capped = write_family_gguf(model_dir, tmp_path / "capped.gguf", metadata={
+            "{arch}.final_logit_softcapping": ("float32", -3.0)})
+        assert "final_logit_softcapping is -3.0: it must be a finite positive" \
+            in _refusal(capped)
+    if name.startswith("olmo"):   # one bool a layer
         short = write_family_gguf(model_dir, tmp_path / "short.gguf", metadata={
             "{arch}.attention.sliding_window_pattern": ("array", [True])})
         assert "olmo2.attention.sliding_window_pattern must list 2 bools" in _refusal(short)
