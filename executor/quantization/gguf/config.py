@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from folio.executor.quantization.gguf.file import field, float32_decimal
-from folio.executor.quantization.gguf.names import GGUF_ARCHITECTURES, GgufArchitecture
+from folio.executor.quantization.gguf.names import (GGUF_ARCHITECTURES, GGUF_REFUSED,
+                                                    GgufArchitecture)
 from folio.executor.quantization.gguf.rope import llama3_rope_parameters
 
 
@@ -20,6 +21,9 @@ _TORCH_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 
 def gguf_architecture(reader: Any) -> tuple[str, GgufArchitecture]:
     name = field(reader, "general.architecture")
+    if name in GGUF_REFUSED:
+        raise ValueError(f"GGUF architecture {name!r} is not served: {GGUF_REFUSED[name]}; "
+                         "serve its Hugging Face checkpoint directory")
     if name not in GGUF_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {name!r}; Folio serves GGUF "
                          f"{', '.join(GGUF_ARCHITECTURES)}")

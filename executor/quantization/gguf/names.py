@@ -42,6 +42,14 @@ GGUF_ARCHITECTURES = {
                                   hybrid="qwen3next"),
 }
 
+# Families Folio serves from a Hugging Face directory whose GGUF files it refuses, and why.
+GGUF_REFUSED = {
+    "gemma4": "Gemma 4's model (executor/models/gemma4/) loads checkpoint directories only "
+              "(per-layer head sizes, shared KV, per-layer inputs)",
+    "gpt-oss": "its experts' MXFP4 tensor type and its YaRN rope are not read from GGUF",
+    "phi3": "its fused attn_qkv and ffn_up tensors are not mapped",
+}
+
 # Tensors that are configuration, read by executor/quantization/gguf/config.py, not weights.
 CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",

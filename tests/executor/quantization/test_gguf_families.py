@@ -12,6 +12,7 @@ from folio import LLM, SamplingParams
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from tests.conftest import _model_dir
 from tests.executor.quantization.gguf_family_writer import write_family_gguf
+from tests.executor.quantization.gguf_files import tiny_metadata, tiny_tensors, write_gguf
 from tests.hf_oracle import hf_greedy, random_prompts
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")   # conftest.py
@@ -123,3 +124,13 @@ def test_malformed_files_are_refused_by_name(tmp_path, family):
         short = write_family_gguf(model_dir, tmp_path / "short.gguf", metadata={
             "{arch}.attention.sliding_window_pattern": ("array", [True])})
         assert "olmo2.attention.sliding_window_pattern must list 2 bools" in _refusal(short)
+
+
+@pytest.mark.parametrize("arch", ["gemma4", "gpt-oss"])
+def test_gemma4_and_gpt_oss_files_are_refused_with_the_reason(arch, tmp_path):
+    metadata = {key.replace("llama.", f"{arch}."): value
+                for key, value in tiny_metadata().items()}
+    path = write_gguf(tmp_path / "model.gguf", metadata, tiny_tensors(), arch)
+    message = _refusal(path)
+    assert f"GGUF architecture {arch!r} is not served" in message
+    assert "serve its Hugging Face checkpoint directory" in message
