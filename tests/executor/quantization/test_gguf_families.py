@@ -134,3 +134,35 @@ def test_gemma4_and_gpt_oss_files_are_refused_with_the_reason(arch, tmp_path):
     message = _refusal(path)
     assert f"GGUF architecture {arch!r} is not served" in message
     assert "serve its Hugging Face checkpoint directory" in message
+
+
+def test_a_stored_gemma_scale_normalises_as_one_plus_its_weight():
+    """scale - 1 is not the weight in float32 (1 + weight dropped its low bits), but the norm
+    holding the stored scale (offset 0) gives transformers' (1 + weight) bit for bit."""
+    import torch
+
+    from folio.executor.models.layers import GemmaRMSNorm, hold_stored_scales
+
+    weight = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 0.2
+    scale = 1.0 + weight   # what the converter stores, in float32
+    assert not torch.equal(scale - 1.0, weight)
+    zero_centred, stored = GemmaRMSNorm(64, 1e-6), GemmaRMSNorm(64, 1e-6)
+    zero_centred.weight.data.copy_(weight)
+    hold_stored_scales(stored)
+    stored.weight.data.copy_(scale)
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    assert stored.weight.dtype == torch.float32 and stored.offset == 0.0
+    assert torch.equal(stored(x), zero_centred(x))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"], indirect=True)
+def test_a_gemma_file_served_in_bfloat16_keeps_its_scales_in_float32(family):
+    _, _, f32, _ = family
+    import torch
+
+    from folio.executor.models.layers import GemmaRMSNorm
+
+    llm = LLM(str(f32), dtype="bfloat16", device="cpu", num_kv_blocks=64)
+    norms = [m for m in llm.engine.executor.model.modules() if isinstance(m, GemmaRMSNorm)]
+    assert norms and all(m.offset == 0.0 and m.weight.dtype == torch.float32 for m in norms)
+    assert llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=2))
