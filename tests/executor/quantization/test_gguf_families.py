@@ -1,8 +1,9 @@
-"""GGUF files of SmolLM3, OLMo 2/3 and Gemma 2/3 (executor/quantization/gguf/), written here from tiny
-random transformers checkpoints the way llama.cpp's converter writes them
+"""GGUF files of SmolLM3, OLMo 2/3 and Gemma 2/3 (executor/quantization/gguf/), written
+here from tiny random transformers checkpoints the way llama.cpp's converter writes them
 (gguf_family_writer.py): the F32 file gives transformers' greedy tokens on the source
 checkpoint exactly; a Q8_0 file runs its linears kept quantized with the logits of the same
-file dequantized; malformed files are refused by name before anything starts."""
+file dequantized; malformed files are refused by name before anything starts; Gemma 4's
+and gpt-oss's files are refused with the reason."""
 
 from __future__ import annotations
 
