@@ -15,8 +15,10 @@ from folio.executor.model_config import ModelConfig
 from folio.executor.models.architectures import ARCHITECTURES
 from folio.executor.models.decoder import CausalLM
 from folio.executor.models.describe import describe
+from folio.executor.models.layers import hold_stored_scales
 from folio.executor.models.gpt_oss.mxfp4 import dequantize_stream
 from folio.executor.ops import KernelOps
+from folio.executor.quantization.gguf.file import is_gguf
 from folio.executor.quantization.prequantized import leave_unallocated, quantized_module, quantized_params
 from folio.executor.weights import iterate_weights
 
@@ -51,6 +53,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, ops: KernelOps, dtype
     if config.prequantized is not None:   # no float weight for the layers held quantized
         leave_unallocated(model, quantized_params(model_dir, weight_names))
     model = materialize(model, device, dtype)
+    if config.gemma and is_gguf(model_dir):   # its norms stored as their scale 1 + w
+        hold_stored_scales(model)
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)   # elements written, to tell a complete checkpoint
     seen: set[tuple] = set()

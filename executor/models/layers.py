@@ -29,12 +29,15 @@ class RMSNorm(nn.Module):
 
 
 class GemmaRMSNorm(nn.Module):
-    """Gemma's RMSNorm: scaled by (1 + weight), all in float32, rounded once at the end."""
+    """Gemma's RMSNorm: scaled by (1 + weight), all in float32, rounded once at the end.
+    `offset` is that 1: 0 where a GGUF file stores the scale 1 + weight itself
+    (hold_stored_scales), since weight = scale - 1 is not exact in float32 for every scale."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(size))
         self.eps = eps
+        self.offset = 1.0
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is not None:
@@ -42,8 +45,18 @@ class GemmaRMSNorm(nn.Module):
             residual = x
         hidden = x.float()
         hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
-        normed = (hidden * (1.0 + self.weight.float())).to(x.dtype)
+        normed = (hidden * (self.offset + self.weight.float())).to(x.dtype)
         return normed if residual is None else (normed, residual)
+
+
+def hold_stored_scales(model: nn.Module) -> None:
+    """A GGUF file of Gemma stores each norm's scale 1 + weight (llama.cpp's converter adds
+    the 1): the norms multiply by it as it is, kept in float32 (in bfloat16 the scale would
+    lose the weight's low bits, which 1 + weight computed in float32 keeps)."""
+    for module in model.modules():
+        if isinstance(module, GemmaRMSNorm):
+            module.offset = 0.0
+            module.weight = nn.Parameter(module.weight.float(), requires_grad=False)
 
 
 def make_norm(config: ModelConfig, size: int, ops: KernelOps) -> nn.Module:

@@ -2,8 +2,8 @@
 checkpoint takes (executor/models/hf_config.py). No torch import (read before any process
 starts).
 
-Only the architectures whose GGUF tensors map one to one onto Folio's parameters are
-served; llama.cpp's converter changes others (Gemma's norms carry +1, Phi-3 fuses q/k/v).
+The architectures whose converter changes Folio undoes (or, Gemma's norms stored as
+1 + w, serves as stored) are served; others are refused (Phi-3 fuses q/k/v).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from folio.executor.quantization.gguf.file import field, float32_decimal
-from folio.executor.quantization.gguf.names import GGUF_ARCHITECTURES, GgufArchitecture
+from folio.executor.quantization.gguf.names import (GGUF_ARCHITECTURES, GGUF_REFUSED,
+                                                    GgufArchitecture)
 from folio.executor.quantization.gguf.rope import llama3_rope_parameters
 
 
@@ -20,6 +21,9 @@ _TORCH_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 
 def gguf_architecture(reader: Any) -> tuple[str, GgufArchitecture]:
     name = field(reader, "general.architecture")
+    if name in GGUF_REFUSED:
+        raise ValueError(f"GGUF architecture {name!r} is not served: {GGUF_REFUSED[name]}; "
+                         "serve its Hugging Face checkpoint directory")
     if name not in GGUF_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {name!r}; Folio serves GGUF "
                          f"{', '.join(GGUF_ARCHITECTURES)}")
@@ -67,7 +71,11 @@ def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         raw.update(hybrid_config(reader, arch, spec.hybrid, raw))
     else:
         rope = _rope_parameters(reader, arch, tensors, raw["rope_theta"], raw["head_dim"])
-        if rope:
+        if spec.layout != "llama":   # OLMo 2/3, Gemma 2/3: sliding layers (gguf/windows.py)
+            from folio.executor.quantization.gguf.windows import windowed_config
+
+            raw.update(windowed_config(reader, arch, raw, rope))
+        elif rope:
             raw["rope_scaling"] = rope
     # llama.cpp stops on every end-of-generation token: eos and, for chat models, eot.
     eos = [field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]

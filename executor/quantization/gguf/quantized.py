@@ -112,7 +112,7 @@ def iterate_kept_weights(path: str | Path) -> Iterator[tuple[str, QuantizedWeigh
         type_name = tensor.tensor_type.name
         if tensor.name in CONFIG_TENSORS or type_name not in KEPT_TYPES:
             continue
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, spec.layout)
         if name is None or len(tensor.shape) != 2:
             continue
         weight = quantized_weight(tensor.data.reshape(int(tensor.shape[1]), -1), type_name)

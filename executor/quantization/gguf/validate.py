@@ -17,9 +17,14 @@ from folio.executor.quantization.gguf.names import CONFIG_TENSORS, hf_name
 MAX_CONTEXT = 2**20
 MAX_DIM = 2**20               # any width or count the config takes
 _LAYER = re.compile(r"^blk\.(\d+)\.(\w+\.(?:weight|bias))$")
-_LAYER_NEEDS = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-                "ffn_down.weight")
+_ATTENTION_MLP = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                  "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+_LAYER_NEEDS = {"llama": ("attn_norm.weight", "ffn_norm.weight", *_ATTENTION_MLP),
+                "olmo2": ("post_attention_norm.weight", "post_ffw_norm.weight",
+                          "attn_q_norm.weight", "attn_k_norm.weight", *_ATTENTION_MLP),
+                "gemma": ("attn_norm.weight", "post_attention_norm.weight", "ffn_norm.weight",
+                          "post_ffw_norm.weight", *_ATTENTION_MLP)}
+_BOOL = 7
 _TOKENIZER_ARRAYS = ("tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 
 
@@ -34,14 +39,16 @@ def check_gguf_header(header: GgufHeader, architectures) -> None:
 
         check_hybrid_header(header, arch, architectures[arch].hybrid)
         return
+    layout = architectures[arch].layout
     dims = _model_dims(header, arch)
     tensors = {tensor.name: tensor for tensor in header.tensors}
-    _check_names(tensors, arch)
+    _check_names(tensors, arch, layout)
     vocab = _check_embedding(tensors, dims["embedding_length"])
     _check_floats(header, arch)
     _check_tokenizer(header, vocab)
-    _check_layers(tensors, arch, dims["block_count"])
-    _check_shapes(tensors, _expected_shapes(dims, vocab))
+    _check_layers(tensors, arch, dims["block_count"], layout)
+    _check_windows(header, arch, dims["block_count"])
+    _check_shapes(tensors, _expected_shapes(dims, vocab, layout))
 
 
 def _entry(header: GgufHeader, key: str, kinds: frozenset[int], what: str,
@@ -102,12 +109,24 @@ def _check_floats(header: GgufHeader, arch: str) -> None:
     _positive_float(header, f"{arch}.attention.layer_norm_rms_epsilon", required=True)
     _positive_float(header, f"{arch}.rope.freq_base")
     _positive_float(header, f"{arch}.rope.scaling.factor")
+    _positive_float(header, f"{arch}.rope.freq_base_swa")
+    _positive_float(header, f"{arch}.attn_logit_softcapping")
+    _positive_float(header, f"{arch}.final_logit_softcapping")
     _string(header, f"{arch}.rope.scaling.type")
 
 
-def _check_names(tensors: dict[str, GgufTensorInfo], arch: str) -> None:
+def _check_windows(header: GgufHeader, arch: str, block_count: int) -> None:
+    """A sliding window within the context; one bool per layer saying which slide."""
+    _count(header, f"{arch}.attention.sliding_window", False, limit=MAX_CONTEXT)
+    key = f"{arch}.attention.sliding_window_pattern"
+    pattern = _entry(header, key, frozenset({ARRAY}), "an array", False)
+    if pattern is not None and (pattern.item_type != _BOOL or pattern.count != block_count):
+        raise GgufFormatError(f"metadata {key} must list {block_count} bools (one a layer)")
+
+
+def _check_names(tensors: dict[str, GgufTensorInfo], arch: str, layout: str) -> None:
     for name in tensors:
-        if hf_name(name) is None and name not in CONFIG_TENSORS:
+        if hf_name(name, layout) is None and name not in CONFIG_TENSORS:
             raise GgufFormatError(f"GGUF tensor {name!r} has no place in Folio's {arch}")
 
 
@@ -146,7 +165,7 @@ def _check_tokenizer(header: GgufHeader, vocab: int) -> None:
 
 
 def _check_layers(tensors: dict[str, GgufTensorInfo], arch: str,
-                  block_count: int) -> None:
+                  block_count: int, layout: str) -> None:
     """blk.0 .. blk.{block_count - 1}, each holding the tensors blk.0 holds, the ones every
     layer needs among them."""
     layers: dict[int, set[str]] = {}
@@ -158,7 +177,7 @@ def _check_layers(tensors: dict[str, GgufTensorInfo], arch: str,
         raise GgufFormatError(f"metadata {arch}.block_count is {block_count} but the "
                               f"tensors hold layers {_span(sorted(layers))}")
     first = layers[0]
-    for need in _LAYER_NEEDS:
+    for need in _LAYER_NEEDS[layout]:
         if need not in first:
             raise GgufFormatError(f"the GGUF file has no blk.0.{need}")
     for layer, names in layers.items():
@@ -173,7 +192,8 @@ def _span(layers: list[int]) -> str:
     return f"blk.{layers[0]} to blk.{layers[-1]} ({len(layers)} of them)"
 
 
-def _expected_shapes(dims: dict[str, int], vocab: int) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(dims: dict[str, int], vocab: int,
+                     layout: str) -> dict[str, tuple[int, ...]]:
     """GGUF shapes (innermost first) by name, blk.N as blk.*; a bias's is its weight's
     output width."""
     hidden, ffn = dims["embedding_length"], dims["feed_forward_length"]
@@ -183,7 +203,10 @@ def _expected_shapes(dims: dict[str, int], vocab: int) -> dict[str, tuple[int, .
                "attn_k": (hidden, kv_dim), "attn_v": (hidden, kv_dim),
                "attn_output": (q_dim, hidden), "ffn_gate": (hidden, ffn),
                "ffn_up": (hidden, ffn), "ffn_down": (ffn, hidden),
-               "attn_q_norm": (dims["head_dim"],), "attn_k_norm": (dims["head_dim"],)}
+               "attn_q_norm": (dims["head_dim"],), "attn_k_norm": (dims["head_dim"],),
+               "post_attention_norm": (hidden,), "post_ffw_norm": (hidden,)}
+    if layout == "olmo2":   # q/k norms over all heads at once
+        weights.update({"attn_q_norm": (q_dim,), "attn_k_norm": (kv_dim,)})
     shapes = {"output.weight": (hidden, vocab), "output_norm.weight": (hidden,),
               "rope_freqs.weight": (dims["head_dim"] // 2,)}
     for module, shape in weights.items():

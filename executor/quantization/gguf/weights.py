@@ -30,7 +30,7 @@ def iterate_gguf_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]
     for tensor in reader.tensors:
         if tensor.name in CONFIG_TENSORS:
             continue
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, spec.layout)
         if name is None:   # refused already by open_gguf's checks (validate.py)
             raise ValueError(f"GGUF tensor {tensor.name!r} has no place in Folio's {arch}")
         values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
