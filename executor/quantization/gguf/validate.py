@@ -5,17 +5,14 @@ gives it. A file that passes builds the model its metadata describes, or none is
 
 from __future__ import annotations
 
-import math
 import re
 
 from folio.executor.quantization.gguf.header import (
-    ARRAY, FLOATS, INTEGERS, STRING, GgufFormatError, GgufHeader, GgufTensorInfo)
+    ARRAY, GgufFormatError, GgufHeader, GgufTensorInfo)
+from folio.executor.quantization.gguf.metadata_checks import (
+    MAX_CONTEXT, check_embedding, check_floats, check_tokenizer, count, entry, span, string)
 from folio.executor.quantization.gguf.names import CONFIG_TENSORS, hf_name
 
-# The rotary cache is [context, head_dim] floats, built at start: 2**20 positions is past
-# every served llama/qwen file (Qwen2.5-1M: 1,010,000) and a few hundred MB at most.
-MAX_CONTEXT = 2**20
-MAX_DIM = 2**20               # any width or count the config takes
 _LAYER = re.compile(r"^blk\.(\d+)\.(\w+\.(?:weight|bias))$")
 _ATTENTION_MLP = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
                   "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
@@ -25,13 +22,12 @@ _LAYER_NEEDS = {"llama": ("attn_norm.weight", "ffn_norm.weight", *_ATTENTION_MLP
                 "gemma": ("attn_norm.weight", "post_attention_norm.weight", "ffn_norm.weight",
                           "post_ffw_norm.weight", *_ATTENTION_MLP)}
 _BOOL = 7
-_TOKENIZER_ARRAYS = ("tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 
 
 def check_gguf_header(header: GgufHeader, architectures) -> None:
     """GgufFormatError naming the field; an architecture not in `architectures` is left to
     config.gguf_architecture's refusal."""
-    arch = _string(header, "general.architecture", required=True)
+    arch = string(header, "general.architecture", required=True)
     if arch not in architectures:
         return
     if architectures[arch].hybrid is not None:   # its own layers (gguf/hybrid/validate.py)
@@ -43,56 +39,25 @@ def check_gguf_header(header: GgufHeader, architectures) -> None:
     dims = _model_dims(header, arch)
     tensors = {tensor.name: tensor for tensor in header.tensors}
     _check_names(tensors, arch, layout)
-    vocab = _check_embedding(tensors, dims["embedding_length"])
-    _check_floats(header, arch)
-    _check_tokenizer(header, vocab)
+    vocab = check_embedding(tensors, dims["embedding_length"])
+    check_floats(header, arch)
+    check_tokenizer(header, vocab)
     _check_layers(tensors, arch, dims["block_count"], layout)
     _check_windows(header, arch, dims["block_count"])
     _check_shapes(tensors, _expected_shapes(dims, vocab, layout))
 
 
-def _entry(header: GgufHeader, key: str, kinds: frozenset[int], what: str,
-           required: bool):
-    entry = header.metadata.get(key)
-    if entry is None:
-        if required:
-            raise GgufFormatError(f"the GGUF metadata lacks {key}")
-        return None
-    if entry.type not in kinds:
-        raise GgufFormatError(f"metadata {key} must be {what} (it is of GGUF type "
-                              f"{entry.type})")
-    return entry.value
-
-
-def _string(header: GgufHeader, key: str, required: bool = False) -> str | None:
-    return _entry(header, key, frozenset({STRING}), "a string", required)
-
-
-def _count(header: GgufHeader, key: str, required: bool, limit: int = MAX_DIM) -> int | None:
-    value = _entry(header, key, INTEGERS, "an integer", required)
-    if value is not None and not 1 <= value <= limit:
-        raise GgufFormatError(f"metadata {key} is {value}: it must be from 1 to {limit}")
-    return value
-
-
-def _positive_float(header: GgufHeader, key: str, required: bool = False) -> None:
-    value = _entry(header, key, FLOATS | INTEGERS, "a number", required)
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise GgufFormatError(f"metadata {key} is {value}: it must be a finite positive "
-                              "number")
-
-
 def _model_dims(header: GgufHeader, arch: str) -> dict[str, int]:
     """The widths and counts the config takes, each positive, the heads dividing evenly."""
-    need = {key: _count(header, f"{arch}.{key}", required=True) for key in (
+    need = {key: count(header, f"{arch}.{key}", required=True) for key in (
         "block_count", "embedding_length", "feed_forward_length", "attention.head_count")}
-    _count(header, f"{arch}.context_length", required=True, limit=MAX_CONTEXT)
+    count(header, f"{arch}.context_length", required=True, limit=MAX_CONTEXT)
     heads = need["attention.head_count"]
-    kv_heads = _count(header, f"{arch}.attention.head_count_kv", False) or heads
+    kv_heads = count(header, f"{arch}.attention.head_count_kv", False) or heads
     if heads % kv_heads:
         raise GgufFormatError(f"metadata {arch}.attention.head_count ({heads}) is not a "
                               f"multiple of {arch}.attention.head_count_kv ({kv_heads})")
-    head_dim = _count(header, f"{arch}.attention.key_length", False)
+    head_dim = count(header, f"{arch}.attention.key_length", False)
     if head_dim is None:
         if need["embedding_length"] % heads:
             raise GgufFormatError(f"metadata {arch}.embedding_length "
@@ -105,21 +70,11 @@ def _model_dims(header: GgufHeader, arch: str) -> dict[str, int]:
     return {**need, "head_count_kv": kv_heads, "head_dim": head_dim}
 
 
-def _check_floats(header: GgufHeader, arch: str) -> None:
-    _positive_float(header, f"{arch}.attention.layer_norm_rms_epsilon", required=True)
-    _positive_float(header, f"{arch}.rope.freq_base")
-    _positive_float(header, f"{arch}.rope.scaling.factor")
-    _positive_float(header, f"{arch}.rope.freq_base_swa")
-    _positive_float(header, f"{arch}.attn_logit_softcapping")
-    _positive_float(header, f"{arch}.final_logit_softcapping")
-    _string(header, f"{arch}.rope.scaling.type")
-
-
 def _check_windows(header: GgufHeader, arch: str, block_count: int) -> None:
     """A sliding window within the context; one bool per layer saying which slide."""
-    _count(header, f"{arch}.attention.sliding_window", False, limit=MAX_CONTEXT)
+    count(header, f"{arch}.attention.sliding_window", False, limit=MAX_CONTEXT)
     key = f"{arch}.attention.sliding_window_pattern"
-    pattern = _entry(header, key, frozenset({ARRAY}), "an array", False)
+    pattern = entry(header, key, frozenset({ARRAY}), "an array", False)
     if pattern is not None and (pattern.item_type != _BOOL or pattern.count != block_count):
         raise GgufFormatError(f"metadata {key} must list {block_count} bools (one a layer)")
 
@@ -128,40 +83,6 @@ def _check_names(tensors: dict[str, GgufTensorInfo], arch: str, layout: str) -> 
     for name in tensors:
         if hf_name(name, layout) is None and name not in CONFIG_TENSORS:
             raise GgufFormatError(f"GGUF tensor {name!r} has no place in Folio's {arch}")
-
-
-def _check_embedding(tensors: dict[str, GgufTensorInfo], hidden: int) -> int:
-    """The vocabulary size token_embd.weight gives ([hidden, vocab], innermost first)."""
-    embed = tensors.get("token_embd.weight")
-    if embed is None:
-        raise GgufFormatError("the GGUF file has no token_embd.weight")
-    if len(embed.dims) != 2 or embed.dims[0] != hidden:
-        raise GgufFormatError(f"tensor token_embd.weight has shape {list(embed.dims)}; the "
-                              f"metadata's embedding_length gives [{hidden}, vocab]")
-    return embed.dims[1]
-
-
-def _check_tokenizer(header: GgufHeader, vocab: int) -> None:
-    """Token ids inside the embedding (and the token list); the per-token arrays as long as
-    the token list."""
-    tokens = _entry(header, "tokenizer.ggml.tokens", frozenset({ARRAY}), "an array", False)
-    limit = vocab
-    if tokens is not None:
-        if tokens.item_type != STRING or not 1 <= tokens.count <= vocab:
-            raise GgufFormatError(f"metadata tokenizer.ggml.tokens must list 1 to {vocab} "
-                                  f"strings (token_embd.weight's rows)")
-        limit = tokens.count
-        for key in _TOKENIZER_ARRAYS:
-            other = _entry(header, key, frozenset({ARRAY}), "an array", False)
-            if other is not None and other.count != tokens.count:
-                raise GgufFormatError(f"metadata {key} has {other.count} items for "
-                                      f"{tokens.count} tokens")
-    for key in header.metadata:
-        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
-            token = _entry(header, key, INTEGERS, "an integer", True)
-            if not 0 <= token < limit:
-                raise GgufFormatError(f"metadata {key} is {token}, outside the vocabulary "
-                                      f"(0 to {limit - 1})")
 
 
 def _check_layers(tensors: dict[str, GgufTensorInfo], arch: str,
@@ -175,7 +96,7 @@ def _check_layers(tensors: dict[str, GgufTensorInfo], arch: str,
             layers.setdefault(int(match.group(1)), set()).add(match.group(2))
     if sorted(layers) != list(range(block_count)):
         raise GgufFormatError(f"metadata {arch}.block_count is {block_count} but the "
-                              f"tensors hold layers {_span(sorted(layers))}")
+                              f"tensors hold layers {span(sorted(layers))}")
     first = layers[0]
     for need in _LAYER_NEEDS[layout]:
         if need not in first:
@@ -184,12 +105,6 @@ def _check_layers(tensors: dict[str, GgufTensorInfo], arch: str,
         if names != first:
             odd = sorted(names ^ first)[0]
             raise GgufFormatError(f"blk.{layer} and blk.0 differ in {odd}")
-
-
-def _span(layers: list[int]) -> str:
-    if not layers:
-        return "none"
-    return f"blk.{layers[0]} to blk.{layers[-1]} ({len(layers)} of them)"
 
 
 def _expected_shapes(dims: dict[str, int], vocab: int,

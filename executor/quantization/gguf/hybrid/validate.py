@@ -12,8 +12,8 @@ from folio.executor.quantization.gguf.header import (
     ARRAY, INTEGERS, GgufFormatError, GgufHeader, GgufTensorInfo)
 from folio.executor.quantization.gguf.hybrid.names import (
     FFN_NEEDS, MIXER_NEEDS, NORM_NEEDS, hybrid_hf_name, layer_index)
-from folio.executor.quantization.gguf.validate import (
-    MAX_CONTEXT, _check_embedding, _check_floats, _check_tokenizer, _count, _entry, _span)
+from folio.executor.quantization.gguf.metadata_checks import (
+    MAX_CONTEXT, check_embedding, check_floats, check_tokenizer, count, entry, span)
 
 _COUNTS = ("block_count", "embedding_length", "attention.head_count")
 _QWEN35_COUNTS = ("attention.key_length", "attention.head_count_kv", "ssm.conv_kernel",
@@ -23,25 +23,25 @@ _MOE_COUNTS = ("expert_count", "expert_used_count", "expert_feed_forward_length"
 
 
 def check_hybrid_header(header: GgufHeader, arch: str, family: str) -> None:
-    dims = {key: _count(header, f"{arch}.{key}", required=True) for key in _COUNTS}
+    dims = {key: count(header, f"{arch}.{key}", required=True) for key in _COUNTS}
     # Qwen3.5-MoE has no dense feed-forward to give a width
-    dims["feed_forward_length"] = _count(header, f"{arch}.feed_forward_length",
+    dims["feed_forward_length"] = count(header, f"{arch}.feed_forward_length",
                                          required=family != "qwen35moe") or 0
     if family in ("qwen35moe", "lfm2moe", "qwen3next"):
-        dims.update({key: _count(header, f"{arch}.{key}", required=True)
+        dims.update({key: count(header, f"{arch}.{key}", required=True)
                      for key in _MOE_COUNTS[:3 if family == "lfm2moe" else 4]})
         if dims["expert_used_count"] > dims["expert_count"]:
             raise GgufFormatError(f"metadata {arch}.expert_used_count "
                                   f"({dims['expert_used_count']}) is more than "
                                   f"{arch}.expert_count ({dims['expert_count']})")
-    _count(header, f"{arch}.context_length", required=True, limit=MAX_CONTEXT)
+    count(header, f"{arch}.context_length", required=True, limit=MAX_CONTEXT)
     if family in ("lfm2", "lfm2moe"):
-        dims["shortconv.l_cache"] = _count(header, f"{arch}.shortconv.l_cache", True)
+        dims["shortconv.l_cache"] = count(header, f"{arch}.shortconv.l_cache", True)
         _lfm2_kv_heads(header, arch, dims["block_count"])
         dims["head_dim"] = _head_dim(dims, arch)
         trunk = dims["block_count"]
     else:
-        dims.update({key: _count(header, f"{arch}.{key}", required=True)
+        dims.update({key: count(header, f"{arch}.{key}", required=True)
                      for key in _QWEN35_COUNTS})
         dims["head_dim"] = dims["attention.key_length"]
         trunk = dims["block_count"] - _mtp_layers(header, arch, dims["block_count"])
@@ -51,18 +51,18 @@ def check_hybrid_header(header: GgufHeader, arch: str, family: str) -> None:
         layer = layer_index(name)
         if hybrid_hf_name(family, name) is None and (layer is None or layer < trunk):
             raise GgufFormatError(f"GGUF tensor {name!r} has no place in Folio's {arch}")
-    vocab = _check_embedding(tensors, dims["embedding_length"])
-    _check_floats(header, arch)
-    _check_tokenizer(header, vocab)
+    vocab = check_embedding(tensors, dims["embedding_length"])
+    check_floats(header, arch)
+    check_tokenizer(header, vocab)
     _check_layers(tensors, arch, family, trunk)
     _check_shapes(tensors, family, dims, vocab, trunk)
 
 
 def _lfm2_kv_heads(header: GgufHeader, arch: str, layers: int) -> None:
     key = f"{arch}.attention.head_count_kv"
-    entry = _entry(header, key, INTEGERS | frozenset({ARRAY}), "an integer or an array",
-                   True)
-    if hasattr(entry, "count") and (entry.count != layers or entry.item_type not in INTEGERS):
+    value = entry(header, key, INTEGERS | frozenset({ARRAY}), "an integer or an array",
+                  True)
+    if hasattr(value, "count") and (value.count != layers or value.item_type not in INTEGERS):
         raise GgufFormatError(f"metadata {key} must list {layers} integers (one per layer)")
 
 
@@ -76,7 +76,7 @@ def _head_dim(dims: dict[str, int], arch: str) -> int:
 
 def _mtp_layers(header: GgufHeader, arch: str, blocks: int) -> int:
     key = f"{arch}.nextn_predict_layers"
-    mtp = _entry(header, key, INTEGERS, "an integer", False) or 0
+    mtp = entry(header, key, INTEGERS, "an integer", False) or 0
     if not 0 <= mtp < blocks:
         raise GgufFormatError(f"metadata {key} is {mtp}: it must leave some of the {blocks} "
                               "layers of block_count")
@@ -105,7 +105,7 @@ def _check_layers(tensors: dict[str, GgufTensorInfo], arch: str, family: str,
             layers.setdefault(layer, set()).add(name.split(".", 2)[2])
     if sorted(layers) != list(range(trunk)):
         raise GgufFormatError(f"metadata {arch}.block_count gives {trunk} layers but the "
-                              f"tensors hold layers {_span(sorted(layers))}")
+                              f"tensors hold layers {span(sorted(layers))}")
     for layer, names in sorted(layers.items()):
         for need in NORM_NEEDS[family]:
             if need not in names:
