@@ -19,12 +19,13 @@ def run_quality(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_float32_agrees_with_itself_and_perplexities_are_finite(llama_dir):
-    done = run_quality("--model-dir", str(llama_dir), "--paths", "float32", "int8", "int4",
+    # int4 is the same script path as int8 (one more quantization): two paths show it.
+    done = run_quality("--model-dir", str(llama_dir), "--paths", "float32", "int8",
                        "--windows", "2", "--window-len", "32", "--prompts", "2",
                        "--prompt-len", "8", "--gen-len", "4", "--json")
     assert done.returncode == 0, done.stderr
     results = {r["path"]: r for r in json.loads(done.stdout)["results"]}
-    assert set(results) == {"float32", "int8", "int4"}
+    assert set(results) == {"float32", "int8"}
     assert results["float32"]["agree_prefix"] == 1.0
     assert results["float32"]["agree_overall"] == 1.0
     for result in results.values():

@@ -58,22 +58,24 @@ class TwoNodes:
     """Node 0 (`folio serve`) in host A, node 1 (headless) in host B."""
 
     def __init__(self, hosts: Hosts, run_dir: Path, model_dir, keys: str, *engine: str,
-                 node_command: str = "executor"):
+                 node_command: str = "executor", node_extra: tuple[str, ...] = ()):
         """`node_command`: node 1 as `folio executor --headless` or, vLLM's form,
-        `folio serve --headless`."""
+        `folio serve --headless`; `node_extra`: flags node 1 alone gets (the last of a
+        repeated flag wins)."""
         self.hosts, self.run_dir, self.keys = hosts, run_dir, keys
         self.node_command = node_command
         self.engine = ("--model", str(model_dir), "--tensor-parallel-size", "2", *MASTER,
                        "--curve-keys", keys, "--device", "cpu", *engine)
         self.address = f"ipc://{run_dir}/client.sock"
         self.serve_log, self.node_log = run_dir / "serve.log", run_dir / "node1.log"
+        self.node_extra = node_extra
         self.node = self.start_node()
         self.serve = hosts.spawn(0, ["serve", *self.engine, "--zmq-address", self.address],
                                  self.serve_log)
 
     def start_node(self) -> subprocess.Popen:
         return self.hosts.spawn(1, [self.node_command, "--headless", "--node-rank", "1",
-                                    *self.engine], self.node_log)
+                                    *self.engine, *self.node_extra], self.node_log)
 
     def client(self) -> Client:
         return Client(self.address, curve_keys=self.keys)
@@ -205,11 +207,8 @@ def test_a_lost_node_fails_in_flight_requests_and_the_group_comes_back(hosts, ke
 
 def test_a_node_with_other_engine_settings_is_refused_naming_them(hosts, keys, tmp_path,
                                                                  llama_dir):
-    nodes = TwoNodes(hosts, tmp_path, llama_dir, keys, "--dtype", "float32")
-    os.killpg(nodes.node.pid, signal.SIGKILL)   # node 1 comes with another dtype instead
-    nodes.node.wait()
-    nodes.engine = (*nodes.engine[:-2], "--dtype", "bfloat16")
-    nodes.node = nodes.start_node()
+    nodes = TwoNodes(hosts, tmp_path, llama_dir, keys, "--dtype", "float32",
+                     node_extra=("--dtype", "bfloat16"))   # node 1 with another dtype
     try:
         assert nodes.serve.wait(timeout=240) == 1   # a refused setting: not restarted
     finally:
