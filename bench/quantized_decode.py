@@ -111,16 +111,17 @@ def decode_runs(args: argparse.Namespace) -> None:
                str(args.users), "--prompt-len", str(args.prompt_len), "--output-len",
                str(args.output_len), "--num-kv-blocks", str(args.num_kv_blocks), "--seed",
                str(args.seed), "--cpu-threads", str(args.cpu_threads)]
+    pairs = [tuple(pair.split(":")) for pair in args.pairs] if args.pairs else [
+        (q, kv) for q in args.quantizations for kv in args.kv_cache_dtypes]
     for round_ in range(args.rounds):
-        for quantization in args.quantizations:
-            for kv_cache_dtype in args.kv_cache_dtypes:
-                load = os.getloadavg()[0]
-                out = subprocess.run(command + ["--worker", quantization, kv_cache_dtype],
-                                     check=True, capture_output=True, text=True).stdout
-                result = json.loads(out.strip().splitlines()[-1])
-                result.update(round=round_, load_before=load, load_after=os.getloadavg()[0])
-                print(json.dumps({k: round(v, 1) if isinstance(v, float) else v
-                                  for k, v in result.items()}), flush=True)
+        for quantization, kv_cache_dtype in pairs:
+            load = os.getloadavg()[0]
+            out = subprocess.run(command + ["--worker", quantization, kv_cache_dtype],
+                                 check=True, capture_output=True, text=True).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+            result.update(round=round_, load_before=load, load_after=os.getloadavg()[0])
+            print(json.dumps({k: round(v, 1) if isinstance(v, float) else v
+                              for k, v in result.items()}), flush=True)
 
 
 # ---- the kernels alone ------------------------------------------------------------------------
@@ -215,6 +216,9 @@ def main() -> None:
                         "the SmolLM2-135M shape under /tmp)")
     parser.add_argument("--quantizations", nargs="+", default=["none", "int8", "int4"])
     parser.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"])
+    parser.add_argument("--pairs", nargs="+", metavar="QUANTIZATION:KV_CACHE_DTYPE",
+                        help="run these combinations only, instead of every quantization "
+                             "with every KV cache type")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--users", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=256)
