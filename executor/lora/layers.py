@@ -79,6 +79,9 @@ def _lora_forward(base_forward, path: str, step: LoraStep):
     def forward(x: torch.Tensor) -> torch.Tensor:
         out = base_forward(x)
         return add_lora(x, out, path, step) if step.groups else out
+    # The base linear's output on a step without adapter rows: executor/native_step runs the
+    # base weights itself on those steps (CausalLM.forward checks the step's groups).
+    forward.lora_step = step
     return forward
 
 

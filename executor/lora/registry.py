@@ -44,6 +44,7 @@ class LoraRegistry:
         self.cpu_pools = LoraCpuPools(max_loras, max_rank, dtype) if native else None
         self.step = LoraStep()
         wrap_lora_targets(model, self.step)
+        model.lora_step = self.step   # the native decode step yields its adapter rows' steps
 
     def load(self, name: str, path: str) -> LoraWeights:
         """Register an adapter, read whole (every check runs: a missing or broken one

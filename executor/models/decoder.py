@@ -99,6 +99,8 @@ class CausalLM(nn.Module):
         # executor/native_step's NativeStep, set at load where it can run this model: steps
         # of up to its max_tokens run every layer in one C++ call instead of the loop.
         self.native_step = None
+        # The LoRA registry's step (executor/lora/registry.py sets it): its adapter groups.
+        self.lora_step = None
 
     def init_rotary(self) -> None:
         """Fill the cos/sin tables (after weights are on their device)."""
@@ -122,7 +124,10 @@ class CausalLM(nn.Module):
                                            rope.original_max_position_embeddings,
                                            self.max_positions)
         native = self.native_step
-        if native is not None and len(input_ids) <= native.max_tokens:
+        # A step with LoRA adapter rows runs the layers, which add the adapters' terms.
+        lora = self.lora_step
+        if (native is not None and len(input_ids) <= native.max_tokens
+                and not (lora is not None and lora.groups)):
             hidden, residual = native(positions, hidden, kv_caches, inputs)
         else:
             residual = None

@@ -29,9 +29,11 @@ def _norms(layer: DecoderLayer) -> list[nn.Module]:
     return norms
 
 
-def unsupported_module(model: CausalLM) -> str | None:
+def unsupported_module(model: CausalLM, lora_step=None) -> str | None:
     """Why some module of `model` is not one DecodeStep reproduces, or None. Exact types:
-    a subclass or a wrapper may compute something else."""
+    a subclass or a wrapper may compute something else. `lora_step`: the LoRA registry's
+    step; forwards LoRA set for it are allowed (the native step runs only the steps without
+    adapter rows, where they compute the base linear)."""
     eps = set()
     for layer in model.layers:
         parts = [(layer, DecoderLayer), (layer.self_attn, Attention), (layer.mlp, GatedMLP)]
@@ -43,7 +45,7 @@ def unsupported_module(model: CausalLM) -> str | None:
             reason = linear_reason(module)
             if reason is not None:
                 return reason
-        reason = changed_forward_reason(layer)
+        reason = changed_forward_reason(layer, lora_step)
         if reason is not None:
             return reason
         eps.update(norm.eps for norm in _norms(layer))
@@ -61,13 +63,15 @@ def linear_reason(module: nn.Module) -> str | None:
     return None
 
 
-def changed_forward_reason(layer: nn.Module) -> str | None:
+def changed_forward_reason(layer: nn.Module, lora_step=None) -> str | None:
     """Why some module of `layer` computes other than its class says (a hook, a forward
-    replaced), or None."""
+    replaced), or None. A forward LoRA set for `lora_step` is allowed."""
     for module in layer.modules():
         if module._forward_hooks or module._forward_pre_hooks:
             return "forward hooks on a layer"
-        if "forward" in module.__dict__:   # executor/lora/layers.py sets one
+        replaced = module.__dict__.get("forward")   # executor/lora/layers.py sets one
+        if replaced is not None and (lora_step is None
+                                     or getattr(replaced, "lora_step", None) is not lora_step):
             return "a replaced forward (LoRA)"
     return None
 

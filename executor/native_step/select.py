@@ -47,9 +47,11 @@ def setup_reason(ops: KernelOps, device: torch.device, dtype: torch.dtype,
 
 def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
                          dtype: torch.dtype, tensor_parallel: bool = False,
-                         lora: bool = False) -> str | None:
-    """Why `model` keeps the Python layers, or None when the native step can run it."""
-    reason = setup_reason(ops, device, dtype, tensor_parallel, lora)
+                         lora_step=None) -> str | None:
+    """Why `model` keeps the Python layers, or None when the native step can run it.
+    `lora_step`: the LoRA registry's step, when adapters are on (the native step then runs
+    the steps without adapter rows)."""
+    reason = setup_reason(ops, device, dtype, tensor_parallel)
     if reason is not None:
         return reason
     config = model.config
@@ -72,17 +74,18 @@ def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
         return "attention sinks"
     if "yarn" in (config.rope.rope_type, getattr(config.local_rope, "rope_type", None)):
         return "yarn rotary"
-    return unsupported_module(model)
+    return unsupported_module(model, lora_step)
 
 
 def select_decode_step(model: CausalLM | HybridCausalLM | Gemma4CausalLM, setting: str,
                        ops: KernelOps, device: torch.device, dtype: torch.dtype,
-                       tensor_parallel: bool = False, lora: bool = False
+                       tensor_parallel: bool = False, lora: bool = False, lora_step=None
                        ) -> NativeStep | HybridNativeStep | Gemma4NativeStep | None:
     """The native step for `model` (engine setting decode_step: "auto" where it can run,
     "python" never): a NativeStep for a decoder, a HybridNativeStep for a hybrid, a
     Gemma4NativeStep for Gemma 4; or None:
-    the layer loop runs every step."""
+    the layer loop runs every step. `lora`: adapters are on; a decoder's step then runs the
+    steps without adapter rows, given the registry's `lora_step`."""
     if setting not in DECODE_STEPS:
         raise ValueError(f"decode_step must be one of {', '.join(DECODE_STEPS)}, got "
                          f"{setting!r}")
@@ -96,8 +99,10 @@ def select_decode_step(model: CausalLM | HybridCausalLM | Gemma4CausalLM, settin
     elif gemma4:
         reason = (setup_reason(ops, device, dtype, tensor_parallel, lora)
                   or gemma4_layers_reason(model))
+    elif lora and lora_step is None:
+        reason = "LoRA adapters"
     else:
-        reason = python_layers_reason(model, ops, device, dtype, tensor_parallel, lora)
+        reason = python_layers_reason(model, ops, device, dtype, tensor_parallel, lora_step)
     if reason is not None:
         log.info("decode step: Python layers (%s)", reason)
         return None
@@ -112,6 +117,6 @@ def select_decode_step(model: CausalLM | HybridCausalLM | Gemma4CausalLM, settin
                  "tokens (Gemma 4)", MAX_TOKENS)
         return step
     step = NativeStep(model, MAX_TOKENS)
-    log.info("decode step: native, one C++ call for the layers of steps of up to %d tokens",
-             MAX_TOKENS)
+    log.info("decode step: native, one C++ call for the layers of steps of up to %d tokens%s",
+             MAX_TOKENS, " without adapter rows" if lora_step is not None else "")
     return step

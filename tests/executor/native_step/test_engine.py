@@ -6,6 +6,7 @@ setting is refused by name."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from torch import nn
@@ -78,11 +79,42 @@ def test_families_it_does_not_cover_keep_the_python_layers_and_say_why(
     assert len(_greedy(llm, [[5, 6, 7]], [4])[0]) == 4
 
 
+def test_with_lora_it_runs_the_steps_without_adapter_rows(llama, caplog, tmp_path):
+    """An engine with adapters on: steps whose rows are all the base model's run natively
+    (greedy tokens equal to decode_step="python"'s); a step with an adapter row runs the
+    Python layers, which add the adapter's terms (tokens equal to that adapter's alone)."""
+    from tests.lora_adapters import make_adapter
+
+    adapter = make_adapter(Path(llama), tmp_path / "a", seed=1, rank=4)
+    prompts, _ = random_prompts(3, 2, 30, vocab=1024, seed=5)
+    max_tokens = [9, 14, 6]
+    engine = dict(dtype="float32", enable_lora=True, lora_modules=[f"a={adapter}"],
+                  max_lora_rank=4)
+    python, _ = _llm(llama, caplog, decode_step="python", **engine)
+    expected_base = _greedy(python, prompts, max_tokens)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    expected_lora = [r.outputs[0].token_ids
+                     for r in python.generate(prompts, params, lora=["a"] * 3)]
+    del python
+    assert expected_lora != expected_base   # the adapter changes the answers
+    native, lines = _llm(llama, caplog, **engine)
+    assert lines == ["decode step: native, one C++ call for the layers of steps of up to 16 "
+                     "tokens without adapter rows"]
+    model = native.engine.executor.model
+    model.native_step = spy = CountingStep(model.native_step)
+    assert _greedy(native, prompts, max_tokens) == expected_base
+    assert spy.calls >= max(max_tokens) - 1
+    spy.calls = 0
+    assert [r.outputs[0].token_ids
+            for r in native.generate(prompts, params, lora=["a"] * 3)] == expected_lora
+    assert spy.calls == 0   # every step had adapter rows
+
+
 def test_a_wrapped_or_hooked_layer_is_not_covered(llama, caplog):
-    llm, lines = _llm(llama, caplog, dtype="float32", enable_lora=True)
-    assert lines == ["decode step: Python layers (LoRA adapters)"]
+    llm, lines = _llm(llama, caplog, dtype="float32", enable_lora=True, decode_step="python")
     model = llm.engine.executor.model
     assert unsupported_module(model) == "a replaced forward (LoRA)"
+    assert unsupported_module(model, llm.engine.executor.lora.step) is None
     for module in model.modules():
         module.__dict__.pop("forward", None)
     assert unsupported_module(model) is None
