@@ -11,8 +11,8 @@ from torch import nn
 
 from folio.executor.models.gemma4.layers import Gemma4Attention, Gemma4Mlp, Gemma4Norm
 from folio.executor.models.gemma4.model import Gemma4CausalLM, Gemma4Layer
-from folio.executor.native_step.layers import (changed_forward_reason, linear_operands,
-                                               linear_reason)
+from folio.executor.native_step.layers import (calls_reason, linear_operands,
+                                               wrong_type_reason)
 from folio.executor.ops import AttentionInputs
 
 
@@ -57,19 +57,15 @@ def gemma4_layers_reason(model: Gemma4CausalLM) -> str | None:
         parts += [(norm, Gemma4Norm) for norm in _norms(layer, ple)]
         if attn.owns_cache:
             parts.append((attn.v_norm, Gemma4Norm))
-        for module, expected in parts:
-            if type(module) is not expected:
-                return f"a {type(module).__name__} layer"
+        reason = wrong_type_reason(parts)
+        if reason is not None:
+            return reason
         if any(norm.weight is None for norm in _norms(layer, ple)) or \
                 (attn.owns_cache and attn.v_norm.weight is not None):
             return "a Gemma 4 norm with other weights"
         if (attn.owns_cache and attn.qkv_proj is None) or layer.mlp.gate_up_proj is None:
             return "unfused Gemma 4 projections"
-        for module in _linears(layer, ple):
-            reason = linear_reason(module)
-            if reason is not None:
-                return reason
-        reason = changed_forward_reason(layer)
+        reason = calls_reason(layer, _linears(layer, ple))
         if reason is not None:
             return reason
         eps.update(norm.eps for norm in _norms(layer, ple))

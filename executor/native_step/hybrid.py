@@ -12,8 +12,8 @@ from folio.executor.models.hybrid.layers import (DepthwiseConv, GatedDeltaNet, G
                                                  GatedNorm, HybridAttention, Norm, ShortConv)
 from folio.executor.models.hybrid.model import HybridCausalLM, HybridLayer
 from folio.executor.models.hybrid.state_pool import StatePool, StepStates
-from folio.executor.native_step.layers import (changed_forward_reason, linear_operands,
-                                               linear_reason)
+from folio.executor.native_step.layers import (calls_reason, linear_operands,
+                                               wrong_type_reason)
 from folio.executor.ops import AttentionInputs
 
 # HybridStep's layer kinds.
@@ -65,16 +65,12 @@ def hybrid_layers_reason(model: HybridCausalLM) -> str | None:
         if not isinstance(mixer, HybridAttention):
             conv = mixer.conv1d if isinstance(mixer, GatedDeltaNet) else mixer.conv
             parts.append((conv, DepthwiseConv))
-        for module, expected in parts:
-            if type(module) is not expected:
-                return f"a {type(module).__name__} layer"
+        reason = wrong_type_reason(parts)
+        if reason is not None:
+            return reason
         if not isinstance(mixer, HybridAttention) and not mixer.native:
             return "the recurrent layers' torch decode steps"
-        for module in _linears(layer):
-            reason = linear_reason(module)
-            if reason is not None:
-                return reason
-        reason = changed_forward_reason(layer)
+        reason = calls_reason(layer, _linears(layer))
         if reason is not None:
             return reason
         eps.update(norm.eps for norm in _norms(layer))

@@ -38,20 +38,33 @@ def unsupported_module(model: CausalLM, lora_step=None) -> str | None:
     for layer in model.layers:
         parts = [(layer, DecoderLayer), (layer.self_attn, Attention), (layer.mlp, GatedMLP)]
         parts += [(norm, RMSNorm) for norm in _norms(layer)]
-        for module, expected in parts:
-            if type(module) is not expected:
-                return f"a {type(module).__name__} layer"
-        for module in _linears(layer):
-            reason = linear_reason(module)
-            if reason is not None:
-                return reason
-        reason = changed_forward_reason(layer, lora_step)
+        reason = (wrong_type_reason(parts)
+                  or calls_reason(layer, _linears(layer), lora_step))
         if reason is not None:
             return reason
         eps.update(norm.eps for norm in _norms(layer))
     if len(eps) > 1:
         return "norms with different eps"
     return None
+
+
+def wrong_type_reason(parts: list[tuple[nn.Module, type]]) -> str | None:
+    """The first (module, class) pair whose module is not exactly of that class, as a reason
+    (a subclass or a wrapper may compute something else), or None."""
+    for module, expected in parts:
+        if type(module) is not expected:
+            return f"a {type(module).__name__} layer"
+    return None
+
+
+def calls_reason(layer: nn.Module, linears, lora_step=None) -> str | None:
+    """Why `layer` computes other than the native step would call it: one of its `linears`
+    is no kind the step calls, or a module has a hook or replaced forward; else None."""
+    for module in linears:
+        reason = linear_reason(module)
+        if reason is not None:
+            return reason
+    return changed_forward_reason(layer, lora_step)
 
 
 def linear_reason(module: nn.Module) -> str | None:
