@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from folio import LLM, SamplingParams
-from folio.executor.linear import onednn_unavailable_reason, pack_linears
+from folio.executor.linear import onednn_unavailable_reason
 from folio.executor.model_loader import load_model
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.native_step import MAX_TOKENS, select_decode_step
@@ -25,13 +25,14 @@ from folio.executor.ops import AttentionInputs, select_ops
 from folio.kernels import cpu_attention
 from folio.kernels.kv_quant import kv_storage_dtype, row_width
 from tests.executor.gemma4.checkpoints import make_gemma4_dir
+from tests.executor.native_step.harness import (CPU, engine_and_step_lines, executor_model,
+                                               native_step)
 from tests.executor.native_step.spy import CountingStep
 from tests.hf_oracle import random_prompts
 
 pytestmark = pytest.mark.skipif(not cpu_attention.load().ok,
                                 reason="the C++ CPU operators are not built")
 
-CPU = torch.device("cpu")
 BLOCK = 4
 MAX_POSITIONS = 256
 ROWS = 4
@@ -57,13 +58,9 @@ def checkpoints(tmp_path_factory, tokenizer_dir):
 
 
 def _model(path, dtype: torch.dtype, quantization: str = "none", backend: str = "auto"):
-    """The model as the executor builds it: C++ kernels, linears packed or quantized."""
-    ops = select_ops("cpu", CPU)
-    model = load_model(path, read_model_config(path), ops, dtype, CPU, MAX_POSITIONS)
-    pack_linears(model, CPU, dtype, backend, quantization, int8_activations=True)
-    step = select_decode_step(model, "auto", ops, CPU, dtype)
-    assert step is not None
-    return model, step
+    """The model as the executor builds it, and its native step."""
+    model, ops = executor_model(path, dtype, MAX_POSITIONS, quantization, backend)
+    return model, native_step(model, ops, dtype)
 
 
 def _inputs(tables, spans):
@@ -175,12 +172,7 @@ def test_steps_past_the_bound_keep_the_layers(checkpoints):
 
 
 def _llm(path, caplog, **engine_args) -> tuple[LLM, list[str]]:
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="folio.executor"):
-        llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", num_kv_blocks=64,
-                  dtype="float32", **engine_args)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decode step")]
-    return llm, lines
+    return engine_and_step_lines(path, caplog, dtype="float32", **engine_args)
 
 
 def test_the_engine_runs_it_with_the_python_layers_tokens(checkpoints, caplog):

@@ -16,9 +16,7 @@ import pytest
 import torch
 
 from folio import LLM, SamplingParams
-from folio.executor.linear import onednn_unavailable_reason, pack_linears
-from folio.executor.model_loader import load_model
-from folio.executor.models.hf_config import read_model_config
+from folio.executor.linear import onednn_unavailable_reason
 from folio.executor.models.hybrid.state_pool import StatePool
 from folio.executor.native_step import MAX_TOKENS, select_decode_step
 from folio.executor.ops import AttentionInputs, select_ops
@@ -26,13 +24,14 @@ from folio.kernels import cpu_attention
 from folio.kernels.kv_quant import kv_storage_dtype, row_width
 from tests.executor.hybrid.checkpoints import make_hybrid_dir
 from tests.executor.hybrid.moe_checkpoints import make_moe_dir
+from tests.executor.native_step.harness import (CPU, engine_and_step_lines, executor_model,
+                                               native_step)
 from tests.executor.native_step.spy import CountingStep
 from tests.hf_oracle import random_prompts
 
 pytestmark = pytest.mark.skipif(not cpu_attention.load().ok,
                                 reason="the C++ CPU operators are not built")
 
-CPU = torch.device("cpu")
 BLOCK = 4
 MAX_POSITIONS = 256
 SLOTS = 5
@@ -60,15 +59,11 @@ def checkpoints(tmp_path_factory, tokenizer_dir):
 
 
 def _model(path, dtype: torch.dtype, linear: str):
-    """The model as the executor builds it: C++ kernels, linears packed or quantized."""
-    ops = select_ops("cpu", CPU)
-    model = load_model(path, read_model_config(path), ops, dtype, CPU, MAX_POSITIONS)
+    """The model as the executor builds it, with `linear` linears, and its native step."""
     quantization = linear if linear in ("int8", "int4") else "none"
     backend = linear if linear in ("torch", "onednn") else "auto"
-    pack_linears(model, CPU, dtype, backend, quantization, int8_activations=True)
-    step = select_decode_step(model, "auto", ops, CPU, dtype)
-    assert step is not None
-    return model, step
+    model, ops = executor_model(path, dtype, MAX_POSITIONS, quantization, backend)
+    return model, native_step(model, ops, dtype)
 
 
 def _inputs(tables, spans, slots):
@@ -171,10 +166,7 @@ def test_norms_holding_their_scale_match_the_python_layers(checkpoints):
     same offset. The norms are made so here, then the step is built."""
     from folio.executor.models.hybrid.layers import Norm
 
-    path = checkpoints("qwen3_5")
-    ops = select_ops("cpu", CPU)
-    model = load_model(path, read_model_config(path), ops, torch.float32, CPU, MAX_POSITIONS)
-    pack_linears(model, CPU, torch.float32, "auto", "none", int8_activations=True)
+    model, ops = executor_model(checkpoints("qwen3_5"), torch.float32, MAX_POSITIONS)
     scaled = 0
     with torch.no_grad():
         for module in model.modules():
@@ -183,9 +175,8 @@ def test_norms_holding_their_scale_match_the_python_layers(checkpoints):
                 module.offset = 0.0
                 scaled += 1
     assert scaled > 2 * len(model.layers)
-    step = select_decode_step(model, "auto", ops, CPU, torch.float32)
-    assert step is not None
-    _check_decode_steps(model, step, torch.float32, "auto", seed=3)
+    _check_decode_steps(model, native_step(model, ops, torch.float32), torch.float32, "auto",
+                        seed=3)
 
 
 # Linear kinds beside the default packed ones (oneDNN in bfloat16 where Folio's BF16 tiles
@@ -229,12 +220,7 @@ def test_steps_it_does_not_take_keep_the_layers(checkpoints):
 
 
 def _llm(path, caplog, **engine_args) -> tuple[LLM, list[str]]:
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="folio.executor"):
-        llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", num_kv_blocks=64,
-                  dtype="float32", **engine_args)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decode step")]
-    return llm, lines
+    return engine_and_step_lines(path, caplog, dtype="float32", **engine_args)
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "lfm2"])

@@ -12,20 +12,18 @@ import random
 import pytest
 import torch
 
-from folio.executor.linear import onednn_unavailable_reason, pack_linears
-from folio.executor.model_loader import load_model
-from folio.executor.models.hf_config import read_model_config
-from folio.executor.native_step import MAX_TOKENS, select_decode_step
-from folio.executor.ops import AttentionInputs, select_ops
+from folio.executor.linear import onednn_unavailable_reason
+from folio.executor.native_step import MAX_TOKENS
+from folio.executor.ops import AttentionInputs
 from folio.kernels import cpu_attention
 from folio.kernels.kv_quant import kv_storage_dtype, row_width
 from folio.tiny_models import make_random_checkpoint
+from tests.executor.native_step.harness import CPU, executor_model, native_step
 from tests.executor.native_step.spy import CountingStep
 
 pytestmark = pytest.mark.skipif(not cpu_attention.load().ok,
                                 reason="the C++ CPU operators are not built")
 
-CPU = torch.device("cpu")
 BLOCK = 4
 MAX_POSITIONS = 256
 ARCHS = {
@@ -59,15 +57,11 @@ def checkpoints(tmp_path_factory):
 
 
 def _model(path, dtype: torch.dtype, linear: str):
-    """The model as the executor builds it: C++ kernels, linears packed or quantized."""
-    ops = select_ops("cpu", CPU)
-    model = load_model(path, read_model_config(path), ops, dtype, CPU, MAX_POSITIONS)
+    """The model as the executor builds it, with `linear` linears, and its native step."""
     quantization = linear if linear in ("int8", "int4") else "none"
     backend = "torch" if linear == "torch" else "auto"
-    pack_linears(model, CPU, dtype, backend, quantization, int8_activations=True)
-    step = select_decode_step(model, "auto", ops, CPU, dtype)
-    assert step is not None
-    return model, step
+    model, ops = executor_model(path, dtype, MAX_POSITIONS, quantization, backend)
+    return model, native_step(model, ops, dtype)
 
 
 def _inputs(tables, spans):

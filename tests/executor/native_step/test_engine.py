@@ -5,7 +5,6 @@ setting is refused by name."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from folio import LLM, SamplingParams
 from folio.executor.native_step.layers import unsupported_module
 from folio.kernels import cpu_attention
 from folio.tiny_models import make_random_checkpoint
+from tests.executor.native_step.harness import engine_and_step_lines as _llm
 from tests.executor.native_step.spy import CountingStep
 from tests.hf_oracle import random_prompts
 
@@ -31,15 +31,6 @@ def _checkpoint(tmp_path_factory, name: str, **checkpoint):
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     return _checkpoint(tmp_path_factory, "llama", arch="llama")
-
-
-def _llm(path: str, caplog, **engine_args) -> tuple[LLM, list[str]]:
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="folio.executor"):
-        llm = LLM(path, skip_tokenizer_init=True, device="cpu", num_kv_blocks=64,
-                  **engine_args)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decode step")]
-    return llm, lines
 
 
 def _greedy(llm: LLM, prompts, max_tokens) -> list[list[int]]:
