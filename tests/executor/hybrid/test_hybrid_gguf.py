@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from folio import LLM, SamplingParams
-from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from tests.executor.hybrid.checkpoints import assert_idle, make_hybrid_dir
 from tests.executor.hybrid.gguf_writer import (RECURRENT_LAYERS, read_config, split_qkvz,
                                                write_hybrid_gguf)
 from tests.executor.hybrid.moe_checkpoints import make_moe_dir
+from tests.executor.quantization.kept_quantized import assert_same_top_logprobs, prompt_logprobs
 from tests.hf_oracle import hf_greedy, random_prompts
 
 PROMPTS, _ = random_prompts(4, 1, 70, vocab=1024, seed=41)
@@ -97,20 +97,9 @@ def test_greedy_output_matches_transformers_on_the_checkpoint(hybrid):
 
 
 def _prompt_logprobs(path, monkeypatch, keep: bool):
-    from folio.executor.quantization import weight_formats
-
-    if not keep:
-        monkeypatch.setattr(weight_formats, "keep_gguf_quantized", lambda *args: 0)
-    # float activations: the file's blocks against their dequantized floats
-    llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64,
-              quantized_activations="float")
-    outs = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=1, temperature=0,
-                                                    prompt_logprobs=5))
-    kept = {name.rsplit(".", 1)[-1] for name, module in
-            llm.engine.executor.model.named_modules() if isinstance(module, WeightOnlyLinear)}
-    monkeypatch.undo()
-    return [[{token: entry.logprob for token, entry in position.items()}
-             for position in out.prompt_logprobs[1:]] for out in outs], kept
+    """The first two prompts' top logprobs, and the kinds of linear kept quantized."""
+    values, kept = prompt_logprobs(path, PROMPTS[:2], monkeypatch, keep)
+    return values, {name.rsplit(".", 1)[-1] for name in kept}
 
 
 def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(hybrid, monkeypatch):
@@ -119,12 +108,7 @@ def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(hybrid, mon
     float_values, none = _prompt_logprobs(q8, monkeypatch, keep=False)
     assert none == set()
     assert kept == KEPT[family]
-    for kept_position, float_position in zip(
-            [p for prompt in kept_values for p in prompt],
-            [p for prompt in float_values for p in prompt]):
-        assert kept_position.keys() == float_position.keys()   # the same top tokens
-        for token, logprob in float_position.items():
-            assert abs(kept_position[token] - logprob) < 1e-3   # test_gguf_quantized.py's
+    assert_same_top_logprobs(kept_values, float_values)   # test_gguf_quantized.py's bound
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"])
@@ -137,12 +121,7 @@ def test_a_reordered_out_proj_of_whole_blocks_stays_quantized(quant, tmp_path, t
     kept_values, kept = _prompt_logprobs(path, monkeypatch, keep=True)
     float_values, _ = _prompt_logprobs(path, monkeypatch, keep=False)
     assert "out_proj" in kept
-    for kept_position, float_position in zip(
-            [p for prompt in kept_values for p in prompt],
-            [p for prompt in float_values for p in prompt]):
-        assert kept_position.keys() == float_position.keys()
-        for token, logprob in float_position.items():
-            assert abs(kept_position[token] - logprob) < 1e-3
+    assert_same_top_logprobs(kept_values, float_values)
 
 
 def _refusal(path) -> str:

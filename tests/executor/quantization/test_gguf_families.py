@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from folio import LLM, SamplingParams
-from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from tests.conftest import _model_dir
 from tests.executor.quantization.gguf_family_writer import write_family_gguf
 from tests.executor.quantization.gguf_files import tiny_metadata, tiny_tensors, write_gguf
+from tests.executor.quantization.kept_quantized import assert_same_top_logprobs, prompt_logprobs
 from tests.hf_oracle import hf_greedy, random_prompts
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")   # conftest.py
@@ -68,18 +68,9 @@ def test_greedy_output_matches_transformers_on_the_checkpoint(family):
 
 
 def _prompt_logprobs(path, monkeypatch, keep: bool):
-    from folio.executor.quantization import weight_formats
-
-    if not keep:
-        monkeypatch.setattr(weight_formats, "keep_gguf_quantized", lambda *args: 0)
-    llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64,
-              quantized_activations="float")
-    outs = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=1, temperature=0,
-                                                    prompt_logprobs=5))
-    kept = {name.rsplit(".", 1)[-1] for name, module in
-            llm.engine.executor.model.named_modules() if isinstance(module, WeightOnlyLinear)}
-    monkeypatch.undo()
-    return [p for out in outs for p in out.prompt_logprobs[1:]], kept
+    """The first two prompts' top logprobs, and the kinds of linear kept quantized."""
+    values, kept = prompt_logprobs(path, PROMPTS[:2], monkeypatch, keep)
+    return values, {name.rsplit(".", 1)[-1] for name in kept}
 
 
 def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(family, monkeypatch):
@@ -88,10 +79,7 @@ def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(family, mon
     float_values, none = _prompt_logprobs(q8, monkeypatch, keep=False)
     assert none == set()
     assert kept == KEPT[name]
-    for kept_position, float_position in zip(kept_values, float_values):
-        assert kept_position.keys() == float_position.keys()   # the same top tokens
-        for token, entry in float_position.items():
-            assert abs(kept_position[token].logprob - entry.logprob) < 1e-3
+    assert_same_top_logprobs(kept_values, float_values)
 
 
 def _refusal(path) -> str:
