@@ -60,3 +60,18 @@ def hf_lora_greedy(model_dir: Path, adapter_dir: Path | None, prompts: list[list
                                  max_new_tokens=count, do_sample=False)
             outputs.append(out[0, len(prompt):].tolist())
     return outputs
+
+
+def greedy_per_adapter(llm, names, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> dict:
+    """Every prompt with every adapter of `names` (None: the base), all in one generate:
+    adapter -> the greedy tokens of each prompt."""
+    from folio import SamplingParams
+
+    jobs = [(name, i) for name in names for i in range(len(prompts))]
+    outputs = llm.generate([prompts[i] for _, i in jobs],
+                           [SamplingParams(temperature=0.0, max_tokens=max_tokens[i])
+                            for _, i in jobs], lora=[name for name, _ in jobs])
+    got: dict = {}
+    for (name, _), output in zip(jobs, outputs):
+        got.setdefault(name, []).append(output.outputs[0].token_ids)
+    return got

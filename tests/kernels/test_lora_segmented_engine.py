@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from folio import LLM, SamplingParams
+from folio import LLM
 from folio.executor.lora.registry import LoraRegistry
 from folio.executor.models.architectures import ARCHITECTURES
-from tests.lora_adapters import MAX_TOKENS, PROMPTS
+from tests.lora_adapters import MAX_TOKENS, PROMPTS, greedy_per_adapter
 
 pytestmark = pytest.mark.parity
 
@@ -39,13 +39,7 @@ def test_adapters_on_the_segmented_kernel_match_peft(long_llama_dir, lora_adapte
     # Two adapters beside the base on the shortest prompt (the interpreter is slow): with
     # one slot, the second adapter waits, then takes the slot the first one left.
     names = ["all", "qv-down", None]
-    jobs = [(name, 2) for name in names]
-    outputs = llm.generate([PROMPTS[i] for _, i in jobs],
-                           [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[i])
-                            for _, i in jobs], lora=[name for name, _ in jobs])
-    got: dict = {}
-    for (name, _), output in zip(jobs, outputs):
-        got.setdefault(name, []).append(output.outputs[0].token_ids)
+    got = greedy_per_adapter(llm, names, PROMPTS[2:], MAX_TOKENS[2:])
     assert got == {name: lora_expected[name][2:] for name in names}
     assert list(registry.resident.values()) == [0]   # one slot, reused
     stats = llm.stats()

@@ -13,8 +13,8 @@ import pytest
 from folio import LLM, SamplingParams
 from folio.shared.settings import SettingError
 from tests.conftest import TEST_DEVICE
-from tests.lora_adapters import (ADAPTERS, ATTENTION, MAX_TOKENS, PROMPTS, hf_lora_greedy,
-                                 make_adapter)
+from tests.lora_adapters import (ADAPTERS, ATTENTION, MAX_TOKENS, PROMPTS, greedy_per_adapter,
+                                 hf_lora_greedy, make_adapter)
 
 pytestmark = pytest.mark.parity
 
@@ -23,18 +23,6 @@ def _llm(model_dir, adapters, **args) -> LLM:
     args.setdefault("max_model_len", 1024)
     return LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, enable_lora=True,
                lora_modules=[f"{n}={p}" for n, p in adapters.items()], **args)
-
-
-def _run(llm, names, prompts=PROMPTS, max_tokens=MAX_TOKENS):
-    """Every prompt with every adapter of `names` (None: the base), all in one generate."""
-    jobs = [(name, i) for name in names for i in range(len(prompts))]
-    outputs = llm.generate([prompts[i] for _, i in jobs],
-                           [SamplingParams(temperature=0.0, max_tokens=max_tokens[i])
-                            for _, i in jobs], lora=[name for name, _ in jobs])
-    got: dict = {}
-    for (name, _), output in zip(jobs, outputs):
-        got.setdefault(name, []).append(output.outputs[0].token_ids)
-    return got
 
 
 def _idle(llm) -> None:
@@ -48,9 +36,9 @@ def test_alone_and_all_mixed_with_the_base(long_llama_dir, lora_adapters, lora_e
         assert lora_expected[name] != lora_expected[None], name
     llm = _llm(long_llama_dir, lora_adapters, max_loras=4)
     for name in ("all", "qv-down"):
-        assert _run(llm, [name])[name] == lora_expected[name], name
+        assert greedy_per_adapter(llm, [name])[name] == lora_expected[name], name
     names = [*ADAPTERS, None]
-    assert _run(llm, names) == {name: lora_expected[name] for name in names}
+    assert greedy_per_adapter(llm, names) == {name: lora_expected[name] for name in names}
     _idle(llm)
 
 
@@ -63,7 +51,7 @@ def test_mixed_under_preemption_with_fewer_slots(long_llama_dir, lora_adapters,
     llm = _llm(long_llama_dir, {n: lora_adapters[n] for n in names if n}, max_loras=max_loras,
                num_kv_blocks=10, max_num_batched_tokens=64, preemption_mode=mode,
                num_swap_blocks=64)
-    assert _run(llm, names) == {name: lora_expected[name] for name in names}
+    assert greedy_per_adapter(llm, names) == {name: lora_expected[name] for name in names}
     assert llm.stats()[f"preemptions_{mode}"] > 0
     _idle(llm)
 
@@ -74,7 +62,7 @@ def test_prefix_cache_never_shares_blocks_between_adapters(long_llama_dir, lora_
     hits = []
     for name in ("all", "attn", None, "all"):
         before = llm.stats()["prefix_cache_hits"]
-        assert _run(llm, [name], PROMPTS[:1], MAX_TOKENS[:1])[name] == lora_expected[name][:1]
+        assert greedy_per_adapter(llm, [name], PROMPTS[:1], MAX_TOKENS[:1])[name] == lora_expected[name][:1]
         hits.append(llm.stats()["prefix_cache_hits"] - before)
     # The same prompt: a second adapter and the base find nothing cached; the first
     # adapter again finds its own blocks.
@@ -84,7 +72,7 @@ def test_prefix_cache_never_shares_blocks_between_adapters(long_llama_dir, lora_
     with pytest.raises(ValueError, match="no LoRA adapter named 'all' is loaded"):
         llm.generate(PROMPTS[:1], lora="all")
     llm.load_lora("all", str(lora_adapters["attn"]))
-    assert _run(llm, ["all"])["all"] == lora_expected["attn"]
+    assert greedy_per_adapter(llm, ["all"])["all"] == lora_expected["attn"]
     assert llm.list_loras() == ["qv-down", "attn", "mlp", "all"]
     _idle(llm)
 
@@ -141,7 +129,7 @@ def test_other_architectures(arch, tmp_path_factory, tokenizer_dir):
         with pytest.raises(SettingError, match=r"mlp.experts' is not one the model has"):
             _llm(model_dir, {"e": experts})
     llm = _llm(model_dir, {"x": path})
-    assert _run(llm, ["x", None]) == {"x": want, None: base}
+    assert greedy_per_adapter(llm, ["x", None]) == {"x": want, None: base}
     _idle(llm)
 
 
@@ -165,7 +153,7 @@ def test_a_longrope_model_recomputes_each_crossing_sequence_with_its_adapter(
     want = hf_lora_greedy(model_dir, path, prompts, max_tokens)
     assert want != hf_lora_greedy(model_dir, None, prompts, max_tokens)
     llm = _llm(model_dir, {"x": path}, max_model_len=128)
-    assert _run(llm, ["x"], prompts, max_tokens)["x"] == want
+    assert greedy_per_adapter(llm, ["x"], prompts, max_tokens)["x"] == want
     _idle(llm)
 
 
@@ -215,8 +203,8 @@ def test_bad_adapters_are_refused_and_good_ones_past_max_cpu_loras_page_in(
         with pytest.raises(ValueError, match=message):     # at run time: nothing kept
             llm.load_lora("bad", str(path))
         assert llm.list_loras() == ["all"]
-    assert _run(llm, ["all"], PROMPTS[:1], MAX_TOKENS[:1]) == \
-        _run(llm, ["all"], PROMPTS[:1], MAX_TOKENS[:1])
+    assert greedy_per_adapter(llm, ["all"], PROMPTS[:1], MAX_TOKENS[:1]) == \
+        greedy_per_adapter(llm, ["all"], PROMPTS[:1], MAX_TOKENS[:1])
     with pytest.raises(ValueError, match="an adapter named 'all' is already loaded"):
         llm.load_lora("all", str(lora_adapters["attn"]))
     llm.load_lora("attn", str(lora_adapters["attn"]))
@@ -228,7 +216,7 @@ def test_bad_adapters_are_refused_and_good_ones_past_max_cpu_loras_page_in(
     assert llm.list_loras() == ["all", "attn", "qv-down", "mlp"]
     registry = llm.engine.executor.lora
     for name in ["all", "attn", "qv-down", "mlp", "mlp", "qv-down", "attn", "all"]:
-        assert _run(llm, [name], PROMPTS[:1], MAX_TOKENS[:1])[name] == \
+        assert greedy_per_adapter(llm, [name], PROMPTS[:1], MAX_TOKENS[:1])[name] == \
             lora_expected[name][:1], name
         assert len(registry.host) <= 2 and list(registry.resident) == [name]
     broken = tmp_path / "broken"   # a broken one is still refused at loading
@@ -262,7 +250,7 @@ def test_speculative_decoding_and_structured_outputs_with_an_adapter(long_llama_
     llm = _llm(long_llama_dir, {"all": lora_adapters["all"]}, speculative_config=(
         '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'))
     # Drafts are verified by the same forward pass, the adapter applied to their rows.
-    assert _run(llm, ["all"]) == {"all": lora_expected["all"]}
+    assert greedy_per_adapter(llm, ["all"]) == {"all": lora_expected["all"]}
     assert llm.stats()["spec_decode_num_draft_tokens"] > 0
     # A grammar masks the adapter's logits as the base's.
     choice = llm.generate(PROMPTS[:1], SamplingParams(

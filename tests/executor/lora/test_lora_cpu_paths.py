@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from folio import LLM, SamplingParams
+from folio import LLM
 from folio.executor.lora.adapter import LoraWeights
 from folio.executor.lora.registry import LoraRegistry
 from folio.executor.models.architectures import ARCHITECTURES
 from folio.kernels import cpu_attention
 from tests.conftest import TEST_DEVICE
-from tests.lora_adapters import ADAPTERS, MAX_TOKENS, PROMPTS
+from tests.lora_adapters import ADAPTERS, greedy_per_adapter
 
 pytestmark = [pytest.mark.parity,
               pytest.mark.skipif(TEST_DEVICE != "cpu", reason="the CPU executor's paths")]
@@ -27,15 +27,7 @@ def _llm(long_llama_dir, lora_adapters) -> LLM:
 
 
 def _mixed(llm: LLM) -> dict:
-    names = [*ADAPTERS, None]
-    jobs = [(name, i) for name in names for i in range(len(PROMPTS))]
-    outputs = llm.generate([PROMPTS[i] for _, i in jobs],
-                           [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS[i])
-                            for _, i in jobs], lora=[name for name, _ in jobs])
-    got: dict = {}
-    for (name, _), output in zip(jobs, outputs):
-        got.setdefault(name, []).append(output.outputs[0].token_ids)
-    return got
+    return greedy_per_adapter(llm, [*ADAPTERS, None])
 
 
 def test_the_cpp_operator_runs_mixed_steps(long_llama_dir, lora_adapters, lora_expected):
