@@ -19,7 +19,8 @@ from tests.executor.hybrid.checkpoints import assert_idle, make_hybrid_dir
 from tests.executor.hybrid.gguf_writer import (RECURRENT_LAYERS, read_config, split_qkvz,
                                                write_hybrid_gguf)
 from tests.executor.hybrid.moe_checkpoints import make_moe_dir
-from tests.executor.quantization.kept_quantized import assert_same_top_logprobs, prompt_logprobs
+from tests.executor.quantization.kept_quantized import (kept_and_dequantized_agree, linear_kinds,
+                                                       model_refusal)
 from tests.hf_oracle import hf_greedy, random_prompts
 
 PROMPTS, _ = random_prompts(4, 1, 70, vocab=1024, seed=41)
@@ -96,19 +97,11 @@ def test_greedy_output_matches_transformers_on_the_checkpoint(hybrid):
     assert_idle(llm.stats())
 
 
-def _prompt_logprobs(path, monkeypatch, keep: bool):
-    """The first two prompts' top logprobs, and the kinds of linear kept quantized."""
-    values, kept = prompt_logprobs(path, PROMPTS[:2], monkeypatch, keep)
-    return values, {name.rsplit(".", 1)[-1] for name in kept}
-
 
 def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(hybrid, monkeypatch):
     family, _, _, q8 = hybrid
-    kept_values, kept = _prompt_logprobs(q8, monkeypatch, keep=True)
-    float_values, none = _prompt_logprobs(q8, monkeypatch, keep=False)
-    assert none == set()
-    assert kept == KEPT[family]
-    assert_same_top_logprobs(kept_values, float_values)   # test_gguf_quantized.py's bound
+    kept = kept_and_dequantized_agree(q8, PROMPTS[:2], monkeypatch)
+    assert linear_kinds(kept) == KEPT[family]
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"])
@@ -118,20 +111,9 @@ def test_a_reordered_out_proj_of_whole_blocks_stays_quantized(quant, tmp_path, t
     kept quantized, with the dequantized file's logits."""
     model_dir = make_hybrid_dir(tmp_path, tokenizer_dir, "qwen3_5", linear_value_head_dim=32)
     path = write_hybrid_gguf(model_dir, tmp_path / f"model-{quant}.gguf", quant)
-    kept_values, kept = _prompt_logprobs(path, monkeypatch, keep=True)
-    float_values, _ = _prompt_logprobs(path, monkeypatch, keep=False)
-    assert "out_proj" in kept
-    assert_same_top_logprobs(kept_values, float_values)
+    kept = kept_and_dequantized_agree(path, PROMPTS[:2], monkeypatch)
+    assert "out_proj" in linear_kinds(kept)
 
-
-def _refusal(path) -> str:
-    from folio.preflight import check_model_dir
-    from folio.shared.config import SettingError
-
-    with pytest.raises(SettingError) as info:
-        check_model_dir(str(path))
-    assert str(info.value).startswith("model ")
-    return str(info.value)
 
 
 def test_malformed_files_are_refused_by_name(tmp_path, hybrid):
@@ -143,36 +125,36 @@ def test_malformed_files_are_refused_by_name(tmp_path, hybrid):
                                 drop=(f"blk.2.{recurrent}",))
     kind = "linear" if qwen else "conv"
     assert f"blk.2 holds no whole mixer: its {kind} mixer lacks blk.2.{recurrent}" \
-        in _refusal(missing)
+        in model_refusal(missing)
     if family.endswith("moe"):
         missing = write_hybrid_gguf(model_dir, tmp_path / "expert.gguf",
                                     drop=("blk.2.ffn_up_exps.weight",))
         assert ("blk.2 holds no whole feed-forward: its experts feed-forward lacks "
-                "blk.2.ffn_up_exps.weight") in _refusal(missing)
+                "blk.2.ffn_up_exps.weight") in model_refusal(missing)
     if family == "lfm2_moe":
         dense = write_hybrid_gguf(model_dir, tmp_path / "dense.gguf", metadata={
             "{arch}.leading_dense_block_count": ("uint32", 2)})
         assert (f"blk.1 holds experts but metadata {arch}.leading_dense_block_count is 2"
-                in _refusal(dense))
+                in model_refusal(dense))
         softmax = write_hybrid_gguf(model_dir, tmp_path / "softmax.gguf", metadata={
             "{arch}.expert_gating_func": ("uint32", 1)})
-        assert f"metadata {arch}.expert_gating_func is 1" in _refusal(softmax)
+        assert f"metadata {arch}.expert_gating_func is 1" in model_refusal(softmax)
     # the metadata makes layer 0 attention; its tensors are a recurrent layer's
     if qwen:
         kinds = {RECURRENT_LAYERS: ("array", [False, False, True])}
     else:
         kinds = {"{arch}.attention.head_count_kv": ("array", [2, 2, 0])}
     swapped = write_hybrid_gguf(model_dir, tmp_path / "kinds.gguf", metadata=kinds)
-    assert "blk.0 holds a recurrent layer but the metadata" in _refusal(swapped)
+    assert "blk.0 holds a recurrent layer but the metadata" in model_refusal(swapped)
     if qwen:
         odd = write_hybrid_gguf(model_dir, tmp_path / "odd.gguf",
                                 metadata={"{arch}.ssm.inner_size": ("uint32", 30)})
-        assert f"{arch}.ssm.inner_size (30) is not a multiple of" in _refusal(odd)
+        assert f"{arch}.ssm.inner_size (30) is not a multiple of" in model_refusal(odd)
     else:
         short = write_hybrid_gguf(model_dir, tmp_path / "short.gguf",
                                   metadata={"{arch}.attention.head_count_kv":
                                             ("array", [0, 2])})
-        assert f"{arch}.attention.head_count_kv must list 3 integers" in _refusal(short)
+        assert f"{arch}.attention.head_count_kv must list 3 integers" in model_refusal(short)
 
 
 def test_lfm2_moe_routed_scaling_from_expert_weights_scale(tmp_path, tokenizer_dir):

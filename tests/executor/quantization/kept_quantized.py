@@ -1,6 +1,6 @@
 """A GGUF file served with its quantized layers kept against the same file dequantized: the
-prompt's top logprobs of each, and the check that they agree (test_gguf_quantized.py, the
-GGUF families' and hybrids' tests)."""
+prompt's top logprobs of each, and the check that they agree; and a file's refusal at start
+(test_gguf_quantized.py, the GGUF families' and hybrids' tests)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,31 @@ def assert_same_top_logprobs(kept: list[dict[int, float]], dequantized: list[dic
         assert kept_position.keys() == float_position.keys()   # the same top tokens
         for token, logprob in float_position.items():
             assert abs(kept_position[token] - logprob) < within
+
+
+def kept_and_dequantized_agree(path: Path, prompts: list[list[int]], monkeypatch) -> list[str]:
+    """`path` served with its layers kept quantized and dequantized: nothing kept in the
+    second, the same top logprobs in both; the names of the modules kept in the first."""
+    kept_values, kept = prompt_logprobs(path, prompts, monkeypatch, keep=True)
+    float_values, none = prompt_logprobs(path, prompts, monkeypatch, keep=False)
+    assert none == []
+    assert_same_top_logprobs(kept_values, float_values)
+    return kept
+
+
+def linear_kinds(names: list[str]) -> set[str]:
+    """The kinds of module among `names` (their last part: out_proj, qkv_proj, ...)."""
+    return {name.rsplit(".", 1)[-1] for name in names}
+
+
+def model_refusal(path: Path) -> str:
+    """The start-up check's one-line refusal of `path` (a SettingError naming the model)."""
+    import pytest
+
+    from folio.preflight import check_model_dir
+    from folio.shared.config import SettingError
+
+    with pytest.raises(SettingError) as info:
+        check_model_dir(str(path))
+    assert str(info.value).startswith("model ")
+    return str(info.value)

@@ -13,7 +13,8 @@ from folio import LLM, SamplingParams
 from tests.conftest import _model_dir
 from tests.executor.quantization.gguf_family_writer import write_family_gguf
 from tests.executor.quantization.gguf_files import tiny_metadata, tiny_tensors, write_gguf
-from tests.executor.quantization.kept_quantized import assert_same_top_logprobs, prompt_logprobs
+from tests.executor.quantization.kept_quantized import (kept_and_dequantized_agree, linear_kinds,
+                                                       model_refusal)
 from tests.hf_oracle import hf_greedy, random_prompts
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")   # conftest.py
@@ -67,52 +68,35 @@ def test_greedy_output_matches_transformers_on_the_checkpoint(family):
     assert [r.outputs[0].token_ids for r in llm.generate(PROMPTS, params)] == expected
 
 
-def _prompt_logprobs(path, monkeypatch, keep: bool):
-    """The first two prompts' top logprobs, and the kinds of linear kept quantized."""
-    values, kept = prompt_logprobs(path, PROMPTS[:2], monkeypatch, keep)
-    return values, {name.rsplit(".", 1)[-1] for name in kept}
-
 
 def test_a_q8_0_file_runs_kept_quantized_with_the_dequantized_logits(family, monkeypatch):
     name, _, _, q8 = family
-    kept_values, kept = _prompt_logprobs(q8, monkeypatch, keep=True)
-    float_values, none = _prompt_logprobs(q8, monkeypatch, keep=False)
-    assert none == set()
-    assert kept == KEPT[name]
-    assert_same_top_logprobs(kept_values, float_values)
+    kept = kept_and_dequantized_agree(q8, PROMPTS[:2], monkeypatch)
+    assert linear_kinds(kept) == KEPT[name]
 
-
-def _refusal(path) -> str:
-    from folio.preflight import check_model_dir
-    from folio.shared.config import SettingError
-
-    with pytest.raises(SettingError) as info:
-        check_model_dir(str(path))
-    assert str(info.value).startswith("model ")
-    return str(info.value)
 
 
 def test_malformed_files_are_refused_by_name(tmp_path, family):
     name, model_dir, _, _ = family
     missing = write_family_gguf(model_dir, tmp_path / "missing.gguf",
                                 drop=("blk.1.attn_k.weight",))
-    assert "blk.1 and blk.0 differ in attn_k.weight" in _refusal(missing)
+    assert "blk.1 and blk.0 differ in attn_k.weight" in model_refusal(missing)
     odd = write_family_gguf(model_dir, tmp_path / "odd.gguf",
                             metadata={"{arch}.attention.head_count_kv": ("uint32", 3)})
-    assert "attention.head_count (4) is not a multiple of" in _refusal(odd)
+    assert "attention.head_count (4) is not a multiple of" in model_refusal(odd)
     if name.startswith(("olmo", "gemma")):   # their norms after the sublayers
         norm = write_family_gguf(model_dir, tmp_path / "norm.gguf",
                                  drop=("blk.0.post_ffw_norm.weight",))
-        assert "the GGUF file has no blk.0.post_ffw_norm.weight" in _refusal(norm)
+        assert "the GGUF file has no blk.0.post_ffw_norm.weight" in model_refusal(norm)
     if name.startswith("gemma"):
         capped = write_family_gguf(model_dir, tmp_path / "capped.gguf", metadata={
             "{arch}.final_logit_softcapping": ("float32", -3.0)})
         assert "final_logit_softcapping is -3.0: it must be a finite positive" \
-            in _refusal(capped)
+            in model_refusal(capped)
     if name.startswith("olmo"):   # one bool a layer
         short = write_family_gguf(model_dir, tmp_path / "short.gguf", metadata={
             "{arch}.attention.sliding_window_pattern": ("array", [True])})
-        assert "olmo2.attention.sliding_window_pattern must list 2 bools" in _refusal(short)
+        assert "olmo2.attention.sliding_window_pattern must list 2 bools" in model_refusal(short)
 
 
 @pytest.mark.parametrize("arch", ["gemma4", "gpt-oss"])
@@ -120,7 +104,7 @@ def test_gemma4_and_gpt_oss_files_are_refused_with_the_reason(arch, tmp_path):
     metadata = {key.replace("llama.", f"{arch}."): value
                 for key, value in tiny_metadata().items()}
     path = write_gguf(tmp_path / "model.gguf", metadata, tiny_tensors(), arch)
-    message = _refusal(path)
+    message = model_refusal(path)
     assert f"GGUF architecture {arch!r} is not served" in message
     assert "serve its Hugging Face checkpoint directory" in message
 

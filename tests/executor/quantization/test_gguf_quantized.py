@@ -9,7 +9,7 @@ import pytest
 
 from folio.executor.quantization.gguf.quantized import KEPT_TYPES, quantized_weight
 from tests.executor.quantization.gguf_files import random_k_quant
-from tests.executor.quantization.kept_quantized import assert_same_top_logprobs, prompt_logprobs
+from tests.executor.quantization.kept_quantized import kept_and_dequantized_agree, prompt_logprobs
 from tests.executor.quantization.test_gguf import gguf_dir, k_quant_dir  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")   # conftest.py
@@ -36,14 +36,11 @@ def test_blocks_reexpressed_exactly(type_name):
 def test_kept_quantized_gives_the_dequantized_logits(quant, gguf_dir, k_quant_dir,  # noqa: F811
                                                      monkeypatch):
     path = (k_quant_dir if quant == "Q4_K" else gguf_dir) / f"tiny-{quant}.gguf"
-    kept_values, kept = prompt_logprobs(path, PROMPTS, monkeypatch, keep=True)
-    float_values, none = prompt_logprobs(path, PROMPTS, monkeypatch, keep=False)
-    assert none == []
+    kept = kept_and_dequantized_agree(path, PROMPTS, monkeypatch)
     # every attention and MLP linear is kept (fused q/k/v and gate/up from their parts)
     assert any(name.endswith("qkv_proj") for name in kept)
     assert any(name.endswith("gate_up_proj") for name in kept)
     assert any(name.endswith("down_proj") for name in kept)
-    assert_same_top_logprobs(kept_values, float_values)
 
 
 def test_other_types_stay_float(gguf_dir, monkeypatch):  # noqa: F811
