@@ -130,9 +130,8 @@ class Executor:
         self.linear_backend = weights.linear_backend
         self.weight_bytes_per_step = weight_bytes_per_step(self.model)   # before any adapter
         self.lora = self._new_lora_registry()
-        self.model.native_step = select_decode_step(
-            self.model, config.decode_step, self.ops, self.device, self.dtype, tp is not None,
-            self.lora is not None, self.lora.step if self.lora is not None else None)
+        self.model.native_step = select_decode_step(   # after the registry: model.lora_step
+            self.model, config.decode_step, self.ops, self.device, self.dtype, tp is not None)
         # A hybrid's recurrent states: one slot per request that may run at once, and as
         # many again for the prefix cache's checkpoints (docs/hybrid.md).
         checkpoints = config.enable_prefix_caching and config.hybrid_checkpoint_blocks > 0

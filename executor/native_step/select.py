@@ -79,16 +79,18 @@ def python_layers_reason(model: CausalLM, ops: KernelOps, device: torch.device,
 
 def select_decode_step(model: CausalLM | HybridCausalLM | Gemma4CausalLM, setting: str,
                        ops: KernelOps, device: torch.device, dtype: torch.dtype,
-                       tensor_parallel: bool = False, lora: bool = False, lora_step=None
+                       tensor_parallel: bool = False
                        ) -> NativeStep | HybridNativeStep | Gemma4NativeStep | None:
     """The native step for `model` (engine setting decode_step: "auto" where it can run,
     "python" never): a NativeStep for a decoder, a HybridNativeStep for a hybrid, a
     Gemma4NativeStep for Gemma 4; or None:
-    the layer loop runs every step. `lora`: adapters are on; a decoder's step then runs the
-    steps without adapter rows, given the registry's `lora_step`."""
+    the layer loop runs every step. With LoRA adapters on (the registry set the model's
+    lora_step), a decoder's step runs the steps without adapter rows."""
     if setting not in DECODE_STEPS:
         raise ValueError(f"decode_step must be one of {', '.join(DECODE_STEPS)}, got "
                          f"{setting!r}")
+    lora_step = getattr(model, "lora_step", None)   # executor/lora/registry.py sets it
+    lora = lora_step is not None
     hybrid = isinstance(model, HybridCausalLM)
     gemma4 = isinstance(model, Gemma4CausalLM)
     if setting == "python":
@@ -99,8 +101,6 @@ def select_decode_step(model: CausalLM | HybridCausalLM | Gemma4CausalLM, settin
     elif gemma4:
         reason = (setup_reason(ops, device, dtype, tensor_parallel, lora)
                   or gemma4_layers_reason(model))
-    elif lora and lora_step is None:
-        reason = "LoRA adapters"
     else:
         reason = python_layers_reason(model, ops, device, dtype, tensor_parallel, lora_step)
     if reason is not None:

@@ -17,6 +17,7 @@ import torch
 
 from folio import LLM, SamplingParams
 from folio.executor.linear import onednn_unavailable_reason
+from folio.executor.lora.layers import LoraStep
 from folio.executor.models.hybrid.state_pool import StatePool
 from folio.executor.native_step import MAX_TOKENS, select_decode_step
 from folio.executor.ops import AttentionInputs, select_ops
@@ -259,7 +260,9 @@ def test_what_keeps_the_python_layers_is_named(checkpoints, caplog):
         caplog.clear()
         assert select(setting="python") is None
         assert select(torch_ops) is None
-        assert select(lora=True) is None
+        model.lora_step = LoraStep()   # what the LoRA registry sets
+        assert select() is None
+        model.lora_step = None
         assert select(tensor_parallel=True) is None
         model.layers[0].mixer.native = False   # the torch recurrent steps compute otherwise
         assert select() is None
