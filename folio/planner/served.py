@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -176,8 +177,6 @@ def measure_rounds(model: str, flags: dict[str, Any], vocab_size: int, rounds: R
                    ) -> list[RoundResult]:
     """Serve `model` with `flags` and stream `rounds`; each beside the in-process cost
     model's prediction (`cost` without a served part) of the same requests."""
-    import random
-
     rng = random.Random(seed)
 
     def prompts(count: int) -> list[list[int]]:   # random ids: no prefix is shared
