@@ -19,8 +19,9 @@ from tests.executor.hybrid.checkpoints import assert_idle, make_hybrid_dir
 from tests.executor.hybrid.gguf_writer import (RECURRENT_LAYERS, read_config, split_qkvz,
                                                write_hybrid_gguf)
 from tests.executor.hybrid.moe_checkpoints import make_moe_dir
-from tests.executor.quantization.kept_quantized import (kept_and_dequantized_agree, linear_kinds,
-                                                       model_refusal)
+from tests.executor.quantization.gguf_checks import (greedy_matches_checkpoint,
+                                                    kept_and_dequantized_agree, linear_kinds,
+                                                    model_refusal)
 from tests.hf_oracle import hf_greedy, random_prompts
 
 PROMPTS, _ = random_prompts(4, 1, 70, vocab=1024, seed=41)
@@ -88,12 +89,7 @@ def test_the_file_reads_as_its_checkpoint(hybrid):
 
 def test_greedy_output_matches_transformers_on_the_checkpoint(hybrid):
     _, model_dir, f32, _ = hybrid
-    expected = hf_greedy(model_dir, PROMPTS, [MAX_TOKENS] * len(PROMPTS), "cpu")
-    assert len({t for answer in expected for t in answer}) > 10   # not one repeated token
-    llm = LLM(str(f32), dtype="float32", device="cpu", num_kv_blocks=64,
-              max_num_batched_tokens=32)   # the longer prompts chunked
-    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)] * len(PROMPTS)
-    assert [r.outputs[0].token_ids for r in llm.generate(PROMPTS, params)] == expected
+    llm = greedy_matches_checkpoint(f32, model_dir, PROMPTS, MAX_TOKENS)
     assert_idle(llm.stats())
 
 

@@ -13,9 +13,10 @@ from folio import LLM, SamplingParams
 from tests.conftest import _model_dir
 from tests.executor.quantization.gguf_family_writer import write_family_gguf
 from tests.executor.quantization.gguf_files import tiny_metadata, tiny_tensors, write_gguf
-from tests.executor.quantization.kept_quantized import (kept_and_dequantized_agree, linear_kinds,
-                                                       model_refusal)
-from tests.hf_oracle import hf_greedy, random_prompts
+from tests.executor.quantization.gguf_checks import (greedy_matches_checkpoint,
+                                                    kept_and_dequantized_agree, linear_kinds,
+                                                    model_refusal)
+from tests.hf_oracle import random_prompts
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")   # conftest.py
 PROMPTS, _ = random_prompts(4, 1, 70, vocab=1024, seed=43)
@@ -60,12 +61,7 @@ def family(request, tmp_path_factory, tokenizer_dir):
 
 def test_greedy_output_matches_transformers_on_the_checkpoint(family):
     _, model_dir, f32, _ = family
-    expected = hf_greedy(model_dir, PROMPTS, [MAX_TOKENS] * len(PROMPTS), "cpu")
-    assert len({t for answer in expected for t in answer}) > 10   # not one repeated token
-    llm = LLM(str(f32), dtype="float32", device="cpu", num_kv_blocks=64,
-              max_num_batched_tokens=32)   # the longer prompts chunked
-    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)] * len(PROMPTS)
-    assert [r.outputs[0].token_ids for r in llm.generate(PROMPTS, params)] == expected
+    greedy_matches_checkpoint(f32, model_dir, PROMPTS, MAX_TOKENS)
 
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from folio.executor.quantization.gguf.quantized import KEPT_TYPES, quantized_weight
 from tests.executor.quantization.gguf_files import random_k_quant
-from tests.executor.quantization.kept_quantized import kept_and_dequantized_agree, prompt_logprobs
+from tests.executor.quantization.gguf_checks import kept_and_dequantized_agree, prompt_logprobs
 from tests.executor.quantization.test_gguf import gguf_dir, k_quant_dir  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")   # conftest.py

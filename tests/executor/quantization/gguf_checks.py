@@ -1,6 +1,7 @@
-"""A GGUF file served with its quantized layers kept against the same file dequantized: the
-prompt's top logprobs of each, and the check that they agree; and a file's refusal at start
-(test_gguf_quantized.py, the GGUF families' and hybrids' tests)."""
+"""What the GGUF tests check of a file (test_gguf_quantized.py, the GGUF families' and the
+hybrids' tests): its greedy output against transformers on the checkpoint it was written
+from; served with its quantized layers kept against the same file dequantized (the prompt's
+top logprobs of each, and that they agree); its refusal at start."""
 
 from __future__ import annotations
 
@@ -9,6 +10,20 @@ from pathlib import Path
 from folio import LLM, SamplingParams
 from folio.executor.quantization import weight_formats
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
+from tests.hf_oracle import hf_greedy
+
+
+def greedy_matches_checkpoint(path: Path, model_dir: Path, prompts: list[list[int]],
+                              max_tokens: int) -> LLM:
+    """`path` (an F32 file) served gives transformers' greedy tokens on `model_dir`, the
+    longer prompts chunked; the engine, for what the caller checks after."""
+    expected = hf_greedy(model_dir, prompts, [max_tokens] * len(prompts), "cpu")
+    assert len({t for answer in expected for t in answer}) > 10   # not one repeated token
+    llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64,
+              max_num_batched_tokens=32)   # the longer prompts chunked
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens)] * len(prompts)
+    assert [r.outputs[0].token_ids for r in llm.generate(prompts, params)] == expected
+    return llm
 
 
 def prompt_logprobs(path: Path, prompts: list[list[int]], monkeypatch, keep: bool
