@@ -22,16 +22,14 @@ from folio.executor.model_loader import load_model
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.native_step import MAX_TOKENS, select_decode_step
 from folio.executor.ops import AttentionInputs, select_ops
-from folio.kernels import cpu_attention
 from folio.kernels.kv_quant import kv_storage_dtype, row_width
 from tests.executor.gemma4.checkpoints import make_gemma4_dir
 from tests.executor.native_step.harness import (CPU, engine_and_step_lines, executor_model,
-                                               native_step)
+                                               native_step, needs_cpu_operators)
 from tests.executor.native_step.spy import CountingStep
 from tests.hf_oracle import random_prompts
 
-pytestmark = pytest.mark.skipif(not cpu_attention.load().ok,
-                                reason="the C++ CPU operators are not built")
+pytestmark = needs_cpu_operators
 
 BLOCK = 4
 MAX_POSITIONS = 256

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from folio import LLM
@@ -13,8 +14,13 @@ from folio.executor.model_loader import load_model
 from folio.executor.models.hf_config import read_model_config
 from folio.executor.native_step import select_decode_step
 from folio.executor.ops import KernelOps, select_ops
+from folio.kernels import cpu_attention
 
 CPU = torch.device("cpu")
+# The native steps are C++ operators: without the library (scripts/setup.sh builds it) the
+# tests that run them skip.
+needs_cpu_operators = pytest.mark.skipif(not cpu_attention.load().ok,
+                                         reason="the C++ CPU operators are not built")
 
 
 def executor_model(path, dtype: torch.dtype, max_positions: int, quantization: str = "none",

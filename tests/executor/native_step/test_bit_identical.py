@@ -15,14 +15,13 @@ import torch
 from folio.executor.linear import onednn_unavailable_reason
 from folio.executor.native_step import MAX_TOKENS
 from folio.executor.ops import AttentionInputs
-from folio.kernels import cpu_attention
 from folio.kernels.kv_quant import kv_storage_dtype, row_width
 from folio.tiny_models import make_random_checkpoint
-from tests.executor.native_step.harness import CPU, executor_model, native_step
+from tests.executor.native_step.harness import (CPU, executor_model, native_step,
+                                               needs_cpu_operators)
 from tests.executor.native_step.spy import CountingStep
 
-pytestmark = pytest.mark.skipif(not cpu_attention.load().ok,
-                                reason="the C++ CPU operators are not built")
+pytestmark = needs_cpu_operators
 
 BLOCK = 4
 MAX_POSITIONS = 256

@@ -12,14 +12,13 @@ from torch import nn
 
 from folio import LLM, SamplingParams
 from folio.executor.native_step.layers import unsupported_module
-from folio.kernels import cpu_attention
 from folio.tiny_models import make_random_checkpoint
+from tests.executor.native_step.harness import needs_cpu_operators
 from tests.executor.native_step.harness import engine_and_step_lines as _llm
 from tests.executor.native_step.spy import CountingStep
 from tests.hf_oracle import random_prompts
 
-pytestmark = pytest.mark.skipif(not cpu_attention.load().ok,
-                                reason="the C++ CPU operators are not built")
+pytestmark = needs_cpu_operators
 
 
 def _checkpoint(tmp_path_factory, name: str, **checkpoint):
