@@ -16,6 +16,7 @@ from folio.kernels.kv_quant import kv_storage_dtype
 from folio.executor.linear import float_linear
 from folio.executor.model_config import ModelConfig
 from folio.executor.model_loader import load_model
+from folio.executor.multi_step.burst import run_burst
 from folio.executor.quantization.weight_formats import apply_weight_format
 from folio.executor.quantization.weight_only_linear import WeightOnlyLinear
 from folio.executor.weight_bytes import weight_bytes_per_step
@@ -245,83 +246,93 @@ class Executor:
         if self.states is not None:   # requests resuming from prefix-cache checkpoints
             self.states.copy(plan.state_copies)
         result = StepResult(step_id=plan.step_id)
+        computed = sum(count for _, count in scheduled)
         if scheduled:
-            drafts = self.speculator.propose(scheduled, plan.drafts, self.batch) \
-                if plan.drafts and self.speculator is not None else None
-            # The state slots, and where each sequence starts, before prepare moves them.
-            begins = [request.num_computed for request, _ in scheduled] \
-                if self.states is not None else None
-            inputs = self.batch.prepare(scheduled, drafts)
-            # Pooling requests (executor/pooling/): out of sampling, pooled after the pass.
-            pooling = pooler.split(scheduled, inputs, result)
-            if pooling is not None:
-                inputs = pooling.inputs
-            # Structured outputs' masks, on a worker thread while the forward pass runs.
-            pending_masks = self.grammar.start(inputs.sampled, inputs.drafts)
-            if getattr(self.model, "longrope_original", None) is not None:
-                recompute_crossing(self.model, self.ops, self.model.longrope_original,
-                                   [request for request, _ in scheduled], self.batch.rows.tokens,
-                                   inputs.attention, self.kv_caches, self.config.block_size,
-                                   self.lora)
-            attention = self.ops.prepare(inputs.attention, self.config.block_size)
-            if self.lora is not None:
-                self.lora.begin_step(scheduled)
-            try:
-                step_states = None if begins is None else self.states.step(
-                    [request.state_slot for request, _ in scheduled], begins,
-                    inputs.attention.query_start_loc.tolist(), _by_handle(plan.checkpoints),
-                    [request.handle for request, _ in scheduled],
-                    [bool(drafts) and request.handle in drafts for request, _ in scheduled])
-                extra = {} if step_states is None else {"states": step_states}
-                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
-                                    attention, **extra)
-            finally:
-                if self.lora is not None:
-                    self.lora.end_step()
-            masks = pending_masks.result() if pending_masks is not None else None
-            if pooling is not None:
-                pooler.finish(pooling, hidden, self.model, result)
-            if inputs.sampled and drafts:   # several rows per request (spec_decode/speculator.py)
-                logits = self.model.compute_logits(hidden[inputs.logits_indices])
-                pairs = self.speculator.finish_step(
-                    self.sampler, self.batch, inputs, logits, masks,
-                    self.grammar.take_failed(inputs.sampled), result)
-                self.grammar.accepted([r for r, _ in pairs], [t for _, t in pairs])
-                if step_states is not None and step_states.held:
-                    # A hybrid's slots take the state after the tokens kept (hybrid.md).
-                    self.states.commit(step_states, [
-                        request.num_computed - begin for (request, _), begin
-                        in zip(scheduled, begins)])
-            elif inputs.sampled:
-                logits = self.model.compute_logits(hidden[inputs.logits_indices])
-                sampled = self.sampler.sample(logits, inputs.sampled, masks)
-                tokens, logprobs = sampled.tokens, sampled.logprobs
-                for request, token in zip(inputs.sampled, tokens):
-                    self.batch.append_token(request, token)
-                failed = {**self.grammar.take_failed(inputs.sampled), **sampled.failed}
-                kept = inputs.sampled
-                if failed:   # those requests alone end, with why; their placeholder is kept
-                    result.failed = [(kept[i].handle, why) for i, why in failed.items()]
-                    rows = [i for i in range(len(kept)) if i not in failed]
-                    kept, tokens = [kept[i] for i in rows], [tokens[i] for i in rows]
-                    logprobs = [logprobs[i] for i in rows]
-                self.grammar.accepted(kept, tokens)
-                result.handles = [r.handle for r in kept]
-                result.token_ids = tokens
-                if any(entry is not None for entry in logprobs):
-                    result.logprobs = [None if e is None else
-                                       (e.logprob, e.rank, e.top_ids, e.top_logprobs)
-                                       for e in logprobs]
-            for request, row, position, count in inputs.prompt_scoring:
-                logits = self.model.compute_logits(hidden[row:row + count])
-                targets = request.token_ids[position:position + count]
-                entries = score_tokens(logits, targets, request.sampling.prompt_logprobs)
-                result.prompt_logprobs.append((request.handle, position, entries))
+            self._run(scheduled, plan.drafts, _by_handle(plan.checkpoints), result)
+            if plan.drafts and self.speculator is None:   # multi-step: the caps are bursts
+                computed += run_burst(self._run, self.batch, self.model_config.eos_token_ids,
+                                      plan.drafts, result)
         result.forward_ms = (time.perf_counter() - start) * 1e3
         if self.threads is not None:
-            self.threads.after_step(sum(count for _, count in scheduled),
-                                    result.forward_ms / 1e3)
+            self.threads.after_step(computed, result.forward_ms / 1e3)
         return result
+
+    def _run(self, scheduled: list, caps: dict[int, int],
+             checkpoints: dict[int, list[tuple[int, int]]], result: StepResult) -> None:
+        """One forward pass over `scheduled` (request, tokens) and its sampling, into
+        `result`; `caps`: the plan's draft caps (speculation proposes within them)."""
+        drafts = self.speculator.propose(scheduled, caps, self.batch) \
+            if caps and self.speculator is not None else None
+        # The state slots, and where each sequence starts, before prepare moves them.
+        begins = [request.num_computed for request, _ in scheduled] \
+            if self.states is not None else None
+        inputs = self.batch.prepare(scheduled, drafts)
+        # Pooling requests (executor/pooling/): out of sampling, pooled after the pass.
+        pooler = self.pooler
+        pooling = pooler.split(scheduled, inputs, result)
+        if pooling is not None:
+            inputs = pooling.inputs
+        # Structured outputs' masks, on a worker thread while the forward pass runs.
+        pending_masks = self.grammar.start(inputs.sampled, inputs.drafts)
+        if getattr(self.model, "longrope_original", None) is not None:
+            recompute_crossing(self.model, self.ops, self.model.longrope_original,
+                               [request for request, _ in scheduled], self.batch.rows.tokens,
+                               inputs.attention, self.kv_caches, self.config.block_size,
+                               self.lora)
+        attention = self.ops.prepare(inputs.attention, self.config.block_size)
+        if self.lora is not None:
+            self.lora.begin_step(scheduled)
+        try:
+            step_states = None if begins is None else self.states.step(
+                [request.state_slot for request, _ in scheduled], begins,
+                inputs.attention.query_start_loc.tolist(), checkpoints,
+                [request.handle for request, _ in scheduled],
+                [bool(drafts) and request.handle in drafts for request, _ in scheduled])
+            extra = {} if step_states is None else {"states": step_states}
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
+                                attention, **extra)
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
+        masks = pending_masks.result() if pending_masks is not None else None
+        if pooling is not None:
+            pooler.finish(pooling, hidden, self.model, result)
+        if inputs.sampled and drafts:   # several rows per request (spec_decode/speculator.py)
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            pairs = self.speculator.finish_step(
+                self.sampler, self.batch, inputs, logits, masks,
+                self.grammar.take_failed(inputs.sampled), result)
+            self.grammar.accepted([r for r, _ in pairs], [t for _, t in pairs])
+            if step_states is not None and step_states.held:
+                # A hybrid's slots take the state after the tokens kept (hybrid.md).
+                self.states.commit(step_states, [
+                    request.num_computed - begin for (request, _), begin
+                    in zip(scheduled, begins)])
+        elif inputs.sampled:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            sampled = self.sampler.sample(logits, inputs.sampled, masks)
+            tokens, logprobs = sampled.tokens, sampled.logprobs
+            for request, token in zip(inputs.sampled, tokens):
+                self.batch.append_token(request, token)
+            failed = {**self.grammar.take_failed(inputs.sampled), **sampled.failed}
+            kept = inputs.sampled
+            if failed:   # those requests alone end, with why; their placeholder is kept
+                result.failed = [(kept[i].handle, why) for i, why in failed.items()]
+                rows = [i for i in range(len(kept)) if i not in failed]
+                kept, tokens = [kept[i] for i in rows], [tokens[i] for i in rows]
+                logprobs = [logprobs[i] for i in rows]
+            self.grammar.accepted(kept, tokens)
+            result.handles = [r.handle for r in kept]
+            result.token_ids = tokens
+            if any(entry is not None for entry in logprobs):
+                result.logprobs = [None if e is None else
+                                   (e.logprob, e.rank, e.top_ids, e.top_logprobs)
+                                   for e in logprobs]
+        for request, row, position, count in inputs.prompt_scoring:
+            logits = self.model.compute_logits(hidden[row:row + count])
+            targets = request.token_ids[position:position + count]
+            entries = score_tokens(logits, targets, request.sampling.prompt_logprobs)
+            result.prompt_logprobs.append((request.handle, position, entries))
 
     def _new_lora_registry(self):
         """The adapters (docs/lora.md), with the start-time ones loaded; None: LoRA off."""

@@ -47,6 +47,7 @@ class _EngineStatsCollector:
         yield preemptions
         yield from _decode_rate(stats)
         yield from _speculative(stats)
+        yield from _multi_step(stats)
         yield from _lora(stats)
         yield from _state_slots(stats)
         yield from _per_replica(stats.get("replicas") or [])
@@ -86,6 +87,18 @@ def _speculative(stats: dict[str, Any]):
                                      or ()):
         per_position.add_metric([str(position)], float(count))
     yield per_position
+
+
+def _multi_step(stats: dict[str, Any]):
+    """Multi-step decoding's counters (present when it is on; docs/multi_step.md)."""
+    if "multi_step_bursts" not in stats:
+        return
+    yield CounterMetricFamily("folio:multi_step_bursts",
+                              "Request steps that ran more than one decode pass",
+                              value=float(stats.get("multi_step_bursts", 0)))
+    yield CounterMetricFamily("folio:multi_step_extra_tokens",
+                              "Tokens decoded by the extra passes of those steps",
+                              value=float(stats.get("multi_step_extra_tokens", 0)))
 
 
 def _state_slots(stats: dict[str, Any]):

@@ -23,15 +23,19 @@ class DecodeRate:
         self.forward_seconds = 0.0
         self.recent: deque[float] = deque(maxlen=WINDOW)
 
-    def observe(self, plan: StepPlan, result: StepResult) -> None:
-        decode_only = (not plan.new_requests and not plan.drafts and plan.running_num_tokens
+    def observe(self, plan: StepPlan, result: StepResult, bursts: bool = False) -> None:
+        """`bursts`: the plan's caps are multi-step bursts (scheduler/multi_step.py), whose
+        passes each read the weights once; drafts verified in one pass are not decode-only."""
+        decode_only = (not plan.new_requests and (bursts or not plan.drafts)
+                       and plan.running_num_tokens
                        and all(n == 1 for n in plan.running_num_tokens))
         if not decode_only or result.forward_ms <= 0:
             return
-        seconds = result.forward_ms / 1e3
-        self.steps += 1
-        self.forward_seconds += seconds
-        self.recent.append(seconds)
+        passes = 1 + max((accepted for _, _, accepted in result.drafts), default=0)
+        seconds = result.forward_ms / 1e3 / passes
+        self.steps += passes
+        self.forward_seconds += seconds * passes
+        self.recent.extend([seconds] * passes)
 
     def stats(self) -> dict[str, int | float]:
         recent = sum(self.recent)

@@ -69,6 +69,7 @@ from folio.scheduler.kv.kv_manager import CachedPrefix, KVCacheManager
 from folio.scheduler.kv.kv_map import build_kv_map
 from folio.scheduler.preemption import should_swap
 from folio.scheduler.request import Request, RequestStatus
+from folio.scheduler.multi_step import BurstPlanner
 from folio.scheduler.spec_decode import DraftPlanner
 from folio.scheduler.stop import finish_reason_after_token, stop_triggers
 from folio.shared.config import SchedulerConfig
@@ -123,9 +124,15 @@ class Scheduler:
             "prefix_cache_hits", "num_finished", "forks"), 0)
         # Speculative decoding (scheduler/spec_decode.py); None: off. Not for sliding-window
         # models (the window's block accounting counts verified tokens only).
+        # Multi-step decoding (scheduler/multi_step.py) plans its bursts the same way, when
+        # speculation is off.
         speculative = config.speculative
-        self.drafts = DraftPlanner(speculative) \
-            if speculative is not None and config.sliding_window is None else None
+        self.drafts = None
+        if config.sliding_window is None and speculative is not None:
+            self.drafts = DraftPlanner(speculative)
+        elif config.sliding_window is None and config.num_scheduler_steps > 1:
+            self.drafts = BurstPlanner(config.num_scheduler_steps)
+        self.bursts = isinstance(self.drafts, BurstPlanner)
 
     # ---- requests in and out ------------------------------------------------------------
 
@@ -304,9 +311,10 @@ class Scheduler:
         plain_tokens: list[int] = []
         self.kv.confirm_through(plan.step_id)
         by_handle = self._by_handle
-        # Requests with several tokens this step (accepted drafts) report each as an entry:
-        # entries come out before the plain tokens, and a request's tokens stay in order.
+        # Requests with several tokens this step (accepted drafts, a burst) report them in
+        # one entry, in order; entries come out before the plain tokens.
         several: set[int] | frozenset[int] = frozenset()
+        groups: dict[int, EngineOutput] = {}   # by handle, the entry of its several tokens
         if plan.drafts and self.drafts is not None:   # before the tokens are appended
             self.drafts.apply(plan, result, by_handle)
             several = {handle for handle, _, accepted in result.drafts if accepted}
@@ -371,10 +379,20 @@ class Scheduler:
                 continue
             if reason is not None:
                 self._finish(request, reason)
-            outputs.append(EngineOutput(
+            grouped = groups.get(handle)
+            if grouped is not None:   # a later token of several: one entry carries them all
+                grouped.new_token_ids.append(token_id)
+                grouped.finish_reason = reason
+                if entry is not None:
+                    grouped.logprobs.append(entry)
+                continue
+            output = EngineOutput(
                 request.request_id, [token_id], reason,
                 logprobs=None if entry is None else [entry],
-                queued_s=request.queue_s if num_tokens == request.prompt_len + 1 else None))
+                queued_s=request.queue_s if num_tokens == request.prompt_len + 1 else None)
+            outputs.append(output)
+            if handle in several:
+                groups[handle] = output
         if several:   # blocks its accepted drafts filled were written by this step
             self.kv.confirm_through(plan.step_id)
         return StepOutputs(plain_ids, plain_tokens, outputs)

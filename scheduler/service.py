@@ -430,7 +430,7 @@ class SchedulerService:
         if plan is None:
             log.warning("dropped a result for step %d that is not in flight", result.step_id)
             return
-        self.decode_rate.observe(plan, result)
+        self.decode_rate.observe(plan, result, bursts=self.scheduler.bursts)
         self.router.route(self.scheduler.update(plan, result))
 
     def _check_executor(self) -> None:

@@ -59,7 +59,6 @@ class DraftPlanner:
         carry drafts takes its accepted ones as computed, and keeps one pending step per
         step (its tokens are appended one by one, each counting one pending off)."""
         outcome = {handle: (proposed, accepted) for handle, proposed, accepted in result.drafts}
-        counters, per_position = self.counters, self.accepted_per_position
         for handle in plan.drafts:
             request = by_handle.get(handle)
             if request is None:
@@ -71,17 +70,22 @@ class DraftPlanner:
             if not proposed:
                 continue
             accepted = min(accepted, proposed)
-            counters["spec_decode_num_drafts"] += 1
-            counters["spec_decode_num_draft_tokens"] += proposed
-            counters["spec_decode_num_accepted_tokens"] += accepted
-            for position in range(min(accepted, len(per_position))):
-                per_position[position] += 1
             request.num_pending += accepted
-            request.spec_steps += 1
-            request.spec_accepted_total += accepted
             if planned is not None:   # not preempted since: the step's KV is its own
                 request.num_computed_tokens += accepted
-            self._judge(request, plan.step_id, proposed, accepted)
+            self._count(request, plan.step_id, proposed, accepted)
+
+    def _count(self, request: Request, step: int, proposed: int, accepted: int) -> None:
+        """The counters and the pause policy, per request step that carried drafts."""
+        counters, per_position = self.counters, self.accepted_per_position
+        counters["spec_decode_num_drafts"] += 1
+        counters["spec_decode_num_draft_tokens"] += proposed
+        counters["spec_decode_num_accepted_tokens"] += accepted
+        for position in range(min(accepted, len(per_position))):
+            per_position[position] += 1
+        request.spec_steps += 1
+        request.spec_accepted_total += accepted
+        self._judge(request, step, proposed, accepted)
 
     def _judge(self, request: Request, step: int, proposed: int, accepted: int) -> None:
         """Pause a request whose recent drafts are mostly rejected."""

@@ -64,6 +64,9 @@ def _lora_modules_problem(value: Any) -> str | None:
     return f"names {repeated[0]!r} twice" if repeated else None
 
 
+MAX_SCHEDULER_STEPS = 32   # a burst's extra tokens are reserved ahead, like drafts
+
+
 @dataclass(frozen=True, kw_only=True)
 class SchedulingPolicy:
     max_num_seqs: int = setting(256, "requests running at once", check=positive_int)
@@ -99,6 +102,13 @@ class SchedulingPolicy:
         "\"num_speculative_tokens\": 4}' (methods: ngram, suffix; docs/spec_decode.md); off "
         "when unset",
         check=check_speculative_config, metavar="JSON")
+    num_scheduler_steps: int = setting(
+        1, "decode passes per scheduler step while at most 8 requests run (multi-step "
+        "decoding, docs/multi_step.md): the scheduler and frontend wake once per this many "
+        "tokens of a small batch, whose tokens then stream this many at a time; 1: a pass "
+        "per step. Speculative decoding, when set, takes its place",
+        check=lambda value: positive_int(value) or in_range(1, MAX_SCHEDULER_STEPS)(value),
+        metavar="K")
     max_loras: int = setting(
         1, "LoRA adapters the requests of one step may use at once (a request for another "
         "waits until one running adapter's requests are done); the executor keeps that many "

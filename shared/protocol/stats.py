@@ -27,6 +27,9 @@ _FIELDS = (
         "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
         "spec_decode_num_accepted_tokens")),
     Field("spec_decode_num_accepted_tokens_per_pos", Ints(0, max_len=64), default=None),
+    # Multi-step decoding (scheduler/multi_step.py), present when it is on.
+    Field("multi_step_bursts", Int(0), default=None),
+    Field("multi_step_extra_tokens", Int(0), default=None),
     # Decode-only steps and the weights they read (scheduler/decode_rate.py).
     Field("decode_steps", Int(0), default=None),
     Field("decode_forward_seconds", Float(0), default=None),

@@ -41,7 +41,7 @@ def test_a_decode_step_carries_drafts_and_accepted_ones_count_computed():
     assert len(scheduler.kv.block_ids(request)) * 4 >= 11
     outputs = scheduler.update(plan, _result(plan, {0: [8, 9, 10]}, [(0, 4, 2)]))
     assert request.num_computed_tokens == 9 and request.num_tokens == 10
-    assert [o.new_token_ids for o in outputs] == [[8], [9], [10]]   # in order
+    assert [o.new_token_ids for o in outputs] == [[8, 9, 10]]   # one entry, in order
     assert request.num_pending == 0 and request.num_draft_slots == 0
     # Only blocks full of verified, computed tokens are in the prefix cache.
     assert len(scheduler.kv.block_hashes(request)) == 9 // 4
