@@ -1,7 +1,8 @@
 """GGUF files of gpt-oss (executor/quantization/gguf/gpt_oss/), written here from tiny random
 transformers checkpoints the way llama.cpp's converter writes them (gguf_gpt_oss_writer.py:
 experts split, transposed, MXFP4 blocks repacked): the F32 file reads back as the
-checkpoint's config and gives transformers' greedy tokens on it exactly; a file whose
+checkpoint's config and gives transformers' greedy tokens on it exactly; a Q8_0 file keeps
+its attention and lm_head quantized with the dequantized file's logits; a file whose
 experts are MXFP4 (from a checkpoint with *_blocks / *_scales experts, as released) loads
 the very weights the checkpoint's MXFP4 path loads and gives its tokens; malformed files
 are refused by name before anything starts."""
@@ -15,7 +16,9 @@ import torch
 
 from folio import LLM, SamplingParams
 from tests.conftest import _model_dir
-from tests.executor.quantization.gguf_checks import greedy_matches_checkpoint, model_refusal
+from tests.executor.quantization.gguf_checks import (greedy_matches_checkpoint,
+                                                    kept_and_dequantized_agree, linear_kinds,
+                                                    model_refusal)
 from tests.executor.quantization.gguf_gpt_oss_writer import write_gpt_oss_gguf
 from tests.hf_oracle import hf_greedy, random_prompts
 
@@ -82,6 +85,16 @@ def test_f32_file_reads_as_its_checkpoint_and_gives_transformers_tokens(float_ch
     assert not from_file.rope.truncate
     assert from_file.moe == checkpoint.moe and from_file.attention_sinks
     greedy_matches_checkpoint(path, model_dir, PROMPTS, MAX_TOKENS)
+
+
+def test_a_q8_0_file_keeps_attention_quantized_with_the_dequantized_logits(
+        tmp_path, float_checkpoint, monkeypatch):
+    """The converter's q8_0 file: q/k/v, o and lm_head kept as Q8_0 blocks; the experts
+    (stacked parameters, not linears) and the F32 router dequantized."""
+    model_dir, _ = float_checkpoint
+    q8 = write_gpt_oss_gguf(model_dir, tmp_path / "q8.gguf", "Q8_0")
+    kept = kept_and_dequantized_agree(q8, PROMPTS[:2], monkeypatch)
+    assert linear_kinds(kept) == {"qkv_proj", "o_proj", "lm_head"}
 
 
 def test_mxfp4_file_loads_the_checkpoints_mxfp4_weights_and_tokens(mxfp4_checkpoint):
