@@ -36,8 +36,10 @@ def load_tokenizer(path: str | Path) -> Any:
         except ValueError as error:
             if "is not supported yet" not in str(error):
                 raise
-        # transformers reads no config from this architecture's files (LFM2-MoE's): its
-        # generic class converts the tokenizer.ggml.* metadata all the same
+        except TypeError:   # transformers 5.24 misreads gpt-oss files' rope.scaling.* keys
+            pass
+        # transformers reads no config from this architecture's files (LFM2-MoE's; gpt-oss's
+        # it misreads): its generic class converts the tokenizer.ggml.* metadata all the same
         from transformers import TokenizersBackend
 
         return TokenizersBackend.from_pretrained(str(path.parent), gguf_file=path.name,

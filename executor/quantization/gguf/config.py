@@ -69,6 +69,10 @@ def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         from folio.executor.quantization.gguf.hybrid.config import hybrid_config
 
         raw.update(hybrid_config(reader, arch, spec.hybrid, raw))
+    elif spec.layout == "gpt_oss":   # experts, windows, YaRN (gguf/gpt_oss/config.py)
+        from folio.executor.quantization.gguf.gpt_oss.config import gpt_oss_config
+
+        raw.update(gpt_oss_config(reader, arch, raw))
     else:
         rope = _rope_parameters(reader, arch, tensors, raw["rope_theta"], raw["head_dim"])
         if spec.layout != "llama":   # OLMo 2/3, Gemma 2/3: sliding layers (gguf/windows.py)

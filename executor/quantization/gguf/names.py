@@ -13,7 +13,8 @@ class GgufArchitecture:
     hybrid: str | None = None   # a hybrid family, read by executor/quantization/gguf/hybrid/
     layout: str = "llama"   # the layer's tensors: "llama", "olmo2" (a norm after each
                             # sublayer, none before; q/k norms over all heads at once) or
-                            # "gemma" (norms before and after each sublayer)
+                            # "gemma" (norms before and after each sublayer);
+                            # "gpt_oss": its own names (gguf/gpt_oss/names.py)
 
 
 # The architectures whose GGUF tensors Folio reads: renamed (by layout), q/k rows put back
@@ -40,13 +41,14 @@ GGUF_ARCHITECTURES = {
     "lfm2moe": GgufArchitecture("Lfm2MoeForCausalLM", permuted_qk=False, hybrid="lfm2moe"),
     "qwen3next": GgufArchitecture("Qwen3NextForCausalLM", permuted_qk=False,
                                   hybrid="qwen3next"),
+    # gpt-oss: experts split, transposed and MXFP4-repacked by the converter (gguf/gpt_oss/)
+    "gpt-oss": GgufArchitecture("GptOssForCausalLM", permuted_qk=False, layout="gpt_oss"),
 }
 
 # Families Folio serves from a Hugging Face directory whose GGUF files it refuses, and why.
 GGUF_REFUSED = {
     "gemma4": "Gemma 4's model (executor/models/gemma4/) loads checkpoint directories only "
               "(per-layer head sizes, shared KV, per-layer inputs)",
-    "gpt-oss": "its experts' MXFP4 tensor type and its YaRN rope are not read from GGUF",
     "phi3": "its fused attn_qkv and ffn_up tensors are not mapped",
 }
 
@@ -74,6 +76,10 @@ LAYER_MODULES = {"llama": _LAYER_MODULES, "olmo2": _OLMO2_MODULES, "gemma": _GEM
 
 def hf_name(gguf_name: str, layout: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor; None for one Folio has no place for."""
+    if layout == "gpt_oss":
+        from folio.executor.quantization.gguf.gpt_oss.names import gpt_oss_hf_name
+
+        return gpt_oss_hf_name(gguf_name)
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
     modules = LAYER_MODULES[layout]

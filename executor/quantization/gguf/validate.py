@@ -36,6 +36,11 @@ def check_gguf_header(header: GgufHeader, architectures) -> None:
         check_hybrid_header(header, arch, architectures[arch].hybrid)
         return
     layout = architectures[arch].layout
+    if layout == "gpt_oss":   # its own tensors (gguf/gpt_oss/validate.py)
+        from folio.executor.quantization.gguf.gpt_oss.validate import check_gpt_oss_header
+
+        check_gpt_oss_header(header, arch)
+        return
     dims = _model_dims(header, arch)
     tensors = {tensor.name: tensor for tensor in header.tensors}
     _check_names(tensors, arch, layout)

@@ -25,6 +25,11 @@ def iterate_gguf_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]
 
         yield from iterate_hybrid_weights(reader, arch, spec.hybrid)
         return
+    if spec.layout == "gpt_oss":   # the experts put back together (gguf/gpt_oss/weights.py)
+        from folio.executor.quantization.gguf.gpt_oss.weights import iterate_gpt_oss_weights
+
+        yield from iterate_gpt_oss_weights(reader)
+        return
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     for tensor in reader.tensors:
