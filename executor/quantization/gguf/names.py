@@ -13,7 +13,8 @@ class GgufArchitecture:
     hybrid: str | None = None   # a hybrid family, read by executor/quantization/gguf/hybrid/
     layout: str = "llama"   # the layer's tensors: "llama", "olmo2" (a norm after each
                             # sublayer, none before; q/k norms over all heads at once) or
-                            # "gemma" (norms before and after each sublayer)
+                            # "gemma" (norms before and after each sublayer);
+                            # "gemma4": read by executor/quantization/gguf/gemma4/
 
 
 # The architectures whose GGUF tensors Folio reads: renamed (by layout), q/k rows put back
@@ -40,12 +41,12 @@ GGUF_ARCHITECTURES = {
     "lfm2moe": GgufArchitecture("Lfm2MoeForCausalLM", permuted_qk=False, hybrid="lfm2moe"),
     "qwen3next": GgufArchitecture("Qwen3NextForCausalLM", permuted_qk=False,
                                   hybrid="qwen3next"),
+    # Gemma 4's text model: its own names, per-layer metadata and checks (gguf/gemma4/).
+    "gemma4": GgufArchitecture("Gemma4ForCausalLM", permuted_qk=False, layout="gemma4"),
 }
 
 # Families Folio serves from a Hugging Face directory whose GGUF files it refuses, and why.
 GGUF_REFUSED = {
-    "gemma4": "Gemma 4's model (executor/models/gemma4/) loads checkpoint directories only "
-              "(per-layer head sizes, shared KV, per-layer inputs)",
     "gpt-oss": "its experts' MXFP4 tensor type and its YaRN rope are not read from GGUF",
     "phi3": "its fused attn_qkv and ffn_up tensors are not mapped",
 }

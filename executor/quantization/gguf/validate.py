@@ -35,6 +35,11 @@ def check_gguf_header(header: GgufHeader, architectures) -> None:
 
         check_hybrid_header(header, arch, architectures[arch].hybrid)
         return
+    if architectures[arch].layout == "gemma4":   # gguf/gemma4/validate.py
+        from folio.executor.quantization.gguf.gemma4.validate import check_gemma4_header
+
+        check_gemma4_header(header, arch)
+        return
     layout = architectures[arch].layout
     dims = _model_dims(header, arch)
     tensors = {tensor.name: tensor for tensor in header.tensors}
