@@ -82,6 +82,8 @@ def test_malformed_files_are_refused_by_name(shared_kv, tmp_path):
     assert "gemma4.feed_forward_length must list 6 integers" in _refusal(
         shared_kv, tmp_path / "f.gguf", metadata={
             "{arch}.feed_forward_length": ("array", [96, 96])})
+    assert "the GGUF file has no per_layer_token_embd.weight" in _refusal(
+        shared_kv, tmp_path / "h.gguf", drop=("per_layer_token_embd.weight",))
     assert "GGUF tensor 'blk.0.attn_qkv.weight': fused q/k/v" in _refusal(
         shared_kv, tmp_path / "g.gguf", tensors={
             "blk.0.attn_qkv.weight": np.zeros((64, 64), dtype=np.float32)})

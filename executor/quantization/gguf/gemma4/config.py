@@ -65,6 +65,14 @@ def gemma4_hf_config(reader: Any, arch: str) -> tuple[dict[str, Any], dict[str, 
                        for i, kind in enumerate(kinds)]
     k_eq_v = _k_eq_v(tensors, kinds, sources)
     ple = field(reader, f"{arch}.embedding_length_per_layer_input", 0) or 0
+    for name in ("per_layer_token_embd.weight", "per_layer_model_proj.weight",
+                 "per_layer_proj_norm.weight"):
+        if ple and name not in tensors:
+            raise ValueError(f"the GGUF file has no {name} (metadata "
+                             f"{arch}.embedding_length_per_layer_input is {ple})")
+        if not ple and name in tensors:
+            raise ValueError(f"GGUF tensor {name!r} has no place: metadata "
+                             f"{arch}.embedding_length_per_layer_input is 0")
     moe = "blk.0.ffn_gate_inp.weight" in tensors
     raw = {
         "architectures": ["Gemma4ForCausalLM"],

@@ -40,10 +40,16 @@ class Gemma4WeightNames:
         return f"layers.{layer}.{block}.{fused}.weight", None, part
 
 
+# The per-layer input table is an embedding, never a linear's weight (and the largest
+# tensor of the PLE models): not re-expressed for nothing.
+_NOT_LINEAR = frozenset({"per_layer_token_embd.weight"})
+
+
 def gemma4_kept_names(reader: Any) -> Iterator[tuple[Any, str]]:
-    """(tensor, Hugging Face name) of each 2-D tensor the file holds; the caller keeps the
-    quantized ones (no reordering: the converter moves no row of Gemma 4's)."""
+    """(tensor, Hugging Face name) of each 2-D tensor that may be a linear's weight (the
+    token embedding too: a tied LM head's); the caller keeps the quantized ones (no
+    reordering: the converter moves no row of Gemma 4's)."""
     for tensor in reader.tensors:
         name = gemma4_hf_name(tensor.name)
-        if name is not None and len(tensor.shape) == 2:
+        if name is not None and len(tensor.shape) == 2 and tensor.name not in _NOT_LINEAR:
             yield tensor, name
