@@ -30,16 +30,21 @@ def load_tokenizer(path: str | Path) -> Any:
 
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
+        from huggingface_hub.errors import StrictDataclassError
+
         try:
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
                                                  local_files_only=True)
+        except StrictDataclassError:
+            pass   # a config it cannot type (Gemma 4's per-layer KV heads or MLP widths)
         except ValueError as error:
             if "is not supported yet" not in str(error):
                 raise
         except TypeError:   # transformers 5.24 misreads gpt-oss files' rope.scaling.* keys
             pass
         # transformers reads no config from this architecture's files (LFM2-MoE's; gpt-oss's
-        # it misreads): its generic class converts the tokenizer.ggml.* metadata all the same
+        # it misreads), or cannot hold the one it reads (Gemma 4's): its generic class
+        # converts the tokenizer.ggml.* metadata all the same
         from transformers import TokenizersBackend
 
         return TokenizersBackend.from_pretrained(str(path.parent), gguf_file=path.name,

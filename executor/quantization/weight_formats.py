@@ -41,6 +41,10 @@ def apply_weight_format(model: nn.Module, config: EngineConfig, model_config: Mo
         from folio.executor.models.hybrid.loader import HybridWeightNames
 
         weight_names = HybridWeightNames
+    if model_config.gemma4 is not None:   # its modules' names, q alone on KV-shared layers
+        from folio.executor.quantization.gguf.gemma4.quantized import Gemma4WeightNames
+
+        weight_names = Gemma4WeightNames(model_config.gemma4.kv_source)
     if model_config.prequantized is not None:
         if device.type != "cpu" or tp is not None:
             raise ValueError("a pre-quantized checkpoint runs on the CPU executor only, "

@@ -4,7 +4,6 @@ again by the executor: each needs the uniform layers Gemma 4 does not have."""
 from __future__ import annotations
 
 from folio.executor.model_config import ModelConfig
-from folio.executor.quantization.gguf.file import is_gguf
 from folio.shared.config import EngineConfig
 
 
@@ -16,7 +15,6 @@ def unsupported(config: EngineConfig, model: ModelConfig, tensor_parallel: bool 
          "tensor parallelism (its sharding rules assume one head size and KV-head count)"),
         (config.enable_lora, "enable_lora", "LoRA adapters (they target fused q/k/v and "
          "gate/up projections)"),
-        (is_gguf(config.model), "model", "a GGUF file"),
         (model.prequantized is not None, "model", "a pre-quantized checkpoint"),
     ]
     for hit, setting, what in refused:

@@ -34,6 +34,10 @@ def gguf_hf_config(reader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The config.json and generation_config.json a Hugging Face checkpoint of this model
     would carry, from the file's metadata and tensor shapes (hf_config.py parses them)."""
     arch, spec = gguf_architecture(reader)
+    if spec.layout == "gemma4":   # per-layer heads and widths (gguf/gemma4/config.py)
+        from folio.executor.quantization.gguf.gemma4.config import gemma4_hf_config
+
+        return gemma4_hf_config(reader, arch)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     # open_gguf's checks (validate.py) refused tensors with no place and a missing or
     # misshapen token_embd.weight before this reader was made.

@@ -15,6 +15,7 @@ class GgufArchitecture:
                             # sublayer, none before; q/k norms over all heads at once) or
                             # "gemma" (norms before and after each sublayer);
                             # "gpt_oss": its own names (gguf/gpt_oss/names.py)
+                            # "gemma4": read by executor/quantization/gguf/gemma4/
 
 
 # The architectures whose GGUF tensors Folio reads: renamed (by layout), q/k rows put back
@@ -43,12 +44,12 @@ GGUF_ARCHITECTURES = {
                                   hybrid="qwen3next"),
     # gpt-oss: experts split, transposed and MXFP4-repacked by the converter (gguf/gpt_oss/)
     "gpt-oss": GgufArchitecture("GptOssForCausalLM", permuted_qk=False, layout="gpt_oss"),
+    # Gemma 4's text model: its own names, per-layer metadata and checks (gguf/gemma4/).
+    "gemma4": GgufArchitecture("Gemma4ForCausalLM", permuted_qk=False, layout="gemma4"),
 }
 
 # Families Folio serves from a Hugging Face directory whose GGUF files it refuses, and why.
 GGUF_REFUSED = {
-    "gemma4": "Gemma 4's model (executor/models/gemma4/) loads checkpoint directories only "
-              "(per-layer head sizes, shared KV, per-layer inputs)",
     "phi3": "its fused attn_qkv and ffn_up tensors are not mapped",
 }
 

@@ -106,6 +106,14 @@ def iterate_kept_weights(path: str | Path) -> Iterator[tuple[str, QuantizedWeigh
     if spec.hybrid is not None:
         yield from _hybrid_kept_weights(reader, arch, spec.hybrid)
         return
+    if spec.layout == "gemma4":   # its own names, no rows moved (gguf/gemma4/)
+        from folio.executor.quantization.gguf.gemma4.quantized import gemma4_kept_names
+
+        for tensor, name in gemma4_kept_names(reader):
+            if tensor.tensor_type.name in KEPT_TYPES:
+                yield name, quantized_weight(tensor.data.reshape(int(tensor.shape[1]), -1),
+                                             tensor.tensor_type.name)
+        return
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     for tensor in reader.tensors:

@@ -35,6 +35,11 @@ def check_gguf_header(header: GgufHeader, architectures) -> None:
 
         check_hybrid_header(header, arch, architectures[arch].hybrid)
         return
+    if architectures[arch].layout == "gemma4":   # gguf/gemma4/validate.py
+        from folio.executor.quantization.gguf.gemma4.validate import check_gemma4_header
+
+        check_gemma4_header(header, arch)
+        return
     layout = architectures[arch].layout
     if layout == "gpt_oss":   # its own tensors (gguf/gpt_oss/validate.py)
         from folio.executor.quantization.gguf.gpt_oss.validate import check_gpt_oss_header

@@ -30,6 +30,11 @@ def iterate_gguf_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]
 
         yield from iterate_gpt_oss_weights(reader)
         return
+    if spec.layout == "gemma4":   # its own names (gguf/gemma4/)
+        from folio.executor.quantization.gguf.gemma4.weights import iterate_gemma4_weights
+
+        yield from iterate_gemma4_weights(reader, arch)
+        return
     heads = field(reader, f"{arch}.attention.head_count")
     kv_heads = field(reader, f"{arch}.attention.head_count_kv", heads)
     for tensor in reader.tensors:

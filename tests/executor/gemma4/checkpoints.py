@@ -35,6 +35,9 @@ VARIANTS = {
 # values = keys layers the native step runs (it leaves the MoE block to the Python layers).
 EXTRA_VARIANTS = {
     "k_eq_v_dense": {**VARIANTS["k_eq_v"], "enable_moe_block": False},
+    # KV sharing llama.cpp reads as transformers does (its shared layers read the last
+    # kept global layer and the one before it, sliding): the last three layers share.
+    "shared_kv_last_three": {**VARIANTS["shared_kv_ple"], "num_kv_shared_layers": 3},
 }
 
 

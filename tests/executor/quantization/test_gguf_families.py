@@ -2,8 +2,9 @@
 here from tiny random transformers checkpoints the way llama.cpp's converter writes them
 (gguf_family_writer.py): the F32 file gives transformers' greedy tokens on the source
 checkpoint exactly; a Q8_0 file runs its linears kept quantized with the logits of the same
-file dequantized; malformed files are refused by name before anything starts; Gemma 4's
-files are refused with the reason (gpt-oss's are served: test_gguf_gpt_oss.py)."""
+file dequantized; malformed files are refused by name before anything starts; Phi-3's
+files are refused with the reason (Gemma 4's and gpt-oss's are served:
+test_gguf_gemma4.py, test_gguf_gpt_oss.py)."""
 
 from __future__ import annotations
 
@@ -95,8 +96,8 @@ def test_malformed_files_are_refused_by_name(tmp_path, family):
         assert "olmo2.attention.sliding_window_pattern must list 2 bools" in model_refusal(short)
 
 
-@pytest.mark.parametrize("arch", ["gemma4"])
-def test_gemma4_files_are_refused_with_the_reason(arch, tmp_path):
+@pytest.mark.parametrize("arch", ["phi3"])
+def test_refused_files_say_why(arch, tmp_path):
     metadata = {key.replace("llama.", f"{arch}."): value
                 for key, value in tiny_metadata().items()}
     path = write_gguf(tmp_path / "model.gguf", metadata, tiny_tensors(), arch)
