@@ -1,6 +1,6 @@
 """folio.LLM(tensor_parallel_size=2) starts its own ranks (issue 30 item 1), as vLLM's
 offline API does: greedy output token-identical to one rank, under preemption; close() stops
-them, and a second group can start in the same process."""
+them, and a second group can start in the same process (and runs multi-step bursts)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from folio import LLM, SamplingParams
 from tests.processes.test_tensor_parallel import MAX_TOKENS, PROMPTS, one_rank
 
 
-def _tp2(model_dir) -> LLM:
+def _tp2(model_dir, **engine_args) -> LLM:
     return LLM(str(model_dir), dtype="float32", device="cpu", num_kv_blocks=12,
-               max_num_batched_tokens=64, tensor_parallel_size=2)
+               max_num_batched_tokens=64, tensor_parallel_size=2, **engine_args)
 
 
 def test_llm_tp2_matches_one_rank_and_stops_its_ranks(llama_dir):
@@ -24,8 +24,11 @@ def test_llm_tp2_matches_one_rank_and_stops_its_ranks(llama_dir):
     finally:
         llm.close()
     assert rank1.poll() is not None   # stopped, not left behind
-    again = _tp2(llama_dir)   # the first group's torch.distributed state is gone
+    # The first group's torch.distributed state is gone; every rank runs the same
+    # multi-step bursts (each samples the same tokens, so each stops a row alike).
+    again = _tp2(llama_dir, num_scheduler_steps=4)
     try:
-        assert again.generate(PROMPTS[0], params[0])[0].outputs[0].token_ids == reference[0]
+        assert [r.outputs[0].token_ids for r in again.generate(PROMPTS, params)] == reference
+        assert again.stats()["multi_step_extra_tokens"] > 0
     finally:
         again.close()
