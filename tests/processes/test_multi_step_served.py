@@ -29,6 +29,16 @@ def test_streams_match_one_pass_per_step_and_come_in_groups(llama_dir, tmp_path)
                 if chunk.choices and chunk.choices[0].text]
             assert "".join(chunks) == text
             assert len(chunks) < MAX_TOKENS / 2   # several tokens a chunk
+        # A grouped chunk still carries one logprob entry per token.
+        entries, pieces = [], []
+        for chunk in client.completions.create(
+                model=client.models.list().data[0].id, prompt=PROMPTS[0],
+                max_tokens=MAX_TOKENS, temperature=0, stream=True, logprobs=2,
+                extra_body={"ignore_eos": True}):
+            if chunk.choices and chunk.choices[0].logprobs:
+                entries += chunk.choices[0].logprobs.tokens
+                pieces.append(chunk.choices[0].text)
+        assert len(entries) == MAX_TOKENS and "".join(pieces) == want[0]
         metrics = httpx.get(f"{server.base}/metrics").text
     bursts = [line for line in metrics.splitlines()
               if line.startswith("folio:multi_step_bursts_total")]
