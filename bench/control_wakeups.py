@@ -73,19 +73,25 @@ def snapshot(pids: dict[int, str]) -> dict[str, dict[str, float]]:
 
 
 def stream(base_url: str, model: str, tokens: int) -> tuple[int, float]:
-    """(tokens streamed, seconds from the first to the last)."""
+    """(tokens streamed, seconds from the first chunk to the last). Tokens are counted
+    from the usage the last chunk carries: under multi-step decoding a chunk holds several."""
     body = json.dumps({"model": model, "prompt": "Once upon a time", "max_tokens": tokens,
-                       "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+                       "temperature": 0, "ignore_eos": True, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
     request = urllib.request.Request(f"{base_url}/v1/completions", body,
                                      {"Content-Type": "application/json"})
     count, first, last = 0, None, None
     with urllib.request.urlopen(request, timeout=600) as response:
         for line in response:
-            if line.startswith(b"data: {"):
-                count += 1
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[len(b"data: "):])
+            if chunk.get("usage"):
+                count = chunk["usage"]["completion_tokens"]
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
                 last = time.perf_counter()
                 first = first or last
-    return count, (last - first) if count > 1 else 0.0
+    return count, (last - first) if count > 1 and first is not None else 0.0
 
 
 def main() -> None:
