@@ -53,15 +53,20 @@ template <> struct Lanes<Vec> {
   static void store(float* p, Vec x) { std::memcpy(p, &x, sizeof x); }
 };
 
-// x in every lane (a broadcast; `V{} + x` would add a zero first, for -0's sake).
+// x in every lane, one broadcast instruction (GCC builds a generic vector lane by lane from
+// a loop, 16 masked broadcasts, and `V{} + x` adds a zero first, for -0's sake).
 template <typename V>
 inline V splat(float x) {
   if constexpr (std::is_same_v<V, float>) {
     return x;
   } else {
-    V v;
-    for (int i = 0; i < kLanes; ++i) v[i] = x;
-    return v;
+#if FOLIO_LANES == 16
+    return reinterpret_cast<V>(_mm512_set1_ps(x));
+#elif FOLIO_LANES == 8 && defined(__AVX__)
+    return reinterpret_cast<V>(_mm256_set1_ps(x));
+#else
+    return V{} + x;
+#endif
   }
 }
 
@@ -81,13 +86,13 @@ struct Prompt {
 // One sweep over the stripe's rows for token t: S <- decay S + k_t delta^T, row by row,
 // accumulating q_t^T S into out and (kNext) k_{t+1}^T S into next.
 template <typename V, int W, bool kNext>
-inline void sweep(float* S, int64_t v_dim, int64_t k_dim, const float* q, const float* k,
+inline void sweep(float* S, int64_t row_stride, int64_t k_dim, const float* q, const float* k,
                   const float* k_next, float decay, const V* delta, V* out, V* next) {
   using L = Lanes<V>;
   const V decay_v = splat<V>(decay);
   for (int w = 0; w < W; ++w) out[w] = V{}, next[w] = V{};
   for (int64_t i = 0; i < k_dim; ++i) {
-    float* row = S + i * v_dim;
+    float* row = S + i * row_stride;
     const V ki = splat<V>(k[i]), qi = splat<V>(q[i]);
     const V kn = kNext ? splat<V>(k_next[i]) : V{};
     for (int w = 0; w < W; ++w) {
@@ -99,24 +104,28 @@ inline void sweep(float* S, int64_t v_dim, int64_t k_dim, const float* q, const 
   }
 }
 
-// One head's columns [col, col + W lanes) through all the prompt's tokens.
+// One head's columns [col, col + W lanes) through all the prompt's tokens, on a packed copy
+// of the stripe: in the pool its rows are v_dim floats apart (512 bytes at 128), so the
+// stripe's 2 cache lines a row would share 16 of L1's 64 sets and evict each other every
+// token; packed, they spread over all of them. The copy is written back at the end.
 template <typename T, typename V, int W>
 void stripe(const Prompt<T>& p, int64_t h, int64_t col) {
   using L = Lanes<V>;
-  float* S = p.state + h * p.k_dim * p.v_dim + col;
+  constexpr int64_t width = W * L::n;
+  float* pooled = p.state + h * p.k_dim * p.v_dim + col;
   const float* q = p.q + h * p.q_h;
   const float* k = p.k + h * p.k_h;
   const T* v = p.v + h * p.v_h + col;
   float* out = p.out + h * p.o_h + col;
+  std::vector<float> packed(static_cast<size_t>(p.k_dim * width), 0.f);
+  float* S = packed.data();
   V read[W], delta[W], acc[W], next[W];
   for (int w = 0; w < W; ++w) read[w] = V{};
-  if (p.fresh) {   // never read the slot's old contents (a stale NaN would survive * 0)
-    for (int64_t i = 0; i < p.k_dim; ++i)
-      for (int w = 0; w < W; ++w) L::store(S + i * p.v_dim + w * L::n, V{});
-  } else {         // k_0^T S, in the decode step's order
+  if (!p.fresh) {  // k_0^T S, in the decode step's order (a fresh slot is never read)
     for (int64_t i = 0; i < p.k_dim; ++i) {
+      std::memcpy(S + i * width, pooled + i * p.v_dim, sizeof(float) * width);
       const V ki = splat<V>(k[i]);
-      for (int w = 0; w < W; ++w) read[w] = read[w] + ki * L::load(S + i * p.v_dim + w * L::n);
+      for (int w = 0; w < W; ++w) read[w] = read[w] + ki * L::load(S + i * width + w * L::n);
     }
   }
   for (int64_t t = 0; t < p.length; ++t) {
@@ -128,14 +137,16 @@ void stripe(const Prompt<T>& p, int64_t h, int64_t col) {
     const float* qt = q + t * p.q_t;
     const float* kt = k + t * p.k_t;
     if (t + 1 < p.length)
-      sweep<V, W, true>(S, p.v_dim, p.k_dim, qt, kt, kt + p.k_t, decay, delta, acc, next);
+      sweep<V, W, true>(S, width, p.k_dim, qt, kt, kt + p.k_t, decay, delta, acc, next);
     else
-      sweep<V, W, false>(S, p.v_dim, p.k_dim, qt, kt, nullptr, decay, delta, acc, next);
+      sweep<V, W, false>(S, width, p.k_dim, qt, kt, nullptr, decay, delta, acc, next);
     for (int w = 0; w < W; ++w) {
       L::store(out + t * p.o_t + w * L::n, acc[w]);
       read[w] = next[w];
     }
   }
+  for (int64_t i = 0; i < p.k_dim; ++i)
+    std::memcpy(pooled + i * p.v_dim, S + i * width, sizeof(float) * width);
 }
 
 // A unit of work: one head's stripe of W vectors, one vector, or one column.
