@@ -23,6 +23,15 @@ built), "C++" rows the layers in Python with the C++ recurrent operators, "nativ
 (up to 16 users) the hybrid's native decode step (what the executor runs there); the
 full-attention model is the same in all.
 The figures that count come from a quiet machine; on a shared one they only show it runs.
+
+`--prefill LENGTH` times the hybrid's prompts instead (issue 39, the delta rule's prompt
+form): --users fresh prompts of LENGTH tokens in one step (forward pass, last tokens'
+logits), the Gated DeltaNet prompts in torch (`gated_delta.chunked`) and in C++
+(kernels/cpu/gated_delta_chunk.cpp), alternated, best of --steps each; and the delta rule
+alone at the model's shape (one prompt of LENGTH tokens, one layer), best of --steps, with
+the load average beside them:
+
+    python bench/hybrid_step.py --prefill 512 --users 4 --steps 3
 """
 
 from __future__ import annotations
@@ -131,6 +140,112 @@ class DecodeStep:
         self.model.compute_logits(hidden)
 
 
+class PrefillStep:
+    """The hybrid with `users` fresh prompts of `length` tokens in one step: `run()` is
+    their forward pass and the last tokens' logits (the executor's first step for them)."""
+
+    def __init__(self, model_dir: Path, users: int, length: int, dtype: torch.dtype) -> None:
+        from folio.executor.kv_cache import allocate_kv_cache
+        from folio.executor.model_loader import load_model
+        from folio.executor.models.hf_config import read_model_config
+        from folio.executor.models.hybrid.state_pool import StatePool
+        from folio.executor.ops import AttentionInputs, cpu_ops
+        from folio.executor.quantization.weight_formats import apply_weight_format
+        from folio.shared.config import EngineConfig
+
+        device = torch.device("cpu")
+        self.config = config = read_model_config(model_dir)
+        ops = cpu_ops()
+        self.model = load_model(model_dir, config, ops, dtype, device, length + 64)
+        apply_weight_format(self.model, EngineConfig(model=str(model_dir)), config, device,
+                            dtype)
+        blocks = -(-length // BLOCK_SIZE)
+        self.kv = allocate_kv_cache(config, users * blocks, BLOCK_SIZE, dtype, device)
+        tables = torch.arange(users * blocks, dtype=torch.int32).reshape(users, blocks)
+        position = torch.arange(length)
+        slots = (tables[:, position // BLOCK_SIZE].long() * BLOCK_SIZE
+                 + position % BLOCK_SIZE).reshape(-1)
+        starts = [u * length for u in range(users + 1)]
+        inputs = AttentionInputs(slots, tables, torch.full((users,), length, dtype=torch.int32),
+                                 torch.tensor(starts, dtype=torch.int32))
+        self.inputs = ops.prepare(inputs, BLOCK_SIZE)
+        self.ids = torch.randint(0, config.vocab_size, (users * length,))
+        self.positions = position.repeat(users)
+        self.last = torch.tensor(starts[1:]) - 1
+        pool = StatePool(config.hybrid, users, dtype, device)
+        self.model.attach_states(pool)
+        self.states = pool.step(list(range(users)), [0] * users, starts)
+
+    def use(self, label: str) -> None:
+        """The Gated DeltaNet prompts in "torch" or "C++"."""
+        for module in self.model.modules():
+            if hasattr(module, "native"):
+                module.native = label != "torch"
+
+    @torch.inference_mode()
+    def run(self) -> None:
+        hidden = self.model(self.ids, self.positions, self.kv, self.inputs,
+                            states=self.states)
+        self.model.compute_logits(hidden[self.last])
+
+
+def delta_rule_ms(config, length: int, steps: int) -> dict[str, float]:
+    """The delta rule alone, one prompt of `length` fresh tokens at one layer's shape
+    (value heads x key dim x value dim): best of `steps` ms, torch chunked and C++."""
+    from folio.executor.models.hybrid import gated_delta
+
+    spec = config.hybrid
+    heads, k_dim, v_dim = spec.num_v_heads, spec.k_head_dim, spec.v_head_dim
+    q, k = gated_delta.prepare_qk(torch.randn(length, heads, k_dim),
+                                  torch.randn(length, heads, k_dim))
+    v, g, beta = (torch.randn(length, heads, v_dim), -torch.rand(length, heads),
+                  torch.rand(length, heads))
+    pool = torch.zeros(1, heads, k_dim, v_dim)
+    runs = {"torch": lambda: gated_delta.chunked(q, k, v, g, beta, pool[0]),
+            "C++": lambda: gated_delta.chunked_in_pool(q, k, v, g, beta, pool, 0, True)}
+    return {label: best_ms(run, steps) for label, run in runs.items()}
+
+
+def best_ms(run, steps: int) -> float:
+    run()   # warm
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def prefill(args, dtype: torch.dtype) -> None:
+    import os
+
+    users = int(args.users.split(",")[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        _, hybrid_dir = make_checkpoints(Path(tmp), args.tiny)
+        step = PrefillStep(hybrid_dir, users, args.prefill, dtype)
+        labels = ("torch", "C++")
+        times = {label: [] for label in labels}
+        for round in range(args.steps + 1):   # alternated, so a neighbour's load hits both
+            for label in labels:
+                step.use(label)
+                start = time.perf_counter()
+                step.run()
+                if round:   # the first round warms
+                    times[label].append((time.perf_counter() - start) * 1e3)
+        rows = [(label, min(times[label])) for label in labels]
+        alone = delta_rule_ms(step.config, args.prefill, args.steps)
+    spec = step.config.hybrid
+    print(f"prefill, {args.dtype}, {users} prompts x {args.prefill} tokens, "
+          f"{torch.get_num_threads()} threads, best of {args.steps}; delta rule: "
+          f"{spec.num_v_heads} heads x {spec.k_head_dim} x {spec.v_head_dim}; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'prompts':>9}  {'step ms':>8}  {'delta rule ms (1 prompt, 1 layer)':>33}")
+    for label, ms in rows:
+        print(f"{label:>9}  {ms:>8.1f}  {alone[label]:>33.2f}")
+    print(f"torch / C++: step {rows[0][1] / rows[1][1]:.2f}x, delta rule "
+          f"{alone['torch'] / alone['C++']:.2f}x")
+
+
 def median_ms(step: DecodeStep, warmup: int, steps: int) -> float:
     for _ in range(warmup):
         step.run()
@@ -151,6 +266,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--tiny", action="store_true", help="tiny widths: a smoke test")
+    parser.add_argument("--prefill", type=int, default=None, metavar="LENGTH",
+                        help="time --users prompts of LENGTH tokens (the first of --users) "
+                             "instead of decode steps: the delta rule's prompts in torch "
+                             "and in C++, best of --steps")
     args = parser.parse_args(argv)
     from folio.kernels import cpu_attention
 
@@ -160,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
+    if args.prefill:
+        return prefill(args, dtype)
     users = [int(n) for n in args.users.split(",")]
     rows, native = [], []
     with tempfile.TemporaryDirectory() as tmp:

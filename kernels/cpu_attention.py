@@ -1,5 +1,5 @@
 """The CPU operators (kernels/cpu/: paged attention, fused norm/rotary, the hybrids' recurrent
-steps): build, load, call.
+steps and the delta rule's prompts): build, load, call.
 
 It is built once at setup time (`python -m folio.kernels.cpu_attention --build`, run by
 scripts/setup.sh) into $FOLIO_CPU_OPS_DIR, else `.folio-cache/cpu-ops/` beside this package.
@@ -30,6 +30,7 @@ SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "fused_ops.cpp",
            Path(__file__).parent / "cpu" / "bf16_gemm.cpp",
            Path(__file__).parent / "cpu" / "decode_step.cpp",
            Path(__file__).parent / "cpu" / "gated_delta.cpp",
+           Path(__file__).parent / "cpu" / "gated_delta_chunk.cpp",
            Path(__file__).parent / "cpu" / "short_conv.cpp",
            Path(__file__).parent / "cpu" / "hybrid_step.cpp",
            Path(__file__).parent / "cpu" / "gemma4_step.cpp",

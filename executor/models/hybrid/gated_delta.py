@@ -54,6 +54,14 @@ def recurrent_in_pool(q, k, v, g, beta, pool, slots, fresh: list[bool]):
     return cpu_recurrent.gated_delta_step_cpu(q, k, v, g, beta, pool, slots, fresh)
 
 
+def chunked_in_pool(q, k, v, g, beta, pool, slot: int, fresh: bool):
+    """`chunked`'s meaning in C++ on CPU (kernels/cpu/gated_delta_chunk.cpp, a blocked
+    recurrence in the decode step's order): one request's L tokens from its state in slot
+    `slot` of `pool` [S, H, Dk, Dv] (zeros when fresh), left there after them. Returns
+    the outputs [L, H, Dv] float32."""
+    return cpu_recurrent.gated_delta_prompt_cpu(q, k, v, g, beta, pool, slot, fresh)
+
+
 def chunked(q, k, v, g, beta, state, chunk: int = CHUNK):
     """The same as `recurrent` over L tokens of one request, a chunk at a time."""
     length = q.shape[0]

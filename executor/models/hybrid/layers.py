@@ -126,9 +126,14 @@ def _segments(states: StepStates):
         yield i, slot, a, b, ends
 
 
+# The value dtypes the C++ prompt kernel reads (q and k are float32 after prepare_qk).
+NATIVE_PROMPT_DTYPES = (torch.float32, torch.bfloat16)
+
+
 class GatedDeltaNet(nn.Module):
     """Qwen3.5's linear-attention layer (state: a conv window and the delta rule's S).
-    `native`: its decode steps run in C++ (the CPU kernel set, kernels/cpu_recurrent.py)."""
+    `native`: its decode steps and prompts run in C++ (the CPU kernel set,
+    kernels/cpu_recurrent.py)."""
 
     def __init__(self, config: ModelConfig, layer: int, native: bool = False) -> None:
         super().__init__()
@@ -196,6 +201,18 @@ class GatedDeltaNet(nn.Module):
                 out[a:b], after = step(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b],
                                        matrices[slot])
                 _hold(matrices, i, after, states)
+                continue
+            if native and v.dtype in NATIVE_PROMPT_DTYPES:   # C++, the slot in place
+                fresh = states.fresh[i]
+                for end, checkpoint in ends:   # up to each checkpoint, then the rest
+                    if end > a:
+                        out[a:end] = gated_delta.chunked_in_pool(
+                            q[a:end], k[a:end], v[a:end], g[a:end], beta[a:end], matrices,
+                            slot, fresh)
+                        fresh = False
+                    if checkpoint is not None:   # the state after the first `end` tokens
+                        matrices[checkpoint] = matrices[slot]
+                    a = end
                 continue
             state = torch.zeros_like(matrices[slot]) if states.fresh[i] else matrices[slot]
             # A prompt runs chunked (a one-token prompt too, as transformers does).

@@ -64,6 +64,18 @@ def assert_native_decode_step(llm) -> None:
         assert llm.engine.executor.model.native_step is not None
 
 
+def _runs_cpp_prompts(llm) -> bool:
+    """On the CPU with the C++ kernel set built, a model with Gated DeltaNet layers runs
+    their prompts in C++ (kernels/cpu/gated_delta_chunk.cpp)."""
+    from folio.executor.models.hybrid.layers import GatedDeltaNet
+    from folio.kernels import cpu_attention
+    from tests.conftest import TEST_DEVICE
+
+    model = llm.engine.executor.model
+    has_delta = any(isinstance(m, GatedDeltaNet) for m in model.modules())
+    return TEST_DEVICE == "cpu" and cpu_attention.load().ok and has_delta
+
+
 def two_turns(seed: int) -> list[list[int]]:
     """Two turns of one conversation: the second shares the first's 140 leading tokens."""
     from tests.hf_oracle import random_prompts
@@ -77,16 +89,21 @@ def assert_resumes_from_a_checkpoint(model_dir: Path, turns: list[list[int]],
     """Checkpoints every 4 blocks of 16 tokens: the second turn shares 140 tokens, so it
     takes 128 from the cache (the blocks and the state after them) and computes the rest,
     with transformers' tokens (`expected`, 8 per turn)."""
+    import torch
+
     from folio import LLM, SamplingParams
     from tests.conftest import TEST_DEVICE
 
     llm = LLM(str(model_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=64,
               hybrid_checkpoint_blocks=4)
     params = SamplingParams(temperature=0.0, max_tokens=8)
-    first = llm.generate([turns[0]], [params])[0].outputs[0].token_ids
-    assert llm.stats()["prefix_cache_hits"] == 0
-    second = llm.generate([turns[1]], [params])[0].outputs[0].token_ids
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        first = llm.generate([turns[0]], [params])[0].outputs[0].token_ids
+        assert llm.stats()["prefix_cache_hits"] == 0
+        second = llm.generate([turns[1]], [params])[0].outputs[0].token_ids
     assert [first, second] == expected
+    if _runs_cpp_prompts(llm):   # the checkpoints were written by the C++ prompt kernel
+        assert "folio::gated_delta_prompt" in {event.key for event in prof.key_averages()}
     stats = llm.stats()
     assert stats["prefix_cache_hits"] == 128
     assert stats["state_checkpoints"] >= 2 and stats["state_slots_used"] == 0
