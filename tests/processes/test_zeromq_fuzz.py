@@ -160,7 +160,7 @@ def _is_valid_hello(data: bytes) -> bool:
     return True
 
 
-def _send_all(address: str, messages: list[list[bytes]]) -> None:
+def send_all(address: str, messages: list[list[bytes]]) -> None:
     """Each message sent to `address` on a socket of its own context; returns once all of
     them have left (the context's term waits for them), not after a guessed pause."""
     ctx = zmq.Context()
@@ -183,9 +183,9 @@ def test_zeromq_fuzz_10000_messages_per_socket_leaves_everything_serving(healthy
     started = time.monotonic()
     for seed, (socket, address) in enumerate(targets.items()):
         messages = fuzz_messages(socket, 10_000, seed)
-        _send_all(address, messages)
+        send_all(address, messages)
         # Over the 64 MiB message limit: ZeroMQ drops this connection, nothing else.
-        _send_all(address, [[b"\x00" * (64 * 2**20 + 1)]])
+        send_all(address, [[b"\x00" * (64 * 2**20 + 1)]])
         healthy.check_alive()
     print(f"fuzzed 3 sockets in {time.monotonic() - started:.1f} s")
     healthy.check_alive()
