@@ -160,7 +160,7 @@ def test_frontend_reports_its_model_names(tmp_path, llama_dir, which, flags, nam
             except httpx.HTTPError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.3)
+                time.sleep(0.1)
         assert [m["id"] for m in models.json()["data"]] == names
     finally:
         proc.terminate()
