@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.processes.cluster import running_cluster
+from tests.processes.tp_references import GreedyReferences
 
 
 @pytest.fixture(scope="package")
@@ -36,3 +37,14 @@ def long_cluster(long_cluster_processes):
 def healthy(cluster):
     cluster.heal()
     return cluster
+
+
+@pytest.fixture(scope="session")
+def tp_references() -> GreedyReferences:
+    """The tensor-parallel tests' greedy references, each computed once for the session."""
+    from tests.hf_oracle import hf_greedy
+    from tests.processes.test_tensor_parallel import MAX_TOKENS, PROMPTS, one_rank
+
+    return GreedyReferences(
+        one_rank, lambda model_dir, count: hf_greedy(model_dir, PROMPTS[:count],
+                                                     MAX_TOKENS[:count]))

@@ -96,7 +96,7 @@ def wait_serving(base: str, replicas: int = 2, timeout: float = 120.0, logs=lamb
                 return body
         except OSError:
             pass
-        time.sleep(0.3)
+        time.sleep(0.1)
     raise TimeoutError(f"{replicas} replicas not serving: {logs()}")
 
 

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
 import pytest
@@ -201,20 +202,37 @@ def _endpoints(server) -> tuple[str, str]:
     return config["endpoint"], config["replay_endpoint"]
 
 
-@pytest.mark.parametrize("config, words", [
+BAD_CONFIGS = [
     ("{not json", "is not JSON"),
     ('{"enable_kv_cache_events": true, "publisher": "zmq", "max_queue_size": 5}',
      "unknown key(s) max_queue_size"),
     ('{"enable_kv_cache_events": true, "publisher": "kafka"}', "publisher must be one of"),
     ('{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}',
      "refusing to bind"),
-])
-def test_a_bad_kv_events_config_is_refused_in_one_line(llama_dir, config, words):
-    run = subprocess.run([sys.executable, "-m", "folio", "serve", "--model", str(llama_dir),
-                          "--kv-events-config", config], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, check=False,
-                         env={**{k: v for k, v in os.environ.items()
-                                 if k != "FOLIO_ALLOW_WILDCARD"}, "PYTHONPATH": str(ROOT)})
+]
+
+
+def _serve_with_config(model_dir, config: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "folio", "serve", "--model", str(model_dir),
+                           "--kv-events-config", config], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False,
+                          env={**{k: v for k, v in os.environ.items()
+                                  if k != "FOLIO_ALLOW_WILDCARD"}, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.fixture(scope="module")
+def config_refusals(llama_dir) -> dict[str, subprocess.CompletedProcess]:
+    """`folio serve` with each of BAD_CONFIGS, run side by side (each a real process that
+    only checks its flags and exits): by config."""
+    with ThreadPoolExecutor(len(BAD_CONFIGS)) as pool:
+        runs = {config: pool.submit(_serve_with_config, llama_dir, config)
+                for config, _ in BAD_CONFIGS}
+        return {config: run.result() for config, run in runs.items()}
+
+
+@pytest.mark.parametrize("config, words", BAD_CONFIGS)
+def test_a_bad_kv_events_config_is_refused_in_one_line(config_refusals, config, words):
+    run = config_refusals[config]
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "--kv-events-config" in lines[0] and words in lines[0], lines

@@ -15,6 +15,7 @@ from folio.client import AsyncClient, Client
 from folio.errors import EngineDead, RequestRejected
 from tests.hf_oracle import hf_greedy
 from tests.pipeline import Pipeline, start_streams
+from tests.processes.test_zeromq_fuzz import send_all
 
 pytestmark = pytest.mark.slow
 
@@ -161,7 +162,6 @@ def test_two_frontends_get_only_their_own_outputs(pipeline):
 
 def test_garbage_on_every_socket_leaves_processes_serving(pipeline):
     import msgpack
-    import zmq
 
     from folio.shared.protocol.wire import PROTOCOL_VERSION
 
@@ -177,22 +177,11 @@ def test_garbage_on_every_socket_leaves_processes_serving(pipeline):
                 msgpack.packb({"a": 1})[:-1]]
     payloads += [bytes(rng.randrange(256) for _ in range(rng.randint(1, 64)))
                  for _ in range(40)]
-    ctx = zmq.Context()
-    addresses = [pipeline.frontend_address, pipeline.executor_address,
-                 *pipeline.client_addresses]
-    try:
-        for address in addresses:
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(address)
-            for payload in payloads:
-                sock.send(payload)
-                sock.send_multipart([payload, payload])
-            time.sleep(0.2)
-            sock.close()
-    finally:
-        ctx.term()
-    time.sleep(0.5)
+    for address in [pipeline.frontend_address, pipeline.executor_address,
+                    *pipeline.client_addresses]:
+        send_all(address, [frames for payload in payloads
+                           for frames in ([payload], [payload, payload])])
+    time.sleep(0.5)   # a process the garbage kills has died by now
     pipeline.check_alive()
     with Client(pipeline.client_addresses[1]) as client:
         result = client.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4))

@@ -276,7 +276,7 @@ def test_silent_connections_past_the_descriptor_limit_are_refused_not_fatal(
         while _http_health(port) != 200:
             assert proc.poll() is None and time.monotonic() < deadline, \
                 (tmp_path / "frontend.log").read_text()[-2000:]
-            time.sleep(0.3)
+            time.sleep(0.1)
         for _ in range(FD_LIMIT + 100):   # more than the process may open
             silent.append(socket.create_connection(("127.0.0.1", port)))
         deadline = time.monotonic() + 60

@@ -20,7 +20,7 @@ import pytest
 from folio import LLM, SamplingParams
 from folio.client import AsyncClient, Client
 from folio.errors import EngineDead
-from tests.hf_oracle import hf_greedy, random_prompts
+from tests.hf_oracle import random_prompts
 from tests.http_server import HttpServer
 from tests.pipeline import start_streams
 
@@ -63,10 +63,10 @@ def llama_tp2(tmp_path_factory, llama_dir):
         server.stop()
 
 
-def _check_identical(server: HttpServer, model_dir) -> None:
+def _check_identical(server: HttpServer, model_dir, references) -> None:
     outputs = asyncio.run(_generate(server.zmq_address))
-    assert outputs == hf_greedy(model_dir, PROMPTS, MAX_TOKENS)
-    assert outputs == one_rank(model_dir)
+    assert outputs == references.transformers(model_dir)
+    assert outputs == references.one_rank(model_dir)
     with Client(server.zmq_address) as client:
         stats = client.health()["stats"]
     assert stats["preemptions_recompute"] > 0, stats
@@ -74,14 +74,16 @@ def _check_identical(server: HttpServer, model_dir) -> None:
     assert "tensor parallel: 2 ranks on gloo" in server.log.read_text()
 
 
-def test_gqa_llama_matches_one_rank_and_transformers_under_preemption(llama_tp2, llama_dir):
-    _check_identical(llama_tp2, llama_dir)
+def test_gqa_llama_matches_one_rank_and_transformers_under_preemption(llama_tp2, llama_dir,
+                                                                     tp_references):
+    _check_identical(llama_tp2, llama_dir, tp_references)
 
 
-def test_mqa_qwen2_matches_one_rank_and_transformers_under_preemption(tmp_path, qwen2_dir):
+def test_mqa_qwen2_matches_one_rank_and_transformers_under_preemption(tmp_path, qwen2_dir,
+                                                                     tp_references):
     server = serve_tp2(qwen2_dir, tmp_path)
     try:
-        _check_identical(server, qwen2_dir)
+        _check_identical(server, qwen2_dir, tp_references)
     finally:
         server.stop()
 
@@ -106,7 +108,9 @@ def long_tp2(tmp_path, long_llama_dir):
         server.stop()
 
 
-def test_rank_killed_mid_step_fails_in_flight_requests_and_the_group_restarts(long_tp2):
+def test_rank_killed_mid_step_fails_in_flight_requests_and_the_group_restarts(long_tp2,
+                                                                            long_llama_dir,
+                                                                            tp_references):
     server = long_tp2
     rank1 = int(re.findall(r"tensor parallel: 2 ranks on gloo \(pids (\d+)\)",
                            server.log.read_text())[-1])
@@ -149,7 +153,7 @@ def test_rank_killed_mid_step_fails_in_flight_requests_and_the_group_restarts(lo
         if health["status"] == "ok" and health["ranks"][1]["pid"] != rank1:
             break
         assert time.monotonic() < deadline, server.log.read_text()[-3000:]
-        time.sleep(0.3)
+        time.sleep(0.1)
     assert [r["status"] for r in health["ranks"]] == ["ok", "ok"], health
     log = server.log.read_text()
     assert "tensor-parallel group failed (tensor-parallel rank 1 exited with -9)" in log
@@ -157,18 +161,7 @@ def test_rank_killed_mid_step_fails_in_flight_requests_and_the_group_restarts(lo
     with Client(server.zmq_address) as client:
         again = client.generate(PROMPTS[0], SamplingParams(temperature=0.0,
                                                            max_tokens=MAX_TOKENS[0]))
-    assert again.token_ids == hf_greedy_cached(server)[0]
-
-
-_REFERENCE: dict = {}
-
-
-def hf_greedy_cached(server: HttpServer) -> list[list[int]]:
-    """transformers' answers for the llama checkpoint this server runs (computed once)."""
-    model_dir = server.proc.args[server.proc.args.index("--model") + 1]
-    if model_dir not in _REFERENCE:
-        _REFERENCE[model_dir] = hf_greedy(model_dir, PROMPTS[:1], MAX_TOKENS[:1])
-    return _REFERENCE[model_dir]
+    assert again.token_ids == tp_references.transformers(long_llama_dir, 1)[0]
 
 
 def test_kv_heads_split_or_replicated_and_vocab_padded():

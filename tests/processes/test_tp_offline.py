@@ -5,7 +5,7 @@ them, and a second group can start in the same process (and runs multi-step burs
 from __future__ import annotations
 
 from folio import LLM, SamplingParams
-from tests.processes.test_tensor_parallel import MAX_TOKENS, PROMPTS, one_rank
+from tests.processes.test_tensor_parallel import MAX_TOKENS, PROMPTS
 
 
 def _tp2(model_dir, **engine_args) -> LLM:
@@ -13,8 +13,8 @@ def _tp2(model_dir, **engine_args) -> LLM:
                max_num_batched_tokens=64, tensor_parallel_size=2, **engine_args)
 
 
-def test_llm_tp2_matches_one_rank_and_stops_its_ranks(llama_dir):
-    reference = one_rank(llama_dir)
+def test_llm_tp2_matches_one_rank_and_stops_its_ranks(llama_dir, tp_references):
+    reference = tp_references.one_rank(llama_dir)
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in MAX_TOKENS]
     llm = _tp2(llama_dir)
     rank1 = llm.engine.ranks.children[1]

@@ -25,14 +25,12 @@ import pytest
 from folio import SamplingParams
 from folio.client import AsyncClient, Client
 from folio.errors import EngineDead
-from tests.hf_oracle import hf_greedy
 from tests.pipeline import start_streams
 from tests.processes.test_tensor_parallel import (
     ENDLESS,
     MAX_TOKENS,
     POOL,
     PROMPTS,
-    one_rank,
 )
 from tests.processes.two_hosts import ADDRESSES, Hosts, two_hosts
 
@@ -99,7 +97,7 @@ class TwoNodes:
                 last = error
             assert time.monotonic() < deadline, (last, self.serve_log.read_text()[-3000:],
                                                  self.node_log.read_text()[-3000:])
-            time.sleep(0.5)
+            time.sleep(0.1)   # a cheap look (health over the socket): not waited out
 
     def stop(self) -> None:
         for proc in (self.serve, self.node):
@@ -122,7 +120,7 @@ async def _generate(nodes: TwoNodes) -> list[list[int]]:
 
 
 def test_tp2_over_two_hosts_matches_one_rank_and_transformers(hosts, keys, tmp_path,
-                                                               llama_dir):
+                                                               llama_dir, tp_references):
     nodes = TwoNodes(hosts, tmp_path, llama_dir, keys, *POOL, node_command="serve")
     try:
         nodes.wait_serving()
@@ -130,8 +128,8 @@ def test_tp2_over_two_hosts_matches_one_rank_and_transformers(hosts, keys, tmp_p
         stats = nodes.health()["stats"]
     finally:
         nodes.stop()
-    assert outputs == hf_greedy(llama_dir, PROMPTS, MAX_TOKENS)
-    assert outputs == one_rank(llama_dir)
+    assert outputs == tp_references.transformers(llama_dir)
+    assert outputs == tp_references.one_rank(llama_dir)
     assert stats["preemptions_recompute"] > 0, stats
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"] == 12
     log = nodes.serve_log.read_text()
@@ -148,7 +146,8 @@ LOSSES = ["killed", "unplugged"] if os.environ.get("FOLIO_TEST_ALL_LOSSES") else
 
 @pytest.mark.parametrize("loss", LOSSES)
 def test_a_lost_node_fails_in_flight_requests_and_the_group_comes_back(hosts, keys, tmp_path,
-                                                                       long_llama_dir, loss):
+                                                                       long_llama_dir, loss,
+                                                                       tp_references):
     """killed: host B's node and its rank die (their connections close); `folio serve`
     restarts rank 0, which waits in the rendezvous until the node is started again.
     unplugged: host B's cable is pulled (silence: each end notices by the ZeroMQ heartbeat);
@@ -199,7 +198,7 @@ def test_a_lost_node_fails_in_flight_requests_and_the_group_comes_back(hosts, ke
     finally:
         nodes.stop()
     assert [r for r in health["stats"]["executor_ranks"]][1] != rank1
-    assert again.token_ids == hf_greedy(long_llama_dir, PROMPTS[:1], MAX_TOKENS[:1])[0]
+    assert again.token_ids == tp_references.transformers(long_llama_dir, 1)[0]
     log = nodes.serve_log.read_text()
     assert "the link to tensor-parallel ranks [1] on other nodes was lost" in log, log[-3000:]
     assert len(re.findall(r"tensor parallel: 2 ranks on gloo .* over 2 nodes", log)) == 2

@@ -160,33 +160,33 @@ def _is_valid_hello(data: bytes) -> bool:
     return True
 
 
+def send_all(address: str, messages: list[list[bytes]]) -> None:
+    """Each message sent to `address` on a socket of its own context; returns once all of
+    them have left (the context's term waits for them), not after a guessed pause."""
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 30_000)   # a bound, should the peer never take them
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(address)
+        for frames in messages:
+            sock.send_multipart(frames)
+        sock.close()
+    finally:
+        ctx.term()
+
+
 def test_zeromq_fuzz_10000_messages_per_socket_leaves_everything_serving(healthy):
     targets = {"scheduler-frontends": healthy.frontend_address,
                "scheduler-executor": healthy.executor_address,
                "frontend-clients": healthy.client_addresses[0]}
-    ctx = zmq.Context()
     started = time.monotonic()
-    try:
-        for seed, (socket, address) in enumerate(targets.items()):
-            messages = fuzz_messages(socket, 10_000, seed)
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.connect(address)
-            for frames in messages:
-                sock.send_multipart(frames)
-            time.sleep(0.5)
-            sock.close()
-            # Over the 64 MiB message limit: ZeroMQ drops this connection, nothing else.
-            big = ctx.socket(zmq.DEALER)
-            big.setsockopt(zmq.LINGER, 0)
-            big.connect(address)
-            big.send(b"\x00" * (64 * 2**20 + 1))
-            time.sleep(0.3)
-            big.close()
-            healthy.check_alive()
-    finally:
-        ctx.term()
+    for seed, (socket, address) in enumerate(targets.items()):
+        messages = fuzz_messages(socket, 10_000, seed)
+        send_all(address, messages)
+        # Over the 64 MiB message limit: ZeroMQ drops this connection, nothing else.
+        send_all(address, [[b"\x00" * (64 * 2**20 + 1)]])
+        healthy.check_alive()
     print(f"fuzzed 3 sockets in {time.monotonic() - started:.1f} s")
     healthy.check_alive()
     healthy.wait_ready(timeout=30)   # the frontend may still be reading the fuzz

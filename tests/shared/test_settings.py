@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -127,20 +128,45 @@ def _run_folio(args: list[str], tag: str, cwd: Path) -> subprocess.CompletedProc
                           text=True, timeout=120, env=env, cwd=cwd)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_serve_refuses_a_nonsense_setting_in_one_line(name, tmp_path):
-    case = CASES[name]
+def _refused(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, list[int]]:
+    """`folio ARGS` run to its end; then the processes it left behind (none, when it
+    refused the setting before starting any), looked for as soon as it has exited."""
     tag = uuid.uuid4().hex
-    result = _run_folio(["serve", "--port", "0", *_flags(case, tmp_path)], tag, tmp_path)
+    result = _run_folio(args, tag, cwd)
+    return result, _processes_tagged(tag)
+
+
+def _side_by_side(runs: dict) -> dict:
+    """{key: (args, cwd)} run at once, each a real process of its own: they only parse,
+    check and exit, so the suite need not wait for their starts one after another."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = {key: pool.submit(_refused, *run) for key, run in runs.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def serve_refusals(tmp_path_factory) -> dict:
+    """Each case of CASES through `folio serve`: (its result, the processes it left)."""
+    runs = {}
+    for name, case in CASES.items():
+        cwd = tmp_path_factory.mktemp(name)
+        runs[name] = (["serve", "--port", "0", *_flags(case, cwd)], cwd)
+    return _side_by_side(runs)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_serve_refuses_a_nonsense_setting_in_one_line(name, serve_refusals):
+    case = CASES[name]
+    result, left_behind = serve_refusals[name]
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert case[1] in lines[0] and case[2] in lines[0], lines[0]
     assert lines[0].startswith("folio serve: error:")
-    assert _processes_tagged(tag) == []
+    assert left_behind == []
 
 
-@pytest.mark.parametrize("role, args, flag", [
+ROLE_CASES = [
     ("executor", ["--scheduler-address", "ipc:///nonexistent/x.sock", "--block-size", "-3"],
      "--block-size"),
     ("executor", ["--scheduler-address", "ipc:///nonexistent/x.sock", "--max-model-len",
@@ -155,9 +181,19 @@ def test_serve_refuses_a_nonsense_setting_in_one_line(name, tmp_path):
                   "ipc:///nonexistent/f.sock"], "--client-address"),
     ("scheduler", ["--frontend-address", "tcp://0.0.0.0:1", "--executor-address",
                    "ipc:///nonexistent/e.sock"], "--frontend-address"),
-])
-def test_each_role_refuses_a_nonsense_setting_in_one_line(role, args, flag, tmp_path):
-    result = _run_folio([role, *args], uuid.uuid4().hex, tmp_path)
+]
+
+
+@pytest.fixture(scope="module")
+def role_refusals(tmp_path_factory) -> dict:
+    """Each of ROLE_CASES through its role's command: (its result, the processes it left)."""
+    cwd = tmp_path_factory.mktemp("roles")
+    return _side_by_side({(role, *args): ([role, *args], cwd) for role, args, _ in ROLE_CASES})
+
+
+@pytest.mark.parametrize("role, args, flag", ROLE_CASES)
+def test_each_role_refuses_a_nonsense_setting_in_one_line(role, args, flag, role_refusals):
+    result, _ = role_refusals[(role, *args)]
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and lines[0].startswith(f"folio {role}: error: {flag}"), lines

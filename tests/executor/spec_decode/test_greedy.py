@@ -107,7 +107,22 @@ def test_greedy_identical_under_pressure(llama_dir, plain, engine_args, spec):
     _assert_idle(stats)
 
 
-def test_prefix_cache_hits_with_drafts(llama_dir, spec):
+@pytest.fixture(scope="module")
+def without_speculation(llama_dir):
+    """The answers without speculation to (prompts, params), by their values: each computed
+    once for the module (both proposers' tests compare against the same ones)."""
+    made = {}
+
+    def answers(prompts, params):
+        key = (repr(prompts), repr([p.to_dict() for p in params]))
+        if key not in made:
+            made[key] = _generate(llama_dir, prompts, params, num_kv_blocks=512)[0]
+        return made[key]
+
+    return answers
+
+
+def test_prefix_cache_hits_with_drafts(llama_dir, spec, without_speculation):
     params = _greedy()
     # The second round finds the first round's blocks, drafts' blocks never among them.
     llm = LLM(str(llama_dir), dtype="float32", device=TEST_DEVICE, num_kv_blocks=512,
@@ -116,18 +131,17 @@ def test_prefix_cache_hits_with_drafts(llama_dir, spec):
     again = [r.outputs[0].token_ids for r in llm.generate(
         [p + out for p, out in zip(PROMPTS, first)], _greedy())]
     stats = llm.stats()
-    reference, _ = _generate(llama_dir, [p + out for p, out in zip(PROMPTS, first)],
-                             _greedy(), num_kv_blocks=512)
+    reference = without_speculation([p + out for p, out in zip(PROMPTS, first)], _greedy())
     assert again == [r[0] for r in reference]
     assert stats["prefix_cache_hits"] > 0
     _assert_idle(stats)
 
 
-def test_stop_ids_min_tokens_and_n(llama_dir, spec):
+def test_stop_ids_min_tokens_and_n(llama_dir, spec, without_speculation):
     stop = PROMPTS[0][3]   # a token the copy-heavy answer is likely to reach
     params = [SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop],
                              min_tokens=m, n=2) for m in (0, 5, 0, 3, 0, 1)]
-    want, _ = _generate(llama_dir, PROMPTS, params, num_kv_blocks=512)
+    want = without_speculation(PROMPTS, params)
     got, stats = _generate(llama_dir, PROMPTS, params, num_kv_blocks=512,
                            speculative_config=spec)
     assert got == want

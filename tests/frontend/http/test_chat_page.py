@@ -58,7 +58,7 @@ def server(tmp_path_factory, long_llama_dir):
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"HTTP API not up; logs: {pipe.logs()}")
-            time.sleep(0.2)
+            time.sleep(0.1)
         yield base
     finally:
         pipe.stop()

@@ -345,7 +345,7 @@ def test_dead_engine_is_503(tmp_path, llama_dir):
                 health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
                 break
             except httpx.HTTPError:
-                time.sleep(0.3)
+                time.sleep(0.1)
         assert health.status_code == 503 and health.headers["retry-after"]
         response = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                               json={"prompt": "x"}, timeout=10)

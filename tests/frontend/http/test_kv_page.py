@@ -42,7 +42,7 @@ def server(tmp_path_factory, llama_dir):
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, pipe.logs()
-            time.sleep(0.2)
+            time.sleep(0.1)
         yield base
     finally:
         pipe.stop()

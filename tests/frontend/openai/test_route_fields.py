@@ -136,35 +136,58 @@ def test_the_built_in_model_has_a_real_name():
     assert served_names(["mine"], str(builtin)) == ["mine"]
 
 
-@pytest.mark.parametrize("which, flags, names", [
+NAMING = [
     ("llama", (), None),                  # None: the directory's name, then the path as given
     ("built-in", (), ["folio-default"]),
     ("built-in", ("--served-model-name", "mine"), ["mine"]),
-])
-def test_frontend_reports_its_model_names(tmp_path, llama_dir, which, flags, names):
-    """A frontend with no engine still names its model."""
-    model = llama_dir if which == "llama" else default_model_path()
-    names = names or [llama_dir.name, str(llama_dir)]
+]
+
+
+def _start_frontend(run_dir, model, flags) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "folio", "frontend", "--model",
-                             str(model), "--client-address", f"ipc://{tmp_path}/c.sock",
-                             "--scheduler-address", f"ipc://{tmp_path}/nobody.sock",
+                             str(model), "--client-address", f"ipc://{run_dir}/c.sock",
+                             "--scheduler-address", f"ipc://{run_dir}/nobody.sock",
                              "--port", str(port), *flags], cwd=ROOT,
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    return proc, port
+
+
+def _model_names(port: int) -> list[str]:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+            break
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    return [m["id"] for m in models.json()["data"]]
+
+
+@pytest.fixture(scope="module")
+def frontend_names(tmp_path_factory, llama_dir) -> list[list[str]]:
+    """What each NAMING frontend (no engine behind it) lists at /v1/models: the three
+    start side by side, not one after another."""
+    started = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
-        assert [m["id"] for m in models.json()["data"]] == names
+        for which, flags, _ in NAMING:
+            model = llama_dir if which == "llama" else default_model_path()
+            started.append(_start_frontend(tmp_path_factory.mktemp("named"), model, flags))
+        return [_model_names(port) for _, port in started]
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        for proc, _ in started:
+            proc.terminate()
+        for proc, _ in started:
+            proc.wait(timeout=20)
+
+
+@pytest.mark.parametrize("which, flags, names", NAMING)
+def test_frontend_reports_its_model_names(frontend_names, llama_dir, which, flags, names):
+    """A frontend with no engine still names its model."""
+    listed = frontend_names[NAMING.index((which, flags, names))]
+    assert listed == (names or [llama_dir.name, str(llama_dir)])
 
 
 def test_n_is_bounded_by_max_n(client, server):
