@@ -26,9 +26,9 @@ def describe(device: torch.device, kernel_set: str) -> str:
     """One line for the start log: which code runs the recurrent layers' decode steps and
     the delta rule's prompts."""
     if kernel_set == "triton":   # interpreted on CPU, where the decode steps stay in torch
-        steps = "Triton delta-rule decode steps" if device.type == "cuda" \
-            else "torch decode steps"
-        return f"recurrent layers: {steps} and Triton delta-rule prompts"
+        if device.type == "cuda":
+            return "recurrent layers: Triton delta-rule decode steps and prompts"
+        return "recurrent layers: torch decode steps and Triton delta-rule prompts"
     if device.type != "cpu":
         return "recurrent layers: torch (the delta rule's decode step: Triton on CUDA)"
     if runs_native(kernel_set):
