@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One prepared run for a lent NVIDIA GPU (an H200), under 9 minutes:
+# One prepared run for a lent NVIDIA GPU (an H200), under 10 minutes:
 #   1. the kernel tests natively on CUDA          (pytest tests/kernels)
 #   2. the HF-parity tests on CUDA                (FOLIO_TEST_DEVICE=cuda pytest -m parity tests)
 #   3. attention timings and bandwidth table      (bench/gpu_attention.py)
 #   4. fused-MoE timings vs the torch path        (bench/moe_gpu.py; its parity tests ran in 1)
+#   5. the delta rule's Triton prompt kernel vs the torch chunked form (bench/gated_delta_gpu.py;
+#      its tests, tests/kernels/test_gated_delta_*triton.py, ran compiled in 1)
 # Installs nothing from the network: the host's own torch and triton are used, and the
 # editable install of this repo is done without dependencies (no constraints.txt there).
 # Logs and a JSON of the timings go to $OUT (the device tool's folder) or /tmp/folio-gpu-check.
@@ -50,6 +52,7 @@ stage parity_tests 150 env FOLIO_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cache
     -m parity tests
 stage bench 150 "$PY" bench/gpu_attention.py --budget-s 120 --json "$LOG_DIR/gpu_attention.json"
 stage moe_bench 110 "$PY" bench/moe_gpu.py --budget-s 60 --json "$LOG_DIR/moe_gpu.json"
+stage delta_bench 40 "$PY" bench/gated_delta_gpu.py --json "$LOG_DIR/gated_delta_gpu.json"
 
 echo "=== summary ($(( $(date +%s) - began ))s in all)"
 printf '%s\n' "${summary[@]}"

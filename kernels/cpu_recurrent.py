@@ -25,6 +25,10 @@ def runs_native(kernel_set: str) -> bool:
 def describe(device: torch.device, kernel_set: str) -> str:
     """One line for the start log: which code runs the recurrent layers' decode steps and
     the delta rule's prompts."""
+    if kernel_set == "triton":   # interpreted on CPU, where the decode steps stay in torch
+        if device.type == "cuda":
+            return "recurrent layers: Triton delta-rule decode steps and prompts"
+        return "recurrent layers: torch decode steps and Triton delta-rule prompts"
     if device.type != "cpu":
         return "recurrent layers: torch (the delta rule's decode step: Triton on CUDA)"
     if runs_native(kernel_set):

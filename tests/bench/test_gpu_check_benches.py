@@ -1,5 +1,6 @@
 """The benches bench/gpu_check.sh runs, where they cannot be timed: bench/gpu_attention.py's
---help and a --dry-run on CPU, bench/moe_gpu.py as a --dry-run on CPU (the interpreter)."""
+--help and a --dry-run on CPU, bench/moe_gpu.py and bench/gated_delta_gpu.py as a --dry-run
+on CPU (the interpreter)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,14 @@ def test_moe_gpu_dry_run(tmp_path):
     rows = json.loads(report.read_text())
     assert [(r["kind"], r["tokens"]) for r in rows] == [("case", 1), ("case", 9), ("sweep", 1)]
     assert all(r["max_rel_err"] < 1e-5 and r["kernel_us"] > 0 for r in rows)
+
+
+def test_gated_delta_gpu_dry_run(tmp_path):
+    report = tmp_path / "rows.json"
+    subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "gated_delta_gpu.py"),
+                    "--dry-run", "--json", str(report)], cwd=tmp_path, timeout=120,
+                   check=True, capture_output=True)
+    rows = json.loads(report.read_text())
+    assert [r["tokens"] for r in rows] == [1, 65]
+    assert all(r["out_rel_err"] < 1e-5 and r["state_rel_err"] < 1e-5 and r["kernel_us"] > 0
+               for r in rows)

@@ -62,6 +62,16 @@ def chunked_in_pool(q, k, v, g, beta, pool, slot: int, fresh: bool):
     return cpu_recurrent.gated_delta_prompt_cpu(q, k, v, g, beta, pool, slot, fresh)
 
 
+def prompt_in_pool_triton(q, k, v, g, beta, pool, slot: int, fresh: bool):
+    """`chunked_in_pool` in Triton (kernels/triton_gated_delta.py `delta_rule_prompt`, a
+    per-(head, column block) recurrence with the decode step's sums): on CUDA, or on CPU
+    under TRITON_INTERPRET=1. Returns the outputs [L, H, Dv] float32."""
+    from folio.kernels.triton_gated_delta import delta_rule_prompt   # imports triton
+
+    return delta_rule_prompt(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
+                             beta.contiguous(), pool, slot, fresh)
+
+
 def chunked(q, k, v, g, beta, state, chunk: int = CHUNK):
     """The same as `recurrent` over L tokens of one request, a chunk at a time."""
     length = q.shape[0]

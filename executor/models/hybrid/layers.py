@@ -133,11 +133,15 @@ NATIVE_PROMPT_DTYPES = (torch.float32, torch.bfloat16)
 class GatedDeltaNet(nn.Module):
     """Qwen3.5's linear-attention layer (state: a conv window and the delta rule's S).
     `native`: its decode steps and prompts run in C++ (the CPU kernel set,
-    kernels/cpu_recurrent.py)."""
+    kernels/cpu_recurrent.py). `triton`: its prompts run in Triton (the Triton kernel set,
+    kernels/triton_gated_delta.py); the decode step runs in Triton wherever the pool is on
+    CUDA."""
 
-    def __init__(self, config: ModelConfig, layer: int, native: bool = False) -> None:
+    def __init__(self, config: ModelConfig, layer: int, native: bool = False,
+                 triton: bool = False) -> None:
         super().__init__()
         self.native = native
+        self.triton = triton
         spec = config.hybrid
         self.layer = layer
         self.k_heads, self.v_heads = spec.num_k_heads, spec.num_v_heads
@@ -167,14 +171,15 @@ class GatedDeltaNet(nn.Module):
         q, k = gated_delta.prepare_qk(q, k)
         beta = self.in_proj_b(x).sigmoid().float()
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
-        out = self._delta_rule(q, k, v, g, beta, pool.delta[self.layer], states, self.native)
+        out = self._delta_rule(q, k, v, g, beta, pool.delta[self.layer], states, self.native,
+                               self.triton)
         out = self.norm(out.to(x.dtype).reshape(-1, self.v_dim),
                         self.in_proj_z(x).reshape(-1, self.v_dim))
         return self.out_proj(out.reshape(tokens, -1))
 
     @staticmethod
     def _delta_rule(q, k, v, g, beta, matrices: torch.Tensor, states: StepStates,
-                    native: bool = False):
+                    native: bool = False, triton: bool = False):
         if states.decode_only and native:   # C++ on the pool in place
             return gated_delta.recurrent_in_pool(q, k, v, g, beta, matrices, states.slots,
                                                  states.fresh)
@@ -202,13 +207,16 @@ class GatedDeltaNet(nn.Module):
                                        matrices[slot])
                 _hold(matrices, i, after, states)
                 continue
-            if native and v.dtype in NATIVE_PROMPT_DTYPES:   # C++, the slot in place
+            in_pool = gated_delta.chunked_in_pool if native \
+                and v.dtype in NATIVE_PROMPT_DTYPES else None   # C++, the slot in place
+            if triton:   # Triton, the slot in place
+                in_pool = gated_delta.prompt_in_pool_triton
+            if in_pool is not None:
                 fresh = states.fresh[i]
                 for end, checkpoint in ends:   # up to each checkpoint, then the rest
                     if end > a:
-                        out[a:end] = gated_delta.chunked_in_pool(
-                            q[a:end], k[a:end], v[a:end], g[a:end], beta[a:end], matrices,
-                            slot, fresh)
+                        out[a:end] = in_pool(q[a:end], k[a:end], v[a:end], g[a:end],
+                                             beta[a:end], matrices, slot, fresh)
                         fresh = False
                     if checkpoint is not None:   # the state after the first `end` tokens
                         matrices[checkpoint] = matrices[slot]

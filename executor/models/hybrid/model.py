@@ -30,7 +30,8 @@ class HybridLayer(nn.Module):
             if self.is_attention:
                 self.self_attn = HybridAttention(config, ops, gated=True)
             else:
-                self.linear_attn = GatedDeltaNet(config, layer, native)
+                self.linear_attn = GatedDeltaNet(config, layer, native,
+                                                 triton=ops.name == "triton")
             self.input_layernorm = Norm(size, eps, zero_centred=True)
             self.post_attention_layernorm = Norm(size, eps, zero_centred=True)
             self.mlp = feed_forward(config, layer, ops)
