@@ -36,6 +36,10 @@ class BurstPlanner(DraftPlanner):
             - request.num_draft_slots
         return max(0, min(self.extra, room))
 
+    def tokens_in_pass(self, cap: int) -> int:
+        """A burst's extra tokens run in passes of their own, not in the step's budget."""
+        return 0
+
     def _count(self, request: Request, step: int, proposed: int, accepted: int) -> None:
         self.counters["multi_step_bursts"] += 1
         self.counters["multi_step_extra_tokens"] += accepted

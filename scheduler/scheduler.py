@@ -290,7 +290,8 @@ class Scheduler:
             return new_blocks, budget
         drafts.planned(request, step, cap)
         plan.drafts[request.handle] = cap
-        return ([*new_blocks, *extra] if extra else new_blocks), budget - cap
+        budget -= drafts.tokens_in_pass(cap)
+        return ([*new_blocks, *extra] if extra else new_blocks), budget
 
     def plan_for_executor(self) -> StepPlan | None:
         """What one step is, for the in-process engine (folio/engine.py) and the scheduler

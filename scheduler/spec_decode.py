@@ -45,6 +45,10 @@ class DraftPlanner:
             - request.num_draft_slots
         return max(0, min(self.config.num_speculative_tokens, budget - 1, room))
 
+    def tokens_in_pass(self, cap: int) -> int:
+        """What a cap adds to the step's one forward pass: drafts are verified in it."""
+        return cap
+
     def planned(self, request: Request, step: int, drafts: int) -> None:
         request.draft_steps[step] = drafts
         request.num_draft_slots += drafts
