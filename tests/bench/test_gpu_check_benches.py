@@ -44,6 +44,6 @@ def test_gated_delta_gpu_dry_run(tmp_path):
                     "--dry-run", "--json", str(report)], cwd=tmp_path, timeout=120,
                    check=True, capture_output=True)
     rows = json.loads(report.read_text())
-    assert [r["tokens"] for r in rows] == [1, 65]
+    assert [r["tokens"] for r in rows] == [1, 17]
     assert all(r["out_rel_err"] < 1e-5 and r["state_rel_err"] < 1e-5 and r["kernel_us"] > 0
                for r in rows)
