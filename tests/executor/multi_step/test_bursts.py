@@ -14,7 +14,7 @@ import pytest
 from folio import LLM, SamplingParams
 from folio.scheduler.multi_step import MAX_RUNNING
 from tests.conftest import TEST_DEVICE
-from tests.executor.spec_decode.test_greedy import PROMPTS, _run_one_ahead
+from tests.executor.spec_decode.test_greedy import PROMPTS, _assert_idle, _run_one_ahead
 
 MAX_TOKENS = [48, 30, 41, 17, 64, 25]   # some not a multiple of K: bursts cut short
 K = 4
@@ -32,11 +32,6 @@ def _outputs(llm: LLM, prompts, params):
 def _greedy(**extra):
     return [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **extra)
             for n in MAX_TOKENS]
-
-
-def _assert_idle(stats):
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
-    assert stats["num_running"] == stats["num_waiting"] == stats["num_swapped"] == 0
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ tensors beside the router and the experts' down projection."""
 
 from __future__ import annotations
 
-import re
+from folio.executor.quantization.gguf.layer_names import LAYER, renamed
 
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -57,17 +57,11 @@ MOE_NEEDS = ("ffn_gate_inp.weight", "ffn_gate_inp.scale", "ffn_down_exps.scale",
 # transformers and llama.cpp ignore them).
 OPTIONAL = ("attn_v.weight", "layer_output_scale.weight", "attn_k.weight",
             "attn_k_norm.weight")
-LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
 def gemma4_hf_name(gguf_name: str) -> str | None:
     """The Hugging Face name of a tensor; None for one Folio has no place for."""
-    if gguf_name in GLOBAL_NAMES:
-        return GLOBAL_NAMES[gguf_name]
-    match = LAYER.match(gguf_name)
-    if match is None or match.group(2) not in LAYER_NAMES:
-        return None
-    return f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}"
+    return renamed(gguf_name, GLOBAL_NAMES, LAYER_NAMES)
 
 
 def layer_part(gguf_name: str) -> tuple[int, str] | None:

@@ -7,10 +7,9 @@ tensors (`ffn_gate_exps`, `ffn_up_exps`) that gguf/gpt_oss/weights.py fuses back
 
 from __future__ import annotations
 
-import re
+from folio.executor.quantization.gguf.layer_names import LAYER, renamed
 
 ARCH = "gpt-oss"
-LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 LAYER_NAMES = {
@@ -37,12 +36,7 @@ MXFP4_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.we
 
 def gpt_oss_hf_name(gguf_name: str) -> str | None:
     """The Hugging Face name of a tensor; None for one Folio has no place for."""
-    if gguf_name in GLOBAL_NAMES:
-        return GLOBAL_NAMES[gguf_name]
-    match = LAYER.match(gguf_name)
-    if match is None or match.group(2) not in LAYER_NAMES:
-        return None
-    return f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}"
+    return renamed(gguf_name, GLOBAL_NAMES, LAYER_NAMES)
 
 
 def mxfp4_allowed(gguf_name: str) -> bool:
