@@ -32,10 +32,9 @@ class DecodeRate:
         if not decode_only or result.forward_ms <= 0:
             return
         passes = 1 + max((accepted for _, _, accepted in result.drafts), default=0)
-        seconds = result.forward_ms / 1e3 / passes
         self.steps += passes
-        self.forward_seconds += seconds * passes
-        self.recent.extend([seconds] * passes)
+        self.forward_seconds += result.forward_ms / 1e3
+        self.recent.extend([result.forward_ms / 1e3 / passes] * passes)
 
     def stats(self) -> dict[str, int | float]:
         recent = sum(self.recent)

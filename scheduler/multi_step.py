@@ -13,7 +13,7 @@ one pass per plan, so new requests join at once.
 from __future__ import annotations
 
 from folio.scheduler.request import Request
-from folio.scheduler.spec_decode import DraftPlanner
+from folio.scheduler.spec_decode import DraftPlanner, room
 
 # Bursts only while this many requests run, or fewer: the hops' ~1 ms a step is a large part
 # of a small batch's step and a small part of a crowd's (docs/multi_step.md).
@@ -32,9 +32,7 @@ class BurstPlanner(DraftPlanner):
     def cap(self, request: Request, step: int, budget: int) -> int:
         """The extra tokens a decode row may get: within K - 1 and, as for drafts, below
         the request's length limit counting every token the steps in flight may add."""
-        room = request.stop_num_tokens - 2 - request.num_computed_tokens \
-            - request.num_draft_slots
-        return max(0, min(self.extra, room))
+        return max(0, min(self.extra, room(request)))
 
     def tokens_in_pass(self, cap: int) -> int:
         """A burst's extra tokens run in passes of their own, not in the step's budget."""

@@ -21,6 +21,12 @@ COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
             "spec_decode_num_accepted_tokens")
 
 
+def room(request: Request) -> int:
+    """Extra tokens a decode step may add after its own without any step in flight writing
+    past the request's length limit (max_tokens or the context)."""
+    return request.stop_num_tokens - 2 - request.num_computed_tokens - request.num_draft_slots
+
+
 class DraftPlanner:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
@@ -41,9 +47,7 @@ class DraftPlanner:
         if (not sampling.speculative or sampling.prompt_logprobs is not None
                 or step < request.spec_paused_until):
             return 0
-        room = request.stop_num_tokens - 2 - request.num_computed_tokens \
-            - request.num_draft_slots
-        return max(0, min(self.config.num_speculative_tokens, budget - 1, room))
+        return max(0, min(self.config.num_speculative_tokens, budget - 1, room(request)))
 
     def tokens_in_pass(self, cap: int) -> int:
         """What a cap adds to the step's one forward pass: drafts are verified in it."""

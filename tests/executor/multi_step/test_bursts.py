@@ -14,7 +14,8 @@ import pytest
 from folio import LLM, SamplingParams
 from folio.scheduler.multi_step import MAX_RUNNING
 from tests.conftest import TEST_DEVICE
-from tests.executor.spec_decode.test_greedy import PROMPTS, _assert_idle, _run_one_ahead
+from tests.executor.spec_decode.test_greedy import (PROMPTS, UNDER_PRESSURE, _assert_idle,
+                                                    _run_one_ahead)
 
 MAX_TOKENS = [48, 30, 41, 17, 64, 25]   # some not a multiple of K: bursts cut short
 K = 4
@@ -50,14 +51,7 @@ def test_greedy_identical_in_fewer_steps(llama_dir, plain):
     _assert_idle(stats)
 
 
-@pytest.mark.parametrize("engine_args", [
-    # 12 blocks of 16 tokens for about 480 wanted: requests are preempted and recomputed.
-    {"num_kv_blocks": 12, "max_num_batched_tokens": 64},
-    {"num_kv_blocks": 12, "max_num_batched_tokens": 64, "preemption_mode": "swap",
-     "num_swap_blocks": 64},
-    {"num_kv_blocks": 96, "block_size": 4, "max_num_batched_tokens": 23, "max_num_seqs": 3},
-    {"num_kv_blocks": 512, "enable_prefix_caching": False},
-], ids=["recompute", "swap", "small-blocks-chunks", "no-prefix-cache"])
+@UNDER_PRESSURE
 def test_greedy_identical_under_pressure(llama_dir, plain, engine_args):
     llm = _llm(llama_dir, **engine_args)
     assert _outputs(llm, PROMPTS, _greedy()) == plain

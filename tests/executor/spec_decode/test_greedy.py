@@ -87,7 +87,8 @@ def test_per_request_opt_out_carries_no_drafts(llama_dir, plain):
     assert stats["spec_decode_num_draft_tokens"] == 0
 
 
-@pytest.mark.parametrize("engine_args", [
+# Engines under memory and budget pressure (the multi-step tests run them too).
+UNDER_PRESSURE = pytest.mark.parametrize("engine_args", [
     # 12 blocks of 16 tokens for about 480 wanted: requests are preempted and recomputed.
     {"num_kv_blocks": 12, "max_num_batched_tokens": 64},
     {"num_kv_blocks": 12, "max_num_batched_tokens": 64, "preemption_mode": "swap",
@@ -95,6 +96,9 @@ def test_per_request_opt_out_carries_no_drafts(llama_dir, plain):
     {"num_kv_blocks": 96, "block_size": 4, "max_num_batched_tokens": 23, "max_num_seqs": 3},
     {"num_kv_blocks": 512, "enable_prefix_caching": False},
 ], ids=["recompute", "swap", "small-blocks-chunks", "no-prefix-cache"])
+
+
+@UNDER_PRESSURE
 def test_greedy_identical_under_pressure(llama_dir, plain, engine_args, spec):
     outputs, stats = _generate(llama_dir, PROMPTS, _greedy(), speculative_config=spec,
                                **engine_args)
