@@ -40,6 +40,7 @@ HEADERS = (Path(__file__).parent / "cpu" / "vec_math.h",
            Path(__file__).parent / "cpu" / "vnni_gemm.h",
            Path(__file__).parent / "cpu" / "attention_tiles.h",
            Path(__file__).parent / "cpu" / "state_slots.h",
+           Path(__file__).parent / "cpu" / "delta_rule_args.h",
            Path(__file__).parent / "cpu" / "step_linear.h")   # hashed with the sources
 # -fopenmp: at::parallel_for is an inline `omp parallel` (torch's own libgomp.so.1 serves it,
 # already loaded). ISO C++ mode turns FMA contraction off; the kernel wants it.

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
+#include "delta_rule_args.h"
 #include "state_slots.h"
 #include "vec_math.h"
 
@@ -86,23 +87,6 @@ void delta_head(float* S, const float* q, const float* k, const T* v, float g, f
   }
 }
 
-// A [batch, heads, dim] tensor whose last dimension is contiguous (the model hands views of
-// one projection's output, so the first two strides are free).
-void check_vectors(const Tensor& t, const char* name, int64_t batch, int64_t heads,
-                   int64_t dim) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK(t.dim() == 3 && t.size(0) == batch && t.size(1) == heads && t.size(2) == dim,
-              name, " must be [", batch, ", ", heads, ", ", dim, "], got ", t.sizes());
-  TORCH_CHECK(t.stride(2) == 1, name, " must be contiguous in its last dimension");
-}
-
-void check_per_head(const Tensor& t, const char* name, int64_t batch, int64_t heads) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name,
-              " must be a float32 CPU tensor, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == batch && t.size(1) == heads, name, " must be [",
-              batch, ", ", heads, "], got ", t.sizes());
-}
-
 template <typename T>
 void run(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
          const Tensor& beta, Tensor& pool, const int64_t* slots,
@@ -138,24 +122,7 @@ void gated_delta_step(Tensor out, Tensor q, Tensor k, Tensor v, Tensor g, Tensor
   const int64_t batch = q.size(0), heads = q.size(1), k_dim = q.size(2);
   TORCH_CHECK(v.dim() == 3, "v must be [batch, heads, v_dim], got ", v.sizes());
   const int64_t v_dim = v.size(2);
-  check_vectors(q, "q", batch, heads, k_dim);
-  check_vectors(k, "k", batch, heads, k_dim);
-  check_vectors(v, "v", batch, heads, v_dim);
-  check_vectors(out, "out", batch, heads, v_dim);
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat,
-              "q and k must be float32 (l2-normed in float32), got ", q.scalar_type(), " and ",
-              k.scalar_type());
-  TORCH_CHECK(v.scalar_type() == at::kFloat || v.scalar_type() == at::kBFloat16,
-              "v must be float32 or bfloat16, got ", v.scalar_type());
-  TORCH_CHECK(out.scalar_type() == at::kFloat, "out must be float32, got ", out.scalar_type());
-  check_per_head(g, "g", batch, heads);
-  check_per_head(beta, "beta", batch, heads);
-  TORCH_CHECK(pool.device().is_cpu() && pool.scalar_type() == at::kFloat,
-              "pool must be a float32 CPU tensor, got ", pool.scalar_type());
-  TORCH_CHECK(pool.is_contiguous(), "pool must be contiguous (the executor's state pool)");
-  TORCH_CHECK(pool.dim() == 4 && pool.size(1) == heads && pool.size(2) == k_dim &&
-                  pool.size(3) == v_dim,
-              "pool must be [slots, ", heads, ", ", k_dim, ", ", v_dim, "], got ", pool.sizes());
+  folio_delta_rule::check_args(out, q, k, v, g, beta, pool, batch, heads, k_dim, v_dim);
   TORCH_CHECK(v_dim <= kMaxVDim, "v_dim ", v_dim, " is over the ", kMaxVDim, " supported");
   const int64_t* sl = checked_step_slots(slots, fresh, batch, pool.size(0));
   std::vector<bool> is_fresh(fresh.begin(), fresh.end());

@@ -22,6 +22,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
+#include "delta_rule_args.h"
 #include "vec_math.h"
 
 #include <cmath>
@@ -179,44 +180,12 @@ void run(const Prompt<T>& p, int64_t heads) {
   });
 }
 
-void check_tokens(const Tensor& t, const char* name, int64_t length, int64_t heads,
-                  int64_t dim) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK(t.dim() == 3 && t.size(0) == length && t.size(1) == heads && t.size(2) == dim,
-              name, " must be [", length, ", ", heads, ", ", dim, "], got ", t.sizes());
-  TORCH_CHECK(t.stride(2) == 1, name, " must be contiguous in its last dimension");
-}
-
-void check_per_head(const Tensor& t, const char* name, int64_t length, int64_t heads) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name,
-              " must be a float32 CPU tensor, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == length && t.size(1) == heads, name, " must be [",
-              length, ", ", heads, "], got ", t.sizes());
-}
-
 void gated_delta_prompt(Tensor out, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
                         Tensor pool, int64_t slot, bool fresh) {
   TORCH_CHECK(q.dim() == 3, "q must be [length, heads, k_dim], got ", q.sizes());
   TORCH_CHECK(v.dim() == 3, "v must be [length, heads, v_dim], got ", v.sizes());
   const int64_t length = q.size(0), heads = q.size(1), k_dim = q.size(2), v_dim = v.size(2);
-  check_tokens(q, "q", length, heads, k_dim);
-  check_tokens(k, "k", length, heads, k_dim);
-  check_tokens(v, "v", length, heads, v_dim);
-  check_tokens(out, "out", length, heads, v_dim);
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat,
-              "q and k must be float32 (l2-normed in float32), got ", q.scalar_type(), " and ",
-              k.scalar_type());
-  TORCH_CHECK(v.scalar_type() == at::kFloat || v.scalar_type() == at::kBFloat16,
-              "v must be float32 or bfloat16, got ", v.scalar_type());
-  TORCH_CHECK(out.scalar_type() == at::kFloat, "out must be float32, got ", out.scalar_type());
-  check_per_head(g, "g", length, heads);
-  check_per_head(beta, "beta", length, heads);
-  TORCH_CHECK(pool.device().is_cpu() && pool.scalar_type() == at::kFloat,
-              "pool must be a float32 CPU tensor, got ", pool.scalar_type());
-  TORCH_CHECK(pool.is_contiguous(), "pool must be contiguous (the executor's state pool)");
-  TORCH_CHECK(pool.dim() == 4 && pool.size(1) == heads && pool.size(2) == k_dim &&
-                  pool.size(3) == v_dim,
-              "pool must be [slots, ", heads, ", ", k_dim, ", ", v_dim, "], got ", pool.sizes());
+  folio_delta_rule::check_args(out, q, k, v, g, beta, pool, length, heads, k_dim, v_dim);
   TORCH_CHECK(slot >= 0 && slot < pool.size(0), "slot ", slot, " outside the pool of ",
               pool.size(0), " slots");
   if (length == 0) return;   // nothing read, nothing written (a fresh state stays unwritten)
