@@ -166,6 +166,11 @@ def _calibrate(settings: PlanSettings) -> int:
         served = cost.served
         print(f"served: + {served.step_ms:.3g} ms + {served.per_row_ms:.3g} ms per request a "
               f"step, + {served.request_ms:.3g} ms to reach the scheduler")
+        if served.trickle:
+            t = served.trickle
+            print(f"served one at a time ({t['requests']} at {t['rate']:g}/s): TTFT p50 "
+                  f"{t['ttft_p50_ms']:.1f} ms (fitted {t['predicted_ttft_p50_ms']:.1f}), TPOT "
+                  f"p50 {t['tpot_p50_ms']:.2f} ms (fitted {t['predicted_tpot_p50_ms']:.2f})")
     print(f"wrote {settings.cost}")
     return 0
 

@@ -73,6 +73,7 @@ class ServedOverhead:
     per_row_ms: float       # every step, per scheduled request
     request_ms: float       # arrival to the scheduler, per request
     rounds: list[dict[str, Any]] = field(default_factory=list)   # the measurements
+    trickle: dict[str, Any] = field(default_factory=dict)   # their medians, one at a time
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,12 @@ def _scheduling(data: dict) -> dict[str, Any]:
 def _served(data: dict) -> ServedOverhead | None:
     if data.get("served") is None:   # a file calibrated in-process only
         return None
-    rounds = data["served"].get("rounds", []) if isinstance(data["served"], dict) else []
+    served = data["served"] if isinstance(data["served"], dict) else {}
+    rounds, trickle = served.get("rounds", []), served.get("trickle", {})
     return ServedOverhead(*(_number(data, f"served.{name}")
                             for name in ("step_ms", "per_row_ms", "request_ms")),
-                          list(rounds) if isinstance(rounds, list) else [])
+                          list(rounds) if isinstance(rounds, list) else [],
+                          dict(trickle) if isinstance(trickle, dict) else {})
 
 
 def load_cost(path: str | Path) -> CostModel:

@@ -86,12 +86,22 @@ def _check_pool(blocks: int, block_size: int, options: Options) -> None:
                            "--block-size)")
 
 
+@dataclass(frozen=True)
+class RequestTimes:
+    """One request of a replay, in trace order."""
+
+    ttft_ms: float
+    tpot_ms: float | None   # None: a single output token
+    rows: float             # requests per step, averaged over its steps after the first token
+
+
 @dataclass
 class PlanResult:
     name: str
     rate: float
     summary: dict[str, Any]
     scheduler: Scheduler = field(repr=False)   # the instance that ran it
+    requests: list[RequestTimes] = field(default_factory=list, repr=False)
 
 
 def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Options(),
@@ -105,6 +115,7 @@ def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Optio
     names = [r.name or str(i) for i, r in enumerate(trace)]
     arrival = {name: r.arrival for name, r in zip(names, trace)}
     times: dict[str, list[float]] = {name: [] for name in names}
+    rows_at: dict[str, list[int]] = {name: [] for name in names}   # the step's rows, per token
     swapped = peak_blocks = peak_running = 0
     running_time = 0.0
 
@@ -123,13 +134,20 @@ def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Optio
         peak_blocks = max(peak_blocks, step.stats["kv_blocks_used"])
         peak_running = max(peak_running, step.stats["num_running"])
         running_time += step.stats["num_running"] * (step.end - step.start)
+        step_rows = len(step.plan.new_requests) + len(step.plan.running_handles)
         for output in step.outputs:
             times[output.request_id] += [step.end] * len(output.new_token_ids)
+            rows_at[output.request_id] += [step_rows] * len(output.new_token_ids)
         end = step.end
     final = scheduler.stats()
-    ttft = [times[n][0] - arrival[n] for n in names]
-    tpot = [(times[n][-1] - times[n][0]) / (len(times[n]) - 1)
-            for n in names if len(times[n]) > 1]
+    requests = [RequestTimes(
+        (times[n][0] - arrival[n]) * 1000,
+        (times[n][-1] - times[n][0]) / (len(times[n]) - 1) * 1000 if len(times[n]) > 1
+        else None,
+        sum(rows_at[n][1:]) / (len(rows_at[n]) - 1) if len(rows_at[n]) > 1 else 1.0)
+        for n in names]
+    ttft = [r.ttft_ms / 1000 for r in requests]
+    tpot = [r.tpot_ms / 1000 for r in requests if r.tpot_ms is not None]
     itl = [b - a for n in names for a, b in zip(times[n], times[n][1:])]
     start = min(arrival.values())
     span = max(end - start, 1e-9)
@@ -148,4 +166,4 @@ def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Optio
         "swap_blocks": swapped,
         "prefix_hit_rate": round(final["prefix_cache_hits"] / final["prefix_cache_queries"], 4)
         if final["prefix_cache_queries"] else 0.0}
-    return PlanResult(options.name, rate, summary, scheduler)
+    return PlanResult(options.name, rate, summary, scheduler, requests)

@@ -5,14 +5,22 @@ The in-process calibration times the executor, the scheduler and a hop alone. Se
 step also wakes the frontend and scheduler processes on the executor's cores, and the
 frontend streams every token over HTTP; each request is also read, checked and tokenized
 before the scheduler sees it. Those costs are measured here, not modelled: the model is
-served with the calibrated flags on a loopback port, a few rounds of requests are streamed
-at several concurrencies, and each round's measured TPOT and TTFT are compared with what the
-in-process cost model predicts for the very same requests. The difference is fitted as
+served with the calibrated flags on a loopback port and streams two kinds of load:
+
+- a trickle: requests one at a time at Poisson arrivals, most of them reaching an idle or
+  nearly idle server, as at light load (rounds of requests sent back to back stream faster
+  than that on shared cores: docs/benchmarks.md, the planner's section);
+- rounds of several requests at once, for what each request in a step adds.
+
+Each request (trickle) or round is set beside what the in-process cost model predicts for
+the very same requests at the same arrival times, and the difference is fitted as
 
     served step overhead (ms) = step_ms + per_row_ms * rows     (added to every step)
     request_ms                                                  (arrival to the scheduler)
 
 both clamped at zero (a served step is never predicted faster than the in-process one).
+Medians, not means, set the fixed terms: one request held up by a neighbour's wake-up
+should not move every prediction.
 """
 
 from __future__ import annotations
@@ -38,17 +46,20 @@ from folio.planner.fit import fit_non_negative
 
 @dataclass(frozen=True)
 class Rounds:
-    """The served requests: `concurrency` requests at once per round, each `prompt` random
-    token ids and `output` tokens (EOS ignored), each round `repeats` times."""
+    """The served requests, each `prompt` random token ids and `output` tokens (EOS
+    ignored): `trickle` requests at Poisson arrivals of `rate` a second, then rounds of
+    `concurrency` requests at once, each round `repeats` times."""
 
     concurrency: tuple[int, ...]
     prompt: int
     output: int
     repeats: int
+    trickle: int = 0
+    rate: float = 1.0
 
 
-FULL_ROUNDS = Rounds((1, 4, 16), 128, 48, 2)
-QUICK_ROUNDS = Rounds((1, 4), 16, 8, 1)
+FULL_ROUNDS = Rounds((4, 16), 128, 48, 2, trickle=24, rate=1.5)
+QUICK_ROUNDS = Rounds((4,), 16, 8, 1, trickle=3, rate=20.0)
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,15 @@ class RoundResult:
     tpot_ms: float
     predicted_ttft_ms: float
     predicted_tpot_ms: float
+
+
+@dataclass(frozen=True)
+class LoneResult:
+    """One request of the trickle, as measured."""
+
+    arrival_s: float        # from the trickle's start
+    ttft_ms: float
+    tpot_ms: float
 
 
 def serve_flags(flags: dict[str, Any]) -> list[str]:
@@ -163,6 +183,57 @@ def _round(port: int, prompts: list[list[int]], output: int) -> tuple[float, flo
     return statistics.median(ttft) * 1000, statistics.median(tpot) * 1000
 
 
+def trickle_arrivals(rounds: Rounds, seed: int) -> list[float]:
+    """Poisson arrival times (seconds from the first) of the trickle's requests."""
+    rng, clock, times = random.Random(seed), 0.0, []
+    for index in range(rounds.trickle):
+        clock += rng.expovariate(rounds.rate) if index else 0.0
+        times.append(clock)
+    return times
+
+
+def _trickle(port: int, prompts: list[list[int]], output: int, arrivals: list[float]
+             ) -> list[LoneResult]:
+    """Stream each prompt from its arrival time on (a thread each: arrivals may overlap)."""
+    times: list[list[float]] = [[] for _ in prompts]
+    starts = [0.0] * len(prompts)
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            starts[index] = time.perf_counter()
+            _stream(port, prompts[index], output, times[index])
+        except BaseException as error:   # reported after the join
+            errors.append(error)
+
+    begin = time.perf_counter()
+    threads = []
+    for index, arrival in enumerate(arrivals):
+        # The load's own clock: each request is sent at its drawn arrival time.
+        time.sleep(max(0.0, begin + arrival - time.perf_counter()))
+        thread = threading.Thread(target=run, args=(index,))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    if any(len(t) < 2 for t in times):
+        raise RuntimeError("served calibration: a request streamed fewer than two chunks")
+    return [LoneResult(start - begin, (t[0] - start) * 1000,
+                       (t[-1] - t[0]) / (output - 1) * 1000)
+            for start, t in zip(starts, times)]
+
+
+def _trickle_prediction(cost: CostModel, lone: list[LoneResult], rounds: Rounds):
+    """The cost model's replay of the trickle's requests at their measured arrivals."""
+    from folio.planner.replay import predict
+    from folio.planner.simulator.inputs import TraceRequest
+
+    trace = [TraceRequest(r.arrival_s, rounds.prompt, rounds.output) for r in lone]
+    return predict(trace, cost).requests
+
+
 def _predicted(cost: CostModel, concurrency: int, rounds: Rounds) -> tuple[float, float]:
     from folio.planner.replay import predict
     from folio.planner.simulator.inputs import TraceRequest
@@ -174,9 +245,10 @@ def _predicted(cost: CostModel, concurrency: int, rounds: Rounds) -> tuple[float
 
 def measure_rounds(model: str, flags: dict[str, Any], vocab_size: int, rounds: Rounds,
                    cost: CostModel, seed: int = 0, start_timeout_s: float = 600
-                   ) -> list[RoundResult]:
-    """Serve `model` with `flags` and stream `rounds`; each beside the in-process cost
-    model's prediction (`cost` without a served part) of the same requests."""
+                   ) -> tuple[list[LoneResult], list[RoundResult]]:
+    """Serve `model` with `flags` and stream the trickle, then the rounds of `rounds`; each
+    round beside the in-process cost model's prediction (`cost` without a served part) of
+    the same requests."""
     rng = random.Random(seed)
 
     def prompts(count: int) -> list[list[int]]:   # random ids: no prefix is shared
@@ -187,7 +259,9 @@ def measure_rounds(model: str, flags: dict[str, Any], vocab_size: int, rounds: R
     try:
         server.wait_ready(start_timeout_s)
         # A fresh server's first steps of each shape are slow (allocations, caches).
-        _round(server.port, prompts(max(rounds.concurrency)), rounds.output)
+        _round(server.port, prompts(max(rounds.concurrency, default=4)), rounds.output)
+        lone = _trickle(server.port, prompts(rounds.trickle), rounds.output,
+                        trickle_arrivals(rounds, seed)) if rounds.trickle else []
         results = []
         for concurrency in rounds.concurrency:
             measured = [_round(server.port, prompts(concurrency), rounds.output)
@@ -196,31 +270,55 @@ def measure_rounds(model: str, flags: dict[str, Any], vocab_size: int, rounds: R
             results.append(RoundResult(concurrency,
                                        statistics.median(m[0] for m in measured),
                                        statistics.median(m[1] for m in measured), ttft, tpot))
-        return results
+        return lone, results
     finally:
         server.stop()
 
 
-def fit_overhead(results: list[RoundResult], cost: CostModel, rounds: Rounds
-                 ) -> ServedOverhead:
-    """The served part from measured rounds: the per-step terms from the TPOT gaps, then the
-    per-request term from the TTFT gaps left once the steps carry theirs."""
-    rows = [[1.0, float(r.concurrency)] for r in results]
-    gaps = [r.tpot_ms - r.predicted_tpot_ms for r in results]
-    if len(results) > 1:
-        step_ms, per_row_ms = fit_non_negative(rows, gaps, relative=False)
+def fit_overhead(results: list[RoundResult], cost: CostModel, rounds: Rounds,
+                 lone: list[LoneResult] = ()) -> ServedOverhead:
+    """The served part from the measured trickle and rounds: the per-step terms from the
+    TPOT gaps (a request's or a round's measured TPOT less the in-process prediction, at its
+    requests per step), then the per-request term from the TTFT gaps left once the steps
+    carry theirs."""
+    bare = _trickle_prediction(cost, lone, rounds) if lone else []
+    samples = [(float(r.concurrency), r.tpot_ms - r.predicted_tpot_ms) for r in results]
+    samples += [(p.rows, m.tpot_ms - p.tpot_ms) for m, p in zip(lone, bare)]
+    if len({rows for rows, _ in samples}) > 1:
+        _, per_row_ms = fit_non_negative([[1.0, rows] for rows, _ in samples],
+                                         [gap for _, gap in samples], relative=False)
     else:
-        step_ms, per_row_ms = max(0.0, gaps[0]), 0.0
+        per_row_ms = 0.0
+    step_ms = max(0.0, statistics.median(gap - per_row_ms * rows for rows, gap in samples))
     stepped = replace(cost, served=ServedOverhead(step_ms, per_row_ms, 0.0))
-    ttft_gaps = [r.ttft_ms - _predicted(stepped, r.concurrency, rounds)[0] for r in results]
+    # A request's way in, from the trickle where there is one: rounds send their requests
+    # all at once, which light load (where TTFT is mostly that way in) never does.
+    if lone:
+        ttft_gaps = [m.ttft_ms - p.ttft_ms for m, p in
+                     zip(lone, _trickle_prediction(stepped, lone, rounds))]
+    else:
+        ttft_gaps = [r.ttft_ms - _predicted(stepped, r.concurrency, rounds)[0]
+                     for r in results]
     request_ms = max(0.0, statistics.median(ttft_gaps))
-    return ServedOverhead(step_ms, per_row_ms, request_ms,
-                          [vars(r) for r in results])
+    fitted = ServedOverhead(step_ms, per_row_ms, request_ms, [vars(r) for r in results])
+    return replace(fitted, trickle=_trickle_summary(replace(cost, served=fitted), lone,
+                                                    rounds) if lone else {})
+
+
+def _trickle_summary(cost: CostModel, lone: list[LoneResult], rounds: Rounds
+                     ) -> dict[str, Any]:
+    """The trickle's medians, measured and as the fitted model replays them."""
+    predicted = _trickle_prediction(cost, lone, rounds)
+    return {"requests": len(lone), "rate": rounds.rate,
+            "ttft_p50_ms": round(statistics.median(r.ttft_ms for r in lone), 3),
+            "tpot_p50_ms": round(statistics.median(r.tpot_ms for r in lone), 3),
+            "predicted_ttft_p50_ms": round(statistics.median(p.ttft_ms for p in predicted), 3),
+            "predicted_tpot_p50_ms": round(statistics.median(p.tpot_ms for p in predicted), 3)}
 
 
 def calibrate_served(model: str, flags: dict[str, Any], vocab_size: int, cost: CostModel,
                      rounds: Rounds) -> CostModel:
     """`cost` with its served part measured against `folio serve`."""
     bare = replace(cost, served=None)
-    results = measure_rounds(model, flags, vocab_size, rounds, bare)
-    return replace(cost, served=fit_overhead(results, bare, rounds))
+    lone, results = measure_rounds(model, flags, vocab_size, rounds, bare)
+    return replace(cost, served=fit_overhead(results, bare, rounds, lone))

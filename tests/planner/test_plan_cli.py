@@ -28,10 +28,12 @@ def test_calibrate_quick_writes_a_cost_file(cost_file, llama_dir):
     assert cost.fit_error["steps"] >= 5 and cost.date and cost.machine["cores"] >= 1
     # Some step costs something: the fit is of real, non-zero times.
     assert sum(cost.executor_ms.values()) > 0 and cost.hop_ms > 0
-    # The served part: `folio serve` really streamed each round, measured beside the
-    # in-process prediction of the same requests.
+    # The served part: `folio serve` really streamed the trickle and each round, measured
+    # beside the in-process prediction of the same requests.
     assert cost.served is not None and cost.vocab_size > 0
-    assert [r["concurrency"] for r in cost.served.rounds] == [1, 4]
+    assert [r["concurrency"] for r in cost.served.rounds] == [4]
+    assert cost.served.trickle["requests"] == 3
+    assert cost.served.trickle["tpot_p50_ms"] > 0 and cost.served.trickle["ttft_p50_ms"] > 0
     for measured in cost.served.rounds:
         assert measured["ttft_ms"] > 0 and measured["tpot_ms"] > 0
         assert measured["predicted_tpot_ms"] > 0

@@ -1,6 +1,6 @@
-"""The served part of a cost model (folio/planner/served.py): fitted from measured rounds
-against the in-process prediction, added to every step and to each request's way to the
-scheduler, and clamped at zero."""
+"""The served part of a cost model (folio/planner/served.py): fitted from a measured trickle
+of requests one at a time and rounds of requests at once against the in-process prediction,
+added to every step and to each request's way to the scheduler, and clamped at zero."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ import pytest
 
 from folio.planner.cost import ServedOverhead, load_cost
 from folio.planner.replay import Options, predict
-from folio.planner.served import Rounds, RoundResult, fit_overhead, serve_flags
+from folio.planner.served import (LoneResult, Rounds, RoundResult, fit_overhead,
+                                  serve_flags, trickle_arrivals)
 from folio.planner.simulator.inputs import TraceRequest
 from tests.planner.hand_cost import hand_cost
 
-ROUNDS = Rounds((1, 4, 16), 8, 6, 1)
+ROUNDS = Rounds((4, 16), 8, 6, 1, trickle=4, rate=2.0)
+# The trickle's arrivals, far enough apart (6 tokens of 10-20 ms steps) that none overlap.
+ARRIVALS = [0.0, 0.6, 1.3, 2.1]
 
 
 def _rounds(cost, step_ms: float, per_row_ms: float, request_ms: float) -> list[RoundResult]:
@@ -31,20 +34,67 @@ def _rounds(cost, step_ms: float, per_row_ms: float, request_ms: float) -> list[
     return results
 
 
+def _trickle(cost, step_ms: float, per_row_ms: float, request_ms: float,
+             arrivals=ARRIVALS) -> list[LoneResult]:
+    """What the same server measures for the trickle's requests, one at a time."""
+    served = replace(cost, served=ServedOverhead(step_ms, per_row_ms, request_ms))
+    trace = [TraceRequest(at, ROUNDS.prompt, ROUNDS.output) for at in arrivals]
+    return [LoneResult(at, r.ttft_ms, r.tpot_ms)
+            for at, r in zip(arrivals, predict(trace, served).requests)]
+
+
 def test_the_fit_recovers_a_known_served_overhead():
     cost = hand_cost(base_ms=10, per_prefill_token=0.1)
-    fitted = fit_overhead(_rounds(cost, 3.0, 0.25, 7.0), cost, ROUNDS)
+    fitted = fit_overhead(_rounds(cost, 3.0, 0.25, 7.0), cost, ROUNDS,
+                          _trickle(cost, 3.0, 0.25, 7.0))
     assert fitted.step_ms == pytest.approx(3.0, abs=1e-6)
     assert fitted.per_row_ms == pytest.approx(0.25, abs=1e-6)
     assert fitted.request_ms == pytest.approx(7.0, abs=1e-3)
-    assert [r["concurrency"] for r in fitted.rounds] == [1, 4, 16]
+    assert [r["concurrency"] for r in fitted.rounds] == [4, 16]
+    # The trickle's medians, measured and as the fitted model replays them, agree.
+    trickle = fitted.trickle
+    assert trickle["requests"] == 4 and trickle["rate"] == 2.0
+    assert trickle["predicted_tpot_p50_ms"] == pytest.approx(trickle["tpot_p50_ms"], abs=1e-3)
+    assert trickle["predicted_ttft_p50_ms"] == pytest.approx(trickle["ttft_p50_ms"], abs=1e-3)
+
+
+def test_the_trickle_alone_sets_the_fixed_terms():
+    """Without rounds the per-row term stays 0 and the fixed ones come from the requests."""
+    cost = hand_cost(base_ms=10, per_prefill_token=0.1)
+    fitted = fit_overhead([], cost, ROUNDS, _trickle(cost, 2.0, 0.0, 5.0))
+    assert (fitted.step_ms, fitted.per_row_ms) == (pytest.approx(2.0, abs=1e-6), 0.0)
+    assert fitted.request_ms == pytest.approx(5.0, abs=1e-3)
+
+
+def test_one_request_held_up_does_not_move_the_fixed_terms():
+    """Medians set the fixed terms: a request whose every token came 3x late (a neighbour's
+    wake-up held it) moves neither the step's nor the request's overhead."""
+    cost = hand_cost(base_ms=10, per_prefill_token=0.1)
+    arrivals = ARRIVALS + [2.8]
+    lone = _trickle(cost, 2.0, 0.0, 5.0, arrivals)
+    lone[2] = replace(lone[2], tpot_ms=lone[2].tpot_ms * 3, ttft_ms=lone[2].ttft_ms * 3)
+    fitted = fit_overhead([], cost, replace(ROUNDS, trickle=5), lone)
+    assert fitted.step_ms == pytest.approx(2.0, abs=1e-6)
+    assert fitted.request_ms == pytest.approx(5.0, abs=1e-3)
+
+
+def test_the_trickle_arrives_as_a_seeded_poisson_process():
+    rounds = Rounds((), 8, 6, 1, trickle=400, rate=4.0)
+    times = trickle_arrivals(rounds, seed=3)
+    assert times == trickle_arrivals(rounds, seed=3) != trickle_arrivals(rounds, seed=4)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert times[0] == 0.0 and len(times) == 400 and min(gaps) >= 0
+    # Exponential gaps of mean 1/rate: 399 of them land within 15% of 0.25 s on average.
+    assert sum(gaps) / len(gaps) == pytest.approx(0.25, rel=0.15)
 
 
 def test_a_server_faster_than_predicted_adds_nothing():
     cost = hand_cost(base_ms=10, per_prefill_token=0.1)
     faster = [replace(r, tpot_ms=r.predicted_tpot_ms * 0.8, ttft_ms=r.predicted_ttft_ms * 0.5)
               for r in _rounds(cost, 0, 0, 0)]
-    fitted = fit_overhead(faster, cost, ROUNDS)
+    slower_never = [replace(r, tpot_ms=r.tpot_ms * 0.8, ttft_ms=r.ttft_ms * 0.5)
+                    for r in _trickle(cost, 0, 0, 0)]
+    fitted = fit_overhead(faster, cost, ROUNDS, slower_never)
     assert (fitted.step_ms, fitted.per_row_ms, fitted.request_ms) == (0.0, 0.0, 0.0)
 
 
@@ -61,7 +111,8 @@ def test_the_served_part_lengthens_steps_and_delays_arrivals():
 
 
 def test_the_served_part_round_trips_through_the_cost_file(tmp_path):
-    cost = replace(hand_cost(), served=ServedOverhead(1.5, 0.1, 4.0, [{"concurrency": 1}]),
+    cost = replace(hand_cost(), served=ServedOverhead(1.5, 0.1, 4.0, [{"concurrency": 4}],
+                                                      {"requests": 24, "rate": 1.5}),
                    vocab_size=99)
     path = tmp_path / "cost.json"
     path.write_text(cost.to_json())
