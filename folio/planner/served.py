@@ -19,8 +19,8 @@ the very same requests at the same arrival times, and the difference is fitted a
     request_ms                                                  (arrival to the scheduler)
 
 both clamped at zero (a served step is never predicted faster than the in-process one).
-Medians, not means, set the fixed terms: one request held up by a neighbour's wake-up
-should not move every prediction.
+The fixed terms make the trickle's median TPOT and TTFT come out as measured: medians,
+not means, so one request held up by a neighbour's wake-up does not move every prediction.
 """
 
 from __future__ import annotations
@@ -277,10 +277,11 @@ def measure_rounds(model: str, flags: dict[str, Any], vocab_size: int, rounds: R
 
 def fit_overhead(results: list[RoundResult], cost: CostModel, rounds: Rounds,
                  lone: list[LoneResult] = ()) -> ServedOverhead:
-    """The served part from the measured trickle and rounds: the per-step terms from the
-    TPOT gaps (a request's or a round's measured TPOT less the in-process prediction, at its
-    requests per step), then the per-request term from the TTFT gaps left once the steps
-    carry theirs."""
+    """The served part from the measured trickle and rounds. The per-row term is fitted to
+    the TPOT gaps (a request's or a round's measured TPOT less the in-process prediction)
+    at each one's requests per step. The fixed terms are set so that the trickle's median
+    TPOT and TTFT come out as measured (light load, where a plan's p50s sit); without a
+    trickle, from the rounds' median gaps."""
     bare = _trickle_prediction(cost, lone, rounds) if lone else []
     samples = [(float(r.concurrency), r.tpot_ms - r.predicted_tpot_ms) for r in results]
     samples += [(p.rows, m.tpot_ms - p.tpot_ms) for m, p in zip(lone, bare)]
@@ -289,18 +290,21 @@ def fit_overhead(results: list[RoundResult], cost: CostModel, rounds: Rounds,
                                          [gap for _, gap in samples], relative=False)
     else:
         per_row_ms = 0.0
-    step_ms = max(0.0, statistics.median(gap - per_row_ms * rows for rows, gap in samples))
-    stepped = replace(cost, served=ServedOverhead(step_ms, per_row_ms, 0.0))
-    # A request's way in, from the trickle where there is one: rounds send their requests
-    # all at once, which light load (where TTFT is mostly that way in) never does.
     if lone:
-        ttft_gaps = [m.ttft_ms - p.ttft_ms for m, p in
-                     zip(lone, _trickle_prediction(stepped, lone, rounds))]
+        step_ms = statistics.median(m.tpot_ms for m in lone) - statistics.median(
+            p.tpot_ms + per_row_ms * p.rows for p in bare)
     else:
-        ttft_gaps = [r.ttft_ms - _predicted(stepped, r.concurrency, rounds)[0]
-                     for r in results]
-    request_ms = max(0.0, statistics.median(ttft_gaps))
-    fitted = ServedOverhead(step_ms, per_row_ms, request_ms, [vars(r) for r in results])
+        step_ms = statistics.median(gap - per_row_ms * rows for rows, gap in samples)
+    step_ms = max(0.0, step_ms)
+    stepped = replace(cost, served=ServedOverhead(step_ms, per_row_ms, 0.0))
+    if lone:
+        request_ms = statistics.median(m.ttft_ms for m in lone) - statistics.median(
+            p.ttft_ms for p in _trickle_prediction(stepped, lone, rounds))
+    else:
+        request_ms = statistics.median(r.ttft_ms - _predicted(stepped, r.concurrency, rounds)[0]
+                                       for r in results)
+    fitted = ServedOverhead(step_ms, per_row_ms, max(0.0, request_ms),
+                            [vars(r) for r in results])
     return replace(fitted, trickle=_trickle_summary(replace(cost, served=fitted), lone,
                                                     rounds) if lone else {})
 
