@@ -104,6 +104,20 @@ class PlanResult:
     requests: list[RequestTimes] = field(default_factory=list, repr=False)
 
 
+def _reaching(trace: list[TraceRequest], served) -> list[TraceRequest]:
+    """When each request reaches the scheduler, served: request_ms after it arrives, and
+    one frontend_ms after the request before it (the frontend reads, checks and tokenizes
+    requests one at a time, so a clump of arrivals reaches the scheduler spread out)."""
+    reached = list(trace)
+    last = float("-inf")
+    for index in sorted(range(len(trace)), key=lambda i: trace[i].arrival):
+        at = max(trace[index].arrival + served.request_ms / 1000,
+                 last + served.frontend_ms / 1000)
+        reached[index] = replace(trace[index], arrival=at)
+        last = at
+    return reached
+
+
 def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Options(),
             rate: float = 0.0) -> PlanResult:
     config = scheduler_config(cost, options)
@@ -125,8 +139,7 @@ def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Optio
 
     # Served, a request reaches the scheduler request_ms after it arrives (TTFT still
     # counts from its arrival).
-    delay = cost.served.request_ms / 1000 if cost.served is not None else 0.0
-    reaching = [replace(r, arrival=r.arrival + delay) for r in trace] if delay else trace
+    reaching = _reaching(trace, cost.served) if cost.served is not None else trace
     end = 0.0
     for step in replay(reaching, config, step_seconds, scheduler,
                        one_ahead=options.one_ahead):

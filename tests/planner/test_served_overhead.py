@@ -21,10 +21,13 @@ ROUNDS = Rounds((4, 16), 8, 6, 1, trickle=4, rate=2.0)
 ARRIVALS = [0.0, 0.6, 1.3, 2.1]
 
 
-def _rounds(cost, step_ms: float, per_row_ms: float, request_ms: float) -> list[RoundResult]:
+def _rounds(cost, step_ms: float, per_row_ms: float, request_ms: float,
+            frontend_ms: float = 0.0) -> list[RoundResult]:
     """What a server whose steps cost `step_ms + per_row_ms * rows` more than `cost` says,
-    and whose requests reach the scheduler `request_ms` late, would measure."""
-    served = replace(cost, served=ServedOverhead(step_ms, per_row_ms, request_ms))
+    and whose requests reach the scheduler `request_ms` late and `frontend_ms` apart, would
+    measure."""
+    served = replace(cost, served=ServedOverhead(step_ms, per_row_ms, request_ms,
+                                                 frontend_ms=frontend_ms))
     results = []
     for concurrency in ROUNDS.concurrency:
         trace = [TraceRequest(0.0, ROUNDS.prompt, ROUNDS.output)] * concurrency
@@ -56,6 +59,29 @@ def test_the_fit_recovers_a_known_served_overhead():
     assert trickle["requests"] == 4 and trickle["rate"] == 2.0
     assert trickle["predicted_tpot_p50_ms"] == pytest.approx(trickle["tpot_p50_ms"], abs=1e-3)
     assert trickle["predicted_ttft_p50_ms"] == pytest.approx(trickle["ttft_p50_ms"], abs=1e-3)
+
+
+def test_a_frontend_taking_requests_one_at_a_time_is_fitted_from_the_rounds():
+    """Requests sent together reach the scheduler 6 ms apart: the later ones of a round miss
+    the first prompt step and wait for it, which the fit finds from the rounds' TTFT."""
+    cost = hand_cost(base_ms=10, per_prefill_token=0.1)
+    fitted = fit_overhead(_rounds(cost, 2.0, 0.0, 5.0, frontend_ms=6.0), cost, ROUNDS,
+                          _trickle(cost, 2.0, 0.0, 5.0))
+    assert fitted.frontend_ms == pytest.approx(6.0, abs=0.5)
+    # The rounds' TPOT moves a little once their requests start apart; the trickle's none.
+    assert fitted.step_ms == pytest.approx(2.0, abs=0.1)
+
+
+def test_requests_arriving_together_reach_the_scheduler_spread_out():
+    cost = replace(hand_cost(base_ms=10), served=ServedOverhead(0.0, 0.0, 5.0, frontend_ms=8.0))
+    together = predict([TraceRequest(0.0, 8, 4)] * 3, cost, Options(one_ahead=False)).requests
+    apart = predict([TraceRequest(t, 8, 4) for t in (0.0, 1.0, 2.0)], cost,
+                    Options(one_ahead=False)).requests
+    # Alone, each reaches the scheduler 5 ms after it arrives; together, the second and
+    # third come 8 and 16 ms after the first, so they start later than the first.
+    assert [r.ttft_ms for r in apart] == [pytest.approx(apart[0].ttft_ms)] * 3
+    assert together[0].ttft_ms == pytest.approx(apart[0].ttft_ms)
+    assert together[2].ttft_ms > together[1].ttft_ms > together[0].ttft_ms
 
 
 def test_the_trickle_alone_sets_the_fixed_terms():
@@ -112,7 +138,7 @@ def test_the_served_part_lengthens_steps_and_delays_arrivals():
 
 def test_the_served_part_round_trips_through_the_cost_file(tmp_path):
     cost = replace(hand_cost(), served=ServedOverhead(1.5, 0.1, 4.0, [{"concurrency": 4}],
-                                                      {"requests": 24, "rate": 1.5}),
+                                                      {"requests": 24, "rate": 1.5}, 3.5),
                    vocab_size=99)
     path = tmp_path / "cost.json"
     path.write_text(cost.to_json())
