@@ -44,6 +44,7 @@ from typing import Any
 
 from folio.planner.cost import CostModel, ServedOverhead
 from folio.planner.fit import fit_non_negative
+from folio.planner.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -157,46 +158,10 @@ def _stream(port: int, prompt: list[int], output: int, times: list[float]) -> No
         connection.close()
 
 
-def _round(port: int, prompts: list[list[int]], output: int) -> tuple[float, float]:
-    """Stream `prompts` at once; (median TTFT ms, median TPOT ms) over them."""
-    times: list[list[float]] = [[] for _ in prompts]
-    errors: list[BaseException] = []
-
-    def run(index: int) -> None:
-        try:
-            _stream(port, prompts[index], output, times[index])
-        except BaseException as error:   # reported after the join
-            errors.append(error)
-
-    start = time.perf_counter()
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    ttft = [t[0] - start for t in times if t]
-    # Per request over its streamed chunks: a chunk may carry several tokens (a coalesced
-    # frontend), so the time between first and last is divided by the tokens between them.
-    tpot = [(t[-1] - t[0]) / (output - 1) for t in times if len(t) > 1]
-    if len(ttft) < len(prompts) or not tpot:
-        raise RuntimeError("served calibration: a request streamed no tokens")
-    return statistics.median(ttft) * 1000, statistics.median(tpot) * 1000
-
-
-def trickle_arrivals(rounds: Rounds, seed: int) -> list[float]:
-    """Poisson arrival times (seconds from the first) of the trickle's requests."""
-    rng, clock, times = random.Random(seed), 0.0, []
-    for index in range(rounds.trickle):
-        clock += rng.expovariate(rounds.rate) if index else 0.0
-        times.append(clock)
-    return times
-
-
-def _trickle(port: int, prompts: list[list[int]], output: int, arrivals: list[float]
-             ) -> list[LoneResult]:
-    """Stream each prompt from its arrival time on (a thread each: arrivals may overlap)."""
+def _stream_at(port: int, prompts: list[list[int]], output: int, arrivals: list[float]
+               ) -> tuple[float, list[float], list[list[float]]]:
+    """Stream each prompt from its arrival time (seconds from now) on, a thread each:
+    (the start, each request's send time, each request's chunk times)."""
     times: list[list[float]] = [[] for _ in prompts]
     starts = [0.0] * len(prompts)
     errors: list[BaseException] = []
@@ -220,6 +185,32 @@ def _trickle(port: int, prompts: list[list[int]], output: int, arrivals: list[fl
         thread.join()
     if errors:
         raise errors[0]
+    return begin, starts, times
+
+
+def _round(port: int, prompts: list[list[int]], output: int) -> tuple[float, float]:
+    """Stream `prompts` at once; (median TTFT ms, median TPOT ms) over them."""
+    start, _, times = _stream_at(port, prompts, output, [0.0] * len(prompts))
+    ttft = [t[0] - start for t in times if t]
+    # Per request over its streamed chunks: a chunk may carry several tokens (a coalesced
+    # frontend), so the time between first and last is divided by the tokens between them.
+    tpot = [(t[-1] - t[0]) / (output - 1) for t in times if len(t) > 1]
+    if len(ttft) < len(prompts) or not tpot:
+        raise RuntimeError("served calibration: a request streamed no tokens")
+    return statistics.median(ttft) * 1000, statistics.median(tpot) * 1000
+
+
+def trickle_arrivals(rounds: Rounds, seed: int) -> list[float]:
+    """Poisson arrival times (seconds from the first) of the trickle's requests."""
+    workload = Workload("trickle", "poisson", rounds.rate, rounds.trickle,
+                        (rounds.prompt,) * 2, (rounds.output,) * 2, seed=seed)
+    return [request.arrival for request in workload.trace()]
+
+
+def _trickle(port: int, prompts: list[list[int]], output: int, arrivals: list[float]
+             ) -> list[LoneResult]:
+    """Stream each prompt from its arrival time on; each request as measured."""
+    begin, starts, times = _stream_at(port, prompts, output, arrivals)
     if any(len(t) < 2 for t in times):
         raise RuntimeError("served calibration: a request streamed fewer than two chunks")
     return [LoneResult(start - begin, (t[0] - start) * 1000,
