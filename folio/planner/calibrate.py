@@ -7,8 +7,9 @@ the plan, the scheduler applies the result; the executor's part and the schedule
 of every step are timed apart (the scheduler's also alone, on a fake executor, at up to 256
 requests a step). Prompt chunks of several sizes are run at several contexts
 (a prefix already cached, then the chunk after it), and decode batches of several sizes at
-several contexts (the requests of a batch share a cached prefix, so their prompts are
-cheap to compute). The whole grid runs `repeats` times, and each step shape's times are
+several contexts, each request with a context of its own (a batch whose requests shared
+one cached prefix would read it once from memory and then from the CPU's caches, which
+measured a long context at a quarter of what a lone request pays). The whole grid runs `repeats` times, and each step shape's times are
 reduced to their median before the fit (a shared machine's neighbours come and go). The
 hop is a plan and its result through a ZeroMQ ipc pair, encoded as on the wire.
 """
@@ -121,15 +122,12 @@ def collect(stepper: Stepper, grid: Grid, vocab_size: int, max_model_len: int,
             for chunk in chunks:
                 samples += stepper.run([prefix + ids(chunk)], 1)
         for context in grid.decode_contexts:
-            # One shared prefix and a block's worth of each request's own tokens: decode
-            # reads every request's whole context, but the prompts cost little to compute.
-            shared = ids(max(context - 16, 0))
             for batch in grid.batches:
                 if context + grid.decode_steps > max_model_len or \
                         batch * (context + grid.decode_steps) > pool_tokens * 3 // 4:
                     continue
-                samples += stepper.run([shared + ids(context - len(shared))
-                                        for _ in range(batch)], grid.decode_steps)
+                samples += stepper.run([ids(context) for _ in range(batch)],
+                                       grid.decode_steps)
     return samples
 
 

@@ -165,8 +165,7 @@ def _calibrate(settings: PlanSettings) -> int:
     if cost.served is not None:
         served = cost.served
         print(f"served: + {served.step_ms:.3g} ms + {served.per_row_ms:.3g} ms per request a "
-              f"step, + {served.request_ms:.3g} ms to reach the scheduler, "
-              f"{served.frontend_ms:.3g} ms apart")
+              f"step, + {served.request_ms:.3g} ms to reach the scheduler")
         if served.trickle:
             t = served.trickle
             print(f"served one at a time ({t['requests']} at {t['rate']:g}/s): TTFT p50 "

@@ -9,8 +9,7 @@ result back) is a fixed cost per step; a swapped block costs its bytes at the ex
 measured copy rate. Served (`folio plan calibrate` measures it against `folio serve`:
 folio/planner/served.py), a step also pays a fixed and a per-row overhead (the control
 processes' wake-ups on the executor's cores, the frontend streaming each token) and a request
-reaches the scheduler a fixed time after it arrives (read, checked, tokenized), and no sooner
-than a fixed time after the request before it (the frontend takes them one at a time).
+reaches the scheduler a fixed time after it arrives (read, checked, tokenized).
 """
 
 from __future__ import annotations
@@ -75,7 +74,6 @@ class ServedOverhead:
     request_ms: float       # arrival to the scheduler, per request
     rounds: list[dict[str, Any]] = field(default_factory=list)   # the measurements
     trickle: dict[str, Any] = field(default_factory=dict)   # their medians, one at a time
-    frontend_ms: float = 0.0   # the least time between two requests reaching the scheduler
 
 
 @dataclass(frozen=True)
@@ -155,9 +153,7 @@ def _served(data: dict) -> ServedOverhead | None:
     return ServedOverhead(*(_number(data, f"served.{name}")
                             for name in ("step_ms", "per_row_ms", "request_ms")),
                           list(rounds) if isinstance(rounds, list) else [],
-                          dict(trickle) if isinstance(trickle, dict) else {},
-                          _number(data, "served.frontend_ms") if "frontend_ms" in served
-                          else 0.0)
+                          dict(trickle) if isinstance(trickle, dict) else {})
 
 
 def load_cost(path: str | Path) -> CostModel:

@@ -105,17 +105,11 @@ class PlanResult:
 
 
 def _reaching(trace: list[TraceRequest], served) -> list[TraceRequest]:
-    """When each request reaches the scheduler, served: request_ms after it arrives, and
-    one frontend_ms after the request before it (the frontend reads, checks and tokenizes
-    requests one at a time, so a clump of arrivals reaches the scheduler spread out)."""
-    reached = list(trace)
-    last = float("-inf")
-    for index in sorted(range(len(trace)), key=lambda i: trace[i].arrival):
-        at = max(trace[index].arrival + served.request_ms / 1000,
-                 last + served.frontend_ms / 1000)
-        reached[index] = replace(trace[index], arrival=at)
-        last = at
-    return reached
+    """When each request reaches the scheduler, served: request_ms after it arrives (read,
+    checked, tokenized). Requests that arrive together reach it together: measured, a clump
+    sent within a few ms reached the scheduler within a few ms and shared a prompt step."""
+    return [replace(request, arrival=request.arrival + served.request_ms / 1000)
+            for request in trace]
 
 
 def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Options(),

@@ -17,8 +17,6 @@ the very same requests at the same arrival times, and the difference is fitted a
 
     served step overhead (ms) = step_ms + per_row_ms * rows     (added to every step)
     request_ms                                                  (arrival to the scheduler)
-    frontend_ms        (the least time between two requests reaching the scheduler: the
-                        rounds' requests arrive together and reach it spread out)
 
 both clamped at zero (a served step is never predicted faster than the in-process one).
 The fixed terms make the trickle's median TPOT and TTFT come out as measured: medians,
@@ -298,23 +296,8 @@ def fit_overhead(results: list[RoundResult], cost: CostModel, rounds: Rounds,
                                        for r in results)
     fitted = ServedOverhead(step_ms, per_row_ms, max(0.0, request_ms),
                             [vars(r) for r in results])
-    if results and lone:
-        fitted = replace(fitted, frontend_ms=_fit_frontend(results, cost, rounds, fitted))
     return replace(fitted, trickle=_trickle_summary(replace(cost, served=fitted), lone,
                                                     rounds) if lone else {})
-
-
-def _fit_frontend(results: list[RoundResult], cost: CostModel, rounds: Rounds,
-                  served: ServedOverhead) -> float:
-    """The frontend's time per request, one at a time, that best gives the rounds' median
-    TTFT (their requests arrive together and reach the scheduler spread out), searched
-    over 0-40 ms in steps of 0.25 (a plan is a simulation, not a formula to invert)."""
-    def error(frontend_ms: float) -> float:
-        model = replace(cost, served=replace(served, frontend_ms=frontend_ms))
-        return sum((_predicted(model, r.concurrency, rounds)[0] / r.ttft_ms - 1) ** 2
-                   for r in results)
-
-    return min((step / 4 for step in range(161)), key=error)
 
 
 def _trickle_summary(cost: CostModel, lone: list[LoneResult], rounds: Rounds

@@ -87,3 +87,30 @@ def test_the_scheduler_is_also_timed_alone_at_large_batches():
     assert all(s.executor_ms >= 0 and s.scheduler_ms >= 0 for s in samples)
     _, scheduler_ms, _ = fit_samples(samples[:1], samples)
     assert scheduler_ms["base"] >= 0 and scheduler_ms["per_row"] >= 0
+
+
+def test_each_decode_row_reads_a_context_of_its_own():
+    """Decode rows sharing one cached prefix would read it from memory once and then from
+    the CPU's caches, and the fit would price a long context at a fraction of what a lone
+    request pays: every request of a decode batch brings its own context."""
+    config = SchedulerConfig(num_kv_blocks=512, block_size=16, max_model_len=2048,
+                             max_num_batched_tokens=1024, vocab_size=1000)
+
+    class Recording(Stepper):
+        batches: list[list[list[int]]] = []
+
+        def run(self, prompts, max_tokens):
+            if max_tokens == grid.decode_steps:
+                self.batches.append(prompts)
+            return super().run(prompts, max_tokens)
+
+    clock = Clock()
+    stepper = Recording(Scheduler(config), TimedExecutor(clock), clock)
+    grid = Grid(chunks=(16,), contexts=(0,), batches=(1, 5), decode_contexts=(48, 300),
+                decode_steps=3, repeats=1)
+    collect(stepper, grid, 1000, 2048, 512 * 16)
+    assert sorted(len(batch[0]) for batch in stepper.batches if len(batch) == 5) == [48, 300]
+    for batch in stepper.batches:
+        assert len({tuple(prompt[:16]) for prompt in batch}) == len(batch)
+    # None of their blocks came from the prefix cache: each context was computed.
+    assert stepper.scheduler.stats()["prefix_cache_hits"] == 0

@@ -21,13 +21,10 @@ ROUNDS = Rounds((4, 16), 8, 6, 1, trickle=4, rate=2.0)
 ARRIVALS = [0.0, 0.6, 1.3, 2.1]
 
 
-def _rounds(cost, step_ms: float, per_row_ms: float, request_ms: float,
-            frontend_ms: float = 0.0) -> list[RoundResult]:
+def _rounds(cost, step_ms: float, per_row_ms: float, request_ms: float) -> list[RoundResult]:
     """What a server whose steps cost `step_ms + per_row_ms * rows` more than `cost` says,
-    and whose requests reach the scheduler `request_ms` late and `frontend_ms` apart, would
-    measure."""
-    served = replace(cost, served=ServedOverhead(step_ms, per_row_ms, request_ms,
-                                                 frontend_ms=frontend_ms))
+    and whose requests reach the scheduler `request_ms` late, would measure."""
+    served = replace(cost, served=ServedOverhead(step_ms, per_row_ms, request_ms))
     results = []
     for concurrency in ROUNDS.concurrency:
         trace = [TraceRequest(0.0, ROUNDS.prompt, ROUNDS.output)] * concurrency
@@ -61,27 +58,17 @@ def test_the_fit_recovers_a_known_served_overhead():
     assert trickle["predicted_ttft_p50_ms"] == pytest.approx(trickle["ttft_p50_ms"], abs=1e-3)
 
 
-def test_a_frontend_taking_requests_one_at_a_time_is_fitted_from_the_rounds():
-    """Requests sent together reach the scheduler 6 ms apart: the later ones of a round miss
-    the first prompt step and wait for it, which the fit finds from the rounds' TTFT."""
-    cost = hand_cost(base_ms=10, per_prefill_token=0.1)
-    fitted = fit_overhead(_rounds(cost, 2.0, 0.0, 5.0, frontend_ms=6.0), cost, ROUNDS,
-                          _trickle(cost, 2.0, 0.0, 5.0))
-    assert fitted.frontend_ms == pytest.approx(6.0, abs=0.5)
-    # The rounds' TPOT moves a little once their requests start apart; the trickle's none.
-    assert fitted.step_ms == pytest.approx(2.0, abs=0.1)
-
-
-def test_requests_arriving_together_reach_the_scheduler_spread_out():
-    cost = replace(hand_cost(base_ms=10), served=ServedOverhead(0.0, 0.0, 5.0, frontend_ms=8.0))
+def test_requests_arriving_together_reach_the_scheduler_together():
+    """Each request reaches the scheduler request_ms after it arrives; a clump stays a clump
+    and shares its first prompt step, as a served clump did (docs/planner.md)."""
+    cost = replace(hand_cost(base_ms=10, per_prefill_token=0.1),
+                   served=ServedOverhead(0.0, 0.0, 5.0))
     together = predict([TraceRequest(0.0, 8, 4)] * 3, cost, Options(one_ahead=False)).requests
-    apart = predict([TraceRequest(t, 8, 4) for t in (0.0, 1.0, 2.0)], cost,
-                    Options(one_ahead=False)).requests
-    # Alone, each reaches the scheduler 5 ms after it arrives; together, the second and
-    # third come 8 and 16 ms after the first, so they start later than the first.
-    assert [r.ttft_ms for r in apart] == [pytest.approx(apart[0].ttft_ms)] * 3
-    assert together[0].ttft_ms == pytest.approx(apart[0].ttft_ms)
-    assert together[2].ttft_ms > together[1].ttft_ms > together[0].ttft_ms
+    alone = predict([TraceRequest(0.0, 8, 4)], replace(cost, served=None),
+                    Options(one_ahead=False)).requests[0]
+    assert [r.ttft_ms for r in together] == [pytest.approx(together[0].ttft_ms)] * 3
+    # One step of three prompts, 5 ms late: slower than one prompt alone, in-process.
+    assert together[0].ttft_ms > alone.ttft_ms + 5.0
 
 
 def test_the_trickle_alone_sets_the_fixed_terms():
@@ -138,7 +125,7 @@ def test_the_served_part_lengthens_steps_and_delays_arrivals():
 
 def test_the_served_part_round_trips_through_the_cost_file(tmp_path):
     cost = replace(hand_cost(), served=ServedOverhead(1.5, 0.1, 4.0, [{"concurrency": 4}],
-                                                      {"requests": 24, "rate": 1.5}, 3.5),
+                                                      {"requests": 24, "rate": 1.5}),
                    vocab_size=99)
     path = tmp_path / "cost.json"
     path.write_text(cost.to_json())
@@ -147,6 +134,10 @@ def test_the_served_part_round_trips_through_the_cost_file(tmp_path):
     del data["served"], data["vocab_size"]   # a file calibrated in-process only
     path.write_text(json.dumps(data))
     assert load_cost(path).served is None
+    # A file from before the frontend spacing was dropped still reads (the key is ignored).
+    data["served"] = {"step_ms": 1.0, "per_row_ms": 0.0, "request_ms": 2.0, "frontend_ms": 6.0}
+    path.write_text(json.dumps(data))
+    assert load_cost(path).served == ServedOverhead(1.0, 0.0, 2.0)
 
 
 def test_serve_flags_spell_the_calibrated_engine_flags():
