@@ -22,8 +22,12 @@ falls on each alike), at the same arrival times, so the plan is the same and the
 show how much the measurement itself moves. It prints measured (the median of the repeats,
 and their range) against predicted output throughput and p50/p99 TTFT and TPOT, with the
 error of each, and writes the JSON.
-Targets (docs/planner.md): within 10% at p50 and for throughput, 25% at p99. Those are
-benchmarks, not tests: the machine is shared and its load is written beside each figure.
+Targets (docs/planner.md): within 10% at p50 and for throughput, 25% at p99; with repeats,
+a figure also counts as met when the prediction is no further from the repeats' median than
+the repeats are from each other (max - min): the measurement's own repeatability, on a
+machine whose speed moves by more than the target. It prints how many figures meet each.
+Those are benchmarks, not tests: the machine is shared and its load is written beside each
+figure.
 """
 
 from __future__ import annotations
@@ -77,6 +81,18 @@ def measured_value(report: dict, metric: str, quantile: str | None) -> float:
 
 def predicted_value(summary: dict, metric: str, quantile: str | None) -> float:
     return summary[metric] if quantile is None else summary[f"{metric}_{quantile}_ms"]
+
+
+def tolerance(quantile: str | None) -> float:
+    """The target's relative error: 25% at p99, 10% at p50 and for throughput."""
+    return 0.25 if quantile == "p99" else 0.10
+
+
+def meets(figure: dict, quantile: str | None) -> tuple[bool, bool]:
+    """(within the target, within the target or the repeats' own spread)."""
+    real, guess, values = figure["measured"], figure["predicted"], figure["repeats"]
+    within = abs(guess - real) <= tolerance(quantile) * real
+    return within, within or abs(guess - real) <= max(values) - min(values)
 
 
 def main() -> None:
@@ -153,6 +169,8 @@ def main() -> None:
                 guess = predicted_value(plan, metric, quantile)
                 row[key] = {"measured": real, "repeats": values, "predicted": guess,
                             "error_pct": (guess - real) / real * 100 if real else None}
+                row[key]["within_target"], row[key]["within_spread"] = meets(row[key],
+                                                                             quantile)
             rows.append(row)
             print(f"{name} {rate:g} req/s (load {max(row['loadavg_1m']):.1f}): " + ", ".join(
                 f"{k} {v['measured']:.1f}" + (f" [{min(v['repeats']):.1f}-"
@@ -162,6 +180,11 @@ def main() -> None:
                 for k, v in row.items() if isinstance(v, dict)), flush=True)
     finally:
         server.stop()
+    for quantile in ("p50", "p99"):
+        figures = [(row[f"{metric}_{quantile}"]) for row in rows for metric in ("ttft", "tpot")]
+        print(f"{quantile}: within {tolerance(quantile):.0%} in "
+              f"{sum(f['within_target'] for f in figures)} of {len(figures)}; within that or "
+              f"the repeats' own spread in {sum(f['within_spread'] for f in figures)}")
     result = {"model": model, "engine_args": engine_args, "cost": str(cost),
               "cost_model": json.loads(cost.read_text()),
               "output_len": args.output_len, "num_prompts": args.num_prompts,

@@ -4,7 +4,8 @@ the calibrated model (folio/planner/cost.py) on a simulated clock.
 
 Latencies as vLLM's benchmark reports them: TTFT from arrival to the first token, TPOT a
 request's (last token - first token) / (output tokens - 1), ITL every gap between two
-tokens of a request. Percentiles are nearest-rank over requests (TTFT, TPOT) or gaps (ITL).
+tokens of a request. Percentiles are over requests (TTFT, TPOT) or gaps (ITL), interpolated
+between the two nearest ranks as vLLM's benchmark computes them.
 """
 
 from __future__ import annotations

@@ -31,11 +31,13 @@ def test_latencies_on_a_hand_made_cost():
     cost = hand_cost(base_ms=10, per_prefill_token=1)
     trace = [TraceRequest(0.0, 30, 4), TraceRequest(0.045, 20, 2)]
     s = predict(trace, cost, Options(one_ahead=False)).summary
-    # r0: tokens at 40, 50, 80, 90 ms; r1 at 80, 90 ms.
-    assert s["ttft_p50_ms"] == pytest.approx(35) and s["ttft_p99_ms"] == pytest.approx(40)
-    assert s["tpot_p99_ms"] == pytest.approx(50 / 3, abs=1e-3)
-    assert s["tpot_p50_ms"] == pytest.approx(10)
-    assert s["itl_p99_ms"] == pytest.approx(30) and s["itl_p50_ms"] == pytest.approx(10)
+    # r0: tokens at 40, 50, 80, 90 ms; r1 at 80, 90 ms. Percentiles interpolate between
+    # the two nearest ranks, as vLLM's benchmark does: TTFT 35 and 40 -> p50 37.5.
+    assert s["ttft_p50_ms"] == pytest.approx(37.5) and s["ttft_p99_ms"] == pytest.approx(39.95)
+    assert s["tpot_p99_ms"] == pytest.approx(10 + 0.99 * (50 / 3 - 10), abs=1e-3)
+    assert s["tpot_p50_ms"] == pytest.approx((10 + 50 / 3) / 2, abs=1e-3)
+    # The gaps: 10, 30, 10 (r0) and 10 (r1).
+    assert s["itl_p99_ms"] == pytest.approx(10 + 0.97 * 20) and s["itl_p50_ms"] == pytest.approx(10)
     assert s["duration_s"] == pytest.approx(0.09)
     assert s["output_throughput"] == pytest.approx(6 / 0.09, rel=1e-3)
     assert s["peak_running"] == 2 and s["preemptions"] == 0
@@ -50,9 +52,10 @@ def test_async_scheduling_admits_a_step_later():
     cost = hand_cost(base_ms=10, per_prefill_token=1)
     trace = [TraceRequest(0.0, 30, 4), TraceRequest(0.045, 20, 2)]
     s = predict(trace, cost, Options(one_ahead=True)).summary
-    assert s["ttft_p50_ms"] == pytest.approx(40) and s["ttft_p99_ms"] == pytest.approx(45)
-    assert s["tpot_p99_ms"] == pytest.approx(50 / 3, abs=1e-3)   # r0: (90 - 40) / 3
-    assert s["tpot_p50_ms"] == pytest.approx(10)                 # r1
+    # TTFT 40 (r0) and 45 (r1); TPOT (90 - 40) / 3 (r0) and 10 (r1).
+    assert s["ttft_p50_ms"] == pytest.approx(42.5) and s["ttft_p99_ms"] == pytest.approx(44.95)
+    assert s["tpot_p99_ms"] == pytest.approx(10 + 0.99 * (50 / 3 - 10), abs=1e-3)
+    assert s["tpot_p50_ms"] == pytest.approx((10 + 50 / 3) / 2, abs=1e-3)
     assert s["duration_s"] == pytest.approx(0.1)
 
 
