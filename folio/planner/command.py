@@ -279,4 +279,10 @@ def table(plan: dict[str, Any]) -> str:
         bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in plan["slo"].items())
         lines.append(f"SLO: p{q} {bounds}; concurrency: mean requests running at that rate")
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    for entry in plan["options"]:
+        for metric, (below, above) in entry["at_rate"].get("p50_between_clusters", {}).items():
+            lines.append(f"note: {entry['option']}: the {metric.upper()} p50 sits between two "
+                         f"clusters of requests ({below:.1f} and {above:.1f} ms two ranks "
+                         "either side): a request changing sides moves it that far; read "
+                         "p90/p99 beside it")
     return "\n".join(lines)

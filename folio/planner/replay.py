@@ -10,6 +10,7 @@ between the two nearest ranks as vLLM's benchmark computes them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -113,6 +114,20 @@ def _reaching(trace: list[TraceRequest], served) -> list[TraceRequest]:
             for request in trace]
 
 
+def between_clusters(values: list[float]) -> tuple[float, float] | None:
+    """(the value two ranks below the median, two ranks above) when they are more than half
+    the median apart: the median sits between two clusters (requests that decode beside
+    another's long prompt step and those that do not, say), and one request changing sides
+    moves it by that much. None when it does not, or with fewer than 8 values."""
+    if len(values) < 8:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) / 2
+    below = ordered[max(0, math.floor(position) - 1)]
+    above = ordered[min(len(ordered) - 1, math.ceil(position) + 1)]
+    return (below, above) if above - below > 0.5 * percentile(ordered, 50) else None
+
+
 def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Options(),
             rate: float = 0.0) -> PlanResult:
     config = scheduler_config(cost, options)
@@ -173,5 +188,10 @@ def predict(trace: list[TraceRequest], cost: CostModel, options: Options = Optio
         "preemptions": final["preemptions_recompute"] + final["preemptions_swap"],
         "swap_blocks": swapped,
         "prefix_hit_rate": round(final["prefix_cache_hits"] / final["prefix_cache_queries"], 4)
-        if final["prefix_cache_queries"] else 0.0}
+        if final["prefix_cache_queries"] else 0.0,
+        # A p50 between two clusters of requests, in ms: (two ranks below it, two above).
+        "p50_between_clusters": {metric: [round(v * 1000, 3) for v in span]
+                                 for metric, span in (("ttft", between_clusters(ttft)),
+                                                      ("tpot", between_clusters(tpot)))
+                                 if span is not None}}
     return PlanResult(options.name, rate, summary, scheduler, requests)

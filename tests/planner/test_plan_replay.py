@@ -95,3 +95,24 @@ def test_compare_sweeps_memory_and_policy(cost):
     assert by_name["calibrated"]["peak_running"] > 2
     # int8 KV: 256 / 80 bytes a token -> 3.2x the blocks in the same memory.
     assert by_name["kv int8"]["kv_blocks"] == 64 * 256 // 80
+
+
+def test_a_p50_between_two_clusters_is_named():
+    """Pairs of requests 250 ms apart, pairs 2 s apart: the first of a pair decodes beside
+    the second's 200-token prompt step (TPOT about 30 ms), the second alone (10 ms), so the
+    TPOT median of 12 falls between the two and the plan says so; spread out, it does not."""
+    from folio.planner.command import table
+
+    cost = hand_cost(base_ms=10, per_prefill_token=1)
+    paired = [TraceRequest(2.0 * k + 0.25 * second, 200, 11) for k in range(6)
+              for second in (0, 1)]
+    s = predict(paired, cost, Options(one_ahead=False)).summary
+    below, above = s["p50_between_clusters"]["tpot"]
+    assert below == pytest.approx(10) and above > 25
+    assert "ttft" not in s["p50_between_clusters"]
+    plan = {"workload": "paired", "rate": 1.0, "requests": 12, "cost_file": "c.json",
+            "machine": {}, "fit_error": {}, "slo": None, "slo_percentile": 99,
+            "options": [{"option": "calibrated", "at_rate": s, "curve": []}]}
+    assert "the TPOT p50 sits between two clusters of requests (10.0 and" in table(plan)
+    apart = [TraceRequest(2.0 * k, 200, 11) for k in range(12)]
+    assert predict(apart, cost, Options(one_ahead=False)).summary["p50_between_clusters"] == {}
