@@ -52,19 +52,14 @@ def to_text(prompts: list[list[int]], tokenizer_dir: Path) -> list[str]:
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
-    """Mean and p50/p90/p99 (linear interpolation), in the values' unit."""
+    """Mean and p50/p90/p99 (linear interpolation), in the values' unit: the planner's own
+    percentile, so that bench/plan_check.py sets measured and predicted side by side."""
+    from folio.planner.simulator.run import percentile
+
     if not values:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        pos = q * (len(ordered) - 1)
-        low = int(pos)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-    return {"mean": sum(ordered) / len(ordered), "p50": at(0.5), "p90": at(0.9),
-            "p99": at(0.99)}
+    return {"mean": sum(values) / len(values), "p50": percentile(values, 50),
+            "p90": percentile(values, 90), "p99": percentile(values, 99)}
 
 
 async def one_request(session, url: str, body: dict, timeout: float) -> dict:

@@ -97,7 +97,9 @@ def test_each_decode_row_reads_a_context_of_its_own():
                              max_num_batched_tokens=1024, vocab_size=1000)
 
     class Recording(Stepper):
-        batches: list[list[list[int]]] = []
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            self.batches: list[list[list[int]]] = []
 
         def run(self, prompts, max_tokens):
             if max_tokens == grid.decode_steps:
