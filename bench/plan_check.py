@@ -4,6 +4,7 @@ workloads, and `folio plan`'s prediction of the same requests at the same arriva
     python bench/plan_check.py                                  # the bench model
     python bench/plan_check.py --model /tmp/smol/f32 --workloads steady --num-prompts 16
     python bench/plan_check.py --cost plan-cost.json            # skip the calibration
+    python bench/plan_check.py --rescore plan_check.json        # today's plan, old figures
 
 The bench model is bench/throughput.py's checkpoint with a tokenizer trained beside it
 (bench/serve_race.py's serving_model_dir).
@@ -95,6 +96,62 @@ def meets(figure: dict, quantile: str | None) -> tuple[bool, bool]:
     return within, within or abs(guess - real) <= max(values) - min(values)
 
 
+def figure(values: list[float], guess: float, quantile: str | None) -> dict:
+    """One figure of a row: the repeats' median against the prediction."""
+    real = statistics.median(values)
+    entry = {"measured": real, "repeats": values, "predicted": guess,
+             "error_pct": (guess - real) / real * 100 if real else None}
+    entry["within_target"], entry["within_spread"] = meets(entry, quantile)
+    return entry
+
+
+def score(row: dict, plan: dict, reports: list[dict] | None = None) -> None:
+    """Fill `row`'s figures from `plan`'s prediction and the measured `reports` (None: the
+    repeats `row` already holds)."""
+    for metric, quantile in METRICS:
+        key = metric if quantile is None else f"{metric}_{quantile}"
+        values = row[key]["repeats"] if reports is None else [
+            measured_value(r, metric, quantile) for r in reports]
+        row[key] = figure(values, predicted_value(plan, metric, quantile), quantile)
+    row["p50_between_clusters"] = plan["p50_between_clusters"]   # ms, two ranks either side
+
+
+def print_row(row: dict) -> None:
+    print(f"{row['workload']} {row['rate']:g} req/s (load {max(row['loadavg_1m']):.1f}): "
+          + ", ".join(f"{k} {v['measured']:.1f}"
+                      + (f" [{min(v['repeats']):.1f}-{max(v['repeats']):.1f}]"
+                         if len(v["repeats"]) > 1 else "")
+                      + f" vs {v['predicted']:.1f} ({v['error_pct']:+.0f}%)"
+                      for k, v in row.items() if isinstance(v, dict) and "measured" in v)
+          + "".join(f"; planned {metric.upper()} p50 between clusters ({below:.1f} and "
+                    f"{above:.1f} ms two ranks either side)"
+                    for metric, (below, above) in row["p50_between_clusters"].items()),
+          flush=True)
+
+
+def print_counts(rows: list[dict]) -> None:
+    for quantile in ("p50", "p99"):
+        figures = [row[f"{metric}_{quantile}"] for row in rows for metric in ("ttft", "tpot")]
+        print(f"{quantile}: within {tolerance(quantile):.0%} in "
+              f"{sum(f['within_target'] for f in figures)} of {len(figures)}; within that or "
+              f"the repeats' own spread in {sum(f['within_spread'] for f in figures)}")
+
+
+def rescore(path: Path, default_seed: int) -> None:
+    """An earlier run's measurements against today's plan from the run's own cost model: what
+    a planner change does to the same served figures, with nothing served again."""
+    data = json.loads(path.read_text())
+    cost = Path(tempfile.mkdtemp(prefix="plan-check-")) / "cost.json"
+    cost.write_text(json.dumps(data["cost_model"]))
+    seed = data.get("seed", default_seed)
+    for number, row in enumerate(data["rates"]):
+        _, input_len, burstiness = WORKLOADS[row["workload"]]
+        score(row, predicted(cost, arrivals(data["num_prompts"], row["rate"], seed + number,
+                                            burstiness), input_len, data["output_len"]))
+        print_row(row)
+    print_counts(data["rates"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,7 +170,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run each workload this many times, interleaved")
     parser.add_argument("-o", "--out", type=Path, default=Path("plan_check.json"))
+    parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
+                        help="serve nothing: re-predict an earlier run's figures from its "
+                        "own cost model with the planner as it is now")
     args = parser.parse_args()
+    if args.rescore:
+        rescore(args.rescore, args.seed)
+        return
     model = args.model
     if model is None:
         from bench.serve_race import serving_model_dir
@@ -162,33 +225,16 @@ def main() -> None:
                    "burstiness": burstiness,
                    "loadavg_1m": [r["loadavg_1m_after"] for r in done],
                    "failed": sum(r["failed"] for r in done)}
-            for metric, quantile in METRICS:
-                key = metric if quantile is None else f"{metric}_{quantile}"
-                values = [measured_value(r, metric, quantile) for r in done]
-                real = statistics.median(values)
-                guess = predicted_value(plan, metric, quantile)
-                row[key] = {"measured": real, "repeats": values, "predicted": guess,
-                            "error_pct": (guess - real) / real * 100 if real else None}
-                row[key]["within_target"], row[key]["within_spread"] = meets(row[key],
-                                                                             quantile)
+            score(row, plan, done)
             rows.append(row)
-            print(f"{name} {rate:g} req/s (load {max(row['loadavg_1m']):.1f}): " + ", ".join(
-                f"{k} {v['measured']:.1f}" + (f" [{min(v['repeats']):.1f}-"
-                                              f"{max(v['repeats']):.1f}]"
-                                              if len(v["repeats"]) > 1 else "")
-                + f" vs {v['predicted']:.1f} ({v['error_pct']:+.0f}%)"
-                for k, v in row.items() if isinstance(v, dict)), flush=True)
+            print_row(row)
     finally:
         server.stop()
-    for quantile in ("p50", "p99"):
-        figures = [(row[f"{metric}_{quantile}"]) for row in rows for metric in ("ttft", "tpot")]
-        print(f"{quantile}: within {tolerance(quantile):.0%} in "
-              f"{sum(f['within_target'] for f in figures)} of {len(figures)}; within that or "
-              f"the repeats' own spread in {sum(f['within_spread'] for f in figures)}")
+    print_counts(rows)
     result = {"model": model, "engine_args": engine_args, "cost": str(cost),
               "cost_model": json.loads(cost.read_text()),
               "output_len": args.output_len, "num_prompts": args.num_prompts,
-              "repeats": args.repeats,
+              "repeats": args.repeats, "seed": args.seed,
               "cores": len(os.sched_getaffinity(0)), "rates": rows}
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
