@@ -72,11 +72,9 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=6)
     args = parser.parse_args()
-    model = args.model
-    if model is None:
-        from bench.serve_race import serving_model_dir
+    from bench.serve_race import model_or_bench
 
-        model = str(serving_model_dir(Path(".folio-cache")))
+    model = model_or_bench(args.model)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     rng = random.Random(1)
 

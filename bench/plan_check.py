@@ -177,11 +177,9 @@ def main() -> None:
     if args.rescore:
         rescore(args.rescore, args.seed)
         return
-    model = args.model
-    if model is None:
-        from bench.serve_race import serving_model_dir
+    from bench.serve_race import model_or_bench
 
-        model = str(serving_model_dir(Path(".folio-cache")))
+    model = model_or_bench(args.model)
     engine_args = args.engine_args.split()
     cost = args.cost
     if cost is None:

@@ -52,6 +52,11 @@ def serving_model_dir(cache: Path) -> Path:
     return target
 
 
+def model_or_bench(model: str | None, cache: Path = Path(".folio-cache")) -> str:
+    """`model`, or where none is given the bench model (serving_model_dir, made once)."""
+    return model if model is not None else str(serving_model_dir(cache))
+
+
 def race_server(kind: str, model: Path, args, log: Path, run_dir: Path) -> Server:
     """Folio's or vLLM's server of `model` (not yet ready), logging to `log`."""
     common = ["--host", "127.0.0.1", "--port", "PORT", "--dtype", "float32",

@@ -84,11 +84,8 @@ def main() -> None:
     from folio.planner.replay import predict
     from folio.planner.simulator.inputs import TraceRequest
 
-    model = args.model
-    if model is None:
-        from bench.serve_race import serving_model_dir
-
-        model = str(serving_model_dir(ROOT / ".folio-cache"))
+    from bench.serve_race import model_or_bench
+    model = model_or_bench(args.model, ROOT / ".folio-cache")
     _, input_len, burstiness = WORKLOADS[args.workload]
     number = [(n, r) for n in WORKLOADS for r in WORKLOADS[n][0]].index(
         (args.workload, args.rate))   # plan_check's order, so its seeds and arrivals

@@ -43,11 +43,8 @@ def main() -> None:
     args = parser.parse_args()
     import folio
 
-    model = args.model
-    if model is None:
-        from bench.serve_race import serving_model_dir
-
-        model = str(serving_model_dir(Path(".folio-cache")))
+    from bench.serve_race import model_or_bench
+    model = model_or_bench(args.model)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     llm = folio.LLM(model, num_kv_blocks=256)
     one = folio.SamplingParams(max_tokens=1, ignore_eos=True, temperature=0)

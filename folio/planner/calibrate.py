@@ -10,8 +10,9 @@ requests a step). Prompt chunks of several sizes are run at several contexts
 several contexts, each request with a context of its own (a batch whose requests shared
 one cached prefix would read it once from memory and then from the CPU's caches, which
 measured a long context at a quarter of what a lone request pays). The whole grid runs
-`repeats` times, and each step shape's times are reduced to their median before the fit (a shared machine's neighbours come and go). The
-hop is a plan and its result through a ZeroMQ ipc pair, encoded as on the wire.
+`repeats` times, and each step shape's times are reduced to their median before the fit
+(a shared machine's neighbours come and go). The hop is a plan and its result through a
+ZeroMQ ipc pair, encoded as on the wire.
 """
 
 from __future__ import annotations
